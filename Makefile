@@ -1,0 +1,35 @@
+# fusekit front door. On a fresh machine:
+#   make test   set up dependencies into .deps/, build, run the test suite (GPU tests skip without a GPU)
+#   make run    set up, build, run `fusekit check` and, where a GPU exists, `fusekit bench`
+BUILD ?= build
+JOBS ?= $(shell nproc)
+CUDA_HOME ?= /usr/local/cuda
+export PATH := $(CUDA_HOME)/bin:$(PATH)
+
+.PHONY: all deps configure build test run clean
+
+all: build
+
+deps:
+	@bash scripts/setup_deps.sh
+
+$(BUILD)/build.ninja: deps CMakeLists.txt
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER=$(CUDA_HOME)/bin/nvcc
+
+configure: $(BUILD)/build.ninja
+
+build: configure
+	cmake --build $(BUILD) -j $(JOBS)
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+run: build
+	$(BUILD)/fusekit ops
+	$(BUILD)/fusekit check
+	@if $(BUILD)/fusekit bench --help >/dev/null 2>&1 && [ -n "$$(ls /dev/nvidia0 2>/dev/null)" ]; then \
+	  $(BUILD)/fusekit bench --json $(BUILD)/bench.json; \
+	else echo "fusekit bench: skipped (no GPU on this machine)"; fi
+
+clean:
+	rm -rf $(BUILD)

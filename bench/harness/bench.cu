@@ -1,0 +1,168 @@
+#include "bench/harness/bench.h"
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <curand_kernel.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "fusekit/runtime.h"
+
+namespace fusekit::bench {
+
+void check(bool ok, const std::string& what) {
+  if (!ok) throw std::runtime_error("bench: " + what);
+}
+
+void cuda_check(int status, const char* what) {
+  if (status != cudaSuccess)
+    throw std::runtime_error(std::string("bench: ") + what + ": " +
+                             cudaGetErrorString(static_cast<cudaError_t>(status)));
+}
+
+DeviceBuffer::DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
+  cuda_check(cudaMalloc(&ptr_, std::max<std::size_t>(bytes, 16)), "cudaMalloc");
+}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    if (ptr_) cudaFree(ptr_);
+    ptr_ = o.ptr_;
+    bytes_ = o.bytes_;
+    o.ptr_ = nullptr;
+  }
+  return *this;
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (ptr_) cudaFree(ptr_);
+}
+
+namespace {
+template <typename T>
+__global__ void fill_normal_kernel(T* out, std::size_t n, std::uint64_t seed, float mean, float stddev) {
+  const std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  curandStatePhilox4_32_10_t s;
+  curand_init(seed, i, 0, &s);
+  const float v = mean + stddev * curand_normal(&s);
+  if constexpr (sizeof(T) == 2) out[i] = __float2bfloat16_rn(v);
+  else out[i] = v;
+}
+}  // namespace
+
+void DeviceBuffer::fill_random_bf16(std::uint64_t seed, float mean, float stddev) {
+  const std::size_t n = bytes_ / 2;
+  fill_normal_kernel<__nv_bfloat16><<<(n + 255) / 256, 256>>>(static_cast<__nv_bfloat16*>(ptr_), n, seed, mean, stddev);
+  cuda_check(cudaGetLastError(), "fill_random_bf16");
+}
+
+void DeviceBuffer::fill_random_f32(std::uint64_t seed, float mean, float stddev) {
+  const std::size_t n = bytes_ / 4;
+  fill_normal_kernel<float><<<(n + 255) / 256, 256>>>(static_cast<float*>(ptr_), n, seed, mean, stddev);
+  cuda_check(cudaGetLastError(), "fill_random_f32");
+}
+
+int rotations_for(std::size_t bytes) {
+  int device = 0;
+  cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+  int l2 = 0;
+  cuda_check(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device), "L2 size");
+  const std::size_t want = 2 * static_cast<std::size_t>(l2);
+  return static_cast<int>(std::max<std::size_t>(2, (want + bytes - 1) / std::max<std::size_t>(bytes, 1)));
+}
+
+Timing time_kernel(const std::function<void(int)>& fn, int rotations, int warmup, int runs) {
+  for (int i = 0; i < warmup; ++i) fn(i % rotations);
+  cuda_check(cudaDeviceSynchronize(), "warm-up");
+  std::vector<cudaEvent_t> start(runs), stop(runs);
+  for (int i = 0; i < runs; ++i) {
+    cuda_check(cudaEventCreate(&start[i]), "cudaEventCreate");
+    cuda_check(cudaEventCreate(&stop[i]), "cudaEventCreate");
+  }
+  for (int i = 0; i < runs; ++i) {
+    cuda_check(cudaEventRecord(start[i]), "cudaEventRecord");
+    fn(i % rotations);
+    cuda_check(cudaEventRecord(stop[i]), "cudaEventRecord");
+  }
+  cuda_check(cudaDeviceSynchronize(), "timed runs");
+  std::vector<double> us(runs);
+  for (int i = 0; i < runs; ++i) {
+    float ms = 0;
+    cuda_check(cudaEventElapsedTime(&ms, start[i], stop[i]), "cudaEventElapsedTime");
+    us[i] = ms * 1e3;
+    cudaEventDestroy(start[i]);
+    cudaEventDestroy(stop[i]);
+  }
+  std::sort(us.begin(), us.end());
+  return {us[runs / 2], us.front(), us.back(), runs};
+}
+
+Ceilings measure_ceilings() {
+  Ceilings c;
+  c.device = describe_cuda_device(0);
+  {
+    const std::size_t bytes = std::size_t(1) << 30;  // 1 GiB each way
+    DeviceBuffer a(bytes), b(bytes);
+    cuda_check(cudaMemset(a.get(), 1, bytes), "memset");
+    const Timing t = time_kernel(
+        [&](int r) {
+          cuda_check(r % 2 ? cudaMemcpyAsync(a.get(), b.get(), bytes, cudaMemcpyDeviceToDevice)
+                           : cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice),
+                     "copy");
+        },
+        2, 3, 20);
+    c.copy_gbps = 2.0 * bytes / t.median_us / 1e3;
+  }
+  {
+    const int n = 8192;
+    DeviceBuffer a(std::size_t(n) * n * 2), b(std::size_t(n) * n * 2), d(std::size_t(n) * n * 2);
+    a.fill_random_bf16(1);
+    b.fill_random_bf16(2);
+    cublasHandle_t h;
+    check(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS, "cublasCreate");
+    const float alpha = 1.f, beta = 0.f;
+    const Timing t = time_kernel(
+        [&](int) {
+          check(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a.get(), CUDA_R_16BF, n,
+                             b.get(), CUDA_R_16BF, n, &beta, d.get(), CUDA_R_16BF, n,
+                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS,
+                "cublasGemmEx");
+        },
+        1, 5, 30);
+    c.gemm_tflops = 2.0 * n * double(n) * n / t.median_us / 1e6;
+    cublasDestroy(h);
+  }
+  return c;
+}
+
+void Report::print() const {
+  fmt::print("device: {}\nceilings: copy {:.0f} GB/s (read+write), bf16 GEMM 8192^3 {:.1f} TFLOP/s\n",
+             ceilings_.device, ceilings_.copy_gbps, ceilings_.gemm_tflops);
+  fmt::print("{:<14} {:<4} {:<22} {:<10} {:>10} {:>10} {:>8}\n", "op", "dir", "shape", "impl",
+             "time_us", "GB/s", "%copy");
+  for (const Row& r : rows_) {
+    fmt::print("{:<14} {:<4} {:<22} {:<10} {:>10.1f} {:>10.0f} {:>7.1f}%\n", r.op, r.direction,
+               r.shape, r.impl, r.time_us, r.gbps(), 100.0 * r.gbps() / ceilings_.copy_gbps);
+  }
+}
+
+std::string Report::json() const {
+  nlohmann::json j;
+  j["device"] = ceilings_.device;
+  j["ceilings"] = {{"copy_gbps", ceilings_.copy_gbps}, {"gemm_bf16_tflops", ceilings_.gemm_tflops}};
+  j["rows"] = nlohmann::json::array();
+  for (const Row& r : rows_) {
+    j["rows"].push_back({{"op", r.op}, {"direction", r.direction}, {"shape", r.shape},
+                         {"impl", r.impl}, {"time_us", r.time_us}, {"bytes", r.bytes},
+                         {"gbps", r.gbps()}, {"fraction_of_copy", r.gbps() / ceilings_.copy_gbps}});
+  }
+  return j.dump(2);
+}
+
+}  // namespace fusekit::bench

@@ -1,0 +1,83 @@
+// Benchmark harness: CUDA-event timing (warm-up, median of many runs, inputs rotated so that the
+// working set exceeds L2), the two ceilings measured in the same process (device-to-device copy
+// bandwidth, cuBLAS bf16 GEMM), and a report printed as a table and written as JSON.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace fusekit::bench {
+
+struct Ceilings {
+  std::string device;
+  double copy_gbps = 0;     // cudaMemcpy device-to-device, bytes read + written per second
+  double gemm_tflops = 0;   // cuBLAS bf16 8192^3, fp32 accumulation
+};
+
+Ceilings measure_ceilings();
+
+struct Timing {
+  double median_us = 0, min_us = 0, max_us = 0;
+  int runs = 0;
+};
+
+// Times fn(rotation) with CUDA events, one event pair per call; rotation cycles through
+// [0, rotations) so that consecutive calls touch different buffers.
+Timing time_kernel(const std::function<void(int rotation)>& fn, int rotations, int warmup = 10,
+                   int runs = 100);
+
+// How many copies of a working set of `bytes` are needed so that cycling through them overflows
+// L2 twice over (at least 2).
+int rotations_for(std::size_t bytes);
+
+struct Row {
+  std::string op;         // "layer_norm"
+  std::string direction;  // "fwd" / "bwd"
+  std::string shape;      // "(16384, 1024)"
+  std::string impl;       // "fusekit"
+  double time_us = 0;
+  double bytes = 0;       // bytes counted as moved (each input once, each output once)
+  double flops = 0;       // for matrix ops
+  double gbps() const { return time_us > 0 ? bytes / time_us / 1e3 : 0; }
+  double tflops() const { return time_us > 0 ? flops / time_us / 1e6 : 0; }
+};
+
+class Report {
+ public:
+  explicit Report(Ceilings c) : ceilings_(std::move(c)) {}
+  void add(const Row& r) { rows_.push_back(r); }
+  void print() const;
+  std::string json() const;
+  const Ceilings& ceilings() const { return ceilings_; }
+
+ private:
+  Ceilings ceilings_;
+  std::vector<Row> rows_;
+};
+
+// A device buffer for benchmarks, filled with random normal values of the dtype (never zeros).
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(std::size_t bytes);
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  ~DeviceBuffer();
+  void* get() const { return ptr_; }
+  std::size_t bytes() const { return bytes_; }
+  // Fills with normal(mean, stddev) values stored as bf16 / f16 / f32 (elem_size 2 means bf16
+  // unless half is set).
+  void fill_random_bf16(std::uint64_t seed, float mean = 0.f, float stddev = 1.f);
+  void fill_random_f32(std::uint64_t seed, float mean = 0.f, float stddev = 1.f);
+
+ private:
+  void* ptr_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+void check(bool ok, const std::string& what);
+void cuda_check(int status, const char* what);
+
+}  // namespace fusekit::bench

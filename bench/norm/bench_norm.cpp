@@ -1,0 +1,77 @@
+// LayerNorm / RMSNorm benchmarks: bf16, forward and backward, on the shapes plus two
+// with N not a power of two. Bytes counted as in shared/anchors: forward reads x and writes y
+// (2 x 2 bytes per element), backward reads dy and x and writes dx (3 x 2 bytes per element).
+#include <fmt/format.h>
+
+#include <optional>
+#include <vector>
+
+#include "bench/harness/bench.h"
+#include "bench/norm/bench_norm.h"
+#include "fusekit/norm.h"
+
+namespace fusekit::bench {
+
+namespace {
+
+struct Set {
+  DeviceBuffer x, y, dy, dx, mean, rstd;
+};
+
+}  // namespace
+
+const std::vector<std::pair<std::int64_t, std::int64_t>>& norm_bench_shapes() {
+  static const std::vector<std::pair<std::int64_t, std::int64_t>> shapes = {
+      {16384, 1024}, {16384, 4096}, {8192, 8192}, {4096, 16384}, {32768, 2048},
+      {16384, 5120}, {8192, 12288}};
+  return shapes;
+}
+
+void bench_norm(Report& report, const std::string& only) {
+  const Device gpu = Device::cuda(0);
+  for (const bool rms : {false, true}) {
+    const std::string op = rms ? "rms_norm" : "layer_norm";
+    if (!only.empty() && only != op && only != "norm") continue;
+    for (auto [rows, cols] : norm_bench_shapes()) {
+      const std::size_t elems = std::size_t(rows) * cols, bytes = elems * 2;
+      const int rotations = rotations_for(2 * bytes);
+      std::vector<Set> sets(rotations);
+      for (int r = 0; r < rotations; ++r) {
+        sets[r] = {DeviceBuffer(bytes), DeviceBuffer(bytes), DeviceBuffer(bytes), DeviceBuffer(bytes),
+                   DeviceBuffer(rows * 4), DeviceBuffer(rows * 4)};
+        sets[r].x.fill_random_bf16(100 + r, 0.3f, 2.0f);
+        sets[r].dy.fill_random_bf16(200 + r);
+      }
+      DeviceBuffer w(cols * 2), b(cols * 2), dw(cols * 2), db(cols * 2);
+      w.fill_random_bf16(7, 1.0f, 0.5f);
+      b.fill_random_bf16(8);
+      const std::size_t ws_bytes = norm_backward_workspace_size(rows, cols, DType::bf16, gpu);
+      DeviceBuffer ws(ws_bytes);
+      auto t2 = [&](const DeviceBuffer& buf) {
+        return TensorView(buf.get(), DType::bf16, gpu, {rows, cols});
+      };
+      auto vec = [&](const DeviceBuffer& buf) { return TensorView(buf.get(), DType::bf16, gpu, {cols}); };
+      auto stat = [&](const DeviceBuffer& buf) { return TensorView(buf.get(), DType::f32, gpu, {rows}); };
+      const TensorView workspace(ws.get(), DType::u8, gpu, {static_cast<std::int64_t>(ws_bytes)});
+
+      auto forward = [&](int r) {
+        Set& s = sets[r];
+        if (rms) rms_norm_forward(t2(s.x), vec(w), 1e-5f, t2(s.y), stat(s.rstd));
+        else layer_norm_forward(t2(s.x), vec(w), vec(b), 1e-5f, t2(s.y), stat(s.mean), stat(s.rstd));
+      };
+      auto backward = [&](int r) {
+        Set& s = sets[r];
+        if (rms) rms_norm_backward(t2(s.dy), t2(s.x), vec(w), stat(s.rstd), t2(s.dx), vec(dw), workspace);
+        else layer_norm_backward(t2(s.dy), t2(s.x), vec(w), stat(s.mean), stat(s.rstd), t2(s.dx), vec(dw), vec(db), workspace);
+      };
+      for (int r = 0; r < rotations; ++r) forward(r);  // saved statistics for backward
+      const std::string shape = fmt::format("({}, {})", rows, cols);
+      const Timing tf = time_kernel(forward, rotations);
+      report.add({op, "fwd", shape, "fusekit", tf.median_us, 4.0 * elems});
+      const Timing tb = time_kernel(backward, rotations);
+      report.add({op, "bwd", shape, "fusekit", tb.median_us, 6.0 * elems});
+    }
+  }
+}
+
+}  // namespace fusekit::bench

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The one script for the GPU machine: build with all cores, run the whole test suite, the CLI
+# check, the benchmarks and the PyTorch side-by-side timings, and leave logs + JSON in $OUT.
+#   device tool: run(command="bash scripts/device_run.sh", carry=[".deps"])
+# Stages can be narrowed: STAGES="build test bench torch sanitize" (default: all but sanitize).
+# BENCH_OPS / TORCH_OPS narrow the ops benchmarked (default: all).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+STAGES=${STAGES:-"build test check bench torch report"}
+BUILD=${BUILD:-build-device}
+export PATH=/usr/local/cuda/bin:$PATH
+status=0
+has() { [[ " $STAGES " == *" $1 "* ]]; }
+log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
+
+log "device: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null) commit: $(git rev-parse --short HEAD 2>/dev/null || echo none) date: $(date -u +%FT%TZ)"
+
+if has build; then
+  [ -f .deps/.complete-v1 ] || { echo "missing .deps (carry it)"; exit 1; }
+  start=$(date +%s)
+  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >"$OUT/build.log" 2>&1 &&
+    cmake --build "$BUILD" -j "$(nproc)" -- -v >>"$OUT/build.log" 2>&1
+  rc=$?
+  log "build rc=$rc in $(( $(date +%s) - start ))s"
+  # Register/spill report for the kernels (ptxas -v) from the build log.
+  grep -E "ptxas info|spill" "$OUT/build.log" | grep -B1 -A0 -E "bytes spill" | grep -E "[1-9][0-9]* bytes spill" | head -20 | tee -a "$OUT/summary.txt"
+  [ $rc -eq 0 ] || { tail -50 "$OUT/build.log"; exit 1; }
+fi
+
+if has test; then
+  start=$(date +%s)
+  "$BUILD/fusekit_tests" --gtest_brief=1 >"$OUT/tests.log" 2>&1
+  rc=$?
+  log "tests rc=$rc in $(( $(date +%s) - start ))s: $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/tests.log" | tr '\n' ' ')"
+  grep -E "Failure|FAILED|rel_l2" "$OUT/tests.log" | head -40
+  [ $rc -eq 0 ] || status=1
+fi
+
+if has sanitize; then
+  for tool in memcheck racecheck; do
+    compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/fusekit_tests" \
+      --gtest_filter="${SANITIZE_FILTER:-NormGpu.FromOutputVariant:NormGpu.RowPaddingIsNeverWritten}" >"$OUT/sanitize-$tool.log" 2>&1
+    rc=$?
+    log "compute-sanitizer $tool rc=$rc: $(grep -E 'ERROR SUMMARY' "$OUT/sanitize-$tool.log" | tail -1)"
+    [ $rc -eq 0 ] || status=1
+  done
+fi
+
+if has check; then
+  "$BUILD/fusekit" check >"$OUT/check.log" 2>&1
+  log "fusekit check rc=$?: $(tail -1 "$OUT/check.log")"
+fi
+
+if has bench; then
+  for op in ${BENCH_OPS:-""}; do :; done
+  "$BUILD/fusekit" bench ${BENCH_OPS:-} --json "$OUT/fusekit_bench.json" >"$OUT/bench.log" 2>&1
+  log "fusekit bench rc=$?"
+  cat "$OUT/bench.log"
+fi
+
+if has torch; then
+  PYTHONUNBUFFERED=1 python3 scripts/torch_bench.py --out "$OUT/torch_bench.json" ${TORCH_OPS:-} >"$OUT/torch.log" 2>&1
+  log "torch bench rc=$?"
+  tail -5 "$OUT/torch.log"
+fi
+
+if has report; then
+  python3 scripts/report.py "$OUT/fusekit_bench.json" "$OUT/torch_bench.json" >"$OUT/report.md" 2>&1
+  cat "$OUT/report.md"
+fi
+exit $status

@@ -1,0 +1,20 @@
+// Cached properties of a CUDA device, read once per device.
+#pragma once
+
+#include <string>
+
+namespace fusekit::detail {
+
+struct DeviceInfo {
+  std::string name;
+  int major = 0, minor = 0;
+  int sm_count = 0;
+  int l2_bytes = 0;
+  std::size_t max_smem_per_block_optin = 0;
+  int max_threads_per_sm = 0;
+};
+
+// Throws Error(invalid_argument) for a device index that does not exist.
+const DeviceInfo& device_info(const char* op, int device_index);
+
+}  // namespace fusekit::detail

@@ -1,0 +1,79 @@
+#include "fusekit/runtime.h"
+
+#include <cuda_runtime.h>
+
+#include <array>
+#include <mutex>
+#include <sstream>
+
+#include "core/cuda_check.h"
+#include "core/device_info.h"
+#include "fusekit/error.h"
+
+#ifndef FUSEKIT_CUDA_ARCHS
+#define FUSEKIT_CUDA_ARCHS "unknown"
+#endif
+
+namespace fusekit {
+
+int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device" error so later calls start clean
+    return 0;
+  }
+  return count;
+}
+
+const char* built_cuda_architectures() { return FUSEKIT_CUDA_ARCHS; }
+
+namespace detail {
+
+const DeviceInfo& device_info(const char* op, int device_index) {
+  constexpr int kMaxDevices = 64;
+  static std::array<DeviceInfo, kMaxDevices> cache{};
+  static std::array<std::once_flag, kMaxDevices> once;
+  if (device_index < 0 || device_index >= kMaxDevices || device_index >= cuda_device_count()) {
+    throw Error(ErrorKind::invalid_argument, op, "device",
+                "a CUDA device index below " + std::to_string(cuda_device_count()),
+                "cuda:" + std::to_string(device_index));
+  }
+  std::call_once(once[device_index], [&] {
+    cudaDeviceProp prop{};
+    check_cuda(cudaGetDeviceProperties(&prop, device_index), op, "cudaGetDeviceProperties");
+    DeviceInfo& info = cache[device_index];
+    info.name = prop.name;
+    info.major = prop.major;
+    info.minor = prop.minor;
+    info.sm_count = prop.multiProcessorCount;
+    info.l2_bytes = prop.l2CacheSize;
+    info.max_smem_per_block_optin = prop.sharedMemPerBlockOptin;
+    info.max_threads_per_sm = prop.maxThreadsPerMultiProcessor;
+  });
+  return cache[device_index];
+}
+
+}  // namespace detail
+
+void require_supported_gpu(const char* op, int device_index) {
+  const detail::DeviceInfo& info = detail::device_info(op, device_index);
+  // The kernels are compiled for sm_90a only (wgmma, TMA, Hopper tuning): nothing else can run
+  // them, so say so instead of failing later with "no kernel image is available".
+  if (info.major != 9 || info.minor != 0) {
+    throw Error(ErrorKind::unsupported, op,
+                "GPU " + std::to_string(device_index) + " (" + info.name + ", compute capability " +
+                    std::to_string(info.major) + "." + std::to_string(info.minor) +
+                    ") is not supported: this build of fusekit runs on compute capability 9.0 "
+                    "(Hopper: H100, H200) only; built for sm_" FUSEKIT_CUDA_ARCHS);
+  }
+}
+
+std::string describe_cuda_device(int device_index) {
+  const detail::DeviceInfo& info = detail::device_info("describe_cuda_device", device_index);
+  std::ostringstream s;
+  s << info.name << " (sm_" << info.major << info.minor << ", " << info.sm_count << " SMs, "
+    << info.l2_bytes / (1024 * 1024) << " MB L2)";
+  return s.str();
+}
+
+}  // namespace fusekit

@@ -1,0 +1,102 @@
+#include "core/validate.h"
+
+#include <climits>
+#include <sstream>
+
+namespace fusekit::detail {
+
+std::string dtype_list(std::initializer_list<DType> dtypes) {
+  std::string s;
+  std::size_t i = 0;
+  for (DType d : dtypes) {
+    if (i > 0) s += (i + 1 == dtypes.size()) ? " or " : ", ";
+    s += dtype_name(d);
+    ++i;
+  }
+  return s;
+}
+
+void ArgCheck::fail(const char* arg, const std::string& expected, const std::string& got) const {
+  throw Error(ErrorKind::invalid_argument, op_, arg, expected, got);
+}
+
+void ArgCheck::dtype_in(const TensorView& t, const char* arg,
+                        std::initializer_list<DType> allowed) const {
+  for (DType d : allowed)
+    if (t.dtype == d) return;
+  fail(arg, "dtype " + dtype_list(allowed), dtype_name(t.dtype));
+}
+
+void ArgCheck::dtype_is(const TensorView& t, const char* arg, DType expected,
+                        const char* why) const {
+  if (t.dtype != expected)
+    fail(arg, std::string("dtype ") + dtype_name(expected) + " (" + why + ")", dtype_name(t.dtype));
+}
+
+void ArgCheck::has_data(const TensorView& t, const char* arg) const {
+  if (t.data == nullptr && t.numel() > 0) fail(arg, "a non-null data pointer", "nullptr");
+}
+
+RowLayout ArgCheck::rows(const TensorView& t, const char* arg) const {
+  if (t.ndim < 1) fail(arg, "at least 1 dimension (..., N)", "a 0-dimensional tensor");
+  has_data(t, arg);
+  RowLayout layout;
+  layout.cols = t.size(-1);
+  if (layout.cols > 1 && t.stride(-1) != 1)
+    fail(arg, "a contiguous last dimension (stride 1)", "strides " + t.strides_string());
+  layout.rows = 1;
+  for (int d = 0; d < t.ndim - 1; ++d) layout.rows *= t.shape[d];
+  // Leading dims must collapse into one row stride: stride[d] == stride[d+1] * shape[d+1].
+  layout.row_stride = t.ndim >= 2 ? t.stride(-2) : layout.cols;
+  for (int d = t.ndim - 3; d >= 0; --d) {
+    if (t.shape[d] > 1 && t.strides[d] != t.strides[d + 1] * t.shape[d + 1])
+      fail(arg, "leading dimensions that flatten into one row stride",
+           "shape " + t.shape_string() + " with strides " + t.strides_string());
+  }
+  if (layout.rows > 1 && layout.row_stride < layout.cols)
+    fail(arg, "a row stride of at least N = " + std::to_string(layout.cols),
+         "row stride " + std::to_string(layout.row_stride));
+  if (layout.rows <= 1) layout.row_stride = layout.cols;
+  return layout;
+}
+
+void ArgCheck::contiguous_numel(const TensorView& t, const char* arg, std::int64_t n) const {
+  has_data(t, arg);
+  if (t.numel() != n)
+    fail(arg, std::to_string(n) + " elements", std::to_string(t.numel()) + " (shape " +
+                                                   t.shape_string() + ")");
+  if (!t.is_contiguous()) fail(arg, "a contiguous tensor", "strides " + t.strides_string());
+}
+
+void ArgCheck::vector(const TensorView& t, const char* arg, std::int64_t n) const {
+  has_data(t, arg);
+  if (t.ndim != 1 || t.shape[0] != n)
+    fail(arg, "shape (" + std::to_string(n) + ")", t.shape_string());
+  if (n > 1 && t.strides[0] != 1) fail(arg, "a contiguous vector", "stride " + t.strides_string());
+}
+
+Device ArgCheck::same_device(std::initializer_list<NamedArg> args) const {
+  const NamedArg* first = nullptr;
+  for (const NamedArg& a : args) {
+    if (!a.view) continue;
+    if (!first) {
+      first = &a;
+      continue;
+    }
+    if (!(a.view->device == first->view->device))
+      fail(a.name,
+           "a tensor on " + to_string(first->view->device) + " (where '" + first->name + "' is)",
+           "a tensor on " + to_string(a.view->device));
+  }
+  return first ? first->view->device : Device::cpu();
+}
+
+void ArgCheck::row_limits(const RowLayout& layout, const char* arg, std::int64_t max_cols) const {
+  if (layout.cols < 1 || layout.cols > max_cols)
+    fail(arg, "a last dimension N in 1.." + std::to_string(max_cols),
+         "N = " + std::to_string(layout.cols));
+  if (layout.rows > INT_MAX)
+    fail(arg, "at most 2^31 - 1 rows", std::to_string(layout.rows) + " rows");
+}
+
+}  // namespace fusekit::detail

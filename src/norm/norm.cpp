@@ -1,0 +1,267 @@
+// Public entry points of the normalization family: argument checks, then dispatch on where the
+// tensors live (CPU reference or CUDA kernels).
+#include <string>
+
+#include "core/validate.h"
+#include "fusekit/norm.h"
+#include "fusekit/runtime.h"
+#include "norm/norm_params.h"
+
+namespace fusekit {
+
+using detail::arg;
+using detail::ArgCheck;
+using detail::RowLayout;
+
+namespace {
+
+constexpr std::initializer_list<DType> kActivationDtypes = {DType::f32, DType::f16, DType::bf16};
+
+// Weight-like vectors (weight, bias and their gradients): length N, x's dtype or f32, and one
+// dtype for all of them.
+void check_weight_like(const ArgCheck& check, const TensorView& t, const char* name,
+                       std::int64_t cols, DType x_dtype, DType* weight_dtype,
+                       const char** weight_name) {
+  check.vector(t, name, cols);
+  if (*weight_name == nullptr) {
+    if (t.dtype != x_dtype && t.dtype != DType::f32)
+      check.fail(name, std::string("dtype ") + dtype_name(x_dtype) + " (as x) or f32",
+                 dtype_name(t.dtype));
+    *weight_dtype = t.dtype;
+    *weight_name = name;
+  } else if (t.dtype != *weight_dtype) {
+    check.fail(name, std::string("dtype ") + dtype_name(*weight_dtype) + " (as '" + *weight_name + "')",
+               dtype_name(t.dtype));
+  }
+}
+
+void check_same_rows(const ArgCheck& check, const TensorView& t, const char* name,
+                     const RowLayout& ref, const TensorView& ref_view, const char* ref_name,
+                     RowLayout* out) {
+  check.dtype_is(t, name, ref_view.dtype, (std::string("as '") + ref_name + "'").c_str());
+  *out = check.rows(t, name);
+  if (out->rows != ref.rows || out->cols != ref.cols)
+    check.fail(name, "shape " + ref_view.shape_string() + " (as '" + ref_name + "')",
+               t.shape_string());
+}
+
+void prepare_cuda(const char* op, Device device) {
+  require_supported_gpu(op, device.index);
+}
+
+void run_forward(const char* op, norm::Kind kind, const TensorView& x,
+                 const OptionalTensor& weight, const OptionalTensor& bias, float eps,
+                 const TensorView& y, const OptionalTensor& mean, const OptionalTensor& rstd,
+                 Stream stream) {
+  ArgCheck check(op);
+  const Device device = check.same_device(
+      {arg("x", x), arg("weight", weight), arg("bias", bias), arg("y", y), arg("mean", mean),
+       arg("rstd", rstd)});
+  check.dtype_in(x, "x", kActivationDtypes);
+  const RowLayout xl = check.rows(x, "x");
+  check.row_limits(xl, "x", kNormMaxCols);
+  RowLayout yl;
+  check_same_rows(check, y, "y", xl, x, "x", &yl);
+  if (!(eps >= 0.0f)) check.fail("eps", "a non-negative number", std::to_string(eps));
+
+  norm::ForwardParams p;
+  p.kind = kind;
+  p.rows = xl.rows;
+  p.cols = xl.cols;
+  p.dtype = x.dtype;
+  p.weight_dtype = x.dtype;
+  const char* weight_name = nullptr;
+  if (weight) {
+    check_weight_like(check, *weight, "weight", xl.cols, x.dtype, &p.weight_dtype, &weight_name);
+    p.weight = weight->data;
+  }
+  if (bias) {
+    check_weight_like(check, *bias, "bias", xl.cols, x.dtype, &p.weight_dtype, &weight_name);
+    p.bias = bias->data;
+  }
+  if (mean) {
+    check.dtype_is(*mean, "mean", DType::f32, "statistics are float32");
+    check.contiguous_numel(*mean, "mean", xl.rows);
+    p.mean = mean->data_as<float>();
+  }
+  if (rstd) {
+    check.dtype_is(*rstd, "rstd", DType::f32, "statistics are float32");
+    check.contiguous_numel(*rstd, "rstd", xl.rows);
+    p.rstd = rstd->data_as<float>();
+  }
+  p.x = x.data;
+  p.x_row_stride = xl.row_stride;
+  p.y = y.data;
+  p.y_row_stride = yl.row_stride;
+  p.eps = eps;
+  if (device.is_cuda()) {
+    prepare_cuda(op, device);
+    norm::forward_cuda(p, device.index, stream);
+  } else {
+    norm::forward_cpu(p);
+  }
+}
+
+struct BackwardArgs {
+  norm::Kind kind;
+  bool from_output;
+  const TensorView* dy;
+  const TensorView* input;  // x or y
+  const OptionalTensor* weight;
+  const OptionalTensor* bias;  // from_output LayerNorm only
+  const TensorView* mean;      // LayerNorm from x only
+  const TensorView* rstd;
+  const OptionalTensor* dx;
+  const OptionalTensor* dweight;
+  const OptionalTensor* dbias;
+  const OptionalTensor* workspace;
+};
+
+void run_backward(const char* op, const BackwardArgs& a, Stream stream) {
+  ArgCheck check(op);
+  const char* input_name = a.from_output ? "y" : "x";
+  static const OptionalTensor kNone;
+  const OptionalTensor mean = a.mean ? OptionalTensor(*a.mean) : kNone;
+  const Device device = check.same_device(
+      {arg("dy", *a.dy), arg(input_name, *a.input), arg("weight", *a.weight),
+       arg("bias", a.bias ? *a.bias : kNone), arg("mean", mean), arg("rstd", *a.rstd),
+       arg("dx", *a.dx), arg("dweight", *a.dweight), arg("dbias", *a.dbias),
+       arg("workspace", *a.workspace)});
+  check.dtype_in(*a.dy, "dy", kActivationDtypes);
+  const RowLayout dyl = check.rows(*a.dy, "dy");
+  check.row_limits(dyl, "dy", kNormMaxCols);
+  RowLayout inl, dxl;
+  check_same_rows(check, *a.input, input_name, dyl, *a.dy, "dy", &inl);
+
+  norm::BackwardParams p;
+  p.kind = a.kind;
+  p.from_output = a.from_output;
+  p.rows = dyl.rows;
+  p.cols = dyl.cols;
+  p.dtype = a.dy->dtype;
+  p.weight_dtype = a.dy->dtype;
+  const char* weight_name = nullptr;
+  if (*a.weight) {
+    check_weight_like(check, **a.weight, "weight", dyl.cols, p.dtype, &p.weight_dtype, &weight_name);
+    p.weight = (*a.weight)->data;
+  }
+  if (a.bias && *a.bias) {
+    check_weight_like(check, **a.bias, "bias", dyl.cols, p.dtype, &p.weight_dtype, &weight_name);
+    p.bias = (*a.bias)->data;
+  }
+  if (a.mean) {
+    check.dtype_is(*a.mean, "mean", DType::f32, "statistics are float32");
+    check.contiguous_numel(*a.mean, "mean", dyl.rows);
+    p.mean = a.mean->data_as<const float>();
+  }
+  check.dtype_is(*a.rstd, "rstd", DType::f32, "statistics are float32");
+  check.contiguous_numel(*a.rstd, "rstd", dyl.rows);
+  p.rstd = a.rstd->data_as<const float>();
+  if (*a.dx) {
+    check_same_rows(check, **a.dx, "dx", dyl, *a.dy, "dy", &dxl);
+    p.dx = (*a.dx)->data;
+    p.dx_row_stride = dxl.row_stride;
+  }
+  if (*a.dweight) {
+    if (!*a.weight) check.fail("dweight", "no dweight (the norm was called without a weight)", "a tensor");
+    check_weight_like(check, **a.dweight, "dweight", dyl.cols, p.dtype, &p.weight_dtype, &weight_name);
+    p.dweight = (*a.dweight)->data;
+  }
+  if (*a.dbias) {
+    check_weight_like(check, **a.dbias, "dbias", dyl.cols, p.dtype, &p.weight_dtype, &weight_name);
+    p.dbias = (*a.dbias)->data;
+  }
+  p.dy = a.dy->data;
+  p.dy_row_stride = dyl.row_stride;
+  p.input = a.input->data;
+  p.input_row_stride = inl.row_stride;
+
+  if (device.is_cuda()) {
+    prepare_cuda(op, device);
+    const std::size_t need =
+        (p.dweight || p.dbias) ? norm::backward_workspace_cuda(p.rows, p.cols, p.dtype, device.index) : 0;
+    if (need > 0) {
+      const std::string expected = "a u8 tensor of at least " + std::to_string(need) +
+                                   " bytes (norm_backward_workspace_size)";
+      if (!*a.workspace) check.fail("workspace", expected, "none");
+      const TensorView& ws = **a.workspace;
+      check.has_data(ws, "workspace");
+      if (ws.dtype != DType::u8 || static_cast<std::size_t>(ws.numel()) < need || !ws.is_contiguous())
+        check.fail("workspace", expected,
+                   std::string(dtype_name(ws.dtype)) + " tensor of shape " + ws.shape_string());
+      if (reinterpret_cast<std::uintptr_t>(ws.data) % 16 != 0)
+        check.fail("workspace", "a 16-byte aligned pointer", "a misaligned pointer");
+      p.workspace = ws.data;
+      p.workspace_bytes = static_cast<std::size_t>(ws.numel());
+    }
+    norm::backward_cuda(p, device.index, stream);
+  } else {
+    norm::backward_cpu(p);
+  }
+}
+
+}  // namespace
+
+void layer_norm_forward(const TensorView& x, const OptionalTensor& weight,
+                        const OptionalTensor& bias, float eps, const TensorView& y,
+                        const OptionalTensor& mean, const OptionalTensor& rstd, Stream stream) {
+  run_forward("layer_norm_forward", norm::Kind::layer_norm, x, weight, bias, eps, y, mean, rstd,
+              stream);
+}
+
+void rms_norm_forward(const TensorView& x, const OptionalTensor& weight, float eps,
+                      const TensorView& y, const OptionalTensor& rstd, Stream stream) {
+  run_forward("rms_norm_forward", norm::Kind::rms_norm, x, weight, std::nullopt, eps, y,
+              std::nullopt, rstd, stream);
+}
+
+std::size_t norm_backward_workspace_size(std::int64_t rows, std::int64_t cols, DType dtype,
+                                         Device device) {
+  if (!device.is_cuda() || rows <= 0 || cols <= 0) return 0;
+  return norm::backward_workspace_cuda(rows, cols, dtype, device.index);
+}
+
+void layer_norm_backward(const TensorView& dy, const TensorView& x, const OptionalTensor& weight,
+                         const TensorView& mean, const TensorView& rstd, const OptionalTensor& dx,
+                         const OptionalTensor& dweight, const OptionalTensor& dbias,
+                         const OptionalTensor& workspace, Stream stream) {
+  run_backward("layer_norm_backward",
+               {norm::Kind::layer_norm, false, &dy, &x, &weight, nullptr, &mean, &rstd, &dx,
+                &dweight, &dbias, &workspace},
+               stream);
+}
+
+void layer_norm_backward_from_output(const TensorView& dy, const TensorView& y,
+                                     const OptionalTensor& weight, const OptionalTensor& bias,
+                                     const TensorView& rstd, const OptionalTensor& dx,
+                                     const OptionalTensor& dweight, const OptionalTensor& dbias,
+                                     const OptionalTensor& workspace, Stream stream) {
+  run_backward("layer_norm_backward_from_output",
+               {norm::Kind::layer_norm, true, &dy, &y, &weight, &bias, nullptr, &rstd, &dx,
+                &dweight, &dbias, &workspace},
+               stream);
+}
+
+void rms_norm_backward(const TensorView& dy, const TensorView& x, const OptionalTensor& weight,
+                       const TensorView& rstd, const OptionalTensor& dx,
+                       const OptionalTensor& dweight, const OptionalTensor& workspace,
+                       Stream stream) {
+  static const OptionalTensor kNone;
+  run_backward("rms_norm_backward",
+               {norm::Kind::rms_norm, false, &dy, &x, &weight, nullptr, nullptr, &rstd, &dx,
+                &dweight, &kNone, &workspace},
+               stream);
+}
+
+void rms_norm_backward_from_output(const TensorView& dy, const TensorView& y,
+                                   const OptionalTensor& weight, const TensorView& rstd,
+                                   const OptionalTensor& dx, const OptionalTensor& dweight,
+                                   const OptionalTensor& workspace, Stream stream) {
+  static const OptionalTensor kNone;
+  run_backward("rms_norm_backward_from_output",
+               {norm::Kind::rms_norm, true, &dy, &y, &weight, nullptr, nullptr, &rstd, &dx,
+                &dweight, &kNone, &workspace},
+               stream);
+}
+
+}  // namespace fusekit

@@ -1,0 +1,63 @@
+#include <gtest/gtest.h>
+
+#include "fusekit/error.h"
+#include "fusekit/runtime.h"
+#include "fusekit/tensor.h"
+
+namespace fusekit {
+namespace {
+
+TEST(TensorView, ContiguousStridesAndSizes) {
+  float buf[24];
+  TensorView t(buf, DType::f32, Device::cpu(), {2, 3, 4});
+  EXPECT_EQ(t.ndim, 3);
+  EXPECT_EQ(t.numel(), 24);
+  EXPECT_EQ(t.stride(0), 12);
+  EXPECT_EQ(t.stride(-1), 1);
+  EXPECT_EQ(t.size(-2), 3);
+  EXPECT_TRUE(t.is_contiguous());
+  EXPECT_EQ(t.shape_string(), "(2, 3, 4)");
+}
+
+TEST(TensorView, StridedViewIsNotContiguous) {
+  float buf[64];
+  TensorView t(buf, DType::f32, Device::cpu(), {4, 8}, {16, 1});
+  EXPECT_FALSE(t.is_contiguous());
+  EXPECT_EQ(t.strides_string(), "(16, 1)");
+}
+
+TEST(TensorView, RejectsBadConstruction) {
+  float buf[4];
+  EXPECT_THROW(TensorView(buf, DType::f32, Device::cpu(), {2, 2}, {1}), Error);
+  const std::int64_t shape[] = {1, 2, 3, 4, 5, 6, 7};
+  EXPECT_THROW(TensorView::from_arrays(buf, DType::f32, Device::cpu(), 7, shape, nullptr), Error);
+  const std::int64_t negative[] = {-1};
+  EXPECT_THROW(TensorView::from_arrays(buf, DType::f32, Device::cpu(), 1, negative, nullptr), Error);
+}
+
+TEST(DType, SizesAndNames) {
+  EXPECT_EQ(dtype_size(DType::bf16), 2u);
+  EXPECT_EQ(dtype_size(DType::f8e4m3), 1u);
+  EXPECT_EQ(dtype_size(DType::f32), 4u);
+  EXPECT_STREQ(dtype_name(DType::f8e5m2), "f8e5m2");
+}
+
+TEST(Error, MessageNamesOpArgumentExpectedAndGot) {
+  const Error e(ErrorKind::invalid_argument, "some_op", "weight", "shape (8)", "(7)");
+  EXPECT_STREQ(e.what(), "fusekit.some_op: argument 'weight': expected shape (8), got (7)");
+  EXPECT_EQ(e.argument(), "weight");
+  EXPECT_EQ(e.kind(), ErrorKind::invalid_argument);
+}
+
+TEST(Runtime, DeviceQueriesDoNotThrowWithoutGpu) {
+  const int n = cuda_device_count();
+  EXPECT_GE(n, 0);
+  EXPECT_STRNE(built_cuda_architectures(), "unknown");
+  if (n == 0) {
+    // An op aimed at a GPU that does not exist names the device in its error.
+    EXPECT_THROW(require_supported_gpu("test", 0), Error);
+  }
+}
+
+}  // namespace
+}  // namespace fusekit

@@ -1,0 +1,190 @@
+#include "tests/harness/harness.h"
+
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+#include "core/convert.h"
+#include "fusekit/error.h"
+#include "fusekit/runtime.h"
+
+namespace fusekit::testing {
+
+namespace {
+void cuda_ok(cudaError_t s, const char* what) {
+  if (s != cudaSuccess)
+    throw std::runtime_error(std::string("test harness: ") + what + ": " + cudaGetErrorString(s));
+}
+}  // namespace
+
+const std::string& gpu_skip_reason() {
+  static const std::string reason = [] {
+    if (cuda_device_count() == 0) return std::string("no CUDA device on this machine: GPU test skipped");
+    try {
+      require_supported_gpu("tests", 0);
+    } catch (const Error& e) {
+      return std::string("GPU present but unsupported: ") + e.what();
+    }
+    return std::string();
+  }();
+  return reason;
+}
+
+Buffer::Buffer(DType dtype, Device device, std::vector<std::int64_t> shape,
+               std::vector<std::int64_t> strides)
+    : dtype_(dtype), device_(device), shape_(std::move(shape)), strides_(std::move(strides)) {
+  if (strides_.empty()) {
+    strides_.resize(shape_.size());
+    std::int64_t s = 1;
+    for (int d = static_cast<int>(shape_.size()) - 1; d >= 0; --d) {
+      strides_[d] = s;
+      s *= shape_[d];
+    }
+  }
+  std::int64_t max_offset = 0;
+  bool empty = false;
+  for (std::size_t d = 0; d < shape_.size(); ++d) {
+    if (shape_[d] == 0) empty = true;
+    max_offset += (shape_[d] - 1) * strides_[d];
+  }
+  const std::int64_t elements = empty ? 0 : max_offset + 1;
+  storage_bytes_ = static_cast<std::size_t>(elements) * dtype_size(dtype_);
+  host_.assign(storage_bytes_, 0);
+  if (device_.is_cuda() && storage_bytes_ > 0) {
+    cuda_ok(cudaSetDevice(device_.index), "cudaSetDevice");
+    cuda_ok(cudaMalloc(&device_ptr_, storage_bytes_), "cudaMalloc");
+  }
+  poison();
+}
+
+Buffer::~Buffer() {
+  if (device_ptr_) cudaFree(device_ptr_);
+}
+
+Buffer::Buffer(Buffer&& o) noexcept
+    : dtype_(o.dtype_), device_(o.device_), shape_(std::move(o.shape_)),
+      strides_(std::move(o.strides_)), storage_bytes_(o.storage_bytes_), host_(std::move(o.host_)),
+      device_ptr_(o.device_ptr_) {
+  o.device_ptr_ = nullptr;
+}
+
+TensorView Buffer::view() const {
+  void* data = device_.is_cuda() ? device_ptr_ : static_cast<void*>(host_.data());
+  return TensorView::from_arrays(data, dtype_, device_, static_cast<int>(shape_.size()),
+                                 shape_.data(), strides_.data());
+}
+
+std::int64_t Buffer::numel() const {
+  std::int64_t n = 1;
+  for (auto s : shape_) n *= s;
+  return n;
+}
+
+std::int64_t Buffer::offset_of(std::int64_t linear) const {
+  std::int64_t offset = 0;
+  for (int d = static_cast<int>(shape_.size()) - 1; d >= 0; --d) {
+    offset += (linear % shape_[d]) * strides_[d];
+    linear /= shape_[d];
+  }
+  return offset;
+}
+
+void Buffer::upload() {
+  if (device_ptr_)
+    cuda_ok(cudaMemcpy(device_ptr_, host_.data(), storage_bytes_, cudaMemcpyHostToDevice), "upload");
+}
+
+void Buffer::download() const {
+  if (device_ptr_) {
+    cuda_ok(cudaDeviceSynchronize(), "kernel execution (synchronize before download)");
+    cuda_ok(cudaMemcpy(host_.data(), device_ptr_, storage_bytes_, cudaMemcpyDeviceToHost), "download");
+  }
+}
+
+std::vector<double> Buffer::values() const {
+  download();
+  std::vector<double> out(numel());
+  for (std::int64_t i = 0; i < numel(); ++i)
+    out[i] = detail::load_as_double(host_.data(), dtype_, offset_of(i));
+  return out;
+}
+
+void Buffer::set_values(const std::vector<double>& v) {
+  for (std::int64_t i = 0; i < numel(); ++i)
+    detail::store_from_double(host_.data(), dtype_, offset_of(i), v[i]);
+  upload();
+}
+
+void Buffer::fill_normal(std::mt19937_64& rng, double mean, double stddev) {
+  std::normal_distribution<double> dist(mean, stddev);
+  std::vector<double> v(numel());
+  for (auto& x : v) x = dist(rng);
+  set_values(v);
+}
+
+void Buffer::poison() {
+  std::memset(host_.data(), 0xFF, storage_bytes_);
+  if (device_ptr_) cuda_ok(cudaMemset(device_ptr_, 0xFF, storage_bytes_), "poison");
+}
+
+std::vector<unsigned char> Buffer::raw_bytes() const {
+  download();
+  return host_;
+}
+
+ErrorStats compare(const std::vector<double>& got, const std::vector<double>& ref) {
+  ErrorStats s;
+  s.count = static_cast<std::int64_t>(ref.size());
+  double num = 0.0, den = 0.0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(got[i]) && std::isfinite(ref[i])) {
+      ++s.non_finite;
+      continue;
+    }
+    const double d = got[i] - ref[i];
+    num += d * d;
+    den += ref[i] * ref[i];
+    s.max_abs = std::max(s.max_abs, std::abs(d));
+  }
+  s.rel_l2 = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  return s;
+}
+
+double rounding_error(DType dtype, const std::vector<double>& ref) {
+  std::vector<double> rounded(ref.size());
+  for (std::size_t i = 0; i < ref.size(); ++i) rounded[i] = detail::round_to(dtype, ref[i]);
+  return compare(rounded, ref).rel_l2;
+}
+
+double accumulation_floor(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return 2e-6;  // float32 sums over up to 65536 terms
+    case DType::f16: return 1e-4;
+    case DType::bf16: return 1e-3;
+    default: return 1e-6;
+  }
+}
+
+double tolerance(DType dtype, const std::vector<double>& ref) {
+  return 2.0 * std::max(rounding_error(dtype, ref), accumulation_floor(dtype));
+}
+
+std::mt19937_64 make_rng(std::uint64_t salt) {
+  // Fresh data every run (seeded from the clock), reported so that a failure can be replayed
+  // with FUSEKIT_TEST_SEED.
+  static const std::uint64_t base = [] {
+    if (const char* env = std::getenv("FUSEKIT_TEST_SEED"))
+      return static_cast<std::uint64_t>(std::strtoull(env, nullptr, 10));
+    const std::uint64_t s = static_cast<std::uint64_t>(
+        std::chrono::high_resolution_clock::now().time_since_epoch().count());
+    std::printf("[fusekit tests] random seed %llu (set FUSEKIT_TEST_SEED to replay)\n",
+                static_cast<unsigned long long>(s));
+    return s;
+  }();
+  return std::mt19937_64(base ^ (salt * 0x9E3779B97F4A7C15ull));
+}
+
+}  // namespace fusekit::testing

@@ -1,0 +1,77 @@
+// Test harness (no GoogleTest dependency, shared with the CLI's `fusekit check`): owned buffers on either device, random fills, output poisoning, and comparison
+// against a float64 reference with a per-dtype tolerance.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "fusekit/tensor.h"
+
+namespace fusekit::testing {
+
+// Empty when a supported GPU is present; otherwise why GPU tests are skipped.
+const std::string& gpu_skip_reason();
+
+// A test tensor: host bytes always, plus a device copy when it lives on a GPU.
+class Buffer {
+ public:
+  Buffer(DType dtype, Device device, std::vector<std::int64_t> shape,
+         std::vector<std::int64_t> strides = {});
+  ~Buffer();
+  Buffer(Buffer&& other) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  TensorView view() const;
+  DType dtype() const { return dtype_; }
+  std::int64_t numel() const;
+
+  // Logical elements (row-major order over the shape) as doubles, read from the device if any.
+  std::vector<double> values() const;
+  // Writes logical elements (rounded to the dtype) and uploads.
+  void set_values(const std::vector<double>& v);
+  // Normal(mean, stddev) values, rounded to the dtype.
+  void fill_normal(std::mt19937_64& rng, double mean = 0.0, double stddev = 1.0);
+  // Every byte of the storage set to 0xFF: NaN in every float type, so an unwritten output
+  // element shows up as NaN.
+  void poison();
+  // Raw storage bytes (padding included), read from the device if any.
+  std::vector<unsigned char> raw_bytes() const;
+
+ private:
+  std::int64_t offset_of(std::int64_t linear) const;
+  void upload();
+  void download() const;
+
+  DType dtype_;
+  Device device_;
+  std::vector<std::int64_t> shape_, strides_;
+  std::size_t storage_bytes_ = 0;
+  mutable std::vector<unsigned char> host_;
+  void* device_ptr_ = nullptr;
+};
+
+struct ErrorStats {
+  double rel_l2 = 0.0;    // ||got - ref|| / ||ref||
+  double max_abs = 0.0;   // max |got - ref|
+  std::int64_t non_finite = 0;  // NaN or Inf in `got` where ref is finite
+  std::int64_t count = 0;
+};
+
+ErrorStats compare(const std::vector<double>& got, const std::vector<double>& ref);
+
+// The error of the float64 reference merely rounded to `dtype`: the least error any
+// implementation that stores `dtype` can have (PyTorch's own error in that dtype is at least this).
+double rounding_error(DType dtype, const std::vector<double>& ref);
+
+// Accumulation-error floor per dtype (matters for f32, where rounding alone is ~1e-8).
+double accumulation_floor(DType dtype);
+
+// The bar: twice the larger of the rounding baseline and the accumulation floor.
+double tolerance(DType dtype, const std::vector<double>& ref);
+
+std::mt19937_64 make_rng(std::uint64_t salt);
+
+}  // namespace fusekit::testing

@@ -1,0 +1,473 @@
+// LayerNorm / RMSNorm: the CPU reference against finite differences, the CUDA kernels against the
+// CPU reference over a randomized grid, determinism, layout edge cases and argument errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fusekit/error.h"
+#include "fusekit/norm.h"
+#include "tests/harness/gtest_helpers.h"
+
+namespace fusekit {
+namespace {
+
+using testing::Buffer;
+using testing::close_to_reference;
+
+enum class Kind { layer, rms };
+const char* kind_name(Kind k) { return k == Kind::layer ? "layer_norm" : "rms_norm"; }
+
+struct Case {
+  Kind kind = Kind::layer;
+  DType dtype = DType::bf16;
+  DType weight_dtype = DType::bf16;
+  std::int64_t rows = 1, cols = 1;
+  bool weight = true, bias = true;
+  std::int64_t row_pad = 0;  // extra elements between rows (row stride = cols + row_pad)
+  std::string str() const {
+    return std::string(kind_name(kind)) + " " + dtype_name(dtype) + "/w:" + dtype_name(weight_dtype) +
+           " (" + std::to_string(rows) + ", " + std::to_string(cols) + ")" + (weight ? " +w" : "") +
+           (bias ? " +b" : "") + (row_pad ? " pad " + std::to_string(row_pad) : "");
+  }
+};
+
+// All tensors of one forward + backward problem on one device.
+struct Problem {
+  Case c;
+  Device device;
+  Buffer x, y, dy, dx;
+  std::optional<Buffer> weight, bias, dweight, dbias;
+  Buffer mean, rstd;
+  std::optional<Buffer> workspace;
+
+  Problem(const Case& c_, Device d)
+      : c(c_), device(d),
+        x(c.dtype, d, {c.rows, c.cols}, {c.cols + c.row_pad, 1}),
+        y(c.dtype, d, {c.rows, c.cols}, {c.cols + c.row_pad, 1}),
+        dy(c.dtype, d, {c.rows, c.cols}),
+        dx(c.dtype, d, {c.rows, c.cols}, {c.cols + c.row_pad, 1}),
+        mean(DType::f32, d, {c.rows}), rstd(DType::f32, d, {c.rows}) {
+    if (c.weight) {
+      weight.emplace(c.weight_dtype, d, std::vector<std::int64_t>{c.cols});
+      dweight.emplace(c.weight_dtype, d, std::vector<std::int64_t>{c.cols});
+    }
+    if (c.bias && c.kind == Kind::layer) {
+      bias.emplace(c.weight_dtype, d, std::vector<std::int64_t>{c.cols});
+      dbias.emplace(c.weight_dtype, d, std::vector<std::int64_t>{c.cols});
+    }
+    const std::size_t ws = norm_backward_workspace_size(c.rows, c.cols, c.dtype, d);
+    if (ws > 0) workspace.emplace(DType::u8, d, std::vector<std::int64_t>{static_cast<std::int64_t>(ws)});
+  }
+
+  static OptionalTensor opt(const std::optional<Buffer>& b) {
+    return b ? OptionalTensor(b->view()) : std::nullopt;
+  }
+
+  void forward(float eps) {
+    if (c.kind == Kind::layer)
+      layer_norm_forward(x.view(), opt(weight), opt(bias), eps, y.view(), mean.view(), rstd.view());
+    else
+      rms_norm_forward(x.view(), opt(weight), eps, y.view(), rstd.view());
+  }
+  void backward(bool from_output) {
+    if (c.kind == Kind::layer) {
+      if (from_output)
+        layer_norm_backward_from_output(dy.view(), y.view(), opt(weight), opt(bias), rstd.view(),
+                                        dx.view(), opt(dweight), opt(dbias), opt(workspace));
+      else
+        layer_norm_backward(dy.view(), x.view(), opt(weight), mean.view(), rstd.view(), dx.view(),
+                            opt(dweight), opt(dbias), opt(workspace));
+    } else {
+      if (from_output)
+        rms_norm_backward_from_output(dy.view(), y.view(), opt(weight), rstd.view(), dx.view(),
+                                      opt(dweight), opt(workspace));
+      else
+        rms_norm_backward(dy.view(), x.view(), opt(weight), rstd.view(), dx.view(), opt(dweight),
+                          opt(workspace));
+    }
+  }
+  void poison_outputs() {
+    y.poison();
+    dx.poison();
+    mean.poison();
+    rstd.poison();
+    if (dweight) dweight->poison();
+    if (dbias) dbias->poison();
+  }
+};
+
+// Copies every input of `from` into `to` (different devices), so both backends see the same data.
+void copy_inputs(const Problem& from, Problem& to) {
+  to.x.set_values(from.x.values());
+  to.dy.set_values(from.dy.values());
+  if (from.weight) to.weight->set_values(from.weight->values());
+  if (from.bias) to.bias->set_values(from.bias->values());
+}
+
+void fill_inputs(Problem& p, std::mt19937_64& rng) {
+  // Rows with an offset and a scale so that mean subtraction and rstd matter.
+  std::normal_distribution<double> n01(0.0, 1.0);
+  std::vector<double> xv(p.c.rows * p.c.cols);
+  for (std::int64_t r = 0; r < p.c.rows; ++r) {
+    const double shift = 0.5 * n01(rng), scale = std::exp(0.5 * n01(rng));
+    for (std::int64_t k = 0; k < p.c.cols; ++k) xv[r * p.c.cols + k] = shift + scale * n01(rng);
+  }
+  p.x.set_values(xv);
+  p.dy.fill_normal(rng);
+  if (p.weight) p.weight->fill_normal(rng, 1.0, 0.5);
+  if (p.bias) p.bias->fill_normal(rng, 0.0, 0.5);
+}
+
+// Error of a float32 two-level column sum (chunks of 32 rows, then chunk sums in order): what a
+// typical float32 GPU reduction gets, i.e. PyTorch's own error level for dweight/dbias in f32.
+double f32_column_sum_error(const std::vector<double>& terms, std::int64_t rows, std::int64_t cols,
+                            const std::vector<double>& ref) {
+  std::vector<double> got(cols);
+  for (std::int64_t c = 0; c < cols; ++c) {
+    float total = 0.0f;
+    for (std::int64_t r0 = 0; r0 < rows; r0 += 32) {
+      float chunk = 0.0f;
+      for (std::int64_t r = r0; r < std::min(rows, r0 + 32); ++r) chunk += static_cast<float>(terms[r * cols + c]);
+      total += chunk;
+    }
+    got[c] = total;
+  }
+  return testing::compare(got, ref).rel_l2;
+}
+
+// Weight-gradient check: the bar is twice the larger of the dtype rounding and the float32
+// reduction baseline.
+::testing::AssertionResult gradient_close(const std::vector<double>& got, const std::vector<double>& ref,
+                                          DType dtype, double reduction_baseline,
+                                          const std::string& what) {
+  const testing::ErrorStats s = testing::compare(got, ref);
+  const double tol = 2.0 * std::max({testing::rounding_error(dtype, ref), reduction_baseline,
+                                     testing::accumulation_floor(dtype)});
+  std::string msg = what + " [" + dtype_name(dtype) + "]: rel_l2 " + std::to_string(s.rel_l2) +
+                    " tolerance " + std::to_string(tol) + " non-finite " + std::to_string(s.non_finite);
+  if (s.non_finite > 0 || !(s.rel_l2 <= tol)) return ::testing::AssertionFailure() << msg;
+  return ::testing::AssertionSuccess() << msg;
+}
+
+// Runs one case on the GPU and the CPU reference and compares every output.
+void check_gpu_against_cpu(const Case& c, std::uint64_t salt, bool from_output) {
+  SCOPED_TRACE(c.str() + (from_output ? " from_output" : ""));
+  auto rng = testing::make_rng(salt);
+  const float eps = 1e-5f;
+  Problem cpu(c, Device::cpu()), gpu(c, Device::cuda(0));
+  fill_inputs(cpu, rng);
+  copy_inputs(cpu, gpu);
+
+  cpu.forward(eps);
+  gpu.poison_outputs();
+  gpu.forward(eps);
+  const auto y_ref = cpu.y.values();
+  EXPECT_TRUE(close_to_reference(gpu.y.values(), y_ref, c.dtype, "y"));
+  EXPECT_TRUE(close_to_reference(gpu.rstd.values(), cpu.rstd.values(), DType::f32, "rstd"));
+  if (c.kind == Kind::layer)
+    EXPECT_TRUE(close_to_reference(gpu.mean.values(), cpu.mean.values(), DType::f32, "mean"));
+
+  // Backward from identical saved tensors on both sides (the CPU's y, mean, rstd).
+  gpu.y.set_values(y_ref);
+  gpu.mean.set_values(cpu.mean.values());
+  gpu.rstd.set_values(cpu.rstd.values());
+  cpu.backward(from_output);
+  gpu.dx.poison();
+  if (gpu.dweight) gpu.dweight->poison();
+  if (gpu.dbias) gpu.dbias->poison();
+  gpu.backward(from_output);
+  EXPECT_TRUE(close_to_reference(gpu.dx.values(), cpu.dx.values(), c.dtype, "dx"));
+
+  if (gpu.dweight || gpu.dbias) {
+    // Per-element terms of the column sums, for the float32 reduction baseline.
+    const auto dy = cpu.dy.values(), x = cpu.x.values(), mean = cpu.mean.values(), rstd = cpu.rstd.values();
+    std::vector<double> w_terms(dy.size());
+    for (std::int64_t r = 0; r < c.rows; ++r)
+      for (std::int64_t k = 0; k < c.cols; ++k) {
+        const double m = c.kind == Kind::layer ? mean[r] : 0.0;
+        w_terms[r * c.cols + k] = dy[r * c.cols + k] * (x[r * c.cols + k] - m) * rstd[r];
+      }
+    if (gpu.dweight) {
+      const auto ref = cpu.dweight->values();
+      EXPECT_TRUE(gradient_close(gpu.dweight->values(), ref, c.weight_dtype,
+                                 f32_column_sum_error(w_terms, c.rows, c.cols, ref), "dweight"));
+    }
+    if (gpu.dbias) {
+      const auto ref = cpu.dbias->values();
+      EXPECT_TRUE(gradient_close(gpu.dbias->values(), ref, c.weight_dtype,
+                                 f32_column_sum_error(dy, c.rows, c.cols, ref), "dbias"));
+    }
+  }
+}
+
+// ---- CPU reference -------------------------------------------------------------------------
+
+TEST(NormCpu, ForwardNormalizesEachRow) {
+  auto rng = testing::make_rng(1);
+  for (Kind kind : {Kind::layer, Kind::rms}) {
+    Case c{kind, DType::f32, DType::f32, 5, 300, false, false};
+    Problem p(c, Device::cpu());
+    fill_inputs(p, rng);
+    p.forward(0.0f);
+    const auto y = p.y.values();
+    for (std::int64_t r = 0; r < c.rows; ++r) {
+      double s = 0, s2 = 0;
+      for (std::int64_t k = 0; k < c.cols; ++k) {
+        s += y[r * c.cols + k];
+        s2 += y[r * c.cols + k] * y[r * c.cols + k];
+      }
+      if (kind == Kind::layer) EXPECT_NEAR(s / c.cols, 0.0, 1e-6);
+      EXPECT_NEAR(s2 / c.cols, 1.0, 1e-5);  // unit variance (LayerNorm) / unit mean square (RMSNorm)
+    }
+  }
+}
+
+// Finite differences of L = sum(y * dy) with respect to x, weight and bias.
+TEST(NormCpu, GradientsMatchFiniteDifferences) {
+  auto rng = testing::make_rng(2);
+  for (Kind kind : {Kind::layer, Kind::rms}) {
+    Case c{kind, DType::f32, DType::f32, 3, 13, true, true};
+    SCOPED_TRACE(c.str());
+    Problem p(c, Device::cpu());
+    fill_inputs(p, rng);
+    const float eps = 1e-3f;
+    p.forward(eps);
+    p.backward(false);
+    const auto dy = p.dy.values();
+    auto loss = [&](Problem& q) {
+      q.forward(eps);
+      const auto y = q.y.values();
+      double l = 0;
+      for (std::size_t i = 0; i < y.size(); ++i) l += y[i] * dy[i];
+      return l;
+    };
+    auto fd = [&](Buffer& param, std::int64_t i) {
+      auto v = param.values();
+      const double h = 1e-2 * std::max(1.0, std::abs(v[i]));
+      const double orig = v[i];
+      v[i] = orig + h;
+      param.set_values(v);
+      const double lp = loss(p);
+      v[i] = orig - h;
+      param.set_values(v);
+      const double lm = loss(p);
+      v[i] = orig;
+      param.set_values(v);
+      // Read back the perturbations actually stored (f32 rounding of orig +- h).
+      return (lp - lm) / (2 * h);
+    };
+    const auto dx = p.dx.values(), dw = p.dweight->values();
+    for (std::int64_t i = 0; i < c.rows * c.cols; i += 5) EXPECT_NEAR(fd(p.x, i), dx[i], 2e-3) << "dx " << i;
+    for (std::int64_t i = 0; i < c.cols; i += 3) EXPECT_NEAR(fd(*p.weight, i), dw[i], 2e-3) << "dw " << i;
+    if (kind == Kind::layer) {
+      const auto db = p.dbias->values();
+      for (std::int64_t i = 0; i < c.cols; i += 3) EXPECT_NEAR(fd(*p.bias, i), db[i], 2e-3) << "db " << i;
+    }
+  }
+}
+
+TEST(NormCpu, FromOutputMatchesFromInput) {
+  auto rng = testing::make_rng(3);
+  for (Kind kind : {Kind::layer, Kind::rms}) {
+    Case c{kind, DType::f32, DType::f32, 7, 64, true, true};
+    Problem a(c, Device::cpu()), b(c, Device::cpu());
+    fill_inputs(a, rng);
+    copy_inputs(a, b);
+    a.forward(1e-5f);
+    b.forward(1e-5f);
+    a.backward(false);
+    b.backward(true);
+    EXPECT_TRUE(close_to_reference(b.dx.values(), a.dx.values(), DType::f32, "dx from y"));
+    EXPECT_TRUE(close_to_reference(b.dweight->values(), a.dweight->values(), DType::f32, "dw from y"));
+  }
+}
+
+// ---- argument errors (CPU tensors: checks run before any backend) ----------------------------
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(NormErrors, EachBadArgumentIsNamed) {
+  std::vector<float> xb(64 * 8), yb(64 * 8), w(8), stats(64);
+  std::vector<double> xd(64 * 8);
+  const Device cpu = Device::cpu();
+  TensorView x(xb.data(), DType::f32, cpu, {64, 8}), y(yb.data(), DType::f32, cpu, {64, 8});
+  TensorView weight(w.data(), DType::f32, cpu, {8});
+  TensorView rstd(stats.data(), DType::f32, cpu, {64});
+
+  // Shape: weight of the wrong length.
+  TensorView short_weight(w.data(), DType::f32, cpu, {7});
+  EXPECT_EQ(error_of([&] { rms_norm_forward(x, short_weight, 1e-5f, y, rstd); }),
+            "fusekit.rms_norm_forward: argument 'weight': expected shape (8), got (7)");
+  // Shape: y not like x.
+  TensorView y_bad(yb.data(), DType::f32, cpu, {32, 8});
+  EXPECT_NE(error_of([&] { rms_norm_forward(x, weight, 1e-5f, y_bad, rstd); }).find("argument 'y': expected shape (64, 8)"), std::string::npos);
+  // Dtype: f64 input.
+  TensorView x64(xd.data(), DType::f64, cpu, {64, 8});
+  EXPECT_NE(error_of([&] { rms_norm_forward(x64, weight, 1e-5f, y, rstd); }).find("argument 'x': expected dtype f32, f16 or bf16, got f64"), std::string::npos);
+  // Dtype: rstd not float32.
+  TensorView rstd16(stats.data(), DType::f16, cpu, {64});
+  EXPECT_NE(error_of([&] { rms_norm_forward(x, weight, 1e-5f, y, rstd16); }).find("argument 'rstd': expected dtype f32"), std::string::npos);
+  // Stride: last dimension not contiguous.
+  TensorView x_strided(xb.data(), DType::f32, cpu, {32, 8}, {16, 2});
+  EXPECT_NE(error_of([&] { rms_norm_forward(x_strided, weight, 1e-5f, y_bad, rstd); }).find("argument 'x': expected a contiguous last dimension"), std::string::npos);
+  // Stride: rows overlapping.
+  TensorView x_overlap(xb.data(), DType::f32, cpu, {64, 8}, {4, 1});
+  EXPECT_NE(error_of([&] { rms_norm_forward(x_overlap, weight, 1e-5f, y, rstd); }).find("row stride of at least N = 8"), std::string::npos);
+  // Device mix: weight claims to be on a GPU.
+  TensorView gpu_weight(w.data(), DType::f32, Device::cuda(0), {8});
+  EXPECT_NE(error_of([&] { rms_norm_forward(x, gpu_weight, 1e-5f, y, rstd); }).find("argument 'weight': expected a tensor on cpu (where 'x' is), got a tensor on cuda:0"), std::string::npos);
+  // Null data.
+  TensorView x_null(nullptr, DType::f32, cpu, {64, 8});
+  EXPECT_NE(error_of([&] { rms_norm_forward(x_null, weight, 1e-5f, y, rstd); }).find("argument 'x': expected a non-null data pointer"), std::string::npos);
+  // N past the supported limit (the data is never touched: checks come first).
+  TensorView x_huge(xb.data(), DType::f32, cpu, {1, kNormMaxCols + 1});
+  TensorView y_huge(yb.data(), DType::f32, cpu, {1, kNormMaxCols + 1});
+  EXPECT_NE(error_of([&] { rms_norm_forward(x_huge, std::nullopt, 1e-5f, y_huge, std::nullopt); }).find("expected a last dimension N in 1..65536, got N = 65537"), std::string::npos);
+  // Rows past 2^31 - 1.
+  TensorView x_rows(xb.data(), DType::f32, cpu, {std::int64_t(1) << 31, 8}, {8, 1});
+  EXPECT_NE(error_of([&] { rms_norm_forward(x_rows, std::nullopt, 1e-5f, x_rows, std::nullopt); }).find("at most 2^31 - 1 rows"), std::string::npos);
+  // eps negative.
+  EXPECT_NE(error_of([&] { rms_norm_forward(x, weight, -1.0f, y, rstd); }).find("argument 'eps'"), std::string::npos);
+  // Backward: dweight without a weight.
+  TensorView dw(w.data(), DType::f32, cpu, {8});
+  EXPECT_NE(error_of([&] { rms_norm_backward(y, x, std::nullopt, rstd, y, dw, std::nullopt); }).find("argument 'dweight'"), std::string::npos);
+  // Weight dtype neither x's nor f32.
+  TensorView w16(w.data(), DType::bf16, cpu, {8});
+  EXPECT_NE(error_of([&] { rms_norm_forward(x, w16, 1e-5f, y, rstd); }).find("argument 'weight': expected dtype f32 (as x) or f32, got bf16"), std::string::npos);
+}
+
+// ---- GPU ---------------------------------------------------------------------------------------
+
+TEST(NormGpu, RandomizedGridMatchesCpuReference) {
+  FUSEKIT_REQUIRE_GPU();
+  auto rng = testing::make_rng(100);
+  const std::int64_t cols_choices[] = {1, 2, 7, 8, 64, 100, 256, 768, 1000, 1024, 1536, 2048, 3000,
+                                       4096, 5120, 8192, 12288, 16384, 20000, 32768, 65536};
+  const std::int64_t rows_choices[] = {1, 2, 3, 17, 64, 333, 1024};
+  const DType dtypes[] = {DType::f32, DType::f16, DType::bf16};
+  int cases = 0;
+  for (std::int64_t cols : cols_choices) {
+    for (int rep = 0; rep < 3; ++rep) {
+      Case c;
+      c.kind = (rng() % 2) ? Kind::layer : Kind::rms;
+      c.dtype = dtypes[rng() % 3];
+      c.weight_dtype = (rng() % 3 == 0) ? DType::f32 : c.dtype;
+      c.rows = rows_choices[rng() % 7];
+      if (cols >= 16384) c.rows = std::min<std::int64_t>(c.rows, 64);
+      c.cols = cols;
+      c.weight = rng() % 5 != 0;
+      c.bias = rng() % 3 != 0;
+      c.row_pad = (rng() % 4 == 0) ? 8 * (1 + rng() % 3) + (rng() % 2) : 0;
+      check_gpu_against_cpu(c, 1000 + cases, rng() % 4 == 0);
+      ++cases;
+    }
+  }
+  EXPECT_EQ(cases, 63);
+}
+
+TEST(NormGpu, BenchmarkShapesMatchCpuReference) {
+  FUSEKIT_REQUIRE_GPU();
+  const std::pair<std::int64_t, std::int64_t> shapes[] = {{16384, 1024}, {4096, 16384}, {32768, 2048}};
+  int salt = 0;
+  for (auto [rows, cols] : shapes) {
+    for (Kind kind : {Kind::layer, Kind::rms}) {
+      Case c{kind, DType::bf16, DType::bf16, rows, cols, true, true};
+      check_gpu_against_cpu(c, 5000 + salt++, false);
+    }
+  }
+}
+
+TEST(NormGpu, FromOutputVariant) {
+  FUSEKIT_REQUIRE_GPU();
+  int salt = 0;
+  for (Kind kind : {Kind::layer, Kind::rms})
+    for (DType dt : {DType::bf16, DType::f32})
+      for (std::int64_t cols : {512, 4096, 1001})
+        check_gpu_against_cpu(Case{kind, dt, dt, 300, cols, true, true}, 6000 + salt++, true);
+}
+
+TEST(NormGpu, BackwardIsBitwiseDeterministic) {
+  FUSEKIT_REQUIRE_GPU();
+  auto rng = testing::make_rng(7);
+  for (std::int64_t cols : {1024, 4096, 16384, 3001}) {
+    Case c{Kind::layer, DType::bf16, DType::f32, 8192, cols, true, true};
+    SCOPED_TRACE(c.str());
+    Problem p(c, Device::cuda(0));
+    fill_inputs(p, rng);
+    p.forward(1e-5f);
+    std::vector<std::vector<unsigned char>> runs;
+    for (int run = 0; run < 3; ++run) {
+      p.dx.poison();
+      p.dweight->poison();
+      p.dbias->poison();
+      p.backward(false);
+      auto bytes = p.dweight->raw_bytes();
+      const auto db = p.dbias->raw_bytes(), dx = p.dx.raw_bytes();
+      bytes.insert(bytes.end(), db.begin(), db.end());
+      bytes.insert(bytes.end(), dx.begin(), dx.end());
+      runs.push_back(std::move(bytes));
+    }
+    EXPECT_TRUE(runs[0] == runs[1] && runs[1] == runs[2]);
+  }
+}
+
+TEST(NormGpu, RowPaddingIsNeverWritten) {
+  FUSEKIT_REQUIRE_GPU();
+  auto rng = testing::make_rng(8);
+  Case c{Kind::layer, DType::bf16, DType::bf16, 100, 1024, true, true, 8};
+  Problem p(c, Device::cuda(0));
+  fill_inputs(p, rng);
+  p.poison_outputs();
+  p.forward(1e-5f);
+  p.backward(false);
+  for (const Buffer* b : {&p.y, &p.dx}) {
+    const auto raw = b->raw_bytes();
+    int untouched = 0;
+    for (std::int64_t r = 0; r + 1 < c.rows; ++r)
+      for (std::int64_t k = c.cols; k < c.cols + c.row_pad; ++k) {
+        const std::size_t off = (r * (c.cols + c.row_pad) + k) * 2;
+        untouched += raw[off] == 0xFF && raw[off + 1] == 0xFF;
+      }
+    EXPECT_EQ(untouched, (c.rows - 1) * c.row_pad);
+  }
+}
+
+TEST(NormGpu, WorkspaceTooSmallIsAnError) {
+  FUSEKIT_REQUIRE_GPU();
+  Case c{Kind::rms, DType::bf16, DType::bf16, 4096, 1024, true, false};
+  Problem p(c, Device::cuda(0));
+  Buffer tiny(DType::u8, Device::cuda(0), {16});
+  try {
+    rms_norm_backward(p.dy.view(), p.x.view(), p.weight->view(), p.rstd.view(), p.dx.view(),
+                      p.dweight->view(), tiny.view());
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("argument 'workspace'"), std::string::npos) << e.what();
+  }
+}
+
+TEST(NormGpu, EmptyBatchGivesZeroGradients) {
+  FUSEKIT_REQUIRE_GPU();
+  Case c{Kind::layer, DType::bf16, DType::bf16, 0, 256, true, true};
+  Problem p(c, Device::cuda(0));
+  p.poison_outputs();
+  p.forward(1e-5f);
+  p.backward(false);
+  for (double v : p.dweight->values()) ASSERT_EQ(v, 0.0);
+  for (double v : p.dbias->values()) ASSERT_EQ(v, 0.0);
+}
+
+}  // namespace
+}  // namespace fusekit

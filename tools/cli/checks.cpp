@@ -1,0 +1,126 @@
+// `fusekit check` for each op family: a few representative problems compared against the CPU
+// reference with the same tolerance rule as the test suite.
+#include <cmath>
+#include <fmt/format.h>
+#include <optional>
+
+#include "bench/norm/bench_norm.h"
+#include "fusekit/norm.h"
+#include "tests/harness/harness.h"
+#include "tools/cli/ops.h"
+
+namespace fusekit::cli {
+namespace {
+
+using testing::Buffer;
+
+CheckLine line(const std::string& op, Device device, const std::string& what,
+               const std::vector<double>& got, const std::vector<double>& ref, DType dtype) {
+  const testing::ErrorStats s = testing::compare(got, ref);
+  const double tol = testing::tolerance(dtype, ref);
+  return {op, device.is_cuda() ? "cuda" : "cpu", what, s.rel_l2, tol,
+          s.non_finite == 0 && s.rel_l2 <= tol};
+}
+
+// Norm on `device` vs the CPU reference (bf16 and f32, LayerNorm and RMSNorm). On the CPU the
+// reference's dx is checked against central differences of sum(y * dy) instead.
+std::vector<CheckLine> check_norm(Device device, bool rms) {
+  const std::string op = rms ? "rms_norm" : "layer_norm";
+  std::vector<CheckLine> out;
+  auto rng = testing::make_rng(rms ? 31 : 30);
+  if (!device.is_cuda()) {
+    const std::int64_t rows = 4, cols = 24;
+    Buffer x(DType::f32, device, {rows, cols}), y(DType::f32, device, {rows, cols}),
+        dy(DType::f32, device, {rows, cols}), dx(DType::f32, device, {rows, cols}),
+        mean(DType::f32, device, {rows}), rstd(DType::f32, device, {rows});
+    x.fill_normal(rng, 0.2, 1.5);
+    dy.fill_normal(rng);
+    auto fwd = [&] {
+      if (rms) rms_norm_forward(x.view(), std::nullopt, 1e-3f, y.view(), rstd.view());
+      else layer_norm_forward(x.view(), std::nullopt, std::nullopt, 1e-3f, y.view(), mean.view(), rstd.view());
+    };
+    fwd();
+    if (rms) rms_norm_backward(dy.view(), x.view(), std::nullopt, rstd.view(), dx.view(), std::nullopt, std::nullopt);
+    else layer_norm_backward(dy.view(), x.view(), std::nullopt, mean.view(), rstd.view(), dx.view(), std::nullopt, std::nullopt, std::nullopt);
+    const auto dyv = dy.values();
+    auto xv = x.values();
+    std::vector<double> fd(xv.size());
+    for (std::size_t i = 0; i < xv.size(); ++i) {
+      double l[2];
+      for (int s = 0; s < 2; ++s) {
+        auto xp = xv;
+        xp[i] += (s ? -1e-2 : 1e-2);
+        x.set_values(xp);
+        fwd();
+        const auto yv = y.values();
+        l[s] = 0;
+        for (std::size_t k = 0; k < yv.size(); ++k) l[s] += yv[k] * dyv[k];
+      }
+      fd[i] = (l[0] - l[1]) / 2e-2;
+    }
+    x.set_values(xv);
+    const testing::ErrorStats s = testing::compare(dx.values(), fd);
+    out.push_back({op, "cpu", "dx vs finite differences", s.rel_l2, 1e-3, s.rel_l2 <= 1e-3});
+    return out;
+  }
+  for (DType dt : {DType::bf16, DType::f32}) {
+    for (std::int64_t cols : {1024, 4096, 1000}) {
+      const std::int64_t rows = 512;
+      std::vector<Buffer> cpu, gpu;
+      for (Device d : {Device::cpu(), device}) {
+        auto& v = d.is_cuda() ? gpu : cpu;
+        v.emplace_back(dt, d, std::vector<std::int64_t>{rows, cols});  // 0 x
+        v.emplace_back(dt, d, std::vector<std::int64_t>{rows, cols});  // 1 y
+        v.emplace_back(dt, d, std::vector<std::int64_t>{rows, cols});  // 2 dy
+        v.emplace_back(dt, d, std::vector<std::int64_t>{rows, cols});  // 3 dx
+        v.emplace_back(dt, d, std::vector<std::int64_t>{cols});        // 4 w
+        v.emplace_back(dt, d, std::vector<std::int64_t>{cols});        // 5 b
+        v.emplace_back(dt, d, std::vector<std::int64_t>{cols});        // 6 dw
+        v.emplace_back(DType::f32, d, std::vector<std::int64_t>{rows});  // 7 mean
+        v.emplace_back(DType::f32, d, std::vector<std::int64_t>{rows});  // 8 rstd
+        const std::size_t ws = norm_backward_workspace_size(rows, cols, dt, d);
+        v.emplace_back(DType::u8, d, std::vector<std::int64_t>{std::max<std::int64_t>(1, ws)});  // 9
+      }
+      cpu[0].fill_normal(rng, 0.3, 2.0);
+      cpu[2].fill_normal(rng);
+      cpu[4].fill_normal(rng, 1.0, 0.5);
+      cpu[5].fill_normal(rng);
+      for (int i : {0, 2, 4, 5}) gpu[i].set_values(cpu[i].values());
+      for (auto* v : {&cpu, &gpu}) {
+        auto& b = *v;
+        const bool on_gpu = v == &gpu;
+        const OptionalTensor ws = on_gpu ? OptionalTensor(b[9].view()) : std::nullopt;
+        if (rms) {
+          rms_norm_forward(b[0].view(), b[4].view(), 1e-5f, b[1].view(), b[8].view());
+          rms_norm_backward(b[2].view(), b[0].view(), b[4].view(), b[8].view(), b[3].view(), b[6].view(), ws);
+        } else {
+          layer_norm_forward(b[0].view(), b[4].view(), b[5].view(), 1e-5f, b[1].view(), b[7].view(), b[8].view());
+          layer_norm_backward(b[2].view(), b[0].view(), b[4].view(), b[7].view(), b[8].view(), b[3].view(), b[6].view(), std::nullopt, ws);
+        }
+      }
+      const std::string tag = fmt::format("{} ({}, {})", dtype_name(dt), rows, cols);
+      out.push_back(line(op, device, "y " + tag, gpu[1].values(), cpu[1].values(), dt));
+      out.push_back(line(op, device, "dx " + tag, gpu[3].values(), cpu[3].values(), dt));
+      out.push_back(line(op, device, "dweight " + tag, gpu[6].values(), cpu[6].values(), dt));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+const std::vector<OpEntry>& registry() {
+  static const std::vector<OpEntry> ops = {
+      {"layer_norm", "LayerNorm forward/backward (from x or from y), dweight/dbias reduced deterministically",
+       "f32, f16, bf16 (weight: same or f32)", {"cpu", "cuda"},
+       [](Device d) { return check_norm(d, false); },
+       [](bench::Report& r, const std::string&) { bench::bench_norm(r, "layer_norm"); }},
+      {"rms_norm", "RMSNorm forward/backward (from x or from y), dweight reduced deterministically",
+       "f32, f16, bf16 (weight: same or f32)", {"cpu", "cuda"},
+       [](Device d) { return check_norm(d, true); },
+       [](bench::Report& r, const std::string&) { bench::bench_norm(r, "rms_norm"); }},
+  };
+  return ops;
+}
+
+}  // namespace fusekit::cli

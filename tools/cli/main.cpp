@@ -1,0 +1,95 @@
+// The fusekit command-line tool: list ops, check them against their CPU references, benchmark.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <fstream>
+
+#include "fusekit/error.h"
+#include "fusekit/runtime.h"
+#include "tools/cli/ops.h"
+
+using fusekit::cli::registry;
+
+namespace {
+
+int cmd_ops() {
+  fmt::print("{:<12} {:<12} {:<38} {}\n", "op", "backends", "dtypes", "summary");
+  for (const auto& op : registry()) {
+    std::string backends;
+    for (const auto& b : op.backends) backends += (backends.empty() ? "" : ",") + b;
+    fmt::print("{:<12} {:<12} {:<38} {}\n", op.name, backends, op.dtypes, op.summary);
+  }
+  return 0;
+}
+
+int cmd_check(const std::string& only) {
+  const bool gpu = fusekit::cuda_device_count() > 0;
+  const fusekit::Device device = gpu ? fusekit::Device::cuda(0) : fusekit::Device::cpu();
+  if (gpu) {
+    fmt::print("backend: cuda ({})\n", fusekit::describe_cuda_device(0));
+    fusekit::require_supported_gpu("check", 0);
+  } else {
+    fmt::print("backend: cpu (no CUDA device; GPU kernels not checked)\n");
+  }
+  int passed = 0, failed = 0;
+  fmt::print("{:<12} {:<6} {:<34} {:>12} {:>12}  {}\n", "op", "device", "output", "rel_l2", "tolerance", "result");
+  for (const auto& op : registry()) {
+    if (!only.empty() && op.name != only) continue;
+    for (const auto& l : op.check(device)) {
+      fmt::print("{:<12} {:<6} {:<34} {:>12.3e} {:>12.3e}  {}\n", l.op, l.backend, l.what, l.error,
+                 l.tolerance, l.pass ? "PASS" : "FAIL");
+      (l.pass ? passed : failed)++;
+    }
+  }
+  fmt::print("{} passed, {} failed\n", passed, failed);
+  return failed == 0 && passed > 0 ? 0 : 1;
+}
+
+int cmd_bench(const std::string& only, const std::string& json_path) {
+  if (fusekit::cuda_device_count() == 0) {
+    fmt::print(stderr, "fusekit bench: no CUDA device on this machine; benchmarks need a GPU (H100/H200)\n");
+    return 2;
+  }
+  fusekit::require_supported_gpu("bench", 0);
+  fusekit::bench::Report report(fusekit::bench::measure_ceilings());
+  bool any = false;
+  for (const auto& op : registry()) {
+    if (!only.empty() && op.name != only) continue;
+    op.bench(report, only);
+    any = true;
+  }
+  if (!any) {
+    fmt::print(stderr, "fusekit bench: unknown op '{}' (see `fusekit ops`)\n", only);
+    return 2;
+  }
+  report.print();
+  if (!json_path.empty()) std::ofstream(json_path) << report.json() << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"fusekit: fused transformer-training kernels"};
+  app.require_subcommand(1);
+  auto* ops = app.add_subcommand("ops", "list ops and backends");
+  std::string check_op, bench_op, json_path;
+  auto* check = app.add_subcommand("check", "run every op against its CPU reference on the backend present");
+  check->add_option("op", check_op, "only this op");
+  auto* bench = app.add_subcommand("bench", "benchmark ops on the GPU (table, optional JSON)");
+  bench->add_option("op", bench_op, "only this op");
+  bench->add_option("--json", json_path, "write results as JSON to this file");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (*ops) return cmd_ops();
+    if (*check) return cmd_check(check_op);
+    if (*bench) return cmd_bench(bench_op, json_path);
+  } catch (const fusekit::Error& e) {
+    fmt::print(stderr, "{}\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "fusekit: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}

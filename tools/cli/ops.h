@@ -1,0 +1,33 @@
+// The op registry behind the CLI: what each op family is, which backends it has, how to check
+// it against its CPU reference and how to benchmark it. Each new op family adds one entry.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "bench/harness/bench.h"
+#include "fusekit/tensor.h"
+
+namespace fusekit::cli {
+
+struct CheckLine {
+  std::string op, backend, what;
+  double error = 0, tolerance = 0;
+  bool pass = false;
+};
+
+struct OpEntry {
+  std::string name;
+  std::string summary;
+  std::string dtypes;
+  std::vector<std::string> backends;
+  // Runs the op on `device` against the CPU reference (on the CPU: the reference against finite
+  // differences) and returns one line per compared output.
+  std::function<std::vector<CheckLine>(Device device)> check;
+  std::function<void(bench::Report&, const std::string& only)> bench;
+};
+
+const std::vector<OpEntry>& registry();
+
+}  // namespace fusekit::cli
