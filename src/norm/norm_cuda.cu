@@ -87,11 +87,13 @@ void dispatch_config(RowConfig c, F&& f) {
 #undef FUSEKIT_CONFIG
 }
 
+// Same table without the 1024-thread entry (never chosen for backward, and never instantiated:
+// at 1024 threads the backward's registers would spill).
 template <typename F>
 void dispatch_backward_config(RowConfig c, F&& f) {
-  // Same table without the 1024-thread entry (never chosen for backward).
-  if (c.threads_per_row == 1024) return;
-  dispatch_config(c, std::forward<F>(f));
+  dispatch_config(c, [&](auto tpr, auto iters) {
+    if constexpr (tpr.value <= 512) f(tpr, iters);
+  });
 }
 
 // Backward blocks per SM: enough resident warps to keep memory busy, few enough that the
