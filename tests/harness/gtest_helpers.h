@@ -14,8 +14,11 @@ namespace fusekit::testing {
   } while (0)
 
 // Checks `got` against `ref`: no non-finite values and rel_l2 within tolerance(dtype, ref).
+// `scale_floor`: for outputs that are differences of much larger terms (cancellation), the norm
+// of those terms; the error is then measured relative to max(||ref||, 1e-3 * scale_floor), as an
+// error at float32 resolution of the inputs cannot be told apart from rounding.
 ::testing::AssertionResult close_to_reference(const std::vector<double>& got,
                                               const std::vector<double>& ref, DType dtype,
-                                              const std::string& what);
+                                              const std::string& what, double scale_floor = 0.0);
 
 }  // namespace fusekit::testing

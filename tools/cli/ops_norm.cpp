@@ -1,5 +1,5 @@
-// `fusekit check` for each op family: a few representative problems compared against the CPU
-// reference with the same tolerance rule as the test suite.
+// CLI entries for the normalization family: `fusekit check` compares a few representative
+// problems against the CPU reference with the test suite's tolerance rule; bench runs bench/norm.
 #include <cmath>
 #include <fmt/format.h>
 #include <optional>
@@ -109,8 +109,8 @@ std::vector<CheckLine> check_norm(Device device, bool rms) {
 
 }  // namespace
 
-const std::vector<OpEntry>& registry() {
-  static const std::vector<OpEntry> ops = {
+void add_norm_ops(std::vector<OpEntry>& ops) {
+  ops.insert(ops.end(), {
       {"layer_norm", "LayerNorm forward/backward (from x or from y), dweight/dbias reduced deterministically",
        "f32, f16, bf16 (weight: same or f32)", {"cpu", "cuda"},
        [](Device d) { return check_norm(d, false); },
@@ -119,8 +119,7 @@ const std::vector<OpEntry>& registry() {
        "f32, f16, bf16 (weight: same or f32)", {"cpu", "cuda"},
        [](Device d) { return check_norm(d, true); },
        [](bench::Report& r, const std::string&) { bench::bench_norm(r, "rms_norm"); }},
-  };
-  return ops;
+  });
 }
 
 }  // namespace fusekit::cli

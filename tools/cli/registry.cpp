@@ -1,0 +1,15 @@
+// The list of op families the CLI knows. A new family adds its add_*_ops line here.
+#include "tools/cli/ops.h"
+
+namespace fusekit::cli {
+
+const std::vector<OpEntry>& registry() {
+  static const std::vector<OpEntry> ops = [] {
+    std::vector<OpEntry> v;
+    add_norm_ops(v);
+    return v;
+  }();
+  return ops;
+}
+
+}  // namespace fusekit::cli
