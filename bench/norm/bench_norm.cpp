@@ -3,6 +3,7 @@
 // (2 x 2 bytes per element), backward reads dy and x and writes dx (3 x 2 bytes per element).
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <optional>
 #include <vector>
 
@@ -29,10 +30,14 @@ const std::vector<std::pair<std::int64_t, std::int64_t>>& norm_bench_shapes() {
 
 void bench_norm(Report& report, const std::string& only) {
   const Device gpu = Device::cuda(0);
+  // FUSEKIT_BENCH_SHAPES="16384x4096,4096x16384" narrows the shapes (for tuning and profiling).
+  const char* shape_filter = std::getenv("FUSEKIT_BENCH_SHAPES");
   for (const bool rms : {false, true}) {
     const std::string op = rms ? "rms_norm" : "layer_norm";
     if (!only.empty() && only != op && only != "norm") continue;
     for (auto [rows, cols] : norm_bench_shapes()) {
+      if (shape_filter && std::string(shape_filter).find(fmt::format("{}x{}", rows, cols)) == std::string::npos)
+        continue;
       const std::size_t elems = std::size_t(rows) * cols, bytes = elems * 2;
       const int rotations = rotations_for(2 * bytes);
       std::vector<Set> sets(rotations);
