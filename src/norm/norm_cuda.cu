@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <mutex>
+#include <vector>
 
 #include "core/cuda_check.h"
 #include "core/device_info.h"
@@ -18,29 +20,10 @@ namespace {
 
 using namespace kernels;
 
-// A register-path configuration: TPR threads per row, ITERS 16-byte vectors per thread.
-struct RowConfig {
-  int threads_per_row = 0;  // 0: use the generic kernel
-  int iters = 0;
-};
-
-// The smallest row group that covers the row with at most 4 vectors per thread: short rows get a
-// warp each (no block barrier), long rows a whole block. Beyond 2048 vectors (16384 bf16 values)
-// the backward's ~3 registers per element no longer fit and it falls back to the generic kernel.
-RowConfig choose_config(std::int64_t vectors, bool backward) {
-  if (vectors <= 32) return {32, 1};
-  if (vectors <= 64) return {32, 2};
-  if (vectors <= 128) return {32, 4};
-  if (vectors <= 256) return {64, 4};
-  if (vectors <= 512) return {128, 4};
-  if (vectors <= 1024) return {256, 4};
-  if (vectors <= 2048) return {512, 4};
-  if (vectors <= 4096 && !backward) return {1024, 4};
-  return {};
-}
-
 bool aligned16(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; }
 
+// The streaming kernels move 16-byte vectors: every row start and pointer must be 16-byte
+// aligned and N a multiple of the vector width. Anything else takes the generic kernel.
 template <typename T>
 bool vector_path_ok(std::int64_t cols, std::initializer_list<std::int64_t> row_strides,
                     std::initializer_list<const void*> pointers) {
@@ -70,79 +53,110 @@ void dispatch_types(DType dtype, DType weight_dtype, F&& f) {
   }
 }
 
-// Calls f(std::integral_constant<TPR>, std::integral_constant<ITERS>) for a chosen config.
-template <typename F>
-void dispatch_config(RowConfig c, F&& f) {
-#define FUSEKIT_CONFIG(TPR_, ITERS_)                                                          \
-  if (c.threads_per_row == TPR_ && c.iters == ITERS_)                                         \
-    return f(std::integral_constant<int, TPR_>{}, std::integral_constant<int, ITERS_>{});
-  FUSEKIT_CONFIG(32, 1)
-  FUSEKIT_CONFIG(32, 2)
-  FUSEKIT_CONFIG(32, 4)
-  FUSEKIT_CONFIG(64, 4)
-  FUSEKIT_CONFIG(128, 4)
-  FUSEKIT_CONFIG(256, 4)
-  FUSEKIT_CONFIG(512, 4)
-  FUSEKIT_CONFIG(1024, 4)
-#undef FUSEKIT_CONFIG
+// How a row is spread over threads: `iters` 16-byte vectors per thread (the kernel's template
+// parameter), `geometry.threads_per_row` threads. Short rows get one warp each (4 rows a block);
+// longer rows 4 vectors per thread and as many warps as that takes, so that N = 5120 or 12288
+// waste no thread. The backward keeps 2 floats of per-column sums per element in registers, which
+// caps it at 512 threads (N <= 16384 in 16-bit types); beyond that, the generic kernel.
+struct RowPlan {
+  int iters = 0;  // 0: generic kernel
+  RowGeometry geometry{};
+  std::size_t smem_bytes = 0;
+  int block_threads() const { return geometry.threads_per_row * geometry.rows_per_block; }
+};
+
+RowPlan plan_rows(std::int64_t vectors, bool backward) {
+  RowPlan plan;
+  if (vectors <= 128) {
+    plan.iters = static_cast<int>((vectors + 31) / 32);
+    plan.geometry.threads_per_row = 32;
+  } else {
+    plan.iters = 4;
+    plan.geometry.threads_per_row = static_cast<int>((vectors + 4 * 32 - 1) / (4 * 32) * 32);
+    if (plan.geometry.threads_per_row > (backward ? 512 : 1024)) return RowPlan{};
+  }
+  const int tpr = plan.geometry.threads_per_row;
+  plan.geometry.rows_per_block = tpr <= 64 ? 128 / tpr : 1;
+  const int threads = plan.block_threads();
+  const std::size_t stage_bytes =
+      std::size_t(threads) * plan.iters * 16 * (backward ? 2 : 1) + (backward ? threads * 8 : 0);
+  // Three rows in flight when the ring stays modest, else two (long rows already carry many bytes).
+  plan.geometry.stages = 3 * stage_bytes <= 96 * 1024 ? 3 : 2;
+  plan.smem_bytes = plan.geometry.stages * stage_bytes;
+  return plan;
 }
 
-// Same table without the 1024-thread entry (never chosen for backward, and never instantiated:
-// at 1024 threads the backward's registers would spill).
+// Calls f(std::integral_constant<int, ITERS>) for iters in 1..4.
 template <typename F>
-void dispatch_backward_config(RowConfig c, F&& f) {
-  dispatch_config(c, [&](auto tpr, auto iters) {
-    if constexpr (tpr.value <= 512) f(tpr, iters);
-  });
+void dispatch_iters(int iters, F&& f) {
+  switch (iters) {
+    case 1: f(std::integral_constant<int, 1>{}); return;
+    case 2: f(std::integral_constant<int, 2>{}); return;
+    case 3: f(std::integral_constant<int, 3>{}); return;
+    case 4: f(std::integral_constant<int, 4>{}); return;
+    default: return;
+  }
 }
 
-// Backward blocks per SM: enough resident warps to keep memory busy, few enough that the
-// per-block partial rows (2 * cols floats each) stay a small fraction of the traffic.
-// FUSEKIT_NORM_BWD_BLOCKS_PER_SM overrides the cap (a tuning knob for benchmarks).
-int backward_blocks_per_sm_cap(int block_threads) {
-  static const int override_cap = [] {
-    const char* env = std::getenv("FUSEKIT_NORM_BWD_BLOCKS_PER_SM");
+// Resident blocks per SM for a kernel at a block size and dynamic shared memory, cached: the
+// occupancy calculator costs microseconds, which small launches cannot afford on every call.
+// Also raises the kernel's dynamic shared-memory limit the first time it is seen.
+template <typename Kernel>
+int blocks_per_sm(const char* op, Kernel kernel, int block_threads, std::size_t smem, int device_index) {
+  struct Key {
+    const void* kernel;
+    int block, device;
+    std::size_t smem;
+    bool operator==(const Key& o) const {
+      return kernel == o.kernel && block == o.block && device == o.device && smem == o.smem;
+    }
+  };
+  static std::mutex mutex;
+  static std::vector<std::pair<Key, int>> cache;
+  const Key key{reinterpret_cast<const void*>(kernel), block_threads, device_index, smem};
+  std::lock_guard<std::mutex> lock(mutex);
+  for (const auto& [k, v] : cache)
+    if (k == key) return v;
+  detail::check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(detail::device_info(op, device_index).max_smem_per_block_optin)),
+                     op, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  int blocks = 0;
+  detail::check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, block_threads, smem),
+                     op, "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  blocks = std::max(1, blocks);
+  cache.push_back({key, blocks});
+  return blocks;
+}
+
+// Persistent grid: every resident block slot filled once (or fewer blocks when rows are few).
+// FUSEKIT_NORM_BLOCKS_PER_SM caps the blocks per SM (a tuning knob for benchmarks).
+template <typename Kernel>
+int persistent_grid(const char* op, Kernel kernel, int block_threads, std::size_t smem,
+                    int rows_per_block, std::int64_t rows, int device_index) {
+  static const int cap = [] {
+    const char* env = std::getenv("FUSEKIT_NORM_BLOCKS_PER_SM");
     return env ? std::atoi(env) : 0;
   }();
-  if (override_cap > 0) return override_cap;
-  return std::max(1, 1024 / block_threads);
-}
-
-template <typename Kernel>
-int occupancy_blocks(const char* op, Kernel kernel, int block_threads) {
-  int blocks = 0;
-  detail::check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, block_threads, 0),
-                     op, "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-  return std::max(1, blocks);
-}
-
-// The persistent backward grid for a given kernel: the same answer for the workspace query and
-// the launch, so the workspace always has one partial row per block.
-template <typename Kernel>
-int backward_grid(const char* op, Kernel kernel, int block_threads, int rows_per_block,
-                  std::int64_t rows, int device_index) {
+  int per_sm = blocks_per_sm(op, kernel, block_threads, smem, device_index);
+  if (cap > 0) per_sm = std::min(per_sm, cap);
   const int sms = detail::device_info(op, device_index).sm_count;
-  const int per_sm = std::min(occupancy_blocks(op, kernel, block_threads),
-                              backward_blocks_per_sm_cap(block_threads));
   const std::int64_t needed = (rows + rows_per_block - 1) / rows_per_block;
   return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(needed, std::int64_t(sms) * per_sm)));
 }
 
+// The backward grid for a problem: the same answer for the workspace query and the launch, so
+// the workspace always holds one partial row per block.
 template <typename T, typename W>
-int register_backward_grid(const char* op, RowConfig c, std::int64_t rows, int device_index) {
+int backward_grid(const char* op, const RowPlan& plan, std::int64_t rows, int device_index) {
   int grid = 0;
-  dispatch_backward_config(c, [&](auto tpr, auto iters) {
-    constexpr int kVec = 16 / sizeof(T);
-    auto kernel = backward_registers_kernel<T, W, kVec, iters.value, tpr.value>;
-    constexpr int kBlock = block_threads(tpr.value);
-    grid = backward_grid(op, kernel, kBlock, kBlock / tpr.value, rows, device_index);
+  if (plan.iters == 0) {
+    return persistent_grid(op, backward_generic_kernel<T, W>, kGenericThreads, 0, 1, rows, device_index);
+  }
+  dispatch_iters(plan.iters, [&](auto iters) {
+    grid = persistent_grid(op, backward_streaming_kernel<T, W, iters.value>, plan.block_threads(),
+                           plan.smem_bytes, plan.geometry.rows_per_block, rows, device_index);
   });
   return grid;
-}
-
-template <typename T, typename W>
-int generic_backward_grid(const char* op, std::int64_t rows, int device_index) {
-  return backward_grid(op, backward_generic_kernel<T, W>, kGenericThreads, 1, rows, device_index);
 }
 
 std::size_t partial_bytes(int slots, std::int64_t cols) {
@@ -154,20 +168,18 @@ template <typename T, typename W>
 void launch_forward(const ForwardParams& p, int device_index, cudaStream_t stream) {
   const char* op = "norm_forward";
   constexpr int kVec = 16 / sizeof(T);
-  const int sms = detail::device_info(op, device_index).sm_count;
-  const RowConfig c = vector_path_ok<T>(p.cols, {p.x_row_stride, p.y_row_stride},
-                                        {p.x, p.y, p.weight, p.bias})
-                          ? choose_config(p.cols / kVec, false)
-                          : RowConfig{};
-  if (c.threads_per_row > 0) {
-    dispatch_config(c, [&](auto tpr, auto iters) {
-      constexpr int kBlock = block_threads(tpr.value), kRows = kBlock / tpr.value;
-      const std::int64_t needed = (p.rows + kRows - 1) / kRows;
-      const int grid = static_cast<int>(std::min<std::int64_t>(needed, std::int64_t(sms) * 64));
-      forward_registers_kernel<T, W, kVec, iters.value, tpr.value><<<grid, kBlock, 0, stream>>>(p);
+  const RowPlan plan = vector_path_ok<T>(p.cols, {p.x_row_stride, p.y_row_stride}, {p.x, p.y, p.weight, p.bias})
+                           ? plan_rows(p.cols / kVec, false)
+                           : RowPlan{};
+  if (plan.iters > 0) {
+    dispatch_iters(plan.iters, [&](auto iters) {
+      auto kernel = forward_streaming_kernel<T, W, iters.value>;
+      const int grid = persistent_grid(op, kernel, plan.block_threads(), plan.smem_bytes,
+                                       plan.geometry.rows_per_block, p.rows, device_index);
+      kernel<<<grid, plan.block_threads(), plan.smem_bytes, stream>>>(p, plan.geometry);
     });
   } else {
-    const int grid = static_cast<int>(std::min<std::int64_t>(p.rows, std::int64_t(sms) * 16));
+    const int grid = persistent_grid(op, forward_generic_kernel<T, W>, kGenericThreads, 0, 1, p.rows, device_index);
     forward_generic_kernel<T, W><<<grid, kGenericThreads, 0, stream>>>(p);
   }
   detail::check_launch(op, "norm forward kernel");
@@ -178,13 +190,12 @@ void launch_backward(const BackwardParams& p, int device_index, cudaStream_t str
   const char* op = "norm_backward";
   constexpr int kVec = 16 / sizeof(T);
   const bool partials = p.dweight != nullptr || p.dbias != nullptr;
-  const RowConfig c = vector_path_ok<T>(p.cols, {p.dy_row_stride, p.input_row_stride, p.dx_row_stride},
-                                        {p.dy, p.input, p.dx, p.weight, p.bias})
-                          ? choose_config(p.cols / kVec, true)
-                          : RowConfig{};
-  int grid = 0;
-  if (c.threads_per_row > 0) grid = register_backward_grid<T, W>(op, c, p.rows, device_index);
-  else grid = generic_backward_grid<T, W>(op, p.rows, device_index);
+  const RowPlan plan =
+      vector_path_ok<T>(p.cols, {p.dy_row_stride, p.input_row_stride, p.dx_row_stride},
+                        {p.dy, p.input, p.dx, p.weight, p.bias})
+          ? plan_rows(p.cols / kVec, true)
+          : RowPlan{};
+  const int grid = backward_grid<T, W>(op, plan, p.rows, device_index);
 
   float* partial_dw = nullptr;
   float* partial_db = nullptr;
@@ -197,21 +208,32 @@ void launch_backward(const BackwardParams& p, int device_index, cudaStream_t str
     partial_dw = static_cast<float*>(p.workspace);
     partial_db = partial_dw + std::int64_t(grid) * p.cols;
   }
-  if (c.threads_per_row > 0) {
-    dispatch_backward_config(c, [&](auto tpr, auto iters) {
-      constexpr int kBlock = block_threads(tpr.value);
-      backward_registers_kernel<T, W, kVec, iters.value, tpr.value>
-          <<<grid, kBlock, 0, stream>>>(p, partial_dw, partial_db);
+  if (plan.iters > 0) {
+    dispatch_iters(plan.iters, [&](auto iters) {
+      backward_streaming_kernel<T, W, iters.value><<<grid, plan.block_threads(), plan.smem_bytes, stream>>>(
+          p, plan.geometry, partial_dw, partial_db);
     });
   } else {
     backward_generic_kernel<T, W><<<grid, kGenericThreads, 0, stream>>>(p, partial_dw, partial_db);
   }
   detail::check_launch(op, "norm backward kernel");
   if (partials) {
-    const dim3 reduce_grid(static_cast<unsigned>((p.cols + 31) / 32), 2);
-    reduce_partials_kernel<W><<<reduce_grid, dim3(32, 32), 0, stream>>>(
-        partial_dw, partial_db, grid, p.cols, static_cast<W*>(p.dweight), static_cast<W*>(p.dbias));
-    detail::check_launch(op, "norm partial-sum reduction kernel");
+    // Programmatic dependent launch: the reduction's launch latency overlaps the main kernel's
+    // tail; cudaGridDependencySynchronize() in it waits for the partial sums.
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(static_cast<unsigned>((p.cols + 31) / 32), 2);
+    config.blockDim = dim3(32, 32);
+    config.stream = stream;
+    cudaLaunchAttribute attribute[1];
+    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attribute;
+    config.numAttrs = 1;
+    detail::check_cuda(cudaLaunchKernelEx(&config, reduce_partials_kernel<W>,
+                                          static_cast<const float*>(partial_dw),
+                                          static_cast<const float*>(partial_db), grid, p.cols,
+                                          static_cast<W*>(p.dweight), static_cast<W*>(p.dbias)),
+                       op, "norm partial-sum reduction kernel");
   }
 }
 
@@ -252,10 +274,11 @@ std::size_t backward_workspace_cuda(std::int64_t rows, std::int64_t cols, DType 
     dispatch_types(dtype, weight_dtype, [&](auto t, auto w) {
       using T = decltype(t);
       using W = decltype(w);
-      const RowConfig c = choose_config(cols / (16 / sizeof(T)), true);
-      slots = std::max(slots, generic_backward_grid<T, W>(op, rows, device_index));
-      if (c.threads_per_row > 0)
-        slots = std::max(slots, register_backward_grid<T, W>(op, c, rows, device_index));
+      slots = std::max(slots, backward_grid<T, W>(op, RowPlan{}, rows, device_index));
+      if (cols % (16 / sizeof(T)) == 0) {
+        const RowPlan plan = plan_rows(cols / (16 / sizeof(T)), true);
+        if (plan.iters > 0) slots = std::max(slots, backward_grid<T, W>(op, plan, rows, device_index));
+      }
     });
   }
   const std::size_t bytes = partial_bytes(slots, cols);

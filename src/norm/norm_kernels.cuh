@@ -76,149 +76,207 @@ __device__ __forceinline__ void store_vec(T* p, const float (&in)[VEC]) {
   }
 }
 
-// Block size for a row group of TPR threads: small groups are packed 4 warps to a block.
-__host__ __device__ constexpr int block_threads(int tpr) { return tpr >= 128 ? tpr : 128; }
+// ---------------------------------------------------------------------------------------------
+// Asynchronous global->shared copies (cp.async, sm_80+). Data in flight occupies shared memory,
+// not registers, so each thread can keep several rows in flight at any occupancy.
+__device__ __forceinline__ unsigned smem_address(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void copy_async_16(void* smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_address(smem)), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void copy_async_4(void* smem, const void* gmem) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_address(smem)), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void copy_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+__device__ __forceinline__ void copy_async_wait_dynamic(int pending) {
+  // wait_group takes an immediate: dispatch the few depths used.
+  if (pending >= 2) copy_async_wait<2>();
+  else if (pending == 1) copy_async_wait<1>();
+  else copy_async_wait<0>();
+}
 
-// Sums K values over the TPR threads of a row group; every thread gets the total. The shuffle
+// The launch shape of the row-streaming kernels, decided on the host (norm_cuda.cu).
+struct RowGeometry {
+  int threads_per_row;  // a multiple of 32
+  int rows_per_block;   // row groups per block (> 1 only for rows of one or two warps)
+  int stages;           // rows in flight per group in the shared-memory ring (2 or 3)
+};
+
+// Sums K values over the `tpr` threads of a row group; every thread gets the total. The shuffle
 // butterfly gives all lanes bitwise-identical sums, and the cross-warp step adds warps in index
-// order, so the result does not depend on timing. `scratch` holds (TPR / 32) * K floats for this
-// row group; it must not be reused before the next __syncthreads() (callers alternate buffers).
-// Contains __syncthreads() when TPR > 32: every thread of the block must call it.
-template <int TPR, int K>
-__device__ __forceinline__ void row_allreduce(float (&v)[K], float* scratch) {
-  constexpr int kWidth = TPR < 32 ? TPR : 32;
+// order, so the result does not depend on timing. `scratch` holds (tpr / 32) * K floats for this
+// row group and must not be reused before the next __syncthreads() (callers alternate buffers).
+// Contains __syncthreads() when tpr > 32: every thread of the block must call it.
+template <int K>
+__device__ __forceinline__ void row_allreduce(float (&v)[K], float* scratch, int tpr) {
 #pragma unroll
-  for (int offset = kWidth / 2; offset > 0; offset /= 2) {
+  for (int offset = 16; offset > 0; offset /= 2) {
 #pragma unroll
     for (int k = 0; k < K; ++k) v[k] += __shfl_xor_sync(0xffffffffu, v[k], offset);
   }
-  if constexpr (TPR > 32) {
-    constexpr int kWarps = TPR / 32;
-    const int lane = threadIdx.x % 32, warp_in_row = (threadIdx.x % TPR) / 32;
+  if (tpr > 32) {
+    const int lane = threadIdx.x % 32, warp_in_row = (threadIdx.x % tpr) / 32;
     if (lane == 0) {
 #pragma unroll
       for (int k = 0; k < K; ++k) scratch[warp_in_row * K + k] = v[k];
     }
     __syncthreads();
+    const int warps = tpr / 32;
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       float s = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) s += scratch[w * K + k];
+      for (int w = 0; w < warps; ++w) s += scratch[w * K + k];
       v[k] = s;
     }
   }
 }
 
+inline constexpr int kMaxWarpsPerBlock = 32;
+
+template <typename T>
+__device__ __forceinline__ void unpack16(const uint4& raw, float (&out)[16 / sizeof(T)]) {
+  const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int i = 0; i < int(16 / sizeof(T)); ++i) out[i] = to_float(e[i]);
+}
+
+
 // ---------------------------------------------------------------------------------------------
-// Forward, row in registers.
-template <typename T, typename W, int VEC, int ITERS, int TPR>
-__global__ void __launch_bounds__(block_threads(TPR))
-    forward_registers_kernel(ForwardParams p) {
-  constexpr int kBlock = block_threads(TPR), kRowsPerBlock = kBlock / TPR;
-  constexpr int kWarpsPerRow = TPR >= 32 ? TPR / 32 : 1;
-  __shared__ float scratch[2][kRowsPerBlock][kWarpsPerRow];
-  const int group = threadIdx.x / TPR, t = threadIdx.x % TPR;
+// Forward, row streamed through shared memory. Each row group handles rows
+// (blockIdx.x + k * gridDim.x) * rows_per_block + group for k = 0, 1, ...; while it normalizes row k
+// the copies of rows k+1 .. k+stages-1 are already in flight. Each thread only ever reads the
+// 16-byte chunks it copied itself, so the ring needs no barriers (cp.async.wait_group suffices).
+// Shared layout: ring[stage][iter][block thread] (consecutive threads, consecutive 16-byte slots:
+// conflict-free).
+template <typename T, typename W, int ITERS>
+__global__ void __launch_bounds__(1024)
+    forward_streaming_kernel(ForwardParams p, RowGeometry geo) {
+  constexpr int kVec = 16 / sizeof(T);
+  extern __shared__ uint4 ring[];
+  __shared__ float scratch[2][kMaxWarpsPerBlock];
+  const int tpr = geo.threads_per_row, rpb = geo.rows_per_block, stages = geo.stages;
+  const int group = threadIdx.x / tpr, t = threadIdx.x % tpr;
+  // The row group's slice of scratch buffer `phase` (computed, not an indexed array: that would
+  // live in local memory).
+  auto my_scratch = [&](int phase) { return &scratch[phase][group * (tpr / 32)]; };
   const T* __restrict__ x = static_cast<const T*>(p.x);
   T* __restrict__ y = static_cast<T*>(p.y);
   const W* __restrict__ weight = static_cast<const W*>(p.weight);
   const W* __restrict__ bias = static_cast<const W*>(p.bias);
   const bool layer_norm = p.kind == Kind::layer_norm;
   const float inv_cols = 1.0f / static_cast<float>(p.cols);
-  // Consecutive reductions alternate scratch buffers: a buffer is rewritten only after the
-  // barrier inside the other buffer's reduction, which every reader of it has passed.
-  int phase = 0;
+  const std::int64_t stride_rows = std::int64_t(gridDim.x) * rpb;
+  const std::int64_t first_row = std::int64_t(blockIdx.x) * rpb + group;
 
-  for (std::int64_t base = std::int64_t(blockIdx.x) * kRowsPerBlock; base < p.rows;
-       base += std::int64_t(gridDim.x) * kRowsPerBlock) {
-    const std::int64_t row = base + group;
-    const bool valid_row = row < p.rows;
-    float v[ITERS][VEC];
+  auto slot = [&](int stage, int it) { return &ring[(stage * ITERS + it) * blockDim.x + threadIdx.x]; };
+  auto issue = [&](std::int64_t k) {
+    const std::int64_t row = first_row + k * stride_rows;
+    if (row < p.rows) {
+      const int stage = static_cast<int>(k % stages);
 #pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
-      const std::int64_t col = std::int64_t(it * TPR + t) * VEC;
-      if (valid_row && col < p.cols) {
-        load_vec<T, VEC>(x + row * p.x_row_stride + col, v[it]);
-      } else {
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) v[it][i] = 0.0f;
+      for (int it = 0; it < ITERS; ++it) {
+        const std::int64_t col = std::int64_t(it * tpr + t) * kVec;
+        if (col < p.cols) copy_async_16(slot(stage, it), x + row * p.x_row_stride + col);
       }
     }
+    copy_async_commit();  // an empty group keeps the group count uniform
+  };
+
+  for (int k = 0; k < stages - 1; ++k) issue(k);
+  int phase = 0;
+  for (std::int64_t k = 0; first_row - group + k * stride_rows < p.rows; ++k) {
+    issue(k + stages - 1);
+    copy_async_wait_dynamic(stages - 1);
+    const std::int64_t row = first_row + k * stride_rows;
+    const bool valid_row = row < p.rows;
+    const int stage = static_cast<int>(k % stages);
+    // Three passes over the row, each reading this thread's chunks back from the ring (cheap
+    // shared-memory loads) rather than holding the row in registers: more warps fit per SM.
+    auto chunk = [&](int it, float (&v)[kVec]) {
+      const std::int64_t col = std::int64_t(it * tpr + t) * kVec;
+      if (valid_row && col < p.cols) {
+        unpack16<T>(*slot(stage, it), v);
+        return true;
+      }
+      return false;
+    };
     float mean = 0.0f;
     if (layer_norm) {
       float s[1] = {0.0f};
 #pragma unroll
-      for (int it = 0; it < ITERS; ++it)
+      for (int it = 0; it < ITERS; ++it) {
+        float v[kVec];
+        if (chunk(it, v)) {
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) s[0] += v[it][i];
-      row_allreduce<TPR, 1>(s, scratch[phase][group]);
+          for (int i = 0; i < kVec; ++i) s[0] += v[i];
+        }
+      }
+      row_allreduce<1>(s, my_scratch(phase), tpr);
       phase ^= 1;
       mean = s[0] * inv_cols;
     }
-    // Second pass over the registers: the variance around the mean (no cancellation).
+    // Variance around the mean (second pass): no cancellation.
     float q[1] = {0.0f};
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
-      const std::int64_t col = std::int64_t(it * TPR + t) * VEC;
-      if (col < p.cols) {
+      float v[kVec];
+      if (chunk(it, v)) {
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) {
-          const float d = v[it][i] - mean;
+        for (int i = 0; i < kVec; ++i) {
+          const float d = v[i] - mean;
           q[0] += d * d;
         }
       }
     }
-    row_allreduce<TPR, 1>(q, scratch[phase][group]);
+    row_allreduce<1>(q, my_scratch(phase), tpr);
     phase ^= 1;
     const float rstd = rsqrtf(q[0] * inv_cols + p.eps);
     if (!valid_row) continue;
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
-      const std::int64_t col = std::int64_t(it * TPR + t) * VEC;
-      if (col >= p.cols) continue;
-      float w[VEC], b[VEC], out[VEC];
-      if (weight) load_vec<W, VEC>(weight + col, w);
-      if (bias) load_vec<W, VEC>(bias + col, b);
+      const std::int64_t col = std::int64_t(it * tpr + t) * kVec;
+      float v[kVec];
+      if (!chunk(it, v)) continue;
+      float w[kVec], b[kVec], out[kVec];
+      if (weight) load_vec<W, kVec>(weight + col, w);
+      if (bias) load_vec<W, kVec>(bias + col, b);
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) {
-        float o = (v[it][i] - mean) * rstd;
+      for (int i = 0; i < kVec; ++i) {
+        float o = (v[i] - mean) * rstd;
         if (weight) o *= w[i];
         if (bias) o += b[i];
         out[i] = o;
       }
-      store_vec<T, VEC>(y + row * p.y_row_stride + col, out);
+      store_vec<T, kVec>(y + row * p.y_row_stride + col, out);
     }
     if (t == 0) {
       if (p.mean) p.mean[row] = mean;
       if (p.rstd) p.rstd[row] = rstd;
     }
   }
+  copy_async_wait<0>();
 }
 
 // ---------------------------------------------------------------------------------------------
-// Backward, row in registers, persistent grid; writes per-block dweight/dbias partials.
-// The row's dy and input stay in registers in their storage type (16 bytes per VEC elements) and
-// are unpacked twice, which costs ALU but keeps register pressure at ~3 floats per element.
-template <typename T, int VEC>
-__device__ __forceinline__ void unpack(const uint4& raw, float (&out)[VEC]) {
-  static_assert(VEC * sizeof(T) == 16, "register path moves 16-byte vectors");
-  const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-  for (int i = 0; i < VEC; ++i) out[i] = to_float(e[i]);
-}
-
-template <typename T, typename W, int VEC, int ITERS, int TPR>
-__global__ void __launch_bounds__(block_threads(TPR))
-    backward_registers_kernel(BackwardParams p, float* __restrict__ partial_dw,
+// Backward, dy and the input streamed through the same kind of ring (ring[stage][tensor][iter]
+// [thread]), with the row's mean/rstd copied beside them (stats[stage][thread][2]). Per-column
+// dweight/dbias sums stay in registers for the whole persistent loop; at the end the row groups of
+// a block are combined in a fixed order and one partial row per block goes to the workspace.
+template <typename T, typename W, int ITERS>
+__global__ void __launch_bounds__(512)
+    backward_streaming_kernel(BackwardParams p, RowGeometry geo, float* __restrict__ partial_dw,
                               float* __restrict__ partial_db) {
-  constexpr int kBlock = block_threads(TPR), kRowsPerBlock = kBlock / TPR;
-  constexpr int kWarpsPerRow = TPR >= 32 ? TPR / 32 : 1;
-  constexpr int kCover = ITERS * TPR * VEC;  // columns one row group covers
-  __shared__ float scratch[2][kRowsPerBlock][kWarpsPerRow * 2];
-  // Row groups 1.. hand their partial sums to group 0 through here (fixed order).
-  __shared__ float combine[kRowsPerBlock > 1 ? (kRowsPerBlock - 1) * 2 * kCover : 1];
-
-  const int group = threadIdx.x / TPR, t = threadIdx.x % TPR;
+  constexpr int kVec = 16 / sizeof(T);
+  extern __shared__ uint4 ring[];
+  __shared__ float scratch[2][kMaxWarpsPerBlock * 2];
+  const int tpr = geo.threads_per_row, rpb = geo.rows_per_block, stages = geo.stages;
+  const int group = threadIdx.x / tpr, t = threadIdx.x % tpr;
+  auto my_scratch = [&](int phase) { return &scratch[phase][group * (tpr / 32) * 2]; };
+  // Per-thread statistics slots after the data ring.
+  float* stats = reinterpret_cast<float*>(ring + std::size_t(stages) * 2 * ITERS * blockDim.x);
   const T* __restrict__ dy = static_cast<const T*>(p.dy);
   const T* __restrict__ in = static_cast<const T*>(p.input);
   T* __restrict__ dx = static_cast<T*>(p.dx);
@@ -226,26 +284,49 @@ __global__ void __launch_bounds__(block_threads(TPR))
   const W* __restrict__ bias = static_cast<const W*>(p.bias);
   const bool layer_norm = p.kind == Kind::layer_norm;
   const bool from_output = p.from_output;
-  const bool want_partials = partial_dw != nullptr;
+  const bool needs_mean = layer_norm && !from_output;
   const float inv_cols = 1.0f / static_cast<float>(p.cols);
-  int phase = 0;
+  const std::int64_t stride_rows = std::int64_t(gridDim.x) * rpb;
+  const std::int64_t first_row = std::int64_t(blockIdx.x) * rpb + group;
 
-  float acc_dw[ITERS][VEC], acc_db[ITERS][VEC];
+  auto slot = [&](int stage, int tensor, int it) {
+    return &ring[((stage * 2 + tensor) * ITERS + it) * blockDim.x + threadIdx.x];
+  };
+  auto stat = [&](int stage, int which) { return &stats[(stage * blockDim.x + threadIdx.x) * 2 + which]; };
+  auto issue = [&](std::int64_t k) {
+    const std::int64_t row = first_row + k * stride_rows;
+    if (row < p.rows) {
+      const int stage = static_cast<int>(k % stages);
+#pragma unroll
+      for (int it = 0; it < ITERS; ++it) {
+        const std::int64_t col = std::int64_t(it * tpr + t) * kVec;
+        if (col < p.cols) {
+          copy_async_16(slot(stage, 0, it), dy + row * p.dy_row_stride + col);
+          copy_async_16(slot(stage, 1, it), in + row * p.input_row_stride + col);
+        }
+      }
+      copy_async_4(stat(stage, 0), p.rstd + row);
+      if (needs_mean) copy_async_4(stat(stage, 1), p.mean + row);
+    }
+    copy_async_commit();
+  };
+
+  float acc_dw[ITERS][kVec], acc_db[ITERS][kVec];
 #pragma unroll
   for (int it = 0; it < ITERS; ++it)
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) acc_dw[it][i] = acc_db[it][i] = 0.0f;
+    for (int i = 0; i < kVec; ++i) acc_dw[it][i] = acc_db[it][i] = 0.0f;
 
-  // x_hat and g = dy * weight for VEC elements at `col`.
-  auto prepare = [&](const uint4& raw_dy, const uint4& raw_in, std::int64_t col, float mean,
-                     float rstd, float (&d)[VEC], float (&xh)[VEC], float (&g)[VEC]) {
-    float v[VEC], w[VEC], b[VEC];
-    unpack<T, VEC>(raw_dy, d);
-    unpack<T, VEC>(raw_in, v);
-    if (weight) load_vec<W, VEC>(weight + col, w);
-    if (from_output && bias) load_vec<W, VEC>(bias + col, b);
+  // x_hat and g = dy * weight for the chunk `it` of the row in `stage`.
+  auto prepare = [&](int stage, int it, std::int64_t col, float mean, float rstd, float (&d)[kVec],
+                     float (&xh)[kVec], float (&g)[kVec]) {
+    float v[kVec], w[kVec], b[kVec];
+    unpack16<T>(*slot(stage, 0, it), d);
+    unpack16<T>(*slot(stage, 1, it), v);
+    if (weight) load_vec<W, kVec>(weight + col, w);
+    if (from_output && bias) load_vec<W, kVec>(bias + col, b);
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) {
+    for (int i = 0; i < kVec; ++i) {
       if (from_output) {
         float u = v[i];
         if (bias) u -= b[i];
@@ -257,76 +338,75 @@ __global__ void __launch_bounds__(block_threads(TPR))
     }
   };
 
-  for (std::int64_t base = std::int64_t(blockIdx.x) * kRowsPerBlock; base < p.rows;
-       base += std::int64_t(gridDim.x) * kRowsPerBlock) {
-    const std::int64_t row = base + group;
+  for (int k = 0; k < stages - 1; ++k) issue(k);
+  int phase = 0;
+  for (std::int64_t k = 0; first_row - group + k * stride_rows < p.rows; ++k) {
+    issue(k + stages - 1);
+    copy_async_wait_dynamic(stages - 1);
+    const std::int64_t row = first_row + k * stride_rows;
     const bool valid_row = row < p.rows;
-    uint4 raw_dy[ITERS], raw_in[ITERS];
-#pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
-      const std::int64_t col = std::int64_t(it * TPR + t) * VEC;
-      if (valid_row && col < p.cols) {
-        raw_dy[it] = *reinterpret_cast<const uint4*>(dy + row * p.dy_row_stride + col);
-        raw_in[it] = *reinterpret_cast<const uint4*>(in + row * p.input_row_stride + col);
-      }
-    }
-    const float rstd = valid_row ? p.rstd[row] : 0.0f;
-    const float mean = (valid_row && layer_norm && !from_output) ? p.mean[row] : 0.0f;
+    const int stage = static_cast<int>(k % stages);
+    const float rstd = valid_row ? *stat(stage, 0) : 0.0f;
+    const float mean = (valid_row && needs_mean) ? *stat(stage, 1) : 0.0f;
     float sums[2] = {0.0f, 0.0f};  // sum(g), sum(g * x_hat)
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
-      const std::int64_t col = std::int64_t(it * TPR + t) * VEC;
+      const std::int64_t col = std::int64_t(it * tpr + t) * kVec;
       if (!valid_row || col >= p.cols) continue;
-      float d[VEC], xh[VEC], g[VEC];
-      prepare(raw_dy[it], raw_in[it], col, mean, rstd, d, xh, g);
+      float d[kVec], xh[kVec], g[kVec];
+      prepare(stage, it, col, mean, rstd, d, xh, g);
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) {
+      for (int i = 0; i < kVec; ++i) {
         sums[0] += g[i];
         sums[1] += g[i] * xh[i];
         acc_dw[it][i] += d[i] * xh[i];
         acc_db[it][i] += d[i];
       }
     }
-    row_allreduce<TPR, 2>(sums, scratch[phase][group]);
+    row_allreduce<2>(sums, my_scratch(phase), tpr);
     phase ^= 1;
     if (!valid_row || dx == nullptr) continue;
     const float mean_g = layer_norm ? sums[0] * inv_cols : 0.0f;
     const float mean_gx = sums[1] * inv_cols;
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
-      const std::int64_t col = std::int64_t(it * TPR + t) * VEC;
+      const std::int64_t col = std::int64_t(it * tpr + t) * kVec;
       if (col >= p.cols) continue;
-      float d[VEC], xh[VEC], g[VEC], out[VEC];
-      prepare(raw_dy[it], raw_in[it], col, mean, rstd, d, xh, g);
+      float d[kVec], xh[kVec], g[kVec], out[kVec];
+      prepare(stage, it, col, mean, rstd, d, xh, g);
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) out[i] = rstd * (g[i] - mean_g - xh[i] * mean_gx);
-      store_vec<T, VEC>(dx + row * p.dx_row_stride + col, out);
+      for (int i = 0; i < kVec; ++i) out[i] = rstd * (g[i] - mean_g - xh[i] * mean_gx);
+      store_vec<T, kVec>(dx + row * p.dx_row_stride + col, out);
     }
   }
-  if (!want_partials) return;
+  copy_async_wait<0>();
+  if (partial_dw == nullptr) return;
 
-  if constexpr (kRowsPerBlock > 1) {
+  if (rpb > 1) {
+    // Row groups 1.. hand their sums to group 0 through the (now idle) ring, added in group order.
+    __syncthreads();
+    float* combine = reinterpret_cast<float*>(ring);
+    const int cover = ITERS * tpr * kVec;
     if (group > 0) {
 #pragma unroll
       for (int it = 0; it < ITERS; ++it)
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) {
-          const int c = (it * TPR + t) * VEC + i;
-          combine[((group - 1) * 2 + 0) * kCover + c] = acc_dw[it][i];
-          combine[((group - 1) * 2 + 1) * kCover + c] = acc_db[it][i];
+        for (int i = 0; i < kVec; ++i) {
+          const int c = (it * tpr + t) * kVec + i;
+          combine[((group - 1) * 2 + 0) * cover + c] = acc_dw[it][i];
+          combine[((group - 1) * 2 + 1) * cover + c] = acc_db[it][i];
         }
     }
     __syncthreads();
     if (group > 0) return;
-#pragma unroll 1
-    for (int gsrc = 1; gsrc < kRowsPerBlock; ++gsrc) {
+    for (int src = 1; src < rpb; ++src) {
 #pragma unroll
       for (int it = 0; it < ITERS; ++it)
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) {
-          const int c = (it * TPR + t) * VEC + i;
-          acc_dw[it][i] += combine[((gsrc - 1) * 2 + 0) * kCover + c];
-          acc_db[it][i] += combine[((gsrc - 1) * 2 + 1) * kCover + c];
+        for (int i = 0; i < kVec; ++i) {
+          const int c = (it * tpr + t) * kVec + i;
+          acc_dw[it][i] += combine[((src - 1) * 2 + 0) * cover + c];
+          acc_db[it][i] += combine[((src - 1) * 2 + 1) * cover + c];
         }
     }
   }
@@ -334,10 +414,10 @@ __global__ void __launch_bounds__(block_threads(TPR))
   float* out_db = partial_db + std::int64_t(blockIdx.x) * p.cols;
 #pragma unroll
   for (int it = 0; it < ITERS; ++it) {
-    const std::int64_t col = std::int64_t(it * TPR + t) * VEC;
+    const std::int64_t col = std::int64_t(it * tpr + t) * kVec;
     if (col >= p.cols) continue;
 #pragma unroll
-    for (int i = 0; i < VEC; i += 4) {
+    for (int i = 0; i < kVec; i += 4) {
       *reinterpret_cast<float4*>(out_dw + col + i) =
           make_float4(acc_dw[it][i], acc_dw[it][i + 1], acc_dw[it][i + 2], acc_dw[it][i + 3]);
       *reinterpret_cast<float4*>(out_db + col + i) =
@@ -364,7 +444,7 @@ __global__ void __launch_bounds__(kGenericThreads) forward_generic_kernel(Forwar
     if (p.kind == Kind::layer_norm) {
       float s[1] = {0.0f};
       for (std::int64_t c = threadIdx.x; c < p.cols; c += kGenericThreads) s[0] += to_float(xr[c]);
-      row_allreduce<kGenericThreads, 1>(s, scratch[0]);
+      row_allreduce<1>(s, scratch[0], kGenericThreads);
       mean = s[0] * inv_cols;
     }
     float q[1] = {0.0f};
@@ -372,7 +452,7 @@ __global__ void __launch_bounds__(kGenericThreads) forward_generic_kernel(Forwar
       const float d = to_float(xr[c]) - mean;
       q[0] += d * d;
     }
-    row_allreduce<kGenericThreads, 1>(q, scratch[1]);
+    row_allreduce<1>(q, scratch[1], kGenericThreads);
     const float rstd = rsqrtf(q[0] * inv_cols + p.eps);
     for (std::int64_t c = threadIdx.x; c < p.cols; c += kGenericThreads) {
       float o = (to_float(xr[c]) - mean) * rstd;
@@ -428,7 +508,7 @@ __global__ void __launch_bounds__(kGenericThreads)
       sums[0] += g;
       sums[1] += g * xh;
     }
-    row_allreduce<kGenericThreads, 2>(sums, scratch[0]);
+    row_allreduce<2>(sums, scratch[0], kGenericThreads);
     const float mean_g = layer_norm ? sums[0] * inv_cols : 0.0f;
     const float mean_gx = sums[1] * inv_cols;
     for (std::int64_t c = threadIdx.x; c < p.cols; c += kGenericThreads) {
@@ -455,12 +535,16 @@ __global__ void __launch_bounds__(1024)
   __shared__ float sums[32][33];
   const float* partial = blockIdx.y == 0 ? partial_dw : partial_db;
   W* out = blockIdx.y == 0 ? dweight : dbias;
-  if (out == nullptr) return;  // uniform over the block
+  // Launched with programmatic stream serialization: the launch overlaps the producer's tail and
+  // this waits until the producer grid's partial sums are complete and visible.
+  cudaGridDependencySynchronize();
   const std::int64_t col = std::int64_t(blockIdx.x) * 32 + threadIdx.x;
   float s = 0.0f;
   if (col < cols) {
+#pragma unroll 4
     for (int slot = threadIdx.y; slot < slots; slot += 32) s += partial[std::int64_t(slot) * cols + col];
   }
+  if (out == nullptr) return;  // uniform over the block
   sums[threadIdx.y][threadIdx.x] = s;
   __syncthreads();
   if (threadIdx.y == 0 && col < cols) {
