@@ -7,6 +7,7 @@ import argparse
 import json
 
 import torch
+import torch._functorch.config
 import torch.nn.functional as F
 import triton.testing
 

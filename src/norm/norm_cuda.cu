@@ -117,8 +117,18 @@ int blocks_per_sm(const char* op, Kernel kernel, int block_threads, std::size_t 
   std::lock_guard<std::mutex> lock(mutex);
   for (const auto& [k, v] : cache)
     if (k == key) return v;
+  // The opt-in limit covers static plus dynamic shared memory.
+  cudaFuncAttributes attributes{};
+  detail::check_cuda(cudaFuncGetAttributes(&attributes, kernel), op, "cudaFuncGetAttributes");
+  const std::size_t dynamic_limit =
+      detail::device_info(op, device_index).max_smem_per_block_optin - attributes.sharedSizeBytes;
+  if (smem > dynamic_limit) {
+    throw Error(ErrorKind::unsupported, op,
+                "kernel needs " + std::to_string(smem) + " bytes of shared memory, the GPU allows " +
+                    std::to_string(dynamic_limit));
+  }
   detail::check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(detail::device_info(op, device_index).max_smem_per_block_optin)),
+                                          static_cast<int>(dynamic_limit)),
                      op, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
   int blocks = 0;
   detail::check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, block_threads, smem),
