@@ -136,8 +136,10 @@ __device__ __forceinline__ void row_allreduce(float (&v)[K], float* scratch, int
 
 inline constexpr int kMaxWarpsPerBlock = 32;
 
+// Takes the vector by value on purpose: given a reference into shared memory, the compiler reads
+// each element with its own narrow, bank-conflicting load instead of one 128-bit load.
 template <typename T>
-__device__ __forceinline__ void unpack16(const uint4& raw, float (&out)[16 / sizeof(T)]) {
+__device__ __forceinline__ void unpack16(const uint4 raw, float (&out)[16 / sizeof(T)]) {
   const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
   for (int i = 0; i < int(16 / sizeof(T)); ++i) out[i] = to_float(e[i]);
