@@ -75,6 +75,16 @@ void bench_norm(Report& report, const std::string& only) {
       report.add({op, "fwd", shape, "fusekit", tf.median_us, 4.0 * elems});
       const Timing tb = time_kernel(backward, rotations);
       report.add({op, "bwd", shape, "fusekit", tb.median_us, 6.0 * elems});
+      if (std::getenv("FUSEKIT_BENCH_DIAGNOSTICS")) {
+        // dx alone: the cost of the dweight/dbias partial sums is the difference.
+        auto dx_only = [&](int r) {
+          Set& s = sets[r];
+          if (rms) rms_norm_backward(t2(s.dy), t2(s.x), vec(w), stat(s.rstd), t2(s.dx), std::nullopt, std::nullopt);
+          else layer_norm_backward(t2(s.dy), t2(s.x), vec(w), stat(s.mean), stat(s.rstd), t2(s.dx), std::nullopt, std::nullopt, std::nullopt);
+        };
+        const Timing td = time_kernel(dx_only, rotations);
+        report.add({op, "bwd-dx", shape, "fusekit", td.median_us, 6.0 * elems});
+      }
     }
   }
 }

@@ -71,8 +71,15 @@ RowPlan plan_rows(std::int64_t vectors, bool backward) {
     plan.iters = static_cast<int>((vectors + 31) / 32);
     plan.geometry.threads_per_row = 32;
   } else {
-    plan.iters = 4;
-    plan.geometry.threads_per_row = static_cast<int>((vectors + 4 * 32 - 1) / (4 * 32) * 32);
+    // FUSEKIT_NORM_BWD_ITERS (2 or 4) overrides the backward's vectors per thread (tuning knob).
+    static const int backward_iters = [] {
+      const char* env = std::getenv("FUSEKIT_NORM_BWD_ITERS");
+      const int v = env ? std::atoi(env) : 4;
+      return (v >= 1 && v <= 4) ? v : 4;
+    }();
+    plan.iters = backward ? backward_iters : 4;
+    plan.geometry.threads_per_row =
+        static_cast<int>((vectors + plan.iters * 32 - 1) / (plan.iters * 32) * 32);
     if (plan.geometry.threads_per_row > (backward ? 512 : 1024)) return RowPlan{};
   }
   const int tpr = plan.geometry.threads_per_row;

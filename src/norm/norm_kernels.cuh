@@ -136,6 +136,47 @@ __device__ __forceinline__ void row_allreduce(float (&v)[K], float* scratch, int
 
 inline constexpr int kMaxWarpsPerBlock = 32;
 
+// Mean and sum of squared deviations (M2) of a set of values, mergeable (Chan, Golub, LeVeque):
+// each thread computes its own chunk's statistics exactly in two passes over registers, then one
+// reduction merges them. One barrier per row instead of two (sum, then squared deviations), with
+// no E[x^2] - mean^2 cancellation.
+struct MeanM2 {
+  float n, mean, m2;
+};
+
+__device__ __forceinline__ MeanM2 merge(const MeanM2& a, const MeanM2& b) {
+  const float n = a.n + b.n;
+  if (n == 0.0f) return a;
+  const float delta = b.mean - a.mean;
+  const float wb = b.n / n;
+  // Symmetric in (a, b) up to commutative adds, so butterfly partners compute identical bits.
+  return {n, a.mean + delta * wb, a.m2 + b.m2 + delta * delta * (a.n * wb)};
+}
+
+// Merges MeanM2 over the tpr threads of a row group (butterfly within warps, then warps in index
+// order through `scratch`, 3 floats per warp). Same barrier rules as row_allreduce.
+__device__ __forceinline__ MeanM2 row_merge(MeanM2 v, float* scratch, int tpr) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const MeanM2 o{__shfl_xor_sync(0xffffffffu, v.n, offset), __shfl_xor_sync(0xffffffffu, v.mean, offset),
+                   __shfl_xor_sync(0xffffffffu, v.m2, offset)};
+    // Order the operands by lane so that both partners evaluate merge(lower, upper).
+    v = (threadIdx.x & offset) ? merge(o, v) : merge(v, o);
+  }
+  if (tpr > 32) {
+    const int lane = threadIdx.x % 32, warp_in_row = (threadIdx.x % tpr) / 32;
+    if (lane == 0) {
+      scratch[warp_in_row * 3 + 0] = v.n;
+      scratch[warp_in_row * 3 + 1] = v.mean;
+      scratch[warp_in_row * 3 + 2] = v.m2;
+    }
+    __syncthreads();
+    v = {scratch[0], scratch[1], scratch[2]};
+    for (int w = 1; w < tpr / 32; ++w) v = merge(v, MeanM2{scratch[w * 3], scratch[w * 3 + 1], scratch[w * 3 + 2]});
+  }
+  return v;
+}
+
 // Takes the vector by value on purpose: given a reference into shared memory, the compiler reads
 // each element with its own narrow, bank-conflicting load instead of one 128-bit load.
 template <typename T>
@@ -158,12 +199,12 @@ __global__ void __launch_bounds__(1024)
     forward_streaming_kernel(ForwardParams p, RowGeometry geo) {
   constexpr int kVec = 16 / sizeof(T);
   extern __shared__ uint4 ring[];
-  __shared__ float scratch[2][kMaxWarpsPerBlock];
+  __shared__ float scratch[2][kMaxWarpsPerBlock * 3];
   const int tpr = geo.threads_per_row, rpb = geo.rows_per_block, stages = geo.stages;
   const int group = threadIdx.x / tpr, t = threadIdx.x % tpr;
   // The row group's slice of scratch buffer `phase` (computed, not an indexed array: that would
   // live in local memory).
-  auto my_scratch = [&](int phase) { return &scratch[phase][group * (tpr / 32)]; };
+  auto my_scratch = [&](int phase) { return &scratch[phase][group * (tpr / 32) * 3]; };
   const T* __restrict__ x = static_cast<const T*>(p.x);
   T* __restrict__ y = static_cast<T*>(p.y);
   const W* __restrict__ weight = static_cast<const W*>(p.weight);
@@ -205,37 +246,52 @@ __global__ void __launch_bounds__(1024)
       }
       return false;
     };
-    float mean = 0.0f;
+    float mean = 0.0f, rstd;
     if (layer_norm) {
-      float s[1] = {0.0f};
+      // This thread's chunks: exact two-pass mean and M2, then one merged reduction.
+      MeanM2 local{0.0f, 0.0f, 0.0f};
+      float sum = 0.0f;
+#pragma unroll
+      for (int it = 0; it < ITERS; ++it) {
+        float v[kVec];
+        if (chunk(it, v)) {
+          local.n += kVec;
+#pragma unroll
+          for (int i = 0; i < kVec; ++i) sum += v[i];
+        }
+      }
+      if (local.n > 0.0f) {
+        local.mean = sum / local.n;
+#pragma unroll
+        for (int it = 0; it < ITERS; ++it) {
+          float v[kVec];
+          if (chunk(it, v)) {
+#pragma unroll
+            for (int i = 0; i < kVec; ++i) {
+              const float d = v[i] - local.mean;
+              local.m2 += d * d;
+            }
+          }
+        }
+      }
+      const MeanM2 row_stats = row_merge(local, my_scratch(phase), tpr);
+      phase ^= 1;
+      mean = row_stats.mean;
+      rstd = rsqrtf(row_stats.m2 * inv_cols + p.eps);
+    } else {
+      float q[1] = {0.0f};
 #pragma unroll
       for (int it = 0; it < ITERS; ++it) {
         float v[kVec];
         if (chunk(it, v)) {
 #pragma unroll
-          for (int i = 0; i < kVec; ++i) s[0] += v[i];
+          for (int i = 0; i < kVec; ++i) q[0] += v[i] * v[i];
         }
       }
-      row_allreduce<1>(s, my_scratch(phase), tpr);
+      row_allreduce<1>(q, my_scratch(phase), tpr);
       phase ^= 1;
-      mean = s[0] * inv_cols;
+      rstd = rsqrtf(q[0] * inv_cols + p.eps);
     }
-    // Variance around the mean (second pass): no cancellation.
-    float q[1] = {0.0f};
-#pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
-      float v[kVec];
-      if (chunk(it, v)) {
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) {
-          const float d = v[i] - mean;
-          q[0] += d * d;
-        }
-      }
-    }
-    row_allreduce<1>(q, my_scratch(phase), tpr);
-    phase ^= 1;
-    const float rstd = rsqrtf(q[0] * inv_cols + p.eps);
     if (!valid_row) continue;
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
