@@ -56,8 +56,9 @@ void dispatch_types(DType dtype, DType weight_dtype, F&& f) {
 // How a row is spread over threads: `iters` 16-byte vectors per thread (the kernel's template
 // parameter), `geometry.threads_per_row` threads. Short rows get one warp each (4 rows a block);
 // longer rows 4 vectors per thread and as many warps as that takes, so that N = 5120 or 12288
-// waste no thread. The backward keeps 2 floats of per-column sums per element in registers, which
-// caps it at 512 threads (N <= 16384 in 16-bit types); beyond that, the generic kernel.
+// waste no thread. Both kernels hold ~2 floats per element in registers (the forward its row,
+// the backward its per-column sums), which caps them at 512 threads per row: N <= 16384 in
+// 16-bit types, 8192 in f32. Longer rows take the generic kernel.
 struct RowPlan {
   int iters = 0;  // 0: generic kernel
   RowGeometry geometry{};
@@ -80,7 +81,7 @@ RowPlan plan_rows(std::int64_t vectors, bool backward) {
     plan.iters = backward ? backward_iters : 4;
     plan.geometry.threads_per_row =
         static_cast<int>((vectors + plan.iters * 32 - 1) / (plan.iters * 32) * 32);
-    if (plan.geometry.threads_per_row > (backward ? 512 : 1024)) return RowPlan{};
+    if (plan.geometry.threads_per_row > 512) return RowPlan{};
   }
   const int tpr = plan.geometry.threads_per_row;
   plan.geometry.rows_per_block = tpr <= 64 ? 128 / tpr : 1;
@@ -89,7 +90,7 @@ RowPlan plan_rows(std::int64_t vectors, bool backward) {
       std::size_t(threads) * plan.iters * 16 * (backward ? 2 : 1) + (backward ? threads * 8 : 0);
   // Three rows in flight when the ring stays modest, else two (long rows already carry many bytes).
   plan.geometry.stages = 3 * stage_bytes <= 96 * 1024 ? 3 : 2;
-  plan.smem_bytes = plan.geometry.stages * stage_bytes;
+  plan.smem_bytes = backward ? plan.geometry.stages * stage_bytes : 0;  // the forward has no ring
   return plan;
 }
 
@@ -170,8 +171,12 @@ int backward_grid(const char* op, const RowPlan& plan, std::int64_t rows, int de
     return persistent_grid(op, backward_generic_kernel<T, W>, kGenericThreads, 0, 1, rows, device_index);
   }
   dispatch_iters(plan.iters, [&](auto iters) {
-    grid = persistent_grid(op, backward_streaming_kernel<T, W, iters.value>, plan.block_threads(),
-                           plan.smem_bytes, plan.geometry.rows_per_block, rows, device_index);
+    // Both specializations (from x, from y) get the same grid: take the smaller occupancy.
+    grid = std::min(
+        persistent_grid(op, backward_streaming_kernel<T, W, iters.value, false>, plan.block_threads(),
+                        plan.smem_bytes, plan.geometry.rows_per_block, rows, device_index),
+        persistent_grid(op, backward_streaming_kernel<T, W, iters.value, true>, plan.block_threads(),
+                        plan.smem_bytes, plan.geometry.rows_per_block, rows, device_index));
   });
   return grid;
 }
@@ -190,10 +195,11 @@ void launch_forward(const ForwardParams& p, int device_index, cudaStream_t strea
                            : RowPlan{};
   if (plan.iters > 0) {
     dispatch_iters(plan.iters, [&](auto iters) {
-      auto kernel = forward_streaming_kernel<T, W, iters.value>;
-      const int grid = persistent_grid(op, kernel, plan.block_threads(), plan.smem_bytes,
-                                       plan.geometry.rows_per_block, p.rows, device_index);
-      kernel<<<grid, plan.block_threads(), plan.smem_bytes, stream>>>(p, plan.geometry);
+      // Not persistent: one row group per block slot, the block scheduler hides the latency.
+      const std::int64_t needed = (p.rows + plan.geometry.rows_per_block - 1) / plan.geometry.rows_per_block;
+      const int grid = static_cast<int>(std::min<std::int64_t>(
+          needed, std::int64_t(detail::device_info(op, device_index).sm_count) * 64));
+      forward_registers_kernel<T, W, iters.value><<<grid, plan.block_threads(), 0, stream>>>(p, plan.geometry);
     });
   } else {
     const int grid = persistent_grid(op, forward_generic_kernel<T, W>, kGenericThreads, 0, 1, p.rows, device_index);
@@ -227,8 +233,9 @@ void launch_backward(const BackwardParams& p, int device_index, cudaStream_t str
   }
   if (plan.iters > 0) {
     dispatch_iters(plan.iters, [&](auto iters) {
-      backward_streaming_kernel<T, W, iters.value><<<grid, plan.block_threads(), plan.smem_bytes, stream>>>(
-          p, plan.geometry, partial_dw, partial_db);
+      auto kernel = p.from_output ? backward_streaming_kernel<T, W, iters.value, true>
+                                  : backward_streaming_kernel<T, W, iters.value, false>;
+      kernel<<<grid, plan.block_threads(), plan.smem_bytes, stream>>>(p, plan.geometry, partial_dw, partial_db);
     });
   } else {
     backward_generic_kernel<T, W><<<grid, kGenericThreads, 0, stream>>>(p, partial_dw, partial_db);

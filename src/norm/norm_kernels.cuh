@@ -136,47 +136,6 @@ __device__ __forceinline__ void row_allreduce(float (&v)[K], float* scratch, int
 
 inline constexpr int kMaxWarpsPerBlock = 32;
 
-// Mean and sum of squared deviations (M2) of a set of values, mergeable (Chan, Golub, LeVeque):
-// each thread computes its own chunk's statistics exactly in two passes over registers, then one
-// reduction merges them. One barrier per row instead of two (sum, then squared deviations), with
-// no E[x^2] - mean^2 cancellation.
-struct MeanM2 {
-  float n, mean, m2;
-};
-
-__device__ __forceinline__ MeanM2 merge(const MeanM2& a, const MeanM2& b) {
-  const float n = a.n + b.n;
-  if (n == 0.0f) return a;
-  const float delta = b.mean - a.mean;
-  const float wb = b.n / n;
-  // Symmetric in (a, b) up to commutative adds, so butterfly partners compute identical bits.
-  return {n, a.mean + delta * wb, a.m2 + b.m2 + delta * delta * (a.n * wb)};
-}
-
-// Merges MeanM2 over the tpr threads of a row group (butterfly within warps, then warps in index
-// order through `scratch`, 3 floats per warp). Same barrier rules as row_allreduce.
-__device__ __forceinline__ MeanM2 row_merge(MeanM2 v, float* scratch, int tpr) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) {
-    const MeanM2 o{__shfl_xor_sync(0xffffffffu, v.n, offset), __shfl_xor_sync(0xffffffffu, v.mean, offset),
-                   __shfl_xor_sync(0xffffffffu, v.m2, offset)};
-    // Order the operands by lane so that both partners evaluate merge(lower, upper).
-    v = (threadIdx.x & offset) ? merge(o, v) : merge(v, o);
-  }
-  if (tpr > 32) {
-    const int lane = threadIdx.x % 32, warp_in_row = (threadIdx.x % tpr) / 32;
-    if (lane == 0) {
-      scratch[warp_in_row * 3 + 0] = v.n;
-      scratch[warp_in_row * 3 + 1] = v.mean;
-      scratch[warp_in_row * 3 + 2] = v.m2;
-    }
-    __syncthreads();
-    v = {scratch[0], scratch[1], scratch[2]};
-    for (int w = 1; w < tpr / 32; ++w) v = merge(v, MeanM2{scratch[w * 3], scratch[w * 3 + 1], scratch[w * 3 + 2]});
-  }
-  return v;
-}
-
 // Takes the vector by value on purpose: given a reference into shared memory, the compiler reads
 // each element with its own narrow, bank-conflicting load instead of one 128-bit load.
 template <typename T>
@@ -188,134 +147,101 @@ __device__ __forceinline__ void unpack16(const uint4 raw, float (&out)[16 / size
 
 
 // ---------------------------------------------------------------------------------------------
-// Forward, row streamed through shared memory. Each row group handles rows
-// (blockIdx.x + k * gridDim.x) * rows_per_block + group for k = 0, 1, ...; while it normalizes row k
-// the copies of rows k+1 .. k+stages-1 are already in flight. Each thread only ever reads the
-// 16-byte chunks it copied itself, so the ring needs no barriers (cp.async.wait_group suffices).
-// Shared layout: ring[stage][iter][block thread] (consecutive threads, consecutive 16-byte slots:
-// conflict-free).
+// Forward, row in registers. A group of threads_per_row threads owns one row at a time: each thread
+// loads ITERS 16-byte vectors (all loads in flight together), converts them to float once, and
+// makes three passes over its registers (sum, squared deviations, output). Latency is hidden by
+// many resident blocks (the grid covers all rows; a block takes further rows only when the grid
+// is capped). Sums use one accumulator per vector so the adds are ITERS independent chains.
 template <typename T, typename W, int ITERS>
-__global__ void __launch_bounds__(1024)
-    forward_streaming_kernel(ForwardParams p, RowGeometry geo) {
+__global__ void __launch_bounds__(512) forward_registers_kernel(ForwardParams p, RowGeometry geo) {
   constexpr int kVec = 16 / sizeof(T);
-  extern __shared__ uint4 ring[];
-  __shared__ float scratch[2][kMaxWarpsPerBlock * 3];
-  const int tpr = geo.threads_per_row, rpb = geo.rows_per_block, stages = geo.stages;
+  __shared__ float scratch[2][kMaxWarpsPerBlock];
+  const int tpr = geo.threads_per_row, rpb = geo.rows_per_block;
   const int group = threadIdx.x / tpr, t = threadIdx.x % tpr;
-  // The row group's slice of scratch buffer `phase` (computed, not an indexed array: that would
-  // live in local memory).
-  auto my_scratch = [&](int phase) { return &scratch[phase][group * (tpr / 32) * 3]; };
-  const T* __restrict__ x = static_cast<const T*>(p.x);
-  T* __restrict__ y = static_cast<T*>(p.y);
+  auto my_scratch = [&](int phase) { return &scratch[phase][group * (tpr / 32)]; };
+  const bool layer_norm = p.kind == Kind::layer_norm;
+  const int cols = static_cast<int>(p.cols);
+  const float inv_cols = 1.0f / static_cast<float>(cols);
   const W* __restrict__ weight = static_cast<const W*>(p.weight);
   const W* __restrict__ bias = static_cast<const W*>(p.bias);
-  const bool layer_norm = p.kind == Kind::layer_norm;
-  const float inv_cols = 1.0f / static_cast<float>(p.cols);
-  const std::int64_t stride_rows = std::int64_t(gridDim.x) * rpb;
-  const std::int64_t first_row = std::int64_t(blockIdx.x) * rpb + group;
+  // Element offset of this thread's vector `it` within a row (int: N <= 65536).
+  auto column = [&](int it) { return (it * tpr + t) * kVec; };
 
-  auto slot = [&](int stage, int it) { return &ring[(stage * ITERS + it) * blockDim.x + threadIdx.x]; };
-  auto issue = [&](std::int64_t k) {
-    const std::int64_t row = first_row + k * stride_rows;
-    if (row < p.rows) {
-      const int stage = static_cast<int>(k % stages);
-#pragma unroll
-      for (int it = 0; it < ITERS; ++it) {
-        const std::int64_t col = std::int64_t(it * tpr + t) * kVec;
-        if (col < p.cols) copy_async_16(slot(stage, it), x + row * p.x_row_stride + col);
-      }
-    }
-    copy_async_commit();  // an empty group keeps the group count uniform
-  };
-
-  for (int k = 0; k < stages - 1; ++k) issue(k);
-  int phase = 0;
-  for (std::int64_t k = 0; first_row - group + k * stride_rows < p.rows; ++k) {
-    issue(k + stages - 1);
-    copy_async_wait_dynamic(stages - 1);
-    const std::int64_t row = first_row + k * stride_rows;
+  for (std::int64_t base = std::int64_t(blockIdx.x) * rpb; base < p.rows; base += std::int64_t(gridDim.x) * rpb) {
+    const std::int64_t row = base + group;
     const bool valid_row = row < p.rows;
-    const int stage = static_cast<int>(k % stages);
-    // Three passes over the row, each reading this thread's chunks back from the ring (cheap
-    // shared-memory loads) rather than holding the row in registers: more warps fit per SM.
-    auto chunk = [&](int it, float (&v)[kVec]) {
-      const std::int64_t col = std::int64_t(it * tpr + t) * kVec;
-      if (valid_row && col < p.cols) {
-        unpack16<T>(*slot(stage, it), v);
-        return true;
-      }
-      return false;
-    };
-    float mean = 0.0f, rstd;
-    if (layer_norm) {
-      // This thread's chunks: exact two-pass mean and M2, then one merged reduction.
-      MeanM2 local{0.0f, 0.0f, 0.0f};
-      float sum = 0.0f;
-#pragma unroll
-      for (int it = 0; it < ITERS; ++it) {
-        float v[kVec];
-        if (chunk(it, v)) {
-          local.n += kVec;
-#pragma unroll
-          for (int i = 0; i < kVec; ++i) sum += v[i];
-        }
-      }
-      if (local.n > 0.0f) {
-        local.mean = sum / local.n;
-#pragma unroll
-        for (int it = 0; it < ITERS; ++it) {
-          float v[kVec];
-          if (chunk(it, v)) {
-#pragma unroll
-            for (int i = 0; i < kVec; ++i) {
-              const float d = v[i] - local.mean;
-              local.m2 += d * d;
-            }
-          }
-        }
-      }
-      const MeanM2 row_stats = row_merge(local, my_scratch(phase), tpr);
-      phase ^= 1;
-      mean = row_stats.mean;
-      rstd = rsqrtf(row_stats.m2 * inv_cols + p.eps);
-    } else {
-      float q[1] = {0.0f};
-#pragma unroll
-      for (int it = 0; it < ITERS; ++it) {
-        float v[kVec];
-        if (chunk(it, v)) {
-#pragma unroll
-          for (int i = 0; i < kVec; ++i) q[0] += v[i] * v[i];
-        }
-      }
-      row_allreduce<1>(q, my_scratch(phase), tpr);
-      phase ^= 1;
-      rstd = rsqrtf(q[0] * inv_cols + p.eps);
-    }
-    if (!valid_row) continue;
+    const T* __restrict__ x = static_cast<const T*>(p.x) + row * p.x_row_stride;
+    float v[ITERS][kVec];
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
-      const std::int64_t col = std::int64_t(it * tpr + t) * kVec;
-      float v[kVec];
-      if (!chunk(it, v)) continue;
-      float w[kVec], b[kVec], out[kVec];
-      if (weight) load_vec<W, kVec>(weight + col, w);
-      if (bias) load_vec<W, kVec>(bias + col, b);
+      if (valid_row && column(it) < cols) {
+        unpack16<T>(*reinterpret_cast<const uint4*>(x + column(it)), v[it]);
+      } else {
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) {
-        float o = (v[i] - mean) * rstd;
-        if (weight) o *= w[i];
-        if (bias) o += b[i];
-        out[i] = o;
+        for (int i = 0; i < kVec; ++i) v[it][i] = 0.0f;
       }
-      store_vec<T, kVec>(y + row * p.y_row_stride + col, out);
     }
-    if (t == 0) {
-      if (p.mean) p.mean[row] = mean;
-      if (p.rstd) p.rstd[row] = rstd;
+    float mean = 0.0f;
+    if (layer_norm) {
+      float partial[ITERS];
+#pragma unroll
+      for (int it = 0; it < ITERS; ++it) {
+        partial[it] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) partial[it] += v[it][i];
+      }
+      float s[1] = {0.0f};
+#pragma unroll
+      for (int it = 0; it < ITERS; ++it) s[0] += partial[it];
+      row_allreduce<1>(s, my_scratch(0), tpr);
+      mean = s[0] * inv_cols;
     }
+    // Squared deviations around the mean (padding lanes excluded: their (0 - mean)^2 is not 0).
+    float partial[ITERS];
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      partial[it] = 0.0f;
+      if (column(it) < cols) {
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) {
+          const float d = v[it][i] - mean;
+          partial[it] += d * d;
+        }
+      }
+    }
+    float q[1] = {0.0f};
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) q[0] += partial[it];
+    row_allreduce<1>(q, my_scratch(1), tpr);
+    const float rstd = rsqrtf(q[0] * inv_cols + p.eps);
+    if (valid_row) {
+      T* __restrict__ y = static_cast<T*>(p.y) + row * p.y_row_stride;
+#pragma unroll
+      for (int it = 0; it < ITERS; ++it) {
+        const int col = column(it);
+        if (col >= cols) continue;
+        float w[kVec], b[kVec], out[kVec];
+        if (weight) load_vec<W, kVec>(weight + col, w);
+        if (bias) load_vec<W, kVec>(bias + col, b);
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) {
+          float o = (v[it][i] - mean) * rstd;
+          if (weight) o *= w[i];
+          if (bias) o += b[i];
+          out[i] = o;
+        }
+        store_vec<T, kVec>(y + col, out);
+      }
+      if (t == 0) {
+        if (p.mean) p.mean[row] = mean;
+        if (p.rstd) p.rstd[row] = rstd;
+      }
+    }
+    // LayerNorm's two reductions use buffers 0 then 1, so each buffer is rewritten only after a
+    // barrier every reader of it has passed. RMSNorm uses buffer 1 alone and needs this barrier
+    // before the next row rewrites it (uniform branch; no barrier exists for one-warp rows).
+    if (tpr > 32 && !layer_norm) __syncthreads();
   }
-  copy_async_wait<0>();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -323,7 +249,7 @@ __global__ void __launch_bounds__(1024)
 // [thread]), with the row's mean/rstd copied beside them (stats[stage][thread][2]). Per-column
 // dweight/dbias sums stay in registers for the whole persistent loop; at the end the row groups of
 // a block are combined in a fixed order and one partial row per block goes to the workspace.
-template <typename T, typename W, int ITERS>
+template <typename T, typename W, int ITERS, bool FROM_OUTPUT>
 __global__ void __launch_bounds__(512)
     backward_streaming_kernel(BackwardParams p, RowGeometry geo, float* __restrict__ partial_dw,
                               float* __restrict__ partial_db) {
@@ -341,7 +267,7 @@ __global__ void __launch_bounds__(512)
   const W* __restrict__ weight = static_cast<const W*>(p.weight);
   const W* __restrict__ bias = static_cast<const W*>(p.bias);
   const bool layer_norm = p.kind == Kind::layer_norm;
-  const bool from_output = p.from_output;
+  constexpr bool from_output = FROM_OUTPUT;
   const bool needs_mean = layer_norm && !from_output;
   const float inv_cols = 1.0f / static_cast<float>(p.cols);
   const std::int64_t stride_rows = std::int64_t(gridDim.x) * rpb;
@@ -376,7 +302,8 @@ __global__ void __launch_bounds__(512)
     for (int i = 0; i < kVec; ++i) acc_dw[it][i] = acc_db[it][i] = 0.0f;
 
   // x_hat and g = dy * weight for the chunk `it` of the row in `stage`.
-  auto prepare = [&](int stage, int it, std::int64_t col, float mean, float rstd, float (&d)[kVec],
+  // From x: x_hat = x * rstd + shift with shift = -mean * rstd (one FMA).
+  auto prepare = [&](int stage, int it, std::int64_t col, float shift, float rstd, float (&d)[kVec],
                      float (&xh)[kVec], float (&g)[kVec]) {
     float v[kVec], w[kVec], b[kVec];
     unpack16<T>(*slot(stage, 0, it), d);
@@ -385,12 +312,12 @@ __global__ void __launch_bounds__(512)
     if (from_output && bias) load_vec<W, kVec>(bias + col, b);
 #pragma unroll
     for (int i = 0; i < kVec; ++i) {
-      if (from_output) {
+      if constexpr (from_output) {
         float u = v[i];
         if (bias) u -= b[i];
         xh[i] = weight ? u / w[i] : u;
       } else {
-        xh[i] = (v[i] - mean) * rstd;
+        xh[i] = fmaf(v[i], rstd, shift);
       }
       g[i] = weight ? d[i] * w[i] : d[i];
     }
@@ -406,34 +333,44 @@ __global__ void __launch_bounds__(512)
     const int stage = static_cast<int>(k % stages);
     const float rstd = valid_row ? *stat(stage, 0) : 0.0f;
     const float mean = (valid_row && needs_mean) ? *stat(stage, 1) : 0.0f;
-    float sums[2] = {0.0f, 0.0f};  // sum(g), sum(g * x_hat)
+    const float shift = -mean * rstd;
+    // sum(g) and sum(g * x_hat), one accumulator pair per vector (independent add chains).
+    float part_g[ITERS], part_gx[ITERS];
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
+      part_g[it] = part_gx[it] = 0.0f;
       const std::int64_t col = std::int64_t(it * tpr + t) * kVec;
       if (!valid_row || col >= p.cols) continue;
       float d[kVec], xh[kVec], g[kVec];
-      prepare(stage, it, col, mean, rstd, d, xh, g);
+      prepare(stage, it, col, shift, rstd, d, xh, g);
 #pragma unroll
       for (int i = 0; i < kVec; ++i) {
-        sums[0] += g[i];
-        sums[1] += g[i] * xh[i];
-        acc_dw[it][i] += d[i] * xh[i];
+        part_g[it] += g[i];
+        part_gx[it] = fmaf(g[i], xh[i], part_gx[it]);
+        acc_dw[it][i] = fmaf(d[i], xh[i], acc_dw[it][i]);
         acc_db[it][i] += d[i];
       }
+    }
+    float sums[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      sums[0] += part_g[it];
+      sums[1] += part_gx[it];
     }
     row_allreduce<2>(sums, my_scratch(phase), tpr);
     phase ^= 1;
     if (!valid_row || dx == nullptr) continue;
-    const float mean_g = layer_norm ? sums[0] * inv_cols : 0.0f;
-    const float mean_gx = sums[1] * inv_cols;
+    // dx = rstd * (g - mean(g) - x_hat * mean(g x_hat)) = g * rstd + (x_hat * a + c).
+    const float a = -rstd * sums[1] * inv_cols;
+    const float c = layer_norm ? -rstd * sums[0] * inv_cols : 0.0f;
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
       const std::int64_t col = std::int64_t(it * tpr + t) * kVec;
       if (col >= p.cols) continue;
       float d[kVec], xh[kVec], g[kVec], out[kVec];
-      prepare(stage, it, col, mean, rstd, d, xh, g);
+      prepare(stage, it, col, shift, rstd, d, xh, g);
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) out[i] = rstd * (g[i] - mean_g - xh[i] * mean_gx);
+      for (int i = 0; i < kVec; ++i) out[i] = fmaf(g[i], rstd, fmaf(xh[i], a, c));
       store_vec<T, kVec>(dx + row * p.dx_row_stride + col, out);
     }
   }
