@@ -152,8 +152,12 @@ __device__ __forceinline__ void unpack16(const uint4 raw, float (&out)[16 / size
 // makes three passes over its registers (sum, squared deviations, output). Latency is hidden by
 // many resident blocks (the grid covers all rows; a block takes further rows only when the grid
 // is capped). Sums use one accumulator per vector so the adds are ITERS independent chains.
+#ifndef FUSEKIT_NORM_FORWARD_MIN_BLOCKS
+#define FUSEKIT_NORM_FORWARD_MIN_BLOCKS 1  // tuning: 2 caps registers at 64 for higher occupancy
+#endif
 template <typename T, typename W, int ITERS>
-__global__ void __launch_bounds__(512) forward_registers_kernel(ForwardParams p, RowGeometry geo) {
+__global__ void __launch_bounds__(512, FUSEKIT_NORM_FORWARD_MIN_BLOCKS)
+    forward_registers_kernel(ForwardParams p, RowGeometry geo) {
   constexpr int kVec = 16 / sizeof(T);
   __shared__ float scratch[2][kMaxWarpsPerBlock];
   const int tpr = geo.threads_per_row, rpb = geo.rows_per_block;
