@@ -16,6 +16,7 @@ torch._functorch.config.donated_buffer = False
 
 NORM_SHAPES = [(16384, 1024), (16384, 4096), (8192, 8192), (4096, 16384), (32768, 2048),
                (16384, 5120), (8192, 12288)]
+DROPOUT_SHAPES = [(16384, 4096), (8192, 16384), (32768, 1024), (16384, 5120)]
 
 
 def bench(fn):
@@ -74,6 +75,174 @@ def norm_rows(rows):
     return errors
 
 
+def dropout_rows(rows):
+    """y = dropout(act(x + b), 0.1), bf16, as `fusekit bench bias_act_dropout` times it (same shapes,
+    same shape strings, same byte counts: x, b, y forward; dy, x, b, dx, db backward). The forward
+    runs with autograd on, as in training, so PyTorch writes what its backward keeps (the mask)."""
+    dev = "cuda"
+    acts = {"gelu_tanh": lambda h: F.gelu(h, approximate="tanh"), "relu": F.relu}
+    for (m, n) in DROPOUT_SHAPES:
+        x = torch.randn(m, n, device=dev).to(torch.bfloat16).requires_grad_(True)
+        b = (torch.randn(n, device=dev) * 0.5).to(torch.bfloat16).requires_grad_(True)
+        dy = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
+        elems = m * n
+        fwd_bytes, bwd_bytes = 4.0 * elems + 2.0 * n, 6.0 * elems + 4.0 * n
+        for name, act in acts.items():
+            def f(x, b, act=act):
+                return F.dropout(act(x + b), 0.1, training=True)
+            compiled = torch.compile(f)
+            shape = f"({m}, {n}) {name}"
+            for impl, fn in (("torch", f), ("compile", compiled)):
+                t = bench(lambda: fn(x, b))
+                rows.append(dict(op="bias_act_dropout", direction="fwd", shape=shape, impl=impl,
+                                 time_us=t, bytes=fwd_bytes, gbps=fwd_bytes / t / 1e3))
+                y = fn(x, b)
+                t = bench(lambda: torch.autograd.grad(y, (x, b), dy, retain_graph=True))
+                rows.append(dict(op="bias_act_dropout", direction="bwd", shape=shape, impl=impl,
+                                 time_us=t, bytes=bwd_bytes, gbps=bwd_bytes / t / 1e3))
+                print(rows[-2], rows[-1], flush=True)
+                del y
+        del x, b, dy
+
+
+# ---- linear + bias + activation (fusekit op "linear") -------------------------------------------
+# (M, K, N): x (M, K), W (N, K), y (M, N); the same shapes and shape strings as bench/linear.
+LINEAR_SHAPES = [(8192, 4096, 16384), (16384, 8192, 8192), (8192, 16384, 4096), (8191, 4096, 12296)]
+LINEAR_ACTIVATIONS = {
+    "none": lambda z: z,
+    "relu": F.relu,
+    "gelu_erf": F.gelu,
+    "gelu_tanh": lambda z: F.gelu(z, approximate="tanh"),
+    "squared_relu": lambda z: torch.square(F.relu(z)),
+    "silu": F.silu,
+}
+
+
+def linear_rows(rows):
+    dev = "cuda"
+    for (m, k, n) in LINEAR_SHAPES:
+        x = torch.randn(m, k, device=dev).to(torch.bfloat16).requires_grad_(True)
+        w = (torch.randn(n, k, device=dev) / k ** 0.5).to(torch.bfloat16).requires_grad_(True)
+        b = (torch.randn(n, device=dev) * 0.5).to(torch.bfloat16).requires_grad_(True)
+        dy = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
+        flops = 2.0 * m * n * k
+        for name, act in LINEAR_ACTIVATIONS.items():
+            def f(x, w, b, act=act):
+                return act(F.linear(x, w, b))
+            compiled = torch.compile(f)
+            shape = f"({m}, {k}, {n}) {name}"
+            for impl, fn in (("torch", f), ("compile", compiled)):
+                with torch.no_grad():
+                    t = bench(lambda: fn(x, w, b))
+                rows.append(dict(op="linear", direction="fwd", shape=shape, impl=impl, time_us=t,
+                                 flops=flops, tflops=flops / t / 1e6))
+                y = fn(x, w, b)
+                t = bench(lambda: torch.autograd.grad(y, (x, w, b), dy, retain_graph=True))
+                rows.append(dict(op="linear", direction="bwd", shape=shape, impl=impl, time_us=t,
+                                 flops=2 * flops, tflops=2 * flops / t / 1e6))
+                print(rows[-2], rows[-1], flush=True)
+                del y
+            torch._dynamo.reset()  # one compiled graph per activation; do not pile them up
+        del x, w, b, dy
+    # PyTorch's own error in bf16 against float64 (relative L2), one moderate shape.
+    m, k, n = 2048, 1024, 4096
+    x = torch.randn(m, k, device=dev).to(torch.bfloat16)
+    w = (torch.randn(n, k, device=dev) / k ** 0.5).to(torch.bfloat16)
+    b = (torch.randn(n, device=dev) * 0.5).to(torch.bfloat16)
+    dy = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
+    errors = {}
+    rel = lambda a, r: ((a.double() - r).norm() / r.norm()).item()
+    for name, act in LINEAR_ACTIVATIONS.items():
+        outs = {}
+        for dt in (torch.bfloat16, torch.float64):
+            xx, ww, bb = (t.to(dt).requires_grad_(True) for t in (x, w, b))
+            y = act(F.linear(xx, ww, bb))
+            outs[dt] = (y,) + torch.autograd.grad(y, (xx, ww, bb), dy.to(dt))
+        errors[f"linear {name}"] = {key: rel(outs[torch.bfloat16][i], outs[torch.float64][i])
+                                    for i, key in enumerate(("y", "dx", "dW", "dbias"))}
+    return errors
+
+
+# ---- FP8 RMSNorm (fusekit op "fp8_rms_norm") ---------------------------------------------------
+# The same shapes and shape strings as bench/fp8_norm; e4m3 in and out, groups of 16 with bf16
+# scales, bf16 weight. Byte counts as fusekit counts them (4.25 / 5.125 bytes per element), so
+# GB/s compares times directly.
+FP8_NORM_SHAPES = [(16384, 4096), (8192, 8192), (32768, 2048)]
+FP8_GROUP = 16
+FP8_AMAX_FLOOR = 2.0 ** -100  # fusekit's kFp8NormAmaxFloor
+
+
+def fp8_norm_rows(rows):
+    """The best PyTorch expression of fusekit's fp8_rms_norm: dequantize (fp8 values times their
+    group scales, broadcast over each group of 16 -- the same as multiplying by
+    scale.repeat_interleave(16, dim=1) without materializing it), RMSNorm with a bf16
+    intermediate as the reference FP8 training code does, the global amax, the scale, the cast to
+    float8_e4m3fn and qy.t().contiguous(). Backward: rms_norm's backward from the dequantized bf16
+    x that autograd saved. Eager and torch.compile."""
+    dev = "cuda"
+    e4m3 = torch.float8_e4m3fn
+    fmax = torch.finfo(e4m3).max
+    eps = 1e-5
+
+    def dequant(xq, sx):
+        m, n = xq.shape
+        return (xq.float().view(m, n // FP8_GROUP, FP8_GROUP) * sx.float().unsqueeze(-1)).view(m, n)
+
+    def fwd(xq, sx, w):
+        y = F.rms_norm(dequant(xq, sx).to(torch.bfloat16), (xq.shape[-1],), w, eps)
+        s = torch.clamp(y.abs().amax().float(), min=FP8_AMAX_FLOOR) / fmax
+        qy = (y.float() / s).clamp(-fmax, fmax).to(e4m3)
+        return qy, qy.t().contiguous(), s
+
+    def norm(x, w):
+        return F.rms_norm(x, (x.shape[-1],), w, eps)
+
+    def inputs(m, n):
+        xq = (torch.randn(m, n, device=dev) * 150).clamp(-fmax, fmax).to(e4m3)
+        sx = (torch.randn(m, n // FP8_GROUP, device=dev).abs() * 0.01 + 0.001).to(torch.bfloat16)
+        w = (torch.randn(n, device=dev) * 0.5 + 1).to(torch.bfloat16)
+        dy = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
+        return xq, sx, w, dy
+
+    compiled_fwd, compiled_norm = torch.compile(fwd), torch.compile(norm)
+    for (m, n) in FP8_NORM_SHAPES:
+        xq, sx, w, dy = inputs(m, n)
+        elems = m * n
+        fwd_bytes, bwd_bytes = 4.25 * elems, 5.125 * elems
+        shape = f"({m}, {n})"
+        for impl, f, g in (("torch", fwd, norm), ("compile", compiled_fwd, compiled_norm)):
+            with torch.no_grad():
+                t = bench(lambda: f(xq, sx, w))
+            rows.append(dict(op="fp8_rms_norm", direction="fwd", shape=shape, impl=impl, time_us=t,
+                             bytes=fwd_bytes, gbps=fwd_bytes / t / 1e3))
+            x = dequant(xq, sx).to(torch.bfloat16).requires_grad_(True)
+            wg = w.clone().requires_grad_(True)
+            y = g(x, wg)
+            t = bench(lambda: torch.autograd.grad(y, (x, wg), dy, retain_graph=True))
+            rows.append(dict(op="fp8_rms_norm", direction="bwd", shape=shape, impl=impl, time_us=t,
+                             bytes=bwd_bytes, gbps=bwd_bytes / t / 1e3))
+            print(rows[-2], rows[-1], flush=True)
+            del x, wg, y
+        del xq, sx, w, dy
+
+    # PyTorch's own errors against float64 on one shape (relative L2): the dequantized output of
+    # the bf16 expression against the float64 RMSNorm, and the bf16 backward's dx and dweight.
+    xq, sx, w, dy = inputs(4096, 4096)
+    xd = dequant(xq, sx).double()
+    y64 = F.rms_norm(xd, (4096,), w.double(), eps)
+    with torch.no_grad():
+        qy, _, s = fwd(xq, sx, w)
+    rel = lambda a, r: ((a.double() - r).norm() / r.norm()).item()
+    grads = {}
+    for dt in (torch.bfloat16, torch.float64):
+        xx = xd.to(dt).requires_grad_(True)
+        ww = w.to(dt).requires_grad_(True)
+        grads[dt] = torch.autograd.grad(F.rms_norm(xx, (4096,), ww, eps), (xx, ww), dy.to(dt))
+    return {"fp8_rms_norm": {"qy*s": rel(qy.double() * s.double(), y64),
+                             "dx": rel(grads[torch.bfloat16][0], grads[torch.float64][0]),
+                             "dweight": rel(grads[torch.bfloat16][1], grads[torch.float64][1])}}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -87,6 +256,12 @@ def main():
     rows, errors = [], {}
     if "norm" in args.ops:
         errors.update(norm_rows(rows))
+    if "linear" in args.ops:
+        errors.update(linear_rows(rows))
+    if "dropout" in args.ops or "bias_act_dropout" in args.ops:
+        dropout_rows(rows)
+    if "fp8_norm" in args.ops or "fp8_rms_norm" in args.ops:
+        errors.update(fp8_norm_rows(rows))
     json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
                    copy_gbps=2 * a.numel() * 2 / copy_us / 1e3, rows=rows, torch_errors=errors),
               open(args.out, "w"), indent=1)

@@ -144,11 +144,27 @@ Ceilings measure_ceilings() {
 void Report::print() const {
   fmt::print("device: {}\nceilings: copy {:.0f} GB/s (read+write), bf16 GEMM 8192^3 {:.1f} TFLOP/s\n",
              ceilings_.device, ceilings_.copy_gbps, ceilings_.gemm_tflops);
-  fmt::print("{:<14} {:<4} {:<22} {:<10} {:>10} {:>10} {:>8}\n", "op", "dir", "shape", "impl",
-             "time_us", "GB/s", "%copy");
-  for (const Row& r : rows_) {
-    fmt::print("{:<14} {:<4} {:<22} {:<10} {:>10.1f} {:>10.0f} {:>7.1f}%\n", r.op, r.direction,
-               r.shape, r.impl, r.time_us, r.gbps(), 100.0 * r.gbps() / ceilings_.copy_gbps);
+  // Memory-bound rows (flops == 0): bandwidth against the copy ceiling.
+  const bool any_matrix = std::any_of(rows_.begin(), rows_.end(), [](const Row& r) { return r.flops > 0; });
+  const bool any_memory = std::any_of(rows_.begin(), rows_.end(), [](const Row& r) { return r.flops <= 0; });
+  if (any_memory || !any_matrix) {
+    fmt::print("{:<14} {:<4} {:<22} {:<10} {:>10} {:>10} {:>8}\n", "op", "dir", "shape", "impl",
+               "time_us", "GB/s", "%copy");
+    for (const Row& r : rows_) {
+      if (r.flops > 0) continue;
+      fmt::print("{:<14} {:<4} {:<22} {:<10} {:>10.1f} {:>10.0f} {:>7.1f}%\n", r.op, r.direction,
+                 r.shape, r.impl, r.time_us, r.gbps(), 100.0 * r.gbps() / ceilings_.copy_gbps);
+    }
+  }
+  // Matrix rows (flops > 0): throughput against the bf16 GEMM ceiling.
+  if (any_matrix) {
+    fmt::print("{:<14} {:<4} {:<36} {:<16} {:>10} {:>10} {:>8}\n", "op", "dir", "shape", "impl",
+               "time_us", "TFLOP/s", "%gemm");
+    for (const Row& r : rows_) {
+      if (r.flops <= 0) continue;
+      fmt::print("{:<14} {:<4} {:<36} {:<16} {:>10.1f} {:>10.1f} {:>7.1f}%\n", r.op, r.direction,
+                 r.shape, r.impl, r.time_us, r.tflops(), 100.0 * r.tflops() / ceilings_.gemm_tflops);
+    }
   }
 }
 
@@ -161,6 +177,12 @@ std::string Report::json() const {
     j["rows"].push_back({{"op", r.op}, {"direction", r.direction}, {"shape", r.shape},
                          {"impl", r.impl}, {"time_us", r.time_us}, {"bytes", r.bytes},
                          {"gbps", r.gbps()}, {"fraction_of_copy", r.gbps() / ceilings_.copy_gbps}});
+    if (r.flops > 0) {  // matrix ops also report throughput against the GEMM ceiling
+      auto& row = j["rows"].back();
+      row["flops"] = r.flops;
+      row["tflops"] = r.tflops();
+      row["fraction_of_gemm"] = r.tflops() / ceilings_.gemm_tflops;
+    }
   }
   return j.dump(2);
 }

@@ -7,6 +7,9 @@ const std::vector<OpEntry>& registry() {
   static const std::vector<OpEntry> ops = [] {
     std::vector<OpEntry> v;
     add_norm_ops(v);
+    add_dropout_ops(v);
+    add_linear_ops(v);
+    add_fp8_norm_ops(v);
     return v;
   }();
   return ops;

@@ -1,0 +1,68 @@
+// Bias + activation + dropout benchmarks: bf16, p = 0.1, gelu_tanh and relu, forward and
+// backward. Bytes counted as the issue asks, each tensor that must move once: forward reads x and
+// the bias and writes y; backward reads dy, x and the bias and writes dx and dbias. The dbias
+// partial rows (a few MB of scratch) are not counted: they are fusekit's overhead.
+#include <fmt/format.h>
+
+#include <vector>
+
+#include "bench/dropout/bench_dropout.h"
+#include "bench/harness/bench.h"
+#include "fusekit/dropout.h"
+
+namespace fusekit::bench {
+
+namespace {
+
+struct Set {
+  DeviceBuffer x, y, dy, dx;
+};
+
+}  // namespace
+
+const std::vector<std::pair<std::int64_t, std::int64_t>>& dropout_bench_shapes() {
+  static const std::vector<std::pair<std::int64_t, std::int64_t>> shapes = {
+      {16384, 4096}, {8192, 16384}, {32768, 1024}, {16384, 5120}};
+  return shapes;
+}
+
+void bench_dropout(Report& report) {
+  const Device gpu = Device::cuda(0);
+  constexpr float kP = 0.1f;
+  for (auto [rows, cols] : dropout_bench_shapes()) {
+    const std::size_t elems = std::size_t(rows) * cols, bytes = elems * 2;
+    const int rotations = rotations_for(2 * bytes);
+    std::vector<Set> sets(rotations);
+    for (int r = 0; r < rotations; ++r) {
+      sets[r] = {DeviceBuffer(bytes), DeviceBuffer(bytes), DeviceBuffer(bytes), DeviceBuffer(bytes)};
+      sets[r].x.fill_random_bf16(300 + r);
+      sets[r].dy.fill_random_bf16(400 + r);
+    }
+    DeviceBuffer b(cols * 2), db(cols * 2);
+    b.fill_random_bf16(9, 0.0f, 0.5f);
+    const std::size_t ws_bytes = bias_act_dropout_backward_workspace_size(rows, cols, DType::bf16, gpu);
+    DeviceBuffer ws(ws_bytes);
+    const TensorView workspace(ws.get(), DType::u8, gpu, {static_cast<std::int64_t>(ws_bytes)});
+    auto t2 = [&](const DeviceBuffer& buf) { return TensorView(buf.get(), DType::bf16, gpu, {rows, cols}); };
+    auto vec = [&](const DeviceBuffer& buf) { return TensorView(buf.get(), DType::bf16, gpu, {cols}); };
+
+    for (Activation act : {Activation::gelu_tanh, Activation::relu}) {
+      const BiasActDropoutConfig config{act, 0.0f, kP, 0x5eed, 17};
+      const std::string shape = fmt::format("({}, {}) {}", rows, cols, activation_name(act));
+      const Timing tf = time_kernel(
+          [&](int r) { bias_act_dropout_forward(t2(sets[r].x), vec(b), config, t2(sets[r].y)); }, rotations);
+      report.add({"bias_act_dropout", "fwd", shape, "fusekit", tf.median_us,
+                  4.0 * elems + 2.0 * cols});
+      const Timing tb = time_kernel(
+          [&](int r) {
+            bias_act_dropout_backward(t2(sets[r].dy), t2(sets[r].x), vec(b), config, t2(sets[r].dx), vec(db),
+                                      workspace);
+          },
+          rotations);
+      report.add({"bias_act_dropout", "bwd", shape, "fusekit", tb.median_us,
+                  6.0 * elems + 4.0 * cols});
+    }
+  }
+}
+
+}  // namespace fusekit::bench

@@ -1,0 +1,83 @@
+// Linear layer with fused bias and activation, forward and backward:
+//
+//   forward:   pre = x W^T + b          y = act(pre)
+//   backward:  dz = dout * act'(pre)    dx = dz W     dW = dz^T x     dbias = sum over rows of dz
+//
+// Shapes (all row-major; the last dimension of every matrix contiguous, rows any stride >= its
+// length, 16-byte multiples preferred, see "Fast paths" below):
+//   x     (..., K)   leading dimensions flattened into M rows with one row stride
+//   W     (N, K)     the nn.Linear weight layout
+//   bias  (N)        optional, contiguous
+//   y     (..., N)   M rows, same leading shape as x
+//   pre_activation (..., N), M rows: optional forward output (x W^T + b, rounded to the dtype),
+//                    the input of backward for every activation other than none
+//   dout  like y;  dx like x;  dW like W;  dbias like bias.
+// M, N, K: 0 .. 2^31 - 1.
+//
+// Dtypes: x, W, bias, y, pre_activation, dout, dx, dW, dbias all share one dtype:
+//   f16 or bf16: tensor-core GEMMs accumulating in float32; the activation is computed in float32
+//                on the float32 accumulator (fused paths) and rounded once.
+//   f32:         supported on a slower path: plain float32 GEMMs (TF32 is never used) followed,
+//                for activations other than none and relu, by a separate elementwise kernel.
+//   f64:         CPU only (the float64 reference the GPU paths are tested against).
+//
+// Activations: none, relu, gelu_erf, gelu_tanh, squared_relu, silu (fusekit/activation.h).
+//   leaky_relu is refused: its slope is not a parameter of this API.
+//
+// Backward computes any subset of dx, dW, dbias. With an activation other than none it needs
+// pre_activation (as saved by linear_forward); with none, pre_activation may be omitted.
+//
+// Workspace: on a CUDA device both directions take caller-owned scratch memory (a u8 tensor of at
+// least linear_*_workspace_size() bytes, 256-byte aligned, on the same device); nothing is
+// allocated on the call path. The CPU backend needs none.
+//
+// How each case runs on the GPU (src/linear/linear_cuda.cu has the reasoning in detail):
+//   forward, none / relu / gelu_tanh without pre_activation: one cuBLASLt GEMM with the
+//     BIAS / RELU_BIAS / GELU_BIAS epilogue (cuBLASLt's GELU is the tanh form).
+//   forward, gelu_tanh with pre_activation: cuBLASLt GELU_AUX_BIAS (pre_activation is its aux).
+//   forward, everything else (squared_relu, silu, gelu_erf, or relu / none with
+//     pre_activation): a CUTLASS Hopper GEMM (TMA, warp-specialized ping-pong) whose epilogue adds
+//     the bias, applies the activation and stores both outputs.
+//   forward, when the fused path's alignment rules are not met (or for f32): cuBLASLt GEMM with the
+//     bias epilogue, then one elementwise kernel for the activation (the activation is then not
+//     free: one extra read and write of the (M, N) output).
+//   backward: dz = dout * act'(pre) is one elementwise pass into the workspace (skipped for none),
+//     then dx and dW are two cuBLASLt GEMMs, dbias fused into the dW GEMM (BGRADB epilogue).
+//
+// Fast paths (otherwise the slower, still correct paths above are taken; nothing is refused for
+// alignment except a data pointer not aligned to its element size):
+//   the fused CUTLASS forward: f16/bf16, K and N multiples of 8, every row stride a multiple of 8
+//     elements, every pointer 16-byte aligned.
+//   cuBLASLt GELU_AUX_BIAS: the pre_activation row stride a multiple of 8 elements and its pointer
+//     16-byte aligned.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "fusekit/activation.h"
+#include "fusekit/tensor.h"
+
+namespace fusekit {
+
+// Bytes of scratch memory linear_forward needs on `device` (0 on the CPU).
+std::size_t linear_forward_workspace_size(std::int64_t m, std::int64_t n, std::int64_t k,
+                                          DType dtype, Activation activation, Device device);
+
+// Bytes of scratch memory linear_backward needs on `device` (0 on the CPU). It includes room for
+// dz (m * n elements) when `activation` is not none.
+std::size_t linear_backward_workspace_size(std::int64_t m, std::int64_t n, std::int64_t k,
+                                           DType dtype, Activation activation, Device device);
+
+void linear_forward(const TensorView& x, const TensorView& weight, const OptionalTensor& bias,
+                    Activation activation, const TensorView& y,
+                    const OptionalTensor& pre_activation, const OptionalTensor& workspace,
+                    Stream stream = nullptr);
+
+void linear_backward(const TensorView& dout, const TensorView& x, const TensorView& weight,
+                     const OptionalTensor& pre_activation, Activation activation,
+                     const OptionalTensor& dx, const OptionalTensor& dweight,
+                     const OptionalTensor& dbias, const OptionalTensor& workspace,
+                     Stream stream = nullptr);
+
+}  // namespace fusekit

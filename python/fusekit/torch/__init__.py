@@ -1,0 +1,21 @@
+"""fusekit for PyTorch: custom ops (torch.ops.fusekit.*) that work under autograd, torch.compile
+(no graph breaks) and CUDA graph capture, their functional forms, and nn.Module drop-ins.
+
+    import fusekit.torch as fk
+    norm = fk.LayerNorm(1024, device="cuda", dtype=torch.bfloat16)   # as torch.nn.LayerNorm
+    fk.swap_modules(model)   # or retarget every nn.LayerNorm / nn.RMSNorm of a model in place
+
+Adding an op family: write fusekit/torch/<family>.py (custom ops with register_fake and
+register_autograd, functional forms, drop-ins decorated with @register_drop_in) and import its
+public names below (one line).
+"""
+from ._common import (  # noqa: F401
+    DROP_INS,
+    FAST_EXCHANGE,
+    register_drop_in,
+    set_eager_fast_path,
+    swap_modules,
+)
+
+# One line per op family.
+from .norm import LayerNorm, RMSNorm, layer_norm, rms_norm  # noqa: F401

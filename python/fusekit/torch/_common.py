@@ -1,0 +1,135 @@
+"""What every fusekit.torch op family shares: the custom-op namespace, dtype mapping, the stream
+handed to the C++ call, workspace allocation, and the registry of nn.Module drop-ins."""
+from __future__ import annotations
+
+import math
+import os
+from typing import Dict, Optional, Sequence, Type
+
+import torch
+
+from .. import _C
+
+#: torch.library namespace of every fusekit op: torch.ops.fusekit.<name>.
+NAMESPACE = "fusekit"
+
+TORCH_TO_FUSEKIT_DTYPE = {
+    torch.float32: _C.DType.f32,
+    torch.float16: _C.DType.f16,
+    torch.bfloat16: _C.DType.bf16,
+    torch.float64: _C.DType.f64,
+    torch.uint8: _C.DType.u8,
+    torch.int32: _C.DType.i32,
+    torch.int64: _C.DType.i64,
+}
+if hasattr(torch, "float8_e4m3fn"):
+    TORCH_TO_FUSEKIT_DTYPE[torch.float8_e4m3fn] = _C.DType.f8e4m3
+    TORCH_TO_FUSEKIT_DTYPE[torch.float8_e5m2] = _C.DType.f8e5m2
+
+# PyTorch >= 2.10 publishes the DLPack C exchange table on torch.Tensor: fusekit._C then reads
+# tensors without Python-level work and asks PyTorch itself for the current CUDA stream
+# (stream=None). Older versions go through __dlpack__() and get the stream passed explicitly.
+FAST_EXCHANGE = hasattr(torch.Tensor, "__dlpack_c_exchange_api__")
+
+
+# ---- eager fast path ---------------------------------------------------------------------------
+# A call through torch.ops goes dispatcher -> Python autograd kernel -> dispatcher -> Python
+# backend kernel, tens of microseconds of host time. In plain eager mode (real tensors, nothing
+# tracing) the functional forms and modules skip the dispatcher: torch.autograd.Function when
+# gradients are recorded, the C++ call directly otherwise. Whenever anything may be tracing or
+# transforming (torch.compile/dynamo, torch.export/make_fx and other dispatch modes, FakeTensor and
+# other subclasses, torch.func transforms) they call the registered custom op instead, so the graph
+# sees torch.ops.fusekit.*. Both paths run the same implementation functions.
+# FUSEKIT_TORCH_EAGER=op (or set_eager_fast_path(False)) always takes the custom op.
+_eager_fast_path = os.environ.get("FUSEKIT_TORCH_EAGER", "fast") != "op"
+_PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+_functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+
+
+def set_eager_fast_path(enabled: bool) -> None:
+    """Whether eager calls bypass the torch.ops dispatcher (default True)."""
+    global _eager_fast_path
+    _eager_fast_path = bool(enabled)
+
+
+def eager_fast_path(x: torch.Tensor) -> bool:
+    """True when a call on `x` may skip the custom op (see above)."""
+    return (not torch.compiler.is_compiling() and _eager_fast_path
+            and type(x) in _PLAIN_TENSOR_TYPES
+            and torch._C._len_torch_dispatch_stack() == 0
+            and not _functorch_active())
+
+
+def function_apply(function_class):
+    """`function_class.apply` without the Python-level preamble of torch.autograd.Function.apply
+    (argument binding for setup_context and functorch dead-wrapper unwrapping: neither applies on
+    the eager fast path, which excludes functorch transforms). Falls back to .apply when this
+    PyTorch lays the class out differently."""
+    base_apply = getattr(torch._C, "_FunctionBase", None)
+    base_apply = base_apply.__dict__.get("apply") if base_apply is not None else None
+    if base_apply is None or not hasattr(base_apply, "__get__") or \
+            "setup_context" in function_class.__dict__:
+        return function_class.apply
+    return base_apply.__get__(None, function_class)
+
+
+def stream_for(t: torch.Tensor) -> Optional[int]:
+    """The `stream` argument of a fusekit._C call on tensors like `t`: PyTorch's current stream
+    of t's device."""
+    if FAST_EXCHANGE or t.device.type != "cuda":
+        return None
+    return torch.cuda.current_stream(t.device).cuda_stream
+
+
+def device_string(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda:{device.index if device.index is not None else torch.cuda.current_device()}"
+    return device.type
+
+
+def workspace(nbytes: int, device: torch.device) -> Optional[torch.Tensor]:
+    """Scratch memory from PyTorch's allocator (stream-ordered, CUDA-graph safe; 16-byte aligned
+    as fusekit requires)."""
+    if nbytes <= 0:
+        return None
+    return torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+
+def normalized_numel(normalized_shape: Sequence[int]) -> int:
+    return math.prod(normalized_shape)
+
+
+def invalid_argument(op: str, argument: str, expected: str, got: str) -> _C.InvalidArgumentError:
+    """An InvalidArgumentError worded like the C++ ones, for checks made on the Python side."""
+    e = _C.InvalidArgumentError(f"fusekit.{op}: argument '{argument}': expected {expected}, got {got}")
+    e.op, e.argument, e.expected, e.got, e.kind = op, argument, expected, got, "invalid_argument"
+    return e
+
+
+# ---- nn.Module drop-ins ----------------------------------------------------------------------
+# Each family registers its drop-ins here: PyTorch class -> fusekit class. The fusekit class
+# subclasses the PyTorch one (same constructor, parameters and state_dict keys) and overrides
+# forward only, so swap_modules() can retarget existing modules in place.
+DROP_INS: Dict[Type[torch.nn.Module], Type[torch.nn.Module]] = {}
+
+
+def register_drop_in(torch_class: Type[torch.nn.Module]):
+    def decorate(fusekit_class):
+        if not issubclass(fusekit_class, torch_class):
+            raise TypeError(f"{fusekit_class.__name__} must subclass {torch_class.__name__}")
+        DROP_INS[torch_class] = fusekit_class
+        return fusekit_class
+
+    return decorate
+
+
+def swap_modules(model: torch.nn.Module) -> int:
+    """Turns every module of `model` whose exact class has a fusekit drop-in into that drop-in,
+    in place (parameters, buffers and hooks are kept). Returns how many were swapped."""
+    swapped = 0
+    for module in model.modules():
+        target = DROP_INS.get(type(module))
+        if target is not None:
+            module.__class__ = target
+            swapped += 1
+    return swapped

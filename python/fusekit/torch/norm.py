@@ -1,0 +1,342 @@
+"""LayerNorm and RMSNorm as PyTorch custom ops (torch.ops.fusekit.*) with autograd formulas and
+fake implementations, the functional forms, and nn.Module drop-ins for torch.nn.LayerNorm /
+torch.nn.RMSNorm.
+
+Ops (all return fresh tensors; nothing is mutated):
+  layer_norm_fwd(x, weight?, bias?, eps) -> (y, mean, rstd)
+  layer_norm_bwd(dy, x, weight?, mean, rstd, params_f32, need_dx, need_dweight, need_dbias)
+      -> (dx, dweight, dbias)            (a gradient not asked for comes back empty, shape (0,))
+  rms_norm_fwd(x, weight?, eps) -> (y, rstd)
+  rms_norm_bwd(dy, x, weight?, rstd, params_f32, need_dx, need_dweight) -> (dx, dweight)
+x is (..., N) and normalized over its last dimension; weight/bias are (N) in x's dtype or float32;
+mean/rstd are float32 with x's leading shape.
+"""
+from __future__ import annotations
+
+import numbers
+from typing import List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from .. import _C
+from ._common import (
+    NAMESPACE,
+    TORCH_TO_FUSEKIT_DTYPE,
+    device_string,
+    eager_fast_path,
+    function_apply,
+    invalid_argument,
+    normalized_numel,
+    register_drop_in,
+    stream_for,
+    workspace,
+)
+
+_ShapeLike = Union[int, Sequence[int], torch.Size]
+
+
+def _empty_grad(dtype: torch.dtype, device: torch.device) -> Tensor:
+    return torch.empty(0, dtype=dtype, device=device)
+
+
+def _stats_like(x: Tensor) -> Tensor:
+    return torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+
+
+def _opt_contiguous(t: Optional[Tensor]) -> Optional[Tensor]:
+    return None if t is None else t.contiguous()
+
+
+def _params_f32(x: Tensor, params: Optional[Tensor]) -> bool:
+    """Whether weight/bias (and so their gradients) are float32 while x is not."""
+    return params is not None and params.dtype == torch.float32 and x.dtype != torch.float32
+
+
+# ---- implementations shared by the custom ops and the eager fast path --------------------------
+# x, dy: contiguous. mean/rstd: preallocated float32 outputs or None.
+def _layer_norm_forward(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps: float,
+                        mean: Optional[Tensor], rstd: Optional[Tensor]) -> Tensor:
+    y = torch.empty_like(x)
+    _C.layer_norm_forward(x, _opt_contiguous(weight), _opt_contiguous(bias), eps, y, mean, rstd,
+                          stream_for(x))
+    return y
+
+
+def _rms_norm_forward(x: Tensor, weight: Optional[Tensor], eps: float,
+                      rstd: Optional[Tensor]) -> Tensor:
+    y = torch.empty_like(x)
+    _C.rms_norm_forward(x, _opt_contiguous(weight), eps, y, rstd, stream_for(x))
+    return y
+
+
+def _norm_backward(kind: str, dy: Tensor, x: Tensor, weight: Optional[Tensor],
+                   mean: Optional[Tensor], rstd: Tensor, params_f32: bool, need_dx: bool,
+                   need_dweight: bool, need_dbias: bool):
+    """(dx, dweight, dbias), None where not asked for."""
+    pdtype = torch.float32 if params_f32 else x.dtype
+    cols = x.shape[-1] if x.dim() else 1
+    dx = torch.empty_like(x) if need_dx else None
+    dweight = torch.empty(cols, dtype=pdtype, device=x.device) if need_dweight else None
+    dbias = torch.empty(cols, dtype=pdtype, device=x.device) if need_dbias else None
+    ws = None
+    if (need_dweight or need_dbias) and x.device.type == "cuda":
+        rows = x.numel() // cols if cols else 0
+        ws = workspace(_C.norm_backward_workspace_size(
+            rows, cols, TORCH_TO_FUSEKIT_DTYPE[x.dtype], device_string(x.device)), x.device)
+    weight = _opt_contiguous(weight)
+    if kind == "layer_norm":
+        _C.layer_norm_backward(dy, x, weight, mean, rstd, dx, dweight, dbias, ws, stream_for(x))
+    else:
+        _C.rms_norm_backward(dy, x, weight, rstd, dx, dweight, ws, stream_for(x))
+    return dx, dweight, dbias
+
+
+# ---- LayerNorm custom ops ----------------------------------------------------------------------
+@torch.library.custom_op(f"{NAMESPACE}::layer_norm_fwd", mutates_args=())
+def layer_norm_fwd(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
+                   eps: float) -> Tuple[Tensor, Tensor, Tensor]:
+    x = x.contiguous()
+    mean, rstd = _stats_like(x), _stats_like(x)
+    return _layer_norm_forward(x, weight, bias, eps, mean, rstd), mean, rstd
+
+
+@layer_norm_fwd.register_fake
+def _(x, weight, bias, eps):
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    return y, _stats_like(x), _stats_like(x)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::layer_norm_bwd", mutates_args=())
+def layer_norm_bwd(dy: Tensor, x: Tensor, weight: Optional[Tensor], mean: Tensor, rstd: Tensor,
+                   params_f32: bool, need_dx: bool, need_dweight: bool,
+                   need_dbias: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    x = x.contiguous()
+    dx, dweight, dbias = _norm_backward("layer_norm", dy.contiguous(), x, weight, mean, rstd,
+                                        params_f32, need_dx, need_dweight, need_dbias)
+    pdtype = torch.float32 if params_f32 else x.dtype
+    return (dx if dx is not None else _empty_grad(x.dtype, x.device),
+            dweight if dweight is not None else _empty_grad(pdtype, x.device),
+            dbias if dbias is not None else _empty_grad(pdtype, x.device))
+
+
+@layer_norm_bwd.register_fake
+def _(dy, x, weight, mean, rstd, params_f32, need_dx, need_dweight, need_dbias):
+    pdtype = torch.float32 if params_f32 else x.dtype
+    cols = x.shape[-1]
+    dx = torch.empty_like(x, memory_format=torch.contiguous_format) if need_dx else \
+        _empty_grad(x.dtype, x.device)
+    dweight = x.new_empty(cols if need_dweight else 0, dtype=pdtype)
+    dbias = x.new_empty(cols if need_dbias else 0, dtype=pdtype)
+    return dx, dweight, dbias
+
+
+def _layer_norm_setup(ctx, inputs, output):
+    x, weight, bias, _eps = inputs
+    _y, mean, rstd = output
+    ctx.mark_non_differentiable(mean, rstd)
+    ctx.save_for_backward(x, weight, mean, rstd)
+    ctx.params_f32 = _params_f32(x, weight if weight is not None else bias)
+    ctx.has_weight, ctx.has_bias = weight is not None, bias is not None
+
+
+def _layer_norm_backward(ctx, dy, _dmean, _drstd):
+    x, weight, mean, rstd = ctx.saved_tensors
+    need_dx, need_dweight, need_dbias = ctx.needs_input_grad[:3]
+    need_dweight = need_dweight and ctx.has_weight
+    need_dbias = need_dbias and ctx.has_bias
+    if dy is None or not (need_dx or need_dweight or need_dbias):
+        return None, None, None, None
+    dx, dweight, dbias = layer_norm_bwd(dy, x, weight, mean, rstd, ctx.params_f32, need_dx,
+                                        need_dweight, need_dbias)
+    return (dx if need_dx else None, dweight if need_dweight else None,
+            dbias if need_dbias else None, None)
+
+
+layer_norm_fwd.register_autograd(_layer_norm_backward, setup_context=_layer_norm_setup)
+
+
+class _LayerNormFunction(torch.autograd.Function):
+    """The eager fast path with gradients (same math as the custom ops, no dispatcher)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        x = x.contiguous()
+        stats = torch.empty((2,) + x.shape[:-1], dtype=torch.float32, device=x.device)
+        y = _layer_norm_forward(x, weight, bias, eps, stats[0], stats[1])
+        ctx.save_for_backward(x, weight, stats)
+        ctx.params_f32 = _params_f32(x, weight if weight is not None else bias)
+        ctx.has_weight, ctx.has_bias = weight is not None, bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, stats = ctx.saved_tensors
+        need_dx, need_dweight, need_dbias = ctx.needs_input_grad[:3]
+        dx, dweight, dbias = _norm_backward(
+            "layer_norm", dy.contiguous(), x, weight, stats[0], stats[1], ctx.params_f32, need_dx,
+            need_dweight and ctx.has_weight, need_dbias and ctx.has_bias)
+        return dx, dweight, dbias, None
+
+
+# ---- RMSNorm custom ops ------------------------------------------------------------------------
+@torch.library.custom_op(f"{NAMESPACE}::rms_norm_fwd", mutates_args=())
+def rms_norm_fwd(x: Tensor, weight: Optional[Tensor], eps: float) -> Tuple[Tensor, Tensor]:
+    x = x.contiguous()
+    rstd = _stats_like(x)
+    return _rms_norm_forward(x, weight, eps, rstd), rstd
+
+
+@rms_norm_fwd.register_fake
+def _(x, weight, eps):
+    return torch.empty_like(x, memory_format=torch.contiguous_format), _stats_like(x)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::rms_norm_bwd", mutates_args=())
+def rms_norm_bwd(dy: Tensor, x: Tensor, weight: Optional[Tensor], rstd: Tensor, params_f32: bool,
+                 need_dx: bool, need_dweight: bool) -> Tuple[Tensor, Tensor]:
+    x = x.contiguous()
+    dx, dweight, _ = _norm_backward("rms_norm", dy.contiguous(), x, weight, None, rstd,
+                                    params_f32, need_dx, need_dweight, False)
+    pdtype = torch.float32 if params_f32 else x.dtype
+    return (dx if dx is not None else _empty_grad(x.dtype, x.device),
+            dweight if dweight is not None else _empty_grad(pdtype, x.device))
+
+
+@rms_norm_bwd.register_fake
+def _(dy, x, weight, rstd, params_f32, need_dx, need_dweight):
+    pdtype = torch.float32 if params_f32 else x.dtype
+    dx = torch.empty_like(x, memory_format=torch.contiguous_format) if need_dx else \
+        _empty_grad(x.dtype, x.device)
+    return dx, x.new_empty(x.shape[-1] if need_dweight else 0, dtype=pdtype)
+
+
+def _rms_norm_setup(ctx, inputs, output):
+    x, weight, _eps = inputs
+    _y, rstd = output
+    ctx.mark_non_differentiable(rstd)
+    ctx.save_for_backward(x, weight, rstd)
+    ctx.params_f32 = _params_f32(x, weight)
+    ctx.has_weight = weight is not None
+
+
+def _rms_norm_backward(ctx, dy, _drstd):
+    x, weight, rstd = ctx.saved_tensors
+    need_dx, need_dweight = ctx.needs_input_grad[:2]
+    need_dweight = need_dweight and ctx.has_weight
+    if dy is None or not (need_dx or need_dweight):
+        return None, None, None
+    dx, dweight = rms_norm_bwd(dy, x, weight, rstd, ctx.params_f32, need_dx, need_dweight)
+    return dx if need_dx else None, dweight if need_dweight else None, None
+
+
+rms_norm_fwd.register_autograd(_rms_norm_backward, setup_context=_rms_norm_setup)
+
+
+class _RMSNormFunction(torch.autograd.Function):
+    """The eager fast path with gradients."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        x = x.contiguous()
+        rstd = _stats_like(x)
+        y = _rms_norm_forward(x, weight, eps, rstd)
+        ctx.save_for_backward(x, weight, rstd)
+        ctx.params_f32 = _params_f32(x, weight)
+        ctx.has_weight = weight is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, rstd = ctx.saved_tensors
+        need_dx, need_dweight = ctx.needs_input_grad[:2]
+        dx, dweight, _ = _norm_backward("rms_norm", dy.contiguous(), x, weight, None, rstd,
+                                        ctx.params_f32, need_dx,
+                                        need_dweight and ctx.has_weight, False)
+        return dx, dweight, None
+
+
+_layer_norm_apply = function_apply(_LayerNormFunction)
+_rms_norm_apply = function_apply(_RMSNormFunction)
+
+
+def _records_grad(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor] = None) -> bool:
+    return torch.is_grad_enabled() and (
+        x.requires_grad or (weight is not None and weight.requires_grad)
+        or (bias is not None and bias.requires_grad))
+
+
+# ---- functional forms (signatures of torch.nn.functional.layer_norm / rms_norm) ----------------
+def _as_shape(normalized_shape: _ShapeLike) -> Tuple[int, ...]:
+    if type(normalized_shape) is tuple:
+        return normalized_shape
+    if isinstance(normalized_shape, numbers.Integral):
+        return (int(normalized_shape),)
+    return tuple(normalized_shape)
+
+
+def _flatten_normalized(op: str, x: Tensor, shape: Tuple[int, ...],
+                        params: List[Optional[Tensor]]):
+    """(..., *shape) -> (..., N) and parameters -> (N): fusekit normalizes one last dimension."""
+    k = len(shape)
+    if k == 1 and x.dim() >= 1 and x.shape[-1] == shape[0]:
+        return x, params
+    if x.dim() < k or tuple(x.shape[x.dim() - k:]) != shape:
+        raise invalid_argument(op, "x", f"a tensor whose last dimensions are {shape} "
+                               "(normalized_shape)", f"shape {tuple(x.shape)}")
+    n = normalized_numel(shape)
+    return (x.reshape(*x.shape[:x.dim() - k], n),
+            [None if p is None else p.reshape(n) for p in params])
+
+
+def layer_norm(x: Tensor, normalized_shape: _ShapeLike, weight: Optional[Tensor] = None,
+               bias: Optional[Tensor] = None, eps: float = 1e-5) -> Tensor:
+    """torch.nn.functional.layer_norm through fusekit (x: float32, float16 or bfloat16; weight
+    and bias in x's dtype or float32)."""
+    shape = _as_shape(normalized_shape)
+    x2, (w, b) = _flatten_normalized("layer_norm", x, shape, [weight, bias])
+    eps = float(eps)
+    if not eager_fast_path(x2):
+        y, _, _ = layer_norm_fwd(x2, w, b, eps)
+    elif _records_grad(x2, w, b):
+        y = _layer_norm_apply(x2, w, b, eps)
+    else:
+        y = _layer_norm_forward(x2.contiguous(), w, b, eps, None, None)
+    return y if x2 is x else y.view(x.shape)
+
+
+def rms_norm(x: Tensor, normalized_shape: _ShapeLike, weight: Optional[Tensor] = None,
+             eps: Optional[float] = None) -> Tensor:
+    """torch.nn.functional.rms_norm through fusekit; eps=None means torch.finfo(x.dtype).eps, as
+    in PyTorch."""
+    shape = _as_shape(normalized_shape)
+    x2, (w,) = _flatten_normalized("rms_norm", x, shape, [weight])
+    if eps is None:  # fusekit rejects non-float x itself
+        eps = torch.finfo(x.dtype).eps if x.is_floating_point() else 0.0
+    eps = float(eps)
+    if not eager_fast_path(x2):
+        y, _ = rms_norm_fwd(x2, w, eps)
+    elif _records_grad(x2, w):
+        y = _rms_norm_apply(x2, w, eps)
+    else:
+        y = _rms_norm_forward(x2.contiguous(), w, eps, None)
+    return y if x2 is x else y.view(x.shape)
+
+
+# ---- nn.Module drop-ins ------------------------------------------------------------------------
+@register_drop_in(torch.nn.LayerNorm)
+class LayerNorm(torch.nn.LayerNorm):
+    """torch.nn.LayerNorm with fusekit's kernels: same constructor (normalized_shape, eps,
+    elementwise_affine, bias, device, dtype), parameters and state_dict keys."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+
+@register_drop_in(torch.nn.RMSNorm)
+class RMSNorm(torch.nn.RMSNorm):
+    """torch.nn.RMSNorm with fusekit's kernels: same constructor (normalized_shape, eps,
+    elementwise_affine, device, dtype), parameters and state_dict keys."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return rms_norm(x, self.normalized_shape, self.weight, self.eps)

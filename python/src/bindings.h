@@ -1,0 +1,94 @@
+// Shared pieces of the fusekit._C bindings: turning Python arrays into TensorViews, the stream
+// and device of a call, and the list of per-family binding functions.
+//
+// Adding an op family's bindings: write python/src/bind_<family>.cpp defining
+// `void bind_<family>(nb::module_&)`, declare it below and call it from module.cpp (one line).
+// Each binding mirrors the C++ entry point: arrays come in as nb::handle, pass through an
+// OpCall (which names the op and the argument in every conversion error), and the op runs inside
+// OpCall::run. See bind_norm.cpp.
+#pragma once
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <array>
+#include <cstdint>
+#include <utility>
+
+#include "fusekit/error.h"
+#include "fusekit/tensor.h"
+
+namespace fusekit::python {
+
+namespace nb = nanobind;
+
+// Whether the op only reads an argument (read-only arrays such as JAX's are accepted) or writes it.
+enum class Access { read, write };
+
+// Converts the array arguments of one op call and keeps what the conversion made alive until the
+// call returns. Accepted: any object the framework exports through the DLPack C exchange table
+// (PyTorch >= 2.10: no Python-level work per tensor), through __dlpack__() or the buffer protocol
+// (NumPy, CuPy, JAX, older PyTorch), and NumPy arrays of ml_dtypes' bfloat16 / float8 types.
+class OpCall {
+ public:
+  explicit OpCall(const char* op) : op_(op) {}
+  OpCall(const OpCall&) = delete;
+  OpCall& operator=(const OpCall&) = delete;
+
+  const char* op() const { return op_; }
+
+  // A required array; None or a non-array raises InvalidArgumentError naming `name`.
+  TensorView tensor(nb::handle obj, const char* name, Access access);
+  // None gives an empty OptionalTensor.
+  OptionalTensor optional(nb::handle obj, const char* name, Access access);
+
+  // Runs `op(stream)` with the GIL released and, for CUDA tensors, their device made current.
+  // `stream` is None (the current stream of the framework that owns the CUDA tensors when it
+  // publishes one through the DLPack exchange table, otherwise the legacy default stream) or an
+  // int holding a cudaStream_t (0 = legacy default stream). CPU ops ignore it.
+  template <typename Op>
+  void run(nb::handle stream, Op&& op) {
+    const Stream s = resolve_stream(stream);
+    DeviceScope scope(cuda_device_);
+    nb::gil_scoped_release no_gil;
+    std::forward<Op>(op)(s);
+  }
+
+  [[noreturn]] void fail(const char* name, const std::string& expected, const std::string& got) const;
+
+ private:
+  // Makes `device` current for the call when it is not already (kernels launch on the current
+  // device, and a stream belongs to one device); restores the previous device afterwards.
+  class DeviceScope {
+   public:
+    explicit DeviceScope(int device);
+    ~DeviceScope();
+    DeviceScope(const DeviceScope&) = delete;
+    DeviceScope& operator=(const DeviceScope&) = delete;
+
+   private:
+    int previous_ = -1;
+  };
+
+  Stream resolve_stream(nb::handle stream) const;
+  bool import_exchange(nb::handle obj, const char* name, TensorView* out);
+  bool import_ndarray(nb::handle obj, const char* name, Access access, TensorView* out,
+                      const DType* relabel = nullptr);
+  TensorView from_dlpack(const char* name, void* data, std::int32_t device_type,
+                         std::int32_t device_id, std::int32_t ndim, std::uint8_t code,
+                         std::uint8_t bits, std::uint16_t lanes, const std::int64_t* shape,
+                         const std::int64_t* strides);
+  void note_device(const TensorView& t, const void* exchange_api);
+
+  static constexpr int kMaxImports = 16;
+  const char* op_;
+  int cuda_device_ = -1;                  // the first CUDA tensor's device, -1 when none
+  const void* stream_source_ = nullptr;   // exchange table of the first CUDA tensor, if any
+  int imports_ = 0;
+  std::array<nb::ndarray<nb::ro>, kMaxImports> keep_alive_;
+};
+
+// Family registration (one line each in module.cpp).
+void bind_norm(nb::module_& m);
+
+}  // namespace fusekit::python

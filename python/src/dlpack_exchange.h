@@ -1,0 +1,83 @@
+// The DLPack ABI pieces fusekit's tensor import reads, declared from the DLPack specification
+// (dlpack.h, v1.x): DLTensor and the C exchange table that frameworks publish on their tensor
+// type as `__dlpack_c_exchange_api__` (PyTorch 2.10 and later do).
+//
+// Why not only `__dlpack__()`: that method is Python code in most frameworks and builds a capsule
+// and a managed tensor per call (microseconds each). The exchange table fills a DLTensor in place
+// from C, with no allocation, and also tells the framework's current CUDA stream, which is what
+// keeps a call through fusekit.torch within its host-overhead budget.
+#pragma once
+
+#include <cstdint>
+
+namespace fusekit::python::dl {
+
+// DLDeviceType values fusekit understands.
+enum DeviceType : std::int32_t {
+  kCPU = 1,
+  kCUDA = 2,
+  kCUDAHost = 3,     // pinned host memory: the CPU reads it directly
+  kCUDAManaged = 13, // unified memory
+};
+
+// DLDataTypeCode values fusekit understands.
+enum TypeCode : std::uint8_t {
+  kInt = 0,
+  kUInt = 1,
+  kFloat = 2,
+  kBfloat = 4,
+  kBool = 6,
+  kFloat8_e4m3fn = 10,
+  kFloat8_e5m2 = 12,
+};
+
+struct Device {
+  std::int32_t device_type;
+  std::int32_t device_id;
+};
+
+struct DataType {
+  std::uint8_t code;
+  std::uint8_t bits;
+  std::uint16_t lanes;
+};
+
+struct Tensor {
+  void* data;
+  Device device;
+  std::int32_t ndim;
+  DataType dtype;
+  std::int64_t* shape;
+  std::int64_t* strides;  // in elements; nullptr means row-major contiguous
+  std::uint64_t byte_offset;
+};
+
+struct Version {
+  std::uint32_t major;
+  std::uint32_t minor;
+};
+
+struct ExchangeApiHeader {
+  Version version;
+  ExchangeApiHeader* prev_api;
+};
+
+// Only the two entries fusekit calls are typed; the others are kept as opaque slots so that the
+// layout matches the specification.
+struct ExchangeApi {
+  ExchangeApiHeader header;
+  void* managed_tensor_allocator;
+  void* managed_tensor_from_py_object_no_sync;
+  void* managed_tensor_to_py_object_no_sync;
+  // Fills `out` for a tensor object of the publishing type; the shape/strides arrays stay valid
+  // while the object lives. 0 on success, -1 with a Python exception set.
+  int (*dltensor_from_py_object_no_sync)(void* py_object, Tensor* out);
+  // The framework's current stream for a device. 0 on success, -1 with a Python exception set.
+  int (*current_work_stream)(std::int32_t device_type, std::int32_t device_id, void** out_stream);
+};
+
+inline constexpr const char* kExchangeApiAttribute = "__dlpack_c_exchange_api__";
+inline constexpr const char* kExchangeApiCapsuleName = "dlpack_exchange_api";
+inline constexpr std::uint32_t kSupportedMajorVersion = 1;
+
+}  // namespace fusekit::python::dl

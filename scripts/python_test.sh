@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Builds the fusekit Python package with pip (scikit-build-core + nanobind, the same CMake project)
+# and runs the pytest suite tests/python. Nothing goes into the system Python:
+#   - where python3 already has the build tools (nanobind, scikit-build-core) and numpy + pytest,
+#     as on the GPU machine (offline), that interpreter builds with --no-build-isolation and
+#     PyTorch's tests run against its torch;
+#   - otherwise (CI, a fresh machine) a venv in build-python/venv gets the pinned build and test
+#     dependencies from PyPI. PyTorch is not installed there (PyPI carries only its multi-GB CUDA
+#     wheels): the torch tests skip, saying so.
+# Either way the package is installed into build-python/site (ignored) and found via PYTHONPATH.
+# The wheel's CMake build directory build-python/<tag> persists, so reruns are incremental.
+# Exit status: pytest's, except that "no tests ran" (pytest's 5) is a failure too.
+#   PYTHON=python3.12 scripts/python_test.sh     # choose the interpreter
+#   scripts/python_test.sh -k numpy -x           # extra arguments go to pytest
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+
+# Exact versions, matching pyproject.toml's [build-system] pins.
+BUILD_PINS="scikit-build-core==1.1.2 nanobind==3.1.0"
+TEST_PINS="numpy==2.4.6 pytest==9.2.0 ml_dtypes==0.6.0"
+
+PY=${PYTHON:-python3}
+out="$root/build-python"
+site="$out/site"
+mkdir -p "$out"
+[ -x /usr/local/cuda/bin/nvcc ] && export PATH="/usr/local/cuda/bin:$PATH"
+export CUDACXX=${CUDACXX:-$(command -v nvcc || true)}
+
+bash scripts/setup_deps.sh || { echo "python_test: scripts/setup_deps.sh failed" >&2; exit 1; }
+
+if "$PY" -c 'import nanobind, scikit_build_core, numpy, pytest' 2>/dev/null; then
+  echo "python_test: building with $("$PY" -c 'import sys; print(sys.executable)') (preinstalled build tools, no network needed)"
+else
+  venv="$out/venv"
+  stamp="$venv/.pins-$(echo "$BUILD_PINS $TEST_PINS" | md5sum | cut -c1-12)"
+  if [ ! -f "$stamp" ]; then
+    echo "python_test: creating $venv with $BUILD_PINS $TEST_PINS"
+    rm -rf "$venv"
+    "$PY" -m venv "$venv" || { echo "python_test: cannot create a venv with $PY" >&2; exit 1; }
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check $BUILD_PINS $TEST_PINS ||
+      { echo "python_test: installing the pinned dependencies failed" >&2; exit 1; }
+    touch "$stamp"
+  fi
+  PY="$venv/bin/python"
+fi
+
+start=$(date +%s)
+rm -rf "$site"
+if ! "$PY" -m pip install --disable-pip-version-check --no-build-isolation --no-deps --no-index \
+    --target "$site" . >"$out/pip-install.log" 2>&1; then
+  tail -60 "$out/pip-install.log"
+  echo "python_test: building the package failed (log: build-python/pip-install.log)" >&2
+  exit 1
+fi
+echo "python_test: package built and installed in $(( $(date +%s) - start ))s"
+
+# From the repository root the source folder python/fusekit is not on the path, so the installed
+# package (with its compiled _C) is what the tests import.
+PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m pytest tests/python -ra -q -p no:cacheprovider "$@"
+rc=$?
+if [ $rc -eq 5 ]; then
+  echo "python_test: pytest collected no tests: failing" >&2
+  exit 1
+fi
+exit $rc

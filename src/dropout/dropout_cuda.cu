@@ -1,0 +1,208 @@
+// CUDA launchers for bias + activation + dropout: choose the vector or generic path from the
+// alignment, size the tiled grid, dispatch on element types and activation, and reduce the dbias
+// partial rows.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <type_traits>
+
+#include "core/cuda_check.h"
+#include "core/device_info.h"
+#include "dropout/dropout_kernels.cuh"
+#include "dropout/dropout_params.h"
+
+namespace fusekit::dropout {
+namespace {
+
+using namespace kernels;
+
+bool aligned16(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; }
+
+// 16-byte accesses of 8-element chunks need N and every row stride to be multiples of 8 and every
+// pointer (the bias included) 16-byte aligned. Then every chunk starts at a multiple of 8 in the
+// linear index, i.e. on a Philox group boundary.
+bool vector_path_ok(std::int64_t cols, std::initializer_list<std::int64_t> row_strides,
+                    std::initializer_list<const void*> pointers) {
+  if (cols % kChunk != 0) return false;
+  for (std::int64_t s : row_strides)
+    if (s % kChunk != 0) return false;
+  for (const void* ptr : pointers)
+    if (ptr && !aligned16(ptr)) return false;
+  return true;
+}
+
+std::size_t partial_bytes(const TileGrid& g, std::int64_t cols) {
+  const std::size_t bytes = static_cast<std::size_t>(g.gy) * cols * sizeof(float);
+  return (bytes + 255) / 256 * 256;
+}
+
+// Calls f(T{}, W{}) with the storage types of (dtype, bias dtype).
+template <typename F>
+void dispatch_types(DType dtype, DType bias_dtype, F&& f) {
+  switch (dtype) {
+    case DType::f32: f(float{}, float{}); return;
+    case DType::f16:
+      if (bias_dtype == DType::f32) f(__half{}, float{});
+      else f(__half{}, __half{});
+      return;
+    case DType::bf16:
+      if (bias_dtype == DType::f32) f(__nv_bfloat16{}, float{});
+      else f(__nv_bfloat16{}, __nv_bfloat16{});
+      return;
+    default: return;  // rejected by the argument checks
+  }
+}
+
+// Calls f(StaticActivation<A>{}) for the run-time activation.
+template <typename F>
+void dispatch_activation(Activation a, F&& f) {
+  switch (a) {
+    case Activation::none: f(StaticActivation<Activation::none>{}); return;
+    case Activation::relu: f(StaticActivation<Activation::relu>{}); return;
+    case Activation::gelu_erf: f(StaticActivation<Activation::gelu_erf>{}); return;
+    case Activation::gelu_tanh: f(StaticActivation<Activation::gelu_tanh>{}); return;
+    case Activation::squared_relu: f(StaticActivation<Activation::squared_relu>{}); return;
+    case Activation::leaky_relu: f(StaticActivation<Activation::leaky_relu>{}); return;
+    case Activation::silu: f(StaticActivation<Activation::silu>{}); return;
+  }
+}
+
+int sm_count(const char* op, int device_index) {
+  return detail::device_info(op, device_index).sm_count;
+}
+
+template <typename T, typename W, typename Chunk>
+void forward_with(const ForwardParams& p, int sms, cudaStream_t stream) {
+  const TileGrid g = make_grid(p.rows, p.cols, sms, Chunk::kBlocksPerSm);
+  RowSteps steps;
+  steps.in0 = g.ty * p.x_row_stride;
+  steps.out0 = g.ty * p.y_row_stride;
+  steps.out1 = g.ty * p.pre_activation_row_stride;
+  steps.index = static_cast<std::uint64_t>(g.ty * p.cols);
+  dispatch_activation(p.s.activation, [&](auto act) {
+    forward_kernel<T, W, Chunk, decltype(act)><<<dim3(g.gx, g.gy), dim3(g.tx, g.ty), 0, stream>>>(p, g, steps);
+  });
+}
+
+template <typename T, typename W>
+void launch_forward(const ForwardParams& p, int device_index, cudaStream_t stream) {
+  const char* op = "bias_act_dropout_forward";
+  const int sms = sm_count(op, device_index);
+  if (vector_path_ok(p.cols, {p.x_row_stride, p.y_row_stride, p.pre_activation ? p.pre_activation_row_stride : 0},
+                     {p.x, p.y, p.bias, p.pre_activation})) {
+    forward_with<T, W, VectorChunk<T>>(p, sms, stream);
+  } else {
+    forward_with<T, W, ScalarChunk<T>>(p, sms, stream);
+  }
+  detail::check_launch(op, "bias_act_dropout forward kernel");
+}
+
+bool backward_vector_path(const BackwardParams& p) {
+  return vector_path_ok(p.cols, {p.dy_row_stride, p.x_row_stride, p.dx ? p.dx_row_stride : 0},
+                        {p.dy, p.x, p.dx, p.bias});
+}
+
+template <typename D>
+void launch_reduce(const float* partial, int partial_rows, std::int64_t cols, void* dbias,
+                   cudaStream_t stream, const char* op) {
+  const dim3 grid(static_cast<unsigned>((cols + 31) / 32)), block(32, 16);
+  // Programmatic dependent launch: this kernel is launched while the backward kernel drains and
+  // waits for its results inside (griddepcontrol.wait), hiding the launch gap. Where that launch
+  // is refused, a plain launch (stream order) does the same work.
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  if (cudaLaunchKernelEx(&config, reduce_partials_kernel<D>, partial, partial_rows, cols,
+                         static_cast<D*>(dbias)) != cudaSuccess) {
+    cudaGetLastError();  // clear the refusal; a real launch error shows up below
+    reduce_partials_kernel<D><<<grid, block, 0, stream>>>(partial, partial_rows, cols, static_cast<D*>(dbias));
+  }
+  detail::check_launch(op, "bias_act_dropout dbias reduction kernel");
+}
+
+// Launches the backward kernel on the Chunk's grid; returns the grid (its gy partial rows).
+template <typename T, typename W, typename Chunk>
+TileGrid backward_with(const BackwardParams& p, int sms, cudaStream_t stream, const char* op) {
+  const TileGrid g = make_grid(p.rows, p.cols, sms, Chunk::kBlocksPerSm);
+  RowSteps steps;
+  steps.in0 = g.ty * p.dy_row_stride;
+  steps.in1 = g.ty * p.x_row_stride;
+  steps.out0 = g.ty * p.dx_row_stride;
+  steps.index = static_cast<std::uint64_t>(g.ty * p.cols);
+  float* partial = nullptr;
+  if (p.dbias) {
+    const std::size_t need = partial_bytes(g, p.cols);
+    if (p.workspace == nullptr || p.workspace_bytes < need)
+      throw Error(ErrorKind::invalid_argument, op, "workspace", "at least " + std::to_string(need) + " bytes",
+                  std::to_string(p.workspace_bytes) + " bytes");
+    partial = static_cast<float*>(p.workspace);
+  }
+  dispatch_activation(p.s.activation, [&](auto act) {
+    backward_kernel<T, W, Chunk, decltype(act)>
+        <<<dim3(g.gx, g.gy), dim3(g.tx, g.ty), 0, stream>>>(p, g, steps, partial);
+  });
+  detail::check_launch(op, "bias_act_dropout backward kernel");
+  return g;
+}
+
+template <typename T, typename W>
+void launch_backward(const BackwardParams& p, int device_index, cudaStream_t stream) {
+  const char* op = "bias_act_dropout_backward";
+  const int sms = sm_count(op, device_index);
+  const TileGrid g = backward_vector_path(p) ? backward_with<T, W, VectorChunk<T>>(p, sms, stream, op)
+                                             : backward_with<T, W, ScalarChunk<T>>(p, sms, stream, op);
+  if (p.dbias) {
+    const float* partial = static_cast<const float*>(p.workspace);
+    if (p.dbias_dtype == DType::f32) launch_reduce<float>(partial, g.gy, p.cols, p.dbias, stream, op);
+    else launch_reduce<T>(partial, g.gy, p.cols, p.dbias, stream, op);
+  }
+}
+
+}  // namespace
+
+void forward_cuda(const ForwardParams& p, int device_index, Stream stream) {
+  if (p.rows == 0) return;
+  detail::DeviceGuard guard("bias_act_dropout_forward", device_index);
+  dispatch_types(p.dtype, p.bias_dtype, [&](auto t, auto w) {
+    launch_forward<decltype(t), decltype(w)>(p, device_index, static_cast<cudaStream_t>(stream));
+  });
+}
+
+void backward_cuda(const BackwardParams& p, int device_index, Stream stream) {
+  const char* op = "bias_act_dropout_backward";
+  detail::DeviceGuard guard(op, device_index);
+  auto s = static_cast<cudaStream_t>(stream);
+  if (p.rows == 0) {
+    // The gradient of an empty batch: dbias is zero (all-zero bits are 0.0 in every float type).
+    if (p.dbias) FUSEKIT_CUDA_CHECK(op, cudaMemsetAsync(p.dbias, 0, p.cols * dtype_size(p.dbias_dtype), s));
+    return;
+  }
+  dispatch_types(p.dtype, p.bias_dtype, [&](auto t, auto w) {
+    launch_backward<decltype(t), decltype(w)>(p, device_index, s);
+  });
+}
+
+std::size_t backward_workspace_cuda(std::int64_t rows, std::int64_t cols, DType dtype,
+                                    int device_index) {
+  if (rows <= 0 || cols <= 0) return 0;
+  const int sms = sm_count("bias_act_dropout_backward_workspace_size", device_index);
+  // The grid depends on the path (alignment decides it at launch time), not on the dtype: size
+  // for the larger of the two.
+  (void)dtype;
+  return std::max(partial_bytes(make_grid(rows, cols, sms, kVectorBlocksPerSm), cols),
+                  partial_bytes(make_grid(rows, cols, sms, kGenericBlocksPerSm), cols));
+}
+
+}  // namespace fusekit::dropout

@@ -1,0 +1,266 @@
+// Public entry points of the linear family: argument checks, then dispatch on where the tensors
+// live (CPU reference or CUDA).
+#include <climits>
+#include <cstdint>
+#include <string>
+
+#include "core/validate.h"
+#include "fusekit/linear.h"
+#include "fusekit/runtime.h"
+#include "linear/linear_params.h"
+
+namespace fusekit {
+
+using detail::arg;
+using detail::ArgCheck;
+using detail::RowLayout;
+
+namespace {
+
+constexpr std::int64_t kMaxExtent = INT_MAX;  // the CUTLASS kernel's problem shape is int
+
+void check_activation(const ArgCheck& check, Activation a) {
+  switch (a) {
+    case Activation::none:
+    case Activation::relu:
+    case Activation::gelu_erf:
+    case Activation::gelu_tanh:
+    case Activation::squared_relu:
+    case Activation::silu: return;
+    case Activation::leaky_relu:
+      check.fail("activation",
+                 "none, relu, gelu_erf, gelu_tanh, squared_relu or silu (leaky_relu's slope is "
+                 "not a parameter of the linear ops)",
+                 "leaky_relu");
+  }
+  check.fail("activation", "none, relu, gelu_erf, gelu_tanh, squared_relu or silu",
+             "activation code " + std::to_string(static_cast<int>(a)));
+}
+
+// f32/f16/bf16 everywhere; f64 only on the CPU, where it makes the reference exact (the tests'
+// float64 ground truth).
+void check_input_dtype(const ArgCheck& check, const TensorView& x, Device device) {
+  if (device.is_cuda()) {
+    if (x.dtype == DType::f64)
+      check.fail("x", "dtype f32, f16 or bf16 on a CUDA device (f64 runs on the CPU reference only)",
+                 "f64");
+    check.dtype_in(x, "x", {DType::f32, DType::f16, DType::bf16});
+  } else {
+    check.dtype_in(x, "x", {DType::f32, DType::f16, DType::bf16, DType::f64});
+  }
+}
+
+// The data pointer of a non-empty tensor must be aligned to its element size.
+void check_element_alignment(const ArgCheck& check, const TensorView& t, const char* name) {
+  const std::size_t e = dtype_size(t.dtype);
+  if (t.numel() > 0 && reinterpret_cast<std::uintptr_t>(t.data) % e != 0)
+    check.fail(name, "a data pointer aligned to " + std::to_string(e) + " bytes (the " +
+                         dtype_name(t.dtype) + " element size)",
+               "an address " + std::to_string(reinterpret_cast<std::uintptr_t>(t.data) % e) +
+                   " bytes past such a boundary");
+}
+
+void check_extent(const ArgCheck& check, const char* name, const char* what, std::int64_t v) {
+  if (v > kMaxExtent)
+    check.fail(name, std::string(what) + " at most 2^31 - 1", std::string(what) + " = " + std::to_string(v));
+}
+
+// "(d0, ..., dn-2, last)": the shape `like` has, with its last dimension replaced.
+std::string shape_with_last(const TensorView& like, std::int64_t last) {
+  std::string s = "(";
+  for (int d = 0; d + 1 < like.ndim; ++d) s += std::to_string(like.shape[d]) + ", ";
+  return s + std::to_string(last) + ")";
+}
+
+// A matrix argument of `rows` x `cols` (leading dimensions flattened), in `dtype`.
+RowLayout check_matrix(const ArgCheck& check, const TensorView& t, const char* name,
+                       std::int64_t rows, std::int64_t cols, DType dtype,
+                       const std::string& expected_shape, const char* dtype_source) {
+  check.dtype_is(t, name, dtype, (std::string("as '") + dtype_source + "'").c_str());
+  const RowLayout l = check.rows(t, name);
+  if (l.rows != rows || l.cols != cols)
+    check.fail(name, "shape " + expected_shape + " (" + std::to_string(rows) + " rows of " +
+                         std::to_string(cols) + ")",
+               t.shape_string());
+  check_element_alignment(check, t, name);
+  return l;
+}
+
+void check_weight_2d(const ArgCheck& check, const TensorView& w, const char* name) {
+  if (w.ndim != 2) check.fail(name, "a 2-D tensor (N, K)", "shape " + w.shape_string());
+}
+
+void* checked_workspace(const ArgCheck& check, const OptionalTensor& workspace, std::size_t need,
+                        const char* size_function, std::size_t* bytes) {
+  *bytes = 0;
+  if (need == 0) return nullptr;
+  const std::string expected = "a u8 tensor of at least " + std::to_string(need) + " bytes (" +
+                               size_function + ")";
+  if (!workspace) check.fail("workspace", expected, "none");
+  const TensorView& ws = *workspace;
+  check.has_data(ws, "workspace");
+  if (ws.dtype != DType::u8 || static_cast<std::size_t>(ws.numel()) < need || !ws.is_contiguous())
+    check.fail("workspace", expected,
+               std::string(dtype_name(ws.dtype)) + " tensor of shape " + ws.shape_string());
+  if (reinterpret_cast<std::uintptr_t>(ws.data) % 256 != 0)
+    check.fail("workspace", "a 256-byte aligned pointer", "a pointer " +
+                                std::to_string(reinterpret_cast<std::uintptr_t>(ws.data) % 256) +
+                                " bytes past a 256-byte boundary");
+  *bytes = static_cast<std::size_t>(ws.numel());
+  return ws.data;
+}
+
+}  // namespace
+
+std::size_t linear_forward_workspace_size(std::int64_t m, std::int64_t n, std::int64_t k,
+                                          DType dtype, Activation activation, Device device) {
+  if (!device.is_cuda()) return 0;
+  return linear::forward_workspace_cuda(m, n, k, dtype, activation);
+}
+
+std::size_t linear_backward_workspace_size(std::int64_t m, std::int64_t n, std::int64_t k,
+                                           DType dtype, Activation activation, Device device) {
+  if (!device.is_cuda()) return 0;
+  return linear::backward_workspace_cuda(m, n, k, dtype, activation);
+}
+
+void linear_forward(const TensorView& x, const TensorView& weight, const OptionalTensor& bias,
+                    Activation activation, const TensorView& y,
+                    const OptionalTensor& pre_activation, const OptionalTensor& workspace,
+                    Stream stream) {
+  ArgCheck check("linear_forward");
+  const Device device = check.same_device({arg("x", x), arg("weight", weight), arg("bias", bias),
+                                           arg("y", y), arg("pre_activation", pre_activation),
+                                           arg("workspace", workspace)});
+  check_activation(check, activation);
+  check_input_dtype(check, x, device);
+  const RowLayout xl = check.rows(x, "x");
+  check_element_alignment(check, x, "x");
+  check_weight_2d(check, weight, "weight");
+  check.dtype_is(weight, "weight", x.dtype, "as 'x'");
+  const RowLayout wl = check.rows(weight, "weight");
+  if (wl.cols != xl.cols)
+    check.fail("weight", "shape (N, " + std::to_string(xl.cols) + ") (K = x's last dimension)",
+               weight.shape_string());
+  check_element_alignment(check, weight, "weight");
+  const std::int64_t m = xl.rows, n = wl.rows, k = xl.cols;
+  check_extent(check, "x", "rows M", m);
+  check_extent(check, "x", "last dimension K", k);
+  check_extent(check, "weight", "rows N", n);
+
+  linear::ForwardParams p;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.dtype = x.dtype;
+  p.activation = activation;
+  p.x = x.data;
+  p.ldx = xl.row_stride;
+  p.w = weight.data;
+  p.ldw = wl.row_stride;
+  if (bias) {
+    check.dtype_is(*bias, "bias", x.dtype, "as 'x'");
+    check.vector(*bias, "bias", n);
+    check_element_alignment(check, *bias, "bias");
+    p.bias = bias->data;
+  }
+  const std::string out_shape = shape_with_last(x, n);
+  const RowLayout yl = check_matrix(check, y, "y", m, n, x.dtype, out_shape, "x");
+  p.y = y.data;
+  p.ldy = yl.row_stride;
+  if (pre_activation) {
+    const RowLayout pl = check_matrix(check, *pre_activation, "pre_activation", m, n, x.dtype,
+                                      out_shape, "x");
+    p.pre = pre_activation->data;
+    p.ldpre = pl.row_stride;
+  }
+  if (device.is_cuda()) {
+    require_supported_gpu("linear_forward", device.index);
+    p.workspace = checked_workspace(check, workspace,
+                                    linear::forward_workspace_cuda(m, n, k, x.dtype, activation),
+                                    "linear_forward_workspace_size", &p.workspace_bytes);
+    linear::forward_cuda(p, device.index, stream);
+  } else {
+    linear::forward_cpu(p);
+  }
+}
+
+void linear_backward(const TensorView& dout, const TensorView& x, const TensorView& weight,
+                     const OptionalTensor& pre_activation, Activation activation,
+                     const OptionalTensor& dx, const OptionalTensor& dweight,
+                     const OptionalTensor& dbias, const OptionalTensor& workspace, Stream stream) {
+  ArgCheck check("linear_backward");
+  const Device device = check.same_device(
+      {arg("dout", dout), arg("x", x), arg("weight", weight), arg("pre_activation", pre_activation),
+       arg("dx", dx), arg("dweight", dweight), arg("dbias", dbias), arg("workspace", workspace)});
+  check_activation(check, activation);
+  check_input_dtype(check, x, device);
+  const RowLayout xl = check.rows(x, "x");
+  check_element_alignment(check, x, "x");
+  check_weight_2d(check, weight, "weight");
+  check.dtype_is(weight, "weight", x.dtype, "as 'x'");
+  const RowLayout wl = check.rows(weight, "weight");
+  if (wl.cols != xl.cols)
+    check.fail("weight", "shape (N, " + std::to_string(xl.cols) + ") (K = x's last dimension)",
+               weight.shape_string());
+  check_element_alignment(check, weight, "weight");
+  const std::int64_t m = xl.rows, n = wl.rows, k = xl.cols;
+  check_extent(check, "x", "rows M", m);
+  check_extent(check, "x", "last dimension K", k);
+  check_extent(check, "weight", "rows N", n);
+
+  linear::BackwardParams p;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.dtype = x.dtype;
+  p.activation = activation;
+  p.x = x.data;
+  p.ldx = xl.row_stride;
+  p.w = weight.data;
+  p.ldw = wl.row_stride;
+  const std::string out_shape = shape_with_last(x, n);
+  const RowLayout gl = check_matrix(check, dout, "dout", m, n, x.dtype, out_shape, "x");
+  p.dout = dout.data;
+  p.lddout = gl.row_stride;
+  if (pre_activation) {
+    const RowLayout pl = check_matrix(check, *pre_activation, "pre_activation", m, n, x.dtype,
+                                      out_shape, "x");
+    p.pre = pre_activation->data;
+    p.ldpre = pl.row_stride;
+  } else if (activation != Activation::none) {
+    check.fail("pre_activation",
+               std::string("the saved pre-activation (required for activation ") +
+                   activation_name(activation) + ")",
+               "none");
+  }
+  if (dx) {
+    const RowLayout l = check_matrix(check, *dx, "dx", m, k, x.dtype, x.shape_string(), "x");
+    p.dx = dx->data;
+    p.lddx = l.row_stride;
+  }
+  if (dweight) {
+    check_weight_2d(check, *dweight, "dweight");
+    const RowLayout l = check_matrix(check, *dweight, "dweight", n, k, x.dtype,
+                                     weight.shape_string(), "x");
+    p.dw = dweight->data;
+    p.lddw = l.row_stride;
+  }
+  if (dbias) {
+    check.dtype_is(*dbias, "dbias", x.dtype, "as 'x'");
+    check.vector(*dbias, "dbias", n);
+    check_element_alignment(check, *dbias, "dbias");
+    p.dbias = dbias->data;
+  }
+  if (device.is_cuda()) {
+    require_supported_gpu("linear_backward", device.index);
+    p.workspace = checked_workspace(check, workspace,
+                                    linear::backward_workspace_cuda(m, n, k, x.dtype, activation),
+                                    "linear_backward_workspace_size", &p.workspace_bytes);
+    linear::backward_cuda(p, device.index, stream);
+  } else {
+    linear::backward_cpu(p);
+  }
+}
+
+}  // namespace fusekit

@@ -1,0 +1,52 @@
+// cuBLASLt GEMMs for the linear family, with descriptors, layouts and the heuristic's algorithm
+// cached per problem (shape, leading dimensions, dtype, epilogue, pointer alignments, device).
+//
+// Everything here is column-major, as cuBLASLt sees it: D (m x n) = op(A) (m x k) * op(B) (k x n).
+// Row-major fusekit tensors map onto it by transposition (a row-major (R, C) matrix with row stride
+// ld is a column-major (C x R) matrix with leading dimension ld); linear_cuda.cu does the mapping.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "fusekit/tensor.h"
+
+namespace fusekit::linear::lt {
+
+// The cuBLASLt epilogues the linear family uses (values are cublasLtEpilogue_t).
+enum class Epilogue : std::uint32_t {
+  none = 1,            // CUBLASLT_EPILOGUE_DEFAULT
+  bias = 4,            // CUBLASLT_EPILOGUE_BIAS: D = AB + bias (bias per row of D)
+  relu = 2,            // CUBLASLT_EPILOGUE_RELU
+  relu_bias = 6,       // CUBLASLT_EPILOGUE_RELU_BIAS
+  gelu = 32,           // CUBLASLT_EPILOGUE_GELU (tanh approximation)
+  gelu_bias = 36,      // CUBLASLT_EPILOGUE_GELU_BIAS
+  gelu_aux = 160,      // CUBLASLT_EPILOGUE_GELU_AUX: aux = AB (GELU input)
+  gelu_aux_bias = 164, // CUBLASLT_EPILOGUE_GELU_AUX_BIAS: aux = AB + bias
+  bgradb = 512,        // CUBLASLT_EPILOGUE_BGRADB: bias gradient = sum of op(B) over k
+};
+
+struct Gemm {
+  DType dtype = DType::bf16;  // A, B, D, bias and aux
+  bool trans_a = false, trans_b = false;
+  std::int64_t m = 0, n = 0, k = 0;
+  std::int64_t lda = 0, ldb = 0, ldd = 0;
+  Epilogue epilogue = Epilogue::none;
+  std::int64_t ld_aux = 0;  // gelu_aux*: leading dimension of aux (m x n, column-major)
+  const void* a = nullptr;
+  const void* b = nullptr;
+  void* d = nullptr;
+  const void* bias = nullptr;  // bias (input) or bias gradient (output, bgradb)
+  void* aux = nullptr;
+};
+
+// Bytes of cuBLASLt workspace the linear family hands to every GEMM (NVIDIA's recommendation for
+// Hopper). It is part of linear_*_workspace_size().
+inline constexpr std::size_t kWorkspaceBytes = std::size_t(32) << 20;
+
+// Runs the GEMM on `stream`. Returns false, launching nothing, when cuBLASLt has no algorithm for
+// this combination (e.g. an epilogue with unusual alignment): the caller then takes another path.
+// Throws fusekit::Error(cuda) naming `op` when a cuBLASLt call fails.
+bool run(const char* op, const Gemm& g, int device_index, void* workspace, void* stream);
+
+}  // namespace fusekit::linear::lt

@@ -1,0 +1,454 @@
+// CUDA backend of the linear family: chooses, for each call, which GEMM (cuBLASLt or the fused
+// CUTLASS kernel) and which elementwise kernels run, and launches them on the caller's stream.
+//
+// Why each piece is where it is:
+//
+// Forward. cuBLASLt's epilogues cover bias, relu and gelu (tanh form), and save the gelu input as
+// "aux": those cases are one cuBLASLt GEMM, as fast as the plain GEMM. cuBLASLt has no epilogue
+// for squared relu, silu or the erf form of gelu, and its relu aux is a bit-mask, not the
+// pre-activation this API returns; for those a CUTLASS 3 Hopper GEMM (linear_cutlass_sm90.cuh)
+// applies bias + activation in its epilogue and stores y and, if asked, the pre-activation in the
+// same pass. The CUTLASS kernel needs TMA-friendly layouts (16-byte aligned rows, K and N
+// multiples of 8); anything else, and f32, takes the unfused path: a cuBLASLt GEMM with the bias
+// epilogue, then one elementwise activation kernel (one extra read + write of the output; the same
+// numerics as PyTorch's eager F.linear followed by the activation).
+//
+// Backward. dz = dout * act'(pre) feeds two GEMMs (dx = dz W and dW = dz^T x) as an *input*.
+// cuBLASLt's DRELU_BGRAD / DGELU_BGRAD epilogues multiply a GEMM's *output* by act'(aux): they
+// fit the derivative of the activation that produced this layer's input x (the next-layer dgrad
+// of a transformer MLP, as TransformerEngine uses them), not the derivative of this layer's own
+// output activation, which is what linear_backward(dout, pre, ...) is given. Folding act' into
+// both GEMMs' operand loads would need a custom mainloop (transforming A in registers before
+// wgmma); instead dz is formed once by one elementwise pass into the workspace (skipped for
+// activation none) and both GEMMs read it. dbias is fused into the dW GEMM as cuBLASLt's BGRADB
+// epilogue (a column sum of its B operand, dz); a deterministic column-sum kernel covers the cases
+// BGRADB cannot (no dW wanted, or no BGRADB algorithm for the layout).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "core/cuda_check.h"
+#include "core/device_info.h"
+#include "linear/linear_cublaslt.h"
+#include "linear/linear_cutlass.h"
+#include "linear/linear_kernels.cuh"
+#include "linear/linear_params.h"
+#include "linear/linear_paths.h"
+
+namespace fusekit::linear {
+
+// ---- path override (tests and benchmarks) --------------------------------------------------
+
+namespace {
+std::atomic<int> g_forward_override{static_cast<int>(ForwardPath::automatic)};
+thread_local ForwardPath t_last_forward_path = ForwardPath::automatic;
+}  // namespace
+
+const char* forward_path_name(ForwardPath path) {
+  switch (path) {
+    case ForwardPath::automatic: return "automatic";
+    case ForwardPath::cublaslt_epilogue: return "cublaslt_epilogue";
+    case ForwardPath::cutlass_fused: return "cutlass_fused";
+    case ForwardPath::unfused: return "unfused";
+    case ForwardPath::trivial: return "trivial";
+  }
+  return "unknown";
+}
+
+void set_forward_path_override(ForwardPath path) { g_forward_override = static_cast<int>(path); }
+ForwardPath forward_path_override() { return static_cast<ForwardPath>(g_forward_override.load()); }
+ForwardPath last_forward_path() { return t_last_forward_path; }
+void record_forward_path(ForwardPath path) { t_last_forward_path = path; }
+
+namespace {
+
+constexpr const char* kForwardOp = "linear_forward";
+constexpr const char* kBackwardOp = "linear_backward";
+constexpr int kThreads = 256;
+
+std::size_t round_up(std::size_t v, std::size_t a) { return (v + a - 1) / a * a; }
+bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
+// Rows of the dz scratch matrix are padded to 8 elements (16 bytes for f16/bf16) so that the two
+// backward GEMMs read it at full alignment whatever N is.
+std::int64_t dz_row_stride(std::int64_t n) { return static_cast<std::int64_t>(round_up(n, 8)); }
+
+std::size_t dz_bytes(std::int64_t m, std::int64_t n, DType dtype) {
+  return round_up(static_cast<std::size_t>(m) * dz_row_stride(n) * dtype_size(dtype), 256);
+}
+
+template <typename F>
+void dispatch_dtype(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::f32: f(float{}); return;
+    case DType::f16: f(__half{}); return;
+    case DType::bf16: f(__nv_bfloat16{}); return;
+    default: return;  // rejected by the argument checks
+  }
+}
+
+template <Activation A>
+using ActivationTag = std::integral_constant<Activation, A>;
+
+template <typename F>
+void dispatch_activation(Activation a, F&& f) {
+  switch (a) {
+    case Activation::none: f(ActivationTag<Activation::none>{}); return;
+    case Activation::relu: f(ActivationTag<Activation::relu>{}); return;
+    case Activation::gelu_erf: f(ActivationTag<Activation::gelu_erf>{}); return;
+    case Activation::gelu_tanh: f(ActivationTag<Activation::gelu_tanh>{}); return;
+    case Activation::squared_relu: f(ActivationTag<Activation::squared_relu>{}); return;
+    case Activation::silu: f(ActivationTag<Activation::silu>{}); return;
+    default: return;  // leaky_relu is rejected by the argument checks
+  }
+}
+
+// 16-byte accesses when every row start is 16-byte aligned, element accesses otherwise.
+template <typename T>
+int vector_width(std::int64_t n, std::initializer_list<std::int64_t> strides,
+                 std::initializer_list<const void*> pointers) {
+  constexpr int kVec = 16 / sizeof(T);
+  if (n % kVec != 0) return 1;
+  for (std::int64_t s : strides)
+    if (s % kVec != 0) return 1;
+  for (const void* p : pointers)
+    if (p && !aligned16(p)) return 1;
+  return kVec;
+}
+
+dim3 elementwise_grid(std::int64_t m, std::int64_t n, int vec, int device_index, const char* op) {
+  const std::int64_t chunks = (n + vec - 1) / vec;
+  const std::int64_t gx = (chunks + kThreads - 1) / kThreads;
+  // About 32 blocks per SM in total; each block walks rows with a stride of gridDim.y.
+  const std::int64_t target = std::int64_t(detail::device_info(op, device_index).sm_count) * 32;
+  const std::int64_t gy = std::clamp<std::int64_t>((target + gx - 1) / gx, 1, std::min<std::int64_t>(m, 65535));
+  return dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy));
+}
+
+void launch_activation(const char* op, DType dtype, Activation act, const void* z, std::int64_t ldz,
+                       const void* bias, void* pre, std::int64_t ldpre, void* y, std::int64_t ldy,
+                       std::int64_t m, std::int64_t n, int device_index, cudaStream_t stream) {
+  dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const int vec = vector_width<T>(n, {ldz, ldpre, ldy}, {z, pre, y, bias});
+    const dim3 grid = elementwise_grid(m, n, vec, device_index, op);
+    const kernels::Rows rows{m, n};
+    dispatch_activation(act, [&](auto a) {
+      constexpr Activation A = decltype(a)::value;
+      constexpr int kVec = 16 / sizeof(T);
+      auto kernel = vec == 1 ? kernels::activation_kernel<T, A, 1> : kernels::activation_kernel<T, A, kVec>;
+      kernel<<<grid, kThreads, 0, stream>>>(static_cast<const T*>(z), ldz, static_cast<const T*>(bias),
+                                            static_cast<T*>(pre), ldpre, static_cast<T*>(y), ldy, rows);
+    });
+  });
+  detail::check_launch(op, "activation_kernel");
+}
+
+void launch_dz(const char* op, DType dtype, Activation act, const void* dout, std::int64_t lddout,
+               const void* pre, std::int64_t ldpre, void* dz, std::int64_t lddz, std::int64_t m,
+               std::int64_t n, int device_index, cudaStream_t stream) {
+  dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const int vec = vector_width<T>(n, {lddout, ldpre, lddz}, {dout, pre, dz});
+    const dim3 grid = elementwise_grid(m, n, vec, device_index, op);
+    const kernels::Rows rows{m, n};
+    dispatch_activation(act, [&](auto a) {
+      constexpr Activation A = decltype(a)::value;
+      if constexpr (A != Activation::none) {
+        constexpr int kVec = 16 / sizeof(T);
+        auto kernel = vec == 1 ? kernels::dz_kernel<T, A, 1> : kernels::dz_kernel<T, A, kVec>;
+        kernel<<<grid, kThreads, 0, stream>>>(static_cast<const T*>(dout), lddout,
+                                              static_cast<const T*>(pre), ldpre,
+                                              static_cast<T*>(dz), lddz, rows);
+      }
+    });
+  });
+  detail::check_launch(op, "dz_kernel");
+}
+
+void launch_column_sum(const char* op, DType dtype, Activation act, const void* dout,
+                       std::int64_t lddout, const void* pre, std::int64_t ldpre, void* dbias,
+                       std::int64_t m, std::int64_t n, cudaStream_t stream) {
+  const unsigned blocks = static_cast<unsigned>((n + kernels::kColumnSumCols - 1) / kernels::kColumnSumCols);
+  dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    dispatch_activation(act, [&](auto a) {
+      constexpr Activation A = decltype(a)::value;
+      kernels::column_sum_kernel<T, A><<<blocks, kernels::kColumnSumWarps * 32, 0, stream>>>(
+          static_cast<const T*>(dout), lddout, static_cast<const T*>(pre), ldpre,
+          static_cast<T*>(dbias), kernels::Rows{m, n});
+    });
+  });
+  detail::check_launch(op, "column_sum_kernel");
+}
+
+void zero_rows(const char* op, void* data, std::int64_t rows, std::int64_t cols, std::int64_t ld,
+               DType dtype, cudaStream_t stream) {
+  if (!data || rows == 0 || cols == 0) return;
+  const std::size_t e = dtype_size(dtype);
+  detail::check_cuda(cudaMemset2DAsync(data, static_cast<std::size_t>(std::max(ld, cols)) * e, 0,
+                                       static_cast<std::size_t>(cols) * e,
+                                       static_cast<std::size_t>(rows), stream),
+                     op, "cudaMemset2DAsync");
+}
+
+// ---- forward -------------------------------------------------------------------------------
+
+// The cuBLASLt epilogue that computes this forward in one GEMM, if there is one.
+bool cublaslt_epilogue_for(const ForwardParams& p, lt::Epilogue* e) {
+  const bool b = p.bias != nullptr;
+  switch (p.activation) {
+    case Activation::none:
+      if (p.pre) return false;
+      *e = b ? lt::Epilogue::bias : lt::Epilogue::none;
+      return true;
+    case Activation::relu:
+      if (p.pre) return false;  // cuBLASLt's relu aux is a bit-mask, not the pre-activation
+      *e = b ? lt::Epilogue::relu_bias : lt::Epilogue::relu;
+      return true;
+    case Activation::gelu_tanh:
+      if (!p.pre) {
+        *e = b ? lt::Epilogue::gelu_bias : lt::Epilogue::gelu;
+        return true;
+      }
+      // The aux leading dimension must be a multiple of 8 (cublasLt.h, EPILOGUE_AUX_LD).
+      if (p.ldpre % 8 != 0 || !aligned16(p.pre)) return false;
+      *e = b ? lt::Epilogue::gelu_aux_bias : lt::Epilogue::gelu_aux;
+      return true;
+    default: return false;
+  }
+}
+
+bool cutlass_eligible(const ForwardParams& p) {
+  if (p.dtype != DType::f16 && p.dtype != DType::bf16) return false;
+  constexpr std::int64_t a = sm90::kFusedAlignmentElements;
+  if (p.k % a || p.n % a || p.ldx % a || p.ldw % a || p.ldy % a) return false;
+  if (p.pre && p.ldpre % a) return false;
+  for (const void* ptr : {p.x, p.w, p.bias, static_cast<const void*>(p.y), static_cast<const void*>(p.pre)})
+    if (ptr && !aligned16(ptr)) return false;
+  return true;
+}
+
+ForwardPath choose_forward_path(const ForwardParams& p, lt::Epilogue* e) {
+  const bool lt_ok = cublaslt_epilogue_for(p, e);
+  switch (forward_path_override()) {
+    case ForwardPath::cublaslt_epilogue:
+      if (lt_ok) return ForwardPath::cublaslt_epilogue;
+      break;
+    case ForwardPath::cutlass_fused:
+      if (cutlass_eligible(p)) return ForwardPath::cutlass_fused;
+      break;
+    case ForwardPath::unfused: return ForwardPath::unfused;
+    default: break;
+  }
+  if (p.dtype == DType::f32) {
+    // f32: plain float32 GEMMs. Only the exact epilogues (bias, relu) are fused: cuBLASLt's gelu
+    // is not promised to be accurate to float32 resolution, the elementwise kernel is.
+    const bool exact = p.activation == Activation::none || p.activation == Activation::relu;
+    return (lt_ok && exact) ? ForwardPath::cublaslt_epilogue : ForwardPath::unfused;
+  }
+  if (lt_ok) return ForwardPath::cublaslt_epilogue;
+  if (cutlass_eligible(p)) return ForwardPath::cutlass_fused;
+  return ForwardPath::unfused;
+}
+
+// y^T (N x M, column-major) = W (op T of the K x N column-major view of W) * x^T (K x M).
+lt::Gemm forward_gemm(const ForwardParams& p, lt::Epilogue e, void* d, std::int64_t ldd) {
+  lt::Gemm g;
+  g.dtype = p.dtype;
+  g.trans_a = true;
+  g.trans_b = false;
+  g.m = p.n;
+  g.n = p.m;
+  g.k = p.k;
+  g.a = p.w;
+  g.lda = p.ldw;
+  g.b = p.x;
+  g.ldb = p.ldx;
+  g.d = d;
+  g.ldd = ldd;
+  g.epilogue = e;
+  g.bias = p.bias;
+  g.aux = p.pre;
+  g.ld_aux = p.ldpre;
+  return g;
+}
+
+void run_unfused_forward(const ForwardParams& p, int device_index, cudaStream_t stream) {
+  // z = x W^T + b goes where it is kept: the pre-activation output if asked for, else y itself
+  // (then the activation runs in place).
+  void* z = p.pre ? p.pre : p.y;
+  const std::int64_t ldz = p.pre ? p.ldpre : p.ldy;
+  const lt::Gemm g = forward_gemm(p, p.bias ? lt::Epilogue::bias : lt::Epilogue::none, z, ldz);
+  if (!lt::run(kForwardOp, g, device_index, p.workspace, stream))
+    throw Error(ErrorKind::unsupported, kForwardOp,
+                "cuBLASLt has no algorithm for this GEMM (M = " + std::to_string(p.m) + ", N = " +
+                    std::to_string(p.n) + ", K = " + std::to_string(p.k) + ", " +
+                    dtype_name(p.dtype) + ")");
+  if (p.activation != Activation::none || z != p.y)
+    launch_activation(kForwardOp, p.dtype, p.activation, z, ldz, nullptr, nullptr, 0, p.y, p.ldy,
+                      p.m, p.n, device_index, stream);
+}
+
+// ---- backward ------------------------------------------------------------------------------
+
+// dx^T (K x M) = W^T (the K x N column-major view of W) * dz^T (N x M).
+lt::Gemm dx_gemm(const BackwardParams& p, const void* dz, std::int64_t lddz) {
+  lt::Gemm g;
+  g.dtype = p.dtype;
+  g.trans_a = false;
+  g.trans_b = false;
+  g.m = p.k;
+  g.n = p.m;
+  g.k = p.n;
+  g.a = p.w;
+  g.lda = p.ldw;
+  g.b = dz;
+  g.ldb = lddz;
+  g.d = p.dx;
+  g.ldd = p.lddx;
+  return g;
+}
+
+// dW^T (K x N) = x^T (K x M) * dz (op T of the N x M column-major view of dz); BGRADB sums
+// op(B) = dz over the GEMM's k = M: exactly dbias.
+lt::Gemm dw_gemm(const BackwardParams& p, const void* dz, std::int64_t lddz, bool with_dbias) {
+  lt::Gemm g;
+  g.dtype = p.dtype;
+  g.trans_a = false;
+  g.trans_b = true;
+  g.m = p.k;
+  g.n = p.n;
+  g.k = p.m;
+  g.a = p.x;
+  g.lda = p.ldx;
+  g.b = dz;
+  g.ldb = lddz;
+  g.d = p.dw;
+  g.ldd = p.lddw;
+  if (with_dbias) {
+    g.epilogue = lt::Epilogue::bgradb;
+    g.bias = p.dbias;
+  }
+  return g;
+}
+
+[[noreturn]] void no_algorithm(const char* what, const BackwardParams& p) {
+  throw Error(ErrorKind::unsupported, kBackwardOp,
+              std::string("cuBLASLt has no algorithm for the ") + what + " GEMM (M = " +
+                  std::to_string(p.m) + ", N = " + std::to_string(p.n) + ", K = " +
+                  std::to_string(p.k) + ", " + dtype_name(p.dtype) + ")");
+}
+
+}  // namespace
+
+std::size_t forward_workspace_cuda(std::int64_t, std::int64_t, std::int64_t, DType, Activation) {
+  // cuBLASLt's workspace; the fused CUTLASS kernel's (persistent scheduler) fits inside it.
+  return lt::kWorkspaceBytes;
+}
+
+std::size_t backward_workspace_cuda(std::int64_t m, std::int64_t n, std::int64_t, DType dtype,
+                                    Activation activation) {
+  return lt::kWorkspaceBytes + (activation == Activation::none ? 0 : dz_bytes(m, n, dtype));
+}
+
+void forward_cuda(const ForwardParams& p, int device_index, Stream stream_handle) {
+  detail::DeviceGuard guard(kForwardOp, device_index);
+  const auto stream = static_cast<cudaStream_t>(stream_handle);
+  if (p.m == 0 || p.n == 0) {
+    record_forward_path(ForwardPath::trivial);
+    return;
+  }
+  if (p.k == 0) {  // x W^T is all zeros: pre = bias, y = act(bias), row by row
+    launch_activation(kForwardOp, p.dtype, p.activation, nullptr, 0, p.bias, p.pre, p.ldpre, p.y,
+                      p.ldy, p.m, p.n, device_index, stream);
+    record_forward_path(ForwardPath::trivial);
+    return;
+  }
+  lt::Epilogue epilogue = lt::Epilogue::none;
+  ForwardPath path = choose_forward_path(p, &epilogue);
+  if (path == ForwardPath::cublaslt_epilogue &&
+      !lt::run(kForwardOp, forward_gemm(p, epilogue, p.y, p.ldy), device_index, p.workspace, stream))
+    path = ForwardPath::unfused;  // no cuBLASLt kernel for this epilogue and layout
+  if (path == ForwardPath::cutlass_fused) {
+    sm90::FusedForwardArgs a;
+    a.m = static_cast<int>(p.m);
+    a.n = static_cast<int>(p.n);
+    a.k = static_cast<int>(p.k);
+    a.x = p.x;
+    a.ldx = p.ldx;
+    a.w = p.w;
+    a.ldw = p.ldw;
+    a.bias = p.bias;
+    a.y = p.y;
+    a.ldy = p.ldy;
+    a.pre = p.pre;
+    a.ldpre = p.ldpre;
+    a.activation = p.activation;
+    a.device_index = device_index;
+    a.sm_count = detail::device_info(kForwardOp, device_index).sm_count;
+    a.workspace = p.workspace;
+    a.workspace_bytes = p.workspace_bytes;
+    if (p.dtype == DType::bf16) sm90::fused_forward_bf16(kForwardOp, a, stream);
+    else sm90::fused_forward_f16(kForwardOp, a, stream);
+  }
+  if (path == ForwardPath::unfused) run_unfused_forward(p, device_index, stream);
+  record_forward_path(path);
+}
+
+void backward_cuda(const BackwardParams& p, int device_index, Stream stream_handle) {
+  detail::DeviceGuard guard(kBackwardOp, device_index);
+  const auto stream = static_cast<cudaStream_t>(stream_handle);
+  if (p.m == 0) {  // empty sums
+    zero_rows(kBackwardOp, p.dw, p.n, p.k, p.lddw, p.dtype, stream);
+    zero_rows(kBackwardOp, p.dbias, 1, p.n, p.n, p.dtype, stream);
+    return;
+  }
+  if (p.n == 0) {
+    zero_rows(kBackwardOp, p.dx, p.m, p.k, p.lddx, p.dtype, stream);
+    return;
+  }
+  if (p.k == 0) {  // dx and dW are empty; dbias still sums dz
+    if (p.dbias)
+      launch_column_sum(kBackwardOp, p.dtype, p.activation, p.dout, p.lddout, p.pre, p.ldpre,
+                        p.dbias, p.m, p.n, stream);
+    return;
+  }
+
+  const void* dz = p.dout;
+  std::int64_t lddz = p.lddout;
+  const bool materialize_dz = p.activation != Activation::none && (p.dx || p.dw);
+  if (materialize_dz) {
+    void* buffer = static_cast<unsigned char*>(p.workspace) + lt::kWorkspaceBytes;
+    lddz = dz_row_stride(p.n);
+    launch_dz(kBackwardOp, p.dtype, p.activation, p.dout, p.lddout, p.pre, p.ldpre, buffer, lddz,
+              p.m, p.n, device_index, stream);
+    dz = buffer;
+  }
+  if (p.dx && !lt::run(kBackwardOp, dx_gemm(p, dz, lddz), device_index, p.workspace, stream))
+    no_algorithm("dx", p);
+  bool dbias_done = false;
+  if (p.dw) {
+    if (p.dbias && lt::run(kBackwardOp, dw_gemm(p, dz, lddz, true), device_index, p.workspace, stream))
+      dbias_done = true;
+    else if (!lt::run(kBackwardOp, dw_gemm(p, dz, lddz, false), device_index, p.workspace, stream))
+      no_algorithm("dW", p);
+  }
+  if (p.dbias && !dbias_done) {
+    if (materialize_dz)
+      launch_column_sum(kBackwardOp, p.dtype, Activation::none, dz, lddz, nullptr, 0, p.dbias,
+                        p.m, p.n, stream);
+    else
+      launch_column_sum(kBackwardOp, p.dtype, p.activation, p.dout, p.lddout, p.pre, p.ldpre,
+                        p.dbias, p.m, p.n, stream);
+  }
+}
+
+}  // namespace fusekit::linear

@@ -1,0 +1,62 @@
+// The validated, backend-neutral description of one linear call. The public entry points
+// (linear.cpp) check the arguments and fill these; each backend (CPU reference, CUDA) reads them.
+// Matrices are row-major with the given row strides (in elements); the last dimension contiguous.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "fusekit/activation.h"
+#include "fusekit/tensor.h"
+
+namespace fusekit::linear {
+
+struct ForwardParams {
+  std::int64_t m = 0, n = 0, k = 0;
+  DType dtype = DType::bf16;  // every tensor
+  Activation activation = Activation::none;
+  const void* x = nullptr;  // (m, k)
+  std::int64_t ldx = 0;
+  const void* w = nullptr;  // (n, k)
+  std::int64_t ldw = 0;
+  const void* bias = nullptr;  // (n) or null
+  void* y = nullptr;           // (m, n)
+  std::int64_t ldy = 0;
+  void* pre = nullptr;  // (m, n) or null
+  std::int64_t ldpre = 0;
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
+};
+
+struct BackwardParams {
+  std::int64_t m = 0, n = 0, k = 0;
+  DType dtype = DType::bf16;
+  Activation activation = Activation::none;
+  const void* dout = nullptr;  // (m, n)
+  std::int64_t lddout = 0;
+  const void* x = nullptr;  // (m, k)
+  std::int64_t ldx = 0;
+  const void* w = nullptr;  // (n, k)
+  std::int64_t ldw = 0;
+  const void* pre = nullptr;  // (m, n); null only for Activation::none
+  std::int64_t ldpre = 0;
+  void* dx = nullptr;  // (m, k), each output may be null: not computed
+  std::int64_t lddx = 0;
+  void* dw = nullptr;  // (n, k)
+  std::int64_t lddw = 0;
+  void* dbias = nullptr;  // (n)
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
+};
+
+void forward_cpu(const ForwardParams& p);
+void backward_cpu(const BackwardParams& p);
+
+void forward_cuda(const ForwardParams& p, int device_index, Stream stream);
+void backward_cuda(const BackwardParams& p, int device_index, Stream stream);
+std::size_t forward_workspace_cuda(std::int64_t m, std::int64_t n, std::int64_t k, DType dtype,
+                                   Activation activation);
+std::size_t backward_workspace_cuda(std::int64_t m, std::int64_t n, std::int64_t k, DType dtype,
+                                    Activation activation);
+
+}  // namespace fusekit::linear

@@ -1,0 +1,28 @@
+// Which implementation a CUDA linear forward runs, and a hook for tests and benchmarks to force
+// one. Not part of the public API: the public entry points always choose automatically unless a
+// test or benchmark has set an override.
+#pragma once
+
+namespace fusekit::linear {
+
+enum class ForwardPath : int {
+  automatic = 0,      // (override value) let the library choose
+  cublaslt_epilogue,  // one cuBLASLt GEMM, bias/relu/gelu(+aux) epilogue
+  cutlass_fused,      // one CUTLASS sm90 GEMM, bias + any activation (+ pre-activation) epilogue
+  unfused,            // cuBLASLt GEMM with bias epilogue, then an elementwise activation kernel
+  trivial,            // M, N or K is 0: no GEMM (bias broadcast or nothing)
+};
+
+const char* forward_path_name(ForwardPath path);
+
+// Process-wide; `automatic` restores the normal choice. A forced path that cannot serve a call
+// (cublaslt_epilogue for silu, cutlass_fused for misaligned rows, ...) leaves that call to the
+// automatic choice; last_forward_path() tells what ran.
+void set_forward_path_override(ForwardPath path);
+ForwardPath forward_path_override();
+
+// The path the calling thread's most recent CUDA linear_forward took.
+ForwardPath last_forward_path();
+void record_forward_path(ForwardPath path);
+
+}  // namespace fusekit::linear

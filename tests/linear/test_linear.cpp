@@ -1,0 +1,753 @@
+// Linear + bias + activation: the CPU reference against finite differences, every GPU path against
+// the float64 CPU reference (error at most twice that of PyTorch-style float32 accumulation in the
+// same dtype, see linear_baseline.h) over a randomized grid, path routing, layouts, degenerate
+// shapes, determinism and argument errors.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fusekit/error.h"
+#include "fusekit/linear.h"
+#include "linear/linear_paths.h"
+#include "tests/harness/gtest_helpers.h"
+#include "tests/linear/linear_baseline.h"
+
+namespace fusekit {
+namespace {
+
+using linear::ForwardPath;
+using testing::Buffer;
+namespace lb = testing::linear;
+
+constexpr Activation kActivations[] = {Activation::none,      Activation::relu,
+                                       Activation::gelu_erf,  Activation::gelu_tanh,
+                                       Activation::squared_relu, Activation::silu};
+
+::testing::AssertionResult passes(const lb::Verdict& v) {
+  if (v.pass) return ::testing::AssertionSuccess() << v.message;
+  return ::testing::AssertionFailure() << v.message;
+}
+
+// Restores automatic path selection when a test that forced a path ends (even by failing).
+struct PathOverride {
+  explicit PathOverride(ForwardPath p) { linear::set_forward_path_override(p); }
+  ~PathOverride() { linear::set_forward_path_override(ForwardPath::automatic); }
+};
+
+OptionalTensor opt(const std::optional<Buffer>& b) {
+  return b ? OptionalTensor(b->view()) : std::nullopt;
+}
+
+// A row-major (rows, cols) test matrix, optionally with `pad` extra elements per row.
+Buffer matrix(DType dtype, Device d, std::int64_t rows, std::int64_t cols, std::int64_t pad = 0) {
+  return Buffer(dtype, d, {rows, cols}, {cols + pad, 1});
+}
+
+Buffer workspace_for(std::size_t bytes, Device d) {
+  return Buffer(DType::u8, d, {static_cast<std::int64_t>(std::max<std::size_t>(bytes, 1))});
+}
+
+std::vector<double> normal_values(std::mt19937_64& rng, std::size_t n, double mean, double stddev,
+                                  DType dtype) {
+  std::normal_distribution<double> dist(mean, stddev);
+  std::vector<double> v(n);
+  for (auto& e : v) e = detail::round_to(dtype, dist(rng));
+  return v;
+}
+
+// ---- float64 CPU reference runs ---------------------------------------------------------------
+
+struct ForwardReference {
+  std::vector<double> y, pre;
+};
+
+ForwardReference reference_forward(const std::vector<double>& x, const std::vector<double>& w,
+                                   const std::vector<double>& bias, std::int64_t m,
+                                   std::int64_t n, std::int64_t k, Activation act) {
+  const Device cpu = Device::cpu();
+  Buffer x64(DType::f64, cpu, {m, k}), w64(DType::f64, cpu, {n, k}), y64(DType::f64, cpu, {m, n}),
+      p64(DType::f64, cpu, {m, n});
+  x64.set_values(x);
+  w64.set_values(w);
+  std::optional<Buffer> b64;
+  if (!bias.empty()) {
+    b64.emplace(DType::f64, cpu, std::vector<std::int64_t>{n});
+    b64->set_values(bias);
+  }
+  linear_forward(x64.view(), w64.view(), opt(b64), act, y64.view(), p64.view(), std::nullopt);
+  return {y64.values(), p64.values()};
+}
+
+struct BackwardReference {
+  std::vector<double> dx, dw, dbias;
+};
+
+BackwardReference reference_backward(const std::vector<double>& dout,
+                                     const std::vector<double>& pre, const std::vector<double>& x,
+                                     const std::vector<double>& w, std::int64_t m, std::int64_t n,
+                                     std::int64_t k, Activation act) {
+  const Device cpu = Device::cpu();
+  Buffer g64(DType::f64, cpu, {m, n}), p64(DType::f64, cpu, {m, n}), x64(DType::f64, cpu, {m, k}),
+      w64(DType::f64, cpu, {n, k}), dx64(DType::f64, cpu, {m, k}), dw64(DType::f64, cpu, {n, k}),
+      db64(DType::f64, cpu, {n});
+  g64.set_values(dout);
+  p64.set_values(pre);
+  x64.set_values(x);
+  w64.set_values(w);
+  linear_backward(g64.view(), x64.view(), w64.view(), p64.view(), act, dx64.view(), dw64.view(),
+                  db64.view(), std::nullopt);
+  return {dx64.values(), dw64.values(), db64.values()};
+}
+
+// ---- GPU forward / backward against the reference ---------------------------------------------
+
+struct ForwardCase {
+  DType dtype = DType::bf16;
+  Activation act = Activation::none;
+  std::int64_t m = 1, n = 1, k = 1;
+  bool bias = true, pre = false;
+  std::int64_t pad = 0;  // extra elements per row of x, W, y, pre
+  std::string str() const {
+    return std::string("forward ") + dtype_name(dtype) + " " + activation_name(act) + " (M, N, K) = (" +
+           std::to_string(m) + ", " + std::to_string(n) + ", " + std::to_string(k) + ")" +
+           (bias ? " +bias" : "") + (pre ? " +pre" : "") + (pad ? " pad " + std::to_string(pad) : "");
+  }
+};
+
+// Runs one forward on the GPU and checks y (and pre) against the float64 reference. Returns the
+// path that ran.
+ForwardPath check_forward(const ForwardCase& c, std::uint64_t salt) {
+  SCOPED_TRACE(c.str());
+  auto rng = testing::make_rng(salt);
+  const Device gpu = Device::cuda(0);
+  Buffer x = matrix(c.dtype, gpu, c.m, c.k, c.pad), w = matrix(c.dtype, gpu, c.n, c.k, c.pad);
+  Buffer y = matrix(c.dtype, gpu, c.m, c.n, c.pad);
+  std::optional<Buffer> bias, pre;
+  const auto xv = normal_values(rng, c.m * c.k, 0.0, 1.0, c.dtype);
+  // Weights scaled so that x W^T is O(1): every activation's interesting region is exercised.
+  const auto wv = normal_values(rng, c.n * c.k, 0.0, 1.0 / std::sqrt(double(std::max<std::int64_t>(c.k, 1))), c.dtype);
+  std::vector<double> bv;
+  x.set_values(xv);
+  w.set_values(wv);
+  if (c.bias) {
+    bv = normal_values(rng, c.n, 0.0, 0.5, c.dtype);
+    bias.emplace(c.dtype, gpu, std::vector<std::int64_t>{c.n});
+    bias->set_values(bv);
+  }
+  if (c.pre) pre.emplace(matrix(c.dtype, gpu, c.m, c.n, c.pad));
+  Buffer ws = workspace_for(linear_forward_workspace_size(c.m, c.n, c.k, c.dtype, c.act, gpu), gpu);
+
+  y.poison();
+  if (pre) pre->poison();
+  linear_forward(x.view(), w.view(), opt(bias), c.act, y.view(), opt(pre), ws.view());
+  const ForwardPath path = linear::last_forward_path();
+  SCOPED_TRACE(std::string("path ") + linear::forward_path_name(path));
+
+  const ForwardReference ref = reference_forward(xv, wv, bv, c.m, c.n, c.k, c.act);
+  const lb::ForwardBaseline base = lb::forward_baseline(xv, wv, bv, c.m, c.n, c.k, c.act, c.dtype);
+  EXPECT_TRUE(passes(lb::judge(y.values(), ref.y, base.y, c.dtype, "y")));
+  if (pre) EXPECT_TRUE(passes(lb::judge(pre->values(), ref.pre, base.pre, c.dtype, "pre_activation")));
+  return path;
+}
+
+struct BackwardCase {
+  DType dtype = DType::bf16;
+  Activation act = Activation::none;
+  std::int64_t m = 1, n = 1, k = 1;
+  bool dx = true, dw = true, dbias = true;
+  std::int64_t pad = 0;
+  std::string str() const {
+    return std::string("backward ") + dtype_name(dtype) + " " + activation_name(act) +
+           " (M, N, K) = (" + std::to_string(m) + ", " + std::to_string(n) + ", " +
+           std::to_string(k) + ")" + (dx ? " dx" : "") + (dw ? " dW" : "") + (dbias ? " dbias" : "") +
+           (pad ? " pad " + std::to_string(pad) : "");
+  }
+};
+
+void check_backward(const BackwardCase& c, std::uint64_t salt) {
+  SCOPED_TRACE(c.str());
+  auto rng = testing::make_rng(salt);
+  const Device gpu = Device::cuda(0);
+  Buffer dout = matrix(c.dtype, gpu, c.m, c.n, c.pad), pre = matrix(c.dtype, gpu, c.m, c.n, c.pad);
+  Buffer x = matrix(c.dtype, gpu, c.m, c.k, c.pad), w = matrix(c.dtype, gpu, c.n, c.k, c.pad);
+  const auto gv = normal_values(rng, c.m * c.n, 0.0, 1.0, c.dtype);
+  const auto pv = normal_values(rng, c.m * c.n, 0.0, 1.5, c.dtype);
+  const auto xv = normal_values(rng, c.m * c.k, 0.0, 1.0, c.dtype);
+  const auto wv = normal_values(rng, c.n * c.k, 0.0, 1.0 / std::sqrt(double(std::max<std::int64_t>(c.k, 1))), c.dtype);
+  dout.set_values(gv);
+  pre.set_values(pv);
+  x.set_values(xv);
+  w.set_values(wv);
+  std::optional<Buffer> dx, dw, db;
+  if (c.dx) dx.emplace(matrix(c.dtype, gpu, c.m, c.k, c.pad));
+  if (c.dw) dw.emplace(matrix(c.dtype, gpu, c.n, c.k, c.pad));
+  if (c.dbias) db.emplace(c.dtype, gpu, std::vector<std::int64_t>{c.n});
+  Buffer ws = workspace_for(linear_backward_workspace_size(c.m, c.n, c.k, c.dtype, c.act, gpu), gpu);
+  const OptionalTensor pre_view = c.act == Activation::none ? std::nullopt : OptionalTensor(pre.view());
+  linear_backward(dout.view(), x.view(), w.view(), pre_view, c.act, opt(dx), opt(dw), opt(db), ws.view());
+
+  const BackwardReference ref = reference_backward(gv, pv, xv, wv, c.m, c.n, c.k, c.act);
+  const lb::BackwardBaseline base = lb::backward_baseline(gv, pv, xv, wv, c.m, c.n, c.k, c.act, c.dtype);
+  if (dx) EXPECT_TRUE(passes(lb::judge(dx->values(), ref.dx, base.dx, c.dtype, "dx")));
+  if (dw) EXPECT_TRUE(passes(lb::judge(dw->values(), ref.dw, base.dw, c.dtype, "dW")));
+  if (db) EXPECT_TRUE(passes(lb::judge(db->values(), ref.dbias, base.dbias, c.dtype, "dbias")));
+}
+
+// ---- CPU reference --------------------------------------------------------------------------
+
+// The reference against a direct evaluation of the formula, for a 3-D x with padded rows.
+TEST(LinearCpu, ForwardMatchesFormula) {
+  auto rng = testing::make_rng(1);
+  const Device cpu = Device::cpu();
+  const std::int64_t b = 2, t = 3, k = 5, n = 4, m = b * t;
+  for (Activation act : kActivations) {
+    SCOPED_TRACE(activation_name(act));
+    Buffer x(DType::f64, cpu, {b, t, k}, {t * (k + 2), k + 2, 1});  // padded rows
+    Buffer w(DType::f64, cpu, {n, k}), bias(DType::f64, cpu, {n});
+    Buffer y(DType::f64, cpu, {b, t, n}), pre(DType::f64, cpu, {b, t, n});
+    x.fill_normal(rng);
+    w.fill_normal(rng, 0.0, 0.5);
+    bias.fill_normal(rng);
+    linear_forward(x.view(), w.view(), bias.view(), act, y.view(), pre.view(), std::nullopt);
+    const auto xv = x.values(), wv = w.values(), bv = bias.values(), yv = y.values(), pv = pre.values();
+    for (std::int64_t r = 0; r < m; ++r)
+      for (std::int64_t c = 0; c < n; ++c) {
+        double z = bv[c];
+        for (std::int64_t i = 0; i < k; ++i) z += xv[r * k + i] * wv[c * k + i];
+        EXPECT_NEAR(pv[r * n + c], z, 1e-12);
+        EXPECT_NEAR(yv[r * n + c], detail::ActivationMath<double>::forward(act, z, 0.0), 1e-12);
+      }
+  }
+}
+
+// Central differences of L = sum(y * dout) with respect to x, W and bias, every activation.
+TEST(LinearCpu, GradientsMatchFiniteDifferences) {
+  auto rng = testing::make_rng(2);
+  const Device cpu = Device::cpu();
+  const std::int64_t m = 3, n = 4, k = 5;
+  for (Activation act : kActivations) {
+    SCOPED_TRACE(activation_name(act));
+    Buffer x(DType::f64, cpu, {m, k}), w(DType::f64, cpu, {n, k}), bias(DType::f64, cpu, {n});
+    Buffer y(DType::f64, cpu, {m, n}), pre(DType::f64, cpu, {m, n}), dout(DType::f64, cpu, {m, n});
+    Buffer dx(DType::f64, cpu, {m, k}), dw(DType::f64, cpu, {n, k}), db(DType::f64, cpu, {n});
+    // Redraw until no pre-activation sits on relu's kink (within the difference step).
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      x.fill_normal(rng);
+      w.fill_normal(rng, 0.0, 0.5);
+      bias.fill_normal(rng);
+      linear_forward(x.view(), w.view(), bias.view(), act, y.view(), pre.view(), std::nullopt);
+      bool near_kink = false;
+      for (double z : pre.values()) near_kink |= std::abs(z) < 1e-3;
+      if (!near_kink) break;
+    }
+    dout.fill_normal(rng);
+    linear_backward(dout.view(), x.view(), w.view(), pre.view(), act, dx.view(), dw.view(), db.view(),
+                    std::nullopt);
+    const auto g = dout.values();
+    auto loss = [&] {
+      linear_forward(x.view(), w.view(), bias.view(), act, y.view(), std::nullopt, std::nullopt);
+      const auto yv = y.values();
+      double l = 0;
+      for (std::size_t i = 0; i < yv.size(); ++i) l += yv[i] * g[i];
+      return l;
+    };
+    auto fd = [&](Buffer& param, std::int64_t i) {
+      auto v = param.values();
+      const double h = 1e-6, orig = v[i];
+      v[i] = orig + h;
+      param.set_values(v);
+      const double lp = loss();
+      v[i] = orig - h;
+      param.set_values(v);
+      const double lm = loss();
+      v[i] = orig;
+      param.set_values(v);
+      return (lp - lm) / (2 * h);
+    };
+    const auto dxv = dx.values(), dwv = dw.values(), dbv = db.values();
+    for (std::int64_t i = 0; i < m * k; ++i) EXPECT_NEAR(fd(x, i), dxv[i], 1e-6 * (1 + std::abs(dxv[i]))) << "dx " << i;
+    for (std::int64_t i = 0; i < n * k; ++i) EXPECT_NEAR(fd(w, i), dwv[i], 1e-6 * (1 + std::abs(dwv[i]))) << "dW " << i;
+    for (std::int64_t i = 0; i < n; ++i) EXPECT_NEAR(fd(bias, i), dbv[i], 1e-6 * (1 + std::abs(dbv[i]))) << "dbias " << i;
+  }
+}
+
+// In f32/f16/bf16 the CPU backend is the float64 computation rounded once to the dtype.
+TEST(LinearCpu, LowPrecisionDtypesRoundTheFloat64Result) {
+  auto rng = testing::make_rng(3);
+  const Device cpu = Device::cpu();
+  const std::int64_t m = 7, n = 9, k = 11;
+  for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Buffer x(dt, cpu, {m, k}), w(dt, cpu, {n, k}), b(dt, cpu, {n}), y(dt, cpu, {m, n}), pre(dt, cpu, {m, n});
+    Buffer dout(dt, cpu, {m, n}), dx(dt, cpu, {m, k}), dw(dt, cpu, {n, k}), db(dt, cpu, {n});
+    x.fill_normal(rng);
+    w.fill_normal(rng, 0.0, 0.3);
+    b.fill_normal(rng);
+    dout.fill_normal(rng);
+    linear_forward(x.view(), w.view(), b.view(), Activation::silu, y.view(), pre.view(), std::nullopt);
+    linear_backward(dout.view(), x.view(), w.view(), pre.view(), Activation::silu, dx.view(), dw.view(),
+                    db.view(), std::nullopt);
+    const ForwardReference f = reference_forward(x.values(), w.values(), b.values(), m, n, k, Activation::silu);
+    const BackwardReference g = reference_backward(dout.values(), pre.values(), x.values(), w.values(), m,
+                                                   n, k, Activation::silu);
+    auto rounded = [dt](std::vector<double> v) {
+      for (auto& e : v) e = detail::round_to(dt, e);
+      return v;
+    };
+    EXPECT_EQ(y.values(), rounded(f.y));
+    EXPECT_EQ(pre.values(), rounded(f.pre));
+    EXPECT_EQ(dx.values(), rounded(g.dx));
+    EXPECT_EQ(dw.values(), rounded(g.dw));
+    EXPECT_EQ(db.values(), rounded(g.dbias));
+  }
+}
+
+// The GPU tests' bar itself: the emulated float32 baseline passes it, wrong results do not.
+TEST(LinearCpu, ToleranceRejectsWrongResults) {
+  auto rng = testing::make_rng(4);
+  const std::int64_t m = 64, n = 48, k = 256;
+  for (DType dt : {DType::bf16, DType::f16, DType::f32}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const auto xv = normal_values(rng, m * k, 0.0, 1.0, dt);
+    const auto wv = normal_values(rng, n * k, 0.0, 1.0 / 16, dt);
+    const auto bv = normal_values(rng, n, 0.0, 0.5, dt);
+    const ForwardReference ref = reference_forward(xv, wv, bv, m, n, k, Activation::silu);
+    const lb::ForwardBaseline base = lb::forward_baseline(xv, wv, bv, m, n, k, Activation::silu, dt);
+    EXPECT_TRUE(lb::judge(base.y, ref.y, base.y, dt, "baseline").pass);
+    auto rounded = ref.y;
+    for (auto& v : rounded) v = detail::round_to(dt, v);
+    EXPECT_TRUE(lb::judge(rounded, ref.y, base.y, dt, "rounded reference").pass);
+    auto scaled = base.y;
+    for (auto& v : scaled) v *= 1.01;
+    EXPECT_FALSE(lb::judge(scaled, ref.y, base.y, dt, "1% off").pass);
+    auto with_nan = base.y;
+    with_nan[17] = std::nan("");
+    EXPECT_FALSE(lb::judge(with_nan, ref.y, base.y, dt, "one NaN").pass);
+    const lb::ForwardBaseline relu = lb::forward_baseline(xv, wv, bv, m, n, k, Activation::relu, dt);
+    EXPECT_FALSE(lb::judge(relu.y, ref.y, base.y, dt, "wrong activation").pass);
+    // Backward: a dW that forgot act'(pre) fails.
+    const auto gv = normal_values(rng, m * n, 0.0, 1.0, dt);
+    const BackwardReference bref = reference_backward(gv, ref.pre, xv, wv, m, n, k, Activation::silu);
+    const lb::BackwardBaseline bbase = lb::backward_baseline(gv, ref.pre, xv, wv, m, n, k, Activation::silu, dt);
+    const lb::BackwardBaseline no_act = lb::backward_baseline(gv, ref.pre, xv, wv, m, n, k, Activation::none, dt);
+    EXPECT_TRUE(lb::judge(bbase.dw, bref.dw, bbase.dw, dt, "baseline dW").pass);
+    EXPECT_FALSE(lb::judge(no_act.dw, bref.dw, bbase.dw, dt, "dW without act'").pass);
+  }
+}
+
+TEST(LinearCpu, EmptyDimensions) {
+  const Device cpu = Device::cpu();
+  // K = 0: y = act(bias); dbias = sum of dz; dx, dW are empty.
+  {
+    Buffer x(DType::f64, cpu, {3, 0}), w(DType::f64, cpu, {2, 0}), b(DType::f64, cpu, {2});
+    Buffer y(DType::f64, cpu, {3, 2}), pre(DType::f64, cpu, {3, 2});
+    b.set_values({-1.0, 2.0});
+    linear_forward(x.view(), w.view(), b.view(), Activation::relu, y.view(), pre.view(), std::nullopt);
+    EXPECT_EQ(y.values(), (std::vector<double>{0, 2, 0, 2, 0, 2}));
+    EXPECT_EQ(pre.values(), (std::vector<double>{-1, 2, -1, 2, -1, 2}));
+    Buffer dout(DType::f64, cpu, {3, 2}), db(DType::f64, cpu, {2});
+    dout.set_values({1, 1, 2, 2, 3, 3});
+    linear_backward(dout.view(), x.view(), w.view(), pre.view(), Activation::relu, std::nullopt,
+                    std::nullopt, db.view(), std::nullopt);
+    EXPECT_EQ(db.values(), (std::vector<double>{0, 6}));
+  }
+  // M = 0: dW and dbias are zero.
+  {
+    Buffer x(DType::f64, cpu, {0, 4}), w(DType::f64, cpu, {2, 4}), dout(DType::f64, cpu, {0, 2});
+    Buffer dw(DType::f64, cpu, {2, 4}), db(DType::f64, cpu, {2});
+    linear_backward(dout.view(), x.view(), w.view(), std::nullopt, Activation::none, std::nullopt,
+                    dw.view(), db.view(), std::nullopt);
+    for (double v : dw.values()) EXPECT_EQ(v, 0.0);
+    for (double v : db.values()) EXPECT_EQ(v, 0.0);
+  }
+}
+
+// ---- argument errors (checked before any backend runs) -------------------------------------
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+bool has(const std::string& message, const std::string& part) {
+  return message.find(part) != std::string::npos;
+}
+
+struct ErrorFixture {
+  const Device cpu = Device::cpu();
+  std::vector<std::uint16_t> xb = std::vector<std::uint16_t>(64 * 32 + 8);
+  std::vector<std::uint16_t> wb = std::vector<std::uint16_t>(48 * 32 + 8);
+  std::vector<std::uint16_t> yb = std::vector<std::uint16_t>(64 * 48 + 8);
+  std::vector<std::uint16_t> pb = std::vector<std::uint16_t>(64 * 48 + 8);
+  std::vector<std::uint16_t> bb = std::vector<std::uint16_t>(48 + 8);
+  TensorView x{xb.data(), DType::bf16, cpu, {64, 32}};
+  TensorView w{wb.data(), DType::bf16, cpu, {48, 32}};
+  TensorView y{yb.data(), DType::bf16, cpu, {64, 48}};
+  TensorView pre{pb.data(), DType::bf16, cpu, {64, 48}};
+  TensorView b{bb.data(), DType::bf16, cpu, {48}};
+};
+
+TEST(LinearErrors, MismatchedShapes) {
+  ErrorFixture f;
+  TensorView w_bad(f.wb.data(), DType::bf16, f.cpu, {48, 31});
+  EXPECT_EQ(error_of([&] { linear_forward(f.x, w_bad, f.b, Activation::relu, f.y, std::nullopt, std::nullopt); }),
+            "fusekit.linear_forward: argument 'weight': expected shape (N, 32) (K = x's last "
+            "dimension), got (48, 31)");
+  TensorView y_bad(f.yb.data(), DType::bf16, f.cpu, {64, 47});
+  EXPECT_TRUE(has(error_of([&] { linear_forward(f.x, f.w, f.b, Activation::relu, y_bad, std::nullopt, std::nullopt); }),
+                  "argument 'y': expected shape (64, 48)"));
+  TensorView b_bad(f.bb.data(), DType::bf16, f.cpu, {47});
+  EXPECT_TRUE(has(error_of([&] { linear_forward(f.x, f.w, b_bad, Activation::relu, f.y, std::nullopt, std::nullopt); }),
+                  "argument 'bias': expected shape (48), got (47)"));
+  TensorView pre_bad(f.pb.data(), DType::bf16, f.cpu, {63, 48});
+  EXPECT_TRUE(has(error_of([&] { linear_forward(f.x, f.w, f.b, Activation::relu, f.y, pre_bad, std::nullopt); }),
+                  "argument 'pre_activation': expected shape (64, 48)"));
+  TensorView w3(f.wb.data(), DType::bf16, f.cpu, {2, 24, 32});
+  EXPECT_TRUE(has(error_of([&] { linear_forward(f.x, w3, std::nullopt, Activation::none, f.y, std::nullopt, std::nullopt); }),
+                  "argument 'weight': expected a 2-D tensor (N, K), got shape (2, 24, 32)"));
+  // Backward: dout not (M, N); dx not like x; dweight not like weight.
+  TensorView dout_bad(f.yb.data(), DType::bf16, f.cpu, {64, 40});
+  EXPECT_TRUE(has(error_of([&] { linear_backward(dout_bad, f.x, f.w, f.pre, Activation::gelu_erf, std::nullopt, std::nullopt, std::nullopt, std::nullopt); }),
+                  "argument 'dout': expected shape (64, 48)"));
+  TensorView dx_bad(f.xb.data(), DType::bf16, f.cpu, {64, 16});
+  EXPECT_TRUE(has(error_of([&] { linear_backward(f.y, f.x, f.w, f.pre, Activation::silu, dx_bad, std::nullopt, std::nullopt, std::nullopt); }),
+                  "argument 'dx': expected shape (64, 32)"));
+  TensorView dw_bad(f.wb.data(), DType::bf16, f.cpu, {32, 48});
+  EXPECT_TRUE(has(error_of([&] { linear_backward(f.y, f.x, f.w, f.pre, Activation::silu, std::nullopt, dw_bad, std::nullopt, std::nullopt); }),
+                  "argument 'dweight': expected shape (48, 32)"));
+  // Strides: a non-contiguous last dimension.
+  TensorView x_strided(f.xb.data(), DType::bf16, f.cpu, {32, 32}, {64, 2});
+  TensorView y_half(f.yb.data(), DType::bf16, f.cpu, {32, 48});
+  EXPECT_TRUE(has(error_of([&] { linear_forward(x_strided, f.w, f.b, Activation::none, y_half, std::nullopt, std::nullopt); }),
+                  "argument 'x': expected a contiguous last dimension"));
+}
+
+TEST(LinearErrors, DtypeMismatch) {
+  ErrorFixture f;
+  TensorView w16(f.wb.data(), DType::f16, f.cpu, {48, 32});
+  EXPECT_EQ(error_of([&] { linear_forward(f.x, w16, f.b, Activation::relu, f.y, std::nullopt, std::nullopt); }),
+            "fusekit.linear_forward: argument 'weight': expected dtype bf16 (as 'x'), got f16");
+  std::vector<float> b32_storage(48);
+  TensorView bias_f32(b32_storage.data(), DType::f32, f.cpu, {48});
+  EXPECT_TRUE(has(error_of([&] { linear_forward(f.x, f.w, bias_f32, Activation::relu, f.y, std::nullopt, std::nullopt); }),
+                  "argument 'bias': expected dtype bf16 (as 'x'), got f32"));
+  TensorView y16(f.yb.data(), DType::f16, f.cpu, {64, 48});
+  EXPECT_TRUE(has(error_of([&] { linear_forward(f.x, f.w, f.b, Activation::relu, y16, std::nullopt, std::nullopt); }),
+                  "argument 'y': expected dtype bf16 (as 'x'), got f16"));
+  std::vector<std::int32_t> xi(64 * 32);
+  TensorView x_int(xi.data(), DType::i32, f.cpu, {64, 32});
+  EXPECT_TRUE(has(error_of([&] { linear_forward(x_int, f.w, f.b, Activation::relu, f.y, std::nullopt, std::nullopt); }),
+                  "argument 'x': expected dtype f32, f16, bf16 or f64, got i32"));
+  // f64 is the CPU reference's alone (checked before anything touches the device).
+  TensorView x64(reinterpret_cast<void*>(0x1000), DType::f64, Device::cuda(0), {64, 32});
+  TensorView w64(reinterpret_cast<void*>(0x2000), DType::f64, Device::cuda(0), {48, 32});
+  TensorView y64(reinterpret_cast<void*>(0x3000), DType::f64, Device::cuda(0), {64, 48});
+  EXPECT_TRUE(has(error_of([&] { linear_forward(x64, w64, std::nullopt, Activation::none, y64, std::nullopt, std::nullopt); }),
+                  "argument 'x': expected dtype f32, f16 or bf16 on a CUDA device (f64 runs on the CPU reference only), got f64"));
+}
+
+TEST(LinearErrors, Alignment) {
+  ErrorFixture f;
+  // A bf16 tensor starting at an odd byte address.
+  auto* odd = reinterpret_cast<unsigned char*>(f.xb.data()) + 1;
+  TensorView x_odd(odd, DType::bf16, f.cpu, {64, 32});
+  EXPECT_EQ(error_of([&] { linear_forward(x_odd, f.w, f.b, Activation::relu, f.y, std::nullopt, std::nullopt); }),
+            "fusekit.linear_forward: argument 'x': expected a data pointer aligned to 2 bytes (the "
+            "bf16 element size), got an address 1 bytes past such a boundary");
+  TensorView y_odd(reinterpret_cast<unsigned char*>(f.yb.data()) + 1, DType::bf16, f.cpu, {64, 48});
+  EXPECT_TRUE(has(error_of([&] { linear_forward(f.x, f.w, f.b, Activation::relu, y_odd, std::nullopt, std::nullopt); }),
+                  "argument 'y': expected a data pointer aligned to 2 bytes"));
+  TensorView b_odd(reinterpret_cast<unsigned char*>(f.bb.data()) + 1, DType::bf16, f.cpu, {48});
+  EXPECT_TRUE(has(error_of([&] { linear_backward(f.y, f.x, f.w, f.pre, Activation::relu, std::nullopt, std::nullopt, b_odd, std::nullopt); }),
+                  "argument 'dbias': expected a data pointer aligned to 2 bytes"));
+}
+
+TEST(LinearErrors, DeviceMix) {
+  ErrorFixture f;
+  TensorView w_gpu(f.wb.data(), DType::bf16, Device::cuda(0), {48, 32});
+  EXPECT_EQ(error_of([&] { linear_forward(f.x, w_gpu, f.b, Activation::relu, f.y, std::nullopt, std::nullopt); }),
+            "fusekit.linear_forward: argument 'weight': expected a tensor on cpu (where 'x' is), got "
+            "a tensor on cuda:0");
+  TensorView dx_gpu(f.xb.data(), DType::bf16, Device::cuda(1), {64, 32});
+  EXPECT_TRUE(has(error_of([&] { linear_backward(f.y, f.x, f.w, f.pre, Activation::relu, dx_gpu, std::nullopt, std::nullopt, std::nullopt); }),
+                  "argument 'dx': expected a tensor on cpu (where 'dout' is), got a tensor on cuda:1"));
+}
+
+TEST(LinearErrors, ActivationAndMissingInputs) {
+  ErrorFixture f;
+  EXPECT_TRUE(has(error_of([&] { linear_forward(f.x, f.w, f.b, Activation::leaky_relu, f.y, std::nullopt, std::nullopt); }),
+                  "argument 'activation': expected none, relu, gelu_erf, gelu_tanh, squared_relu or silu"));
+  EXPECT_TRUE(has(error_of([&] { linear_forward(f.x, f.w, f.b, static_cast<Activation>(77), f.y, std::nullopt, std::nullopt); }),
+                  "got activation code 77"));
+  EXPECT_EQ(error_of([&] { linear_backward(f.y, f.x, f.w, std::nullopt, Activation::gelu_tanh, std::nullopt, std::nullopt, std::nullopt, std::nullopt); }),
+            "fusekit.linear_backward: argument 'pre_activation': expected the saved pre-activation "
+            "(required for activation gelu_tanh), got none");
+  TensorView x_null(nullptr, DType::bf16, f.cpu, {64, 32});
+  EXPECT_TRUE(has(error_of([&] { linear_forward(x_null, f.w, f.b, Activation::relu, f.y, std::nullopt, std::nullopt); }),
+                  "argument 'x': expected a non-null data pointer"));
+}
+
+// ---- GPU ---------------------------------------------------------------------------------------
+
+TEST(LinearGpu, ForwardRandomizedGridMatchesReference) {
+  FUSEKIT_REQUIRE_GPU();
+  auto rng = testing::make_rng(100);
+  const std::int64_t ms[] = {1, 2, 3, 17, 64, 127, 128, 333, 1000};
+  const std::int64_t ns[] = {1, 5, 8, 24, 96, 130, 256, 264, 1000};
+  const std::int64_t ks[] = {1, 3, 8, 13, 64, 136, 512, 1000, 1024};
+  const DType dtypes[] = {DType::bf16, DType::f16, DType::f32};
+  int cases = 0;
+  for (Activation act : kActivations) {
+    for (int rep = 0; rep < 10; ++rep) {
+      ForwardCase c;
+      c.act = act;
+      c.dtype = dtypes[rng() % 3];
+      c.m = ms[rng() % 9];
+      c.n = ns[rng() % 9];
+      c.k = ks[rng() % 9];
+      c.bias = rng() % 4 != 0;
+      c.pre = rng() % 2 == 0;
+      c.pad = (rng() % 4 == 0) ? (rng() % 2 ? 8 : 3) : 0;
+      check_forward(c, 1000 + cases++);
+    }
+  }
+  EXPECT_EQ(cases, 60);
+}
+
+TEST(LinearGpu, BackwardRandomizedGridMatchesReference) {
+  FUSEKIT_REQUIRE_GPU();
+  auto rng = testing::make_rng(101);
+  const std::int64_t ms[] = {1, 2, 3, 17, 64, 127, 128, 333, 1000};
+  const std::int64_t ns[] = {1, 5, 8, 24, 96, 130, 256, 264, 1000};
+  const std::int64_t ks[] = {1, 3, 8, 13, 64, 136, 512, 1000, 1024};
+  const DType dtypes[] = {DType::bf16, DType::f16, DType::f32};
+  int cases = 0;
+  for (Activation act : kActivations) {
+    for (int rep = 0; rep < 10; ++rep) {
+      BackwardCase c;
+      c.act = act;
+      c.dtype = dtypes[rng() % 3];
+      c.m = ms[rng() % 9];
+      c.n = ns[rng() % 9];
+      c.k = ks[rng() % 9];
+      c.dx = rng() % 5 != 0;
+      c.dw = rng() % 5 != 0;
+      c.dbias = rng() % 3 != 0;
+      if (!c.dx && !c.dw && !c.dbias) c.dbias = true;
+      c.pad = (rng() % 4 == 0) ? (rng() % 2 ? 8 : 3) : 0;
+      check_backward(c, 2000 + cases++);
+    }
+  }
+  EXPECT_EQ(cases, 60);
+}
+
+// Several waves of CTAs and a partial last tile in M and N.
+TEST(LinearGpu, LargerShapesMatchReference) {
+  FUSEKIT_REQUIRE_GPU();
+  int salt = 0;
+  for (Activation act : kActivations) {
+    check_forward({DType::bf16, act, 1531, 2056, 1024, true, true, 0}, 3000 + salt++);
+    check_backward({DType::bf16, act, 1531, 2056, 1024, true, true, true, 0}, 3100 + salt++);
+  }
+}
+
+// Every forward path, forced, for every activation it can serve.
+TEST(LinearGpu, EveryForwardPathMatchesReference) {
+  FUSEKIT_REQUIRE_GPU();
+  int salt = 0;
+  for (ForwardPath path : {ForwardPath::cutlass_fused, ForwardPath::cublaslt_epilogue, ForwardPath::unfused}) {
+    PathOverride force(path);
+    for (DType dt : {DType::bf16, DType::f16}) {
+      for (Activation act : kActivations) {
+        for (bool pre : {false, true}) {
+          for (auto [m, n, k] : {std::array<std::int64_t, 3>{333, 264, 136}, std::array<std::int64_t, 3>{1000, 1024, 512}}) {
+            const ForwardCase c{dt, act, m, n, k, (salt % 3) != 0, pre, 0};
+            const ForwardPath ran = check_forward(c, 4000 + salt++);
+            const bool lt_can = !pre ? (act == Activation::none || act == Activation::relu || act == Activation::gelu_tanh)
+                                     : act == Activation::gelu_tanh;
+            if (path == ForwardPath::cublaslt_epilogue && lt_can && ran == ForwardPath::unfused) {
+              // Legal: cuBLASLt offered no kernel for this epilogue and layout (reported, not failed).
+              std::printf("note: %s: cuBLASLt has no epilogue kernel, ran unfused\n", c.str().c_str());
+            } else if (path != ForwardPath::cublaslt_epilogue || lt_can) {
+              EXPECT_EQ(ran, path) << c.str();
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(LinearGpu, AutomaticRouting) {
+  FUSEKIT_REQUIRE_GPU();
+  struct Expect {
+    ForwardCase c;
+    ForwardPath path;
+  };
+  const Expect expectations[] = {
+      {{DType::bf16, Activation::gelu_tanh, 256, 512, 128, true, false, 0}, ForwardPath::cublaslt_epilogue},
+      {{DType::bf16, Activation::gelu_tanh, 256, 512, 128, true, true, 0}, ForwardPath::cublaslt_epilogue},
+      {{DType::bf16, Activation::relu, 256, 512, 128, true, false, 0}, ForwardPath::cublaslt_epilogue},
+      {{DType::bf16, Activation::none, 256, 512, 128, false, false, 0}, ForwardPath::cublaslt_epilogue},
+      {{DType::bf16, Activation::relu, 256, 512, 128, true, true, 0}, ForwardPath::cutlass_fused},
+      {{DType::bf16, Activation::squared_relu, 256, 512, 128, true, true, 0}, ForwardPath::cutlass_fused},
+      {{DType::f16, Activation::silu, 255, 512, 128, false, false, 0}, ForwardPath::cutlass_fused},
+      {{DType::bf16, Activation::gelu_erf, 256, 512, 128, true, false, 8}, ForwardPath::cutlass_fused},
+      {{DType::bf16, Activation::silu, 256, 510, 128, true, false, 0}, ForwardPath::unfused},   // N % 8
+      {{DType::bf16, Activation::silu, 256, 512, 126, true, false, 0}, ForwardPath::unfused},   // K % 8
+      {{DType::bf16, Activation::silu, 256, 512, 128, true, false, 3}, ForwardPath::unfused},   // row stride
+      {{DType::f32, Activation::gelu_tanh, 64, 64, 64, true, false, 0}, ForwardPath::unfused},
+      {{DType::f32, Activation::relu, 64, 64, 64, true, false, 0}, ForwardPath::cublaslt_epilogue},
+  };
+  int salt = 0;
+  for (const Expect& e : expectations) EXPECT_EQ(check_forward(e.c, 5000 + salt++), e.path) << e.c.str();
+}
+
+// A single row, a single 8-column tile, K = 8 exactly (one partial k-block).
+TEST(LinearGpu, EdgeShapes) {
+  FUSEKIT_REQUIRE_GPU();
+  int salt = 0;
+  for (Activation act : kActivations) {
+    check_forward({DType::bf16, act, 1, 4096, 8, true, true, 0}, 6000 + salt++);
+    check_forward({DType::bf16, act, 4097, 8, 8, true, true, 0}, 6000 + salt++);
+    check_backward({DType::bf16, act, 1, 4096, 8, true, true, true, 0}, 6100 + salt++);
+    check_backward({DType::bf16, act, 4097, 8, 8, true, true, true, 0}, 6100 + salt++);
+  }
+}
+
+TEST(LinearGpu, EmptyDimensions) {
+  FUSEKIT_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  auto ws = [&](std::size_t bytes) { return workspace_for(bytes, gpu); };
+  {  // K = 0: y = act(bias), pre = bias; backward: dbias = column sums of dz.
+    Buffer x(DType::bf16, gpu, {3, 0}), w(DType::bf16, gpu, {2, 0}), b(DType::bf16, gpu, {2});
+    Buffer y(DType::bf16, gpu, {3, 2}), pre(DType::bf16, gpu, {3, 2}), dout(DType::bf16, gpu, {3, 2});
+    Buffer db(DType::bf16, gpu, {2});
+    b.set_values({-1.0, 2.0});
+    dout.set_values({1, 1, 2, 2, 3, 3});
+    Buffer wf = ws(linear_forward_workspace_size(3, 2, 0, DType::bf16, Activation::relu, gpu));
+    linear_forward(x.view(), w.view(), b.view(), Activation::relu, y.view(), pre.view(), wf.view());
+    EXPECT_EQ(y.values(), (std::vector<double>{0, 2, 0, 2, 0, 2}));
+    EXPECT_EQ(pre.values(), (std::vector<double>{-1, 2, -1, 2, -1, 2}));
+    Buffer wb = ws(linear_backward_workspace_size(3, 2, 0, DType::bf16, Activation::relu, gpu));
+    linear_backward(dout.view(), x.view(), w.view(), pre.view(), Activation::relu, std::nullopt,
+                    std::nullopt, db.view(), wb.view());
+    EXPECT_EQ(db.values(), (std::vector<double>{0, 6}));
+  }
+  {  // M = 0: dW and dbias are zero (the poison must go).
+    Buffer x(DType::bf16, gpu, {0, 16}), w(DType::bf16, gpu, {8, 16}), dout(DType::bf16, gpu, {0, 8});
+    Buffer dw(DType::bf16, gpu, {8, 16}), db(DType::bf16, gpu, {8});
+    Buffer wb = ws(linear_backward_workspace_size(0, 8, 16, DType::bf16, Activation::none, gpu));
+    linear_backward(dout.view(), x.view(), w.view(), std::nullopt, Activation::none, std::nullopt,
+                    dw.view(), db.view(), wb.view());
+    for (double v : dw.values()) ASSERT_EQ(v, 0.0);
+    for (double v : db.values()) ASSERT_EQ(v, 0.0);
+  }
+  {  // N = 0: dx is zero.
+    Buffer x(DType::bf16, gpu, {4, 16}), w(DType::bf16, gpu, {0, 16}), dout(DType::bf16, gpu, {4, 0});
+    Buffer dx(DType::bf16, gpu, {4, 16});
+    Buffer wb = ws(linear_backward_workspace_size(4, 0, 16, DType::bf16, Activation::none, gpu));
+    linear_backward(dout.view(), x.view(), w.view(), std::nullopt, Activation::none, dx.view(),
+                    std::nullopt, std::nullopt, wb.view());
+    for (double v : dx.values()) ASSERT_EQ(v, 0.0);
+  }
+}
+
+// Row padding of y and pre is never written, on every forward path.
+TEST(LinearGpu, RowPaddingIsNeverWritten) {
+  FUSEKIT_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  auto rng = testing::make_rng(9);
+  const std::int64_t m = 300, n = 256, k = 64, pad = 8;
+  for (ForwardPath path : {ForwardPath::cutlass_fused, ForwardPath::cublaslt_epilogue, ForwardPath::unfused}) {
+    PathOverride force(path);
+    for (Activation act : {Activation::gelu_tanh, Activation::silu}) {
+      Buffer x = matrix(DType::bf16, gpu, m, k), w = matrix(DType::bf16, gpu, n, k);
+      Buffer y = matrix(DType::bf16, gpu, m, n, pad), pre = matrix(DType::bf16, gpu, m, n, pad);
+      x.fill_normal(rng);
+      w.fill_normal(rng, 0.0, 0.1);
+      Buffer ws = workspace_for(linear_forward_workspace_size(m, n, k, DType::bf16, act, gpu), gpu);
+      linear_forward(x.view(), w.view(), std::nullopt, act, y.view(), pre.view(), ws.view());
+      SCOPED_TRACE(std::string(linear::forward_path_name(linear::last_forward_path())) + " " + activation_name(act));
+      for (const Buffer* b : {&y, &pre}) {
+        const auto raw = b->raw_bytes();
+        std::int64_t untouched = 0;
+        for (std::int64_t r = 0; r + 1 < m; ++r)
+          for (std::int64_t c = n; c < n + pad; ++c) {
+            const std::size_t off = static_cast<std::size_t>(r * (n + pad) + c) * 2;
+            untouched += raw[off] == 0xFF && raw[off + 1] == 0xFF;
+          }
+        EXPECT_EQ(untouched, (m - 1) * pad);
+      }
+    }
+  }
+}
+
+TEST(LinearGpu, RunsAreBitwiseReproducible) {
+  FUSEKIT_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  auto rng = testing::make_rng(10);
+  const std::int64_t m = 2048, n = 1536, k = 1024;
+  for (Activation act : {Activation::gelu_tanh, Activation::squared_relu}) {
+    Buffer x = matrix(DType::bf16, gpu, m, k), w = matrix(DType::bf16, gpu, n, k), b(DType::bf16, gpu, {n});
+    Buffer y = matrix(DType::bf16, gpu, m, n), pre = matrix(DType::bf16, gpu, m, n), dout = matrix(DType::bf16, gpu, m, n);
+    Buffer dx = matrix(DType::bf16, gpu, m, k), dw = matrix(DType::bf16, gpu, n, k), db(DType::bf16, gpu, {n});
+    x.fill_normal(rng);
+    w.fill_normal(rng, 0.0, 0.03);
+    b.fill_normal(rng);
+    dout.fill_normal(rng);
+    Buffer wsf = workspace_for(linear_forward_workspace_size(m, n, k, DType::bf16, act, gpu), gpu);
+    Buffer wsb = workspace_for(linear_backward_workspace_size(m, n, k, DType::bf16, act, gpu), gpu);
+    std::vector<std::vector<unsigned char>> runs;
+    for (int run = 0; run < 3; ++run) {
+      for (Buffer* o : {&y, &pre, &dx, &dw, &db}) o->poison();
+      linear_forward(x.view(), w.view(), b.view(), act, y.view(), pre.view(), wsf.view());
+      linear_backward(dout.view(), x.view(), w.view(), pre.view(), act, dx.view(), dw.view(), db.view(), wsb.view());
+      std::vector<unsigned char> bytes;
+      for (const Buffer* o : {&y, &pre, &dx, &dw, &db}) {
+        const auto r = o->raw_bytes();
+        bytes.insert(bytes.end(), r.begin(), r.end());
+      }
+      runs.push_back(std::move(bytes));
+    }
+    EXPECT_TRUE(runs[0] == runs[1] && runs[1] == runs[2]) << activation_name(act);
+  }
+}
+
+TEST(LinearGpu, WorkspaceErrors) {
+  FUSEKIT_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  Buffer x = matrix(DType::bf16, gpu, 64, 32), w = matrix(DType::bf16, gpu, 48, 32), y = matrix(DType::bf16, gpu, 64, 48);
+  const std::size_t need = linear_forward_workspace_size(64, 48, 32, DType::bf16, Activation::silu, gpu);
+  EXPECT_TRUE(has(error_of([&] { linear_forward(x.view(), w.view(), std::nullopt, Activation::silu, y.view(), std::nullopt, std::nullopt); }),
+                  "argument 'workspace': expected a u8 tensor of at least " + std::to_string(need) + " bytes"));
+  Buffer small(DType::u8, gpu, {static_cast<std::int64_t>(need / 2)});
+  EXPECT_TRUE(has(error_of([&] { linear_forward(x.view(), w.view(), std::nullopt, Activation::silu, y.view(), std::nullopt, small.view()); }),
+                  "argument 'workspace'"));
+  Buffer big(DType::u8, gpu, {static_cast<std::int64_t>(need + 512)});
+  TensorView shifted = big.view();
+  shifted.data = static_cast<unsigned char*>(shifted.data) + 16;
+  shifted.shape[0] = static_cast<std::int64_t>(need);
+  EXPECT_TRUE(has(error_of([&] { linear_forward(x.view(), w.view(), std::nullopt, Activation::silu, y.view(), std::nullopt, shifted); }),
+                  "argument 'workspace': expected a 256-byte aligned pointer"));
+  // Backward with an activation needs room for dz on top of cuBLASLt's share.
+  const std::size_t need_bwd = linear_backward_workspace_size(64, 48, 32, DType::bf16, Activation::silu, gpu);
+  EXPECT_GT(need_bwd, need);
+  Buffer fwd_sized(DType::u8, gpu, {static_cast<std::int64_t>(need)});
+  EXPECT_TRUE(has(error_of([&] { linear_backward(y.view(), x.view(), w.view(), y.view(), Activation::silu, x.view(), std::nullopt, std::nullopt, fwd_sized.view()); }),
+                  "argument 'workspace': expected a u8 tensor of at least " + std::to_string(need_bwd)));
+}
+
+}  // namespace
+}  // namespace fusekit

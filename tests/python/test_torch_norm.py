@@ -1,0 +1,371 @@
+"""fusekit.torch's LayerNorm / RMSNorm against PyTorch itself: outputs and gradients of the
+drop-ins vs torch.nn.LayerNorm / RMSNorm (float64 PyTorch as the reference; fusekit's error at
+most twice PyTorch's own in the same dtype), gradcheck, the custom-op registration (opcheck),
+torch.compile(fullgraph=True), CUDA graph capture, streams and error reporting.
+
+Every test runs on the CPU backend where PyTorch is installed and again on CUDA where a GPU is
+present. Gradcheck runs in float32 with loose tolerances: fusekit takes float32/float16/bfloat16
+activations only (no float64 kernels, on the CPU backend either), see test_float64_is_rejected."""
+import inspect
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed: the fusekit.torch tests need it")
+import fusekit  # noqa: E402
+import fusekit.torch as fk  # noqa: E402
+from fk_testing import ACCUMULATION_FLOOR  # noqa: E402
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device"))]
+cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
+DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
+
+@pytest.fixture(params=["fast", "op"])
+def path(request):
+    """Both eager paths: the dispatcher-free fast path and the registered custom op."""
+    fk.set_eager_fast_path(request.param == "fast")
+    yield request.param
+    fk.set_eager_fast_path(True)
+
+
+def rel(a, ref):
+    a, ref = a.detach().double().cpu(), ref.detach().double().cpu()
+    assert a.shape == ref.shape, f"shape {tuple(a.shape)} != {tuple(ref.shape)}"
+    assert torch.isfinite(a).all(), "non-finite values"
+    return ((a - ref).norm() / ref.norm().clamp_min(1e-300)).item()
+
+
+def check_vs_pytorch(name, got, torch_same_dtype, ref64, dtype_name):
+    """rel_l2(fusekit) <= 2 * max(rel_l2(PyTorch, same dtype), rounding, accumulation floor)."""
+    err = rel(got, ref64)
+    torch_err = rel(torch_same_dtype, ref64)
+    rounding = rel(ref64.to(got.dtype), ref64)
+    bar = 2.0 * max(torch_err, rounding, ACCUMULATION_FLOOR[dtype_name])
+    assert err <= bar, (f"{name} ({dtype_name}): fusekit {err:.3e} > bar {bar:.3e} "
+                        f"(PyTorch {torch_err:.3e}, rounding {rounding:.3e})")
+
+
+MODULES = {
+    "LayerNorm": (torch.nn.LayerNorm, fk.LayerNorm, {}),
+    "LayerNorm-no-bias": (torch.nn.LayerNorm, fk.LayerNorm, {"bias": False}),
+    "LayerNorm-no-affine": (torch.nn.LayerNorm, fk.LayerNorm, {"elementwise_affine": False}),
+    "LayerNorm-2d-shape": (torch.nn.LayerNorm, fk.LayerNorm, {"shape2d": True}),
+    "RMSNorm": (torch.nn.RMSNorm, fk.RMSNorm, {"eps": 1e-6}),
+    "RMSNorm-default-eps": (torch.nn.RMSNorm, fk.RMSNorm, {}),
+    "RMSNorm-no-affine": (torch.nn.RMSNorm, fk.RMSNorm, {"elementwise_affine": False}),
+}
+
+
+def make_modules(name, n, device, dtype, seed):
+    torch_class, fk_class, kwargs = MODULES[name]
+    kwargs = dict(kwargs)
+    shape = (4, n // 4) if kwargs.pop("shape2d", False) else n
+    gen = torch.Generator().manual_seed(seed)
+    ref = torch_class(shape, **kwargs, device=device, dtype=dtype)
+    with torch.no_grad():
+        for p in ref.parameters():  # away from zero and one, so that mistakes show
+            p.copy_((torch.rand(p.shape, generator=gen) + 0.5) * torch.randn(p.shape, generator=gen).sign())
+    ours = fk_class(shape, **kwargs, device=device, dtype=dtype)
+    assert list(ours.state_dict()) == list(ref.state_dict())
+    ours.load_state_dict(ref.state_dict())
+    ref64 = torch_class(shape, **kwargs, device=device, dtype=torch.float64)
+    ref64.load_state_dict({k: v.double() for k, v in ref.state_dict().items()})
+    return ref, ours, ref64
+
+
+def run(module, x, dy):
+    x = x.detach().clone().requires_grad_(True)
+    y = module(x)
+    y.backward(dy.to(y.dtype))
+    grads = {n: p.grad for n, p in module.named_parameters()}
+    return y, x.grad, grads
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+@pytest.mark.parametrize("name", list(MODULES))
+def test_drop_in_matches_pytorch(device, dtype_name, name, path, seed):
+    dtype = DTYPES[dtype_name]
+    n = 1024 if device == "cuda" else 256
+    lead = (8, 64) if device == "cuda" else (3, 17)
+    ref, ours, ref64 = make_modules(name, n, device, dtype, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    x = (torch.randn(*lead, *ref.normalized_shape, generator=gen) * 2 + 0.3).to(device, dtype)
+    dy = torch.randn(x.shape, generator=gen).to(device, dtype)
+    y, dx, grads = run(ours, x, dy)
+    y_t, dx_t, grads_t = run(ref, x, dy)
+    y_64, dx_64, grads_64 = run(ref64, x.double(), dy.double())
+    assert y.dtype == dtype and y.shape == x.shape
+    check_vs_pytorch("y", y, y_t, y_64, dtype_name)
+    check_vs_pytorch("dx", dx, dx_t, dx_64, dtype_name)
+    for pname in grads_64:
+        assert grads[pname].dtype == dtype
+        check_vs_pytorch(f"d{pname}", grads[pname], grads_t[pname], grads_64[pname], dtype_name)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_both_paths_give_identical_results(device, seed):
+    torch.manual_seed(seed)
+    m = fk.LayerNorm(64, device=device, dtype=torch.bfloat16)
+    x = torch.randn(5, 64, device=device, dtype=torch.bfloat16)
+    dy = torch.randn_like(x)
+    out = {}
+    for fast in (True, False):
+        fk.set_eager_fast_path(fast)
+        try:
+            m.zero_grad()
+            out[fast] = run(m, x, dy)
+        finally:
+            fk.set_eager_fast_path(True)
+    (y1, dx1, g1), (y2, dx2, g2) = out[True], out[False]
+    assert torch.equal(y1, y2) and torch.equal(dx1, dx2)
+    assert all(torch.equal(g1[k], g2[k]) for k in g1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_inference_and_partial_gradients(device, seed, path):
+    """No grad recorded; gradients for a subset of the inputs only."""
+    torch.manual_seed(seed)
+    ref = torch.nn.LayerNorm(32, device=device)
+    ours = fk.LayerNorm(32, device=device)
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(6, 32, device=device)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), ref(x))
+    with torch.inference_mode():
+        torch.testing.assert_close(ours(x), ref(x))
+    ours.weight.requires_grad_(False)
+    xg = x.clone().requires_grad_(True)
+    ours(xg).sum().backward()
+    assert ours.weight.grad is None and ours.bias.grad is not None and xg.grad is not None
+    xr = x.clone().requires_grad_(True)
+    ref(xr).sum().backward()
+    torch.testing.assert_close(xg.grad, xr.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours.bias.grad, ref.bias.grad, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_non_contiguous_input_and_mixed_precision(device, seed, path):
+    torch.manual_seed(seed)
+    base = torch.randn(16, 8, device=device, dtype=torch.bfloat16)
+    x = base.t()  # (8, 16), last dimension strided
+    w = torch.randn(16, device=device, dtype=torch.float32, requires_grad=True)
+    b = torch.randn(16, device=device, dtype=torch.float32, requires_grad=True)
+    y = fk.layer_norm(x, (16,), w, b, 1e-5)
+    assert y.dtype == torch.bfloat16 and y.is_contiguous()
+    ref = torch.nn.functional.layer_norm(x.double(), (16,), w.double(), b.double(), 1e-5)
+    assert rel(y, ref) <= 2 * max(rel(ref.to(torch.bfloat16), ref), ACCUMULATION_FLOOR["bf16"])
+    y.float().sum().backward()
+    assert w.grad.dtype == torch.float32 and b.grad.dtype == torch.float32
+    torch.testing.assert_close(b.grad, torch.full_like(b, 8.0))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradcheck_float32(device, path):
+    """float32 gradcheck (fusekit has no float64 kernels): finite differences with eps=1e-3 in
+    float32 are accurate to ~1e-4, hence atol/rtol 2e-3."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 8, device=device, requires_grad=True)
+    w = (torch.rand(8, device=device) + 0.5).requires_grad_(True)
+    b = torch.randn(8, device=device, requires_grad=True)
+    kw = dict(eps=1e-3, atol=2e-3, rtol=2e-3, nondet_tol=0.0)
+    with pytest.warns(UserWarning, match="double precision"):
+        assert torch.autograd.gradcheck(lambda x, w, b: fk.layer_norm(x, (8,), w, b, 1e-5), (x, w, b), **kw)
+        assert torch.autograd.gradcheck(lambda x, w: fk.rms_norm(x, (8,), w, 1e-5), (x, w), **kw)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_float64_is_rejected(device):
+    x = torch.randn(2, 8, device=device, dtype=torch.float64)
+    with pytest.raises(fusekit.InvalidArgumentError, match="argument 'x': expected dtype f32, f16 or bf16, got f64"):
+        fk.layer_norm(x, (8,))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_custom_op_registration(device):
+    """torch.library.opcheck: schema, fake (meta) implementations, autograd registration and
+    AOT dispatch of every fusekit norm op."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 16, device=device, requires_grad=True)
+    w = torch.randn(16, device=device, requires_grad=True)
+    b = torch.randn(16, device=device, requires_grad=True)
+    dy = torch.randn(4, 16, device=device)
+    mean = torch.randn(4, device=device)
+    rstd = torch.rand(4, device=device) + 0.5
+    ops = torch.ops.fusekit
+    cases = [
+        (ops.layer_norm_fwd.default, (x, w, b, 1e-5)),
+        (ops.layer_norm_fwd.default, (x, None, None, 1e-5)),
+        (ops.rms_norm_fwd.default, (x, w, 1e-5)),
+        (ops.layer_norm_bwd.default, (dy, x.detach(), w.detach(), mean, rstd, False, True, True, True)),
+        (ops.layer_norm_bwd.default, (dy, x.detach(), None, mean, rstd, False, True, False, False)),
+        (ops.rms_norm_bwd.default, (dy, x.detach(), w.detach(), rstd, False, False, True)),
+    ]
+    for op, args in cases:
+        result = torch.library.opcheck(op, args)
+        assert all(v == "SUCCESS" for v in result.values()), (op, result)
+
+
+class Block(torch.nn.Module):
+    def __init__(self, n, device, dtype=torch.float32):
+        super().__init__()
+        self.up = torch.nn.Linear(n, 2 * n, device=device, dtype=dtype)
+        self.ln = fk.LayerNorm(2 * n, device=device, dtype=dtype)
+        self.down = torch.nn.Linear(2 * n, n, device=device, dtype=dtype)
+        self.rms = fk.RMSNorm(n, device=device, dtype=dtype)
+
+    def forward(self, x):
+        return self.rms(x + self.down(torch.nn.functional.gelu(self.ln(self.up(x)))))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile_fullgraph(device, seed):
+    torch.manual_seed(seed)
+    torch._dynamo.reset()
+    model = Block(64, device)
+    graphs = []
+
+    def recording_backend(gm, example_inputs):
+        graphs.append(gm)
+        # Inductor on CUDA; on the CPU the AOT-autograd path without Inductor's C++ build.
+        backend = "inductor" if device == "cuda" else "aot_eager"
+        return torch._dynamo.lookup_backend(backend)(gm, example_inputs)
+
+    compiled = torch.compile(model, backend=recording_backend, fullgraph=True)
+    x = torch.randn(4, 16, 64, device=device)
+    y = compiled(x)
+    y.square().mean().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    y_eager = model(x)
+    y_eager.square().mean().backward()
+    assert len(graphs) == 1  # fullgraph: one graph, no breaks
+    targets = {str(node.target) for node in graphs[0].graph.nodes if node.op == "call_function"}
+    assert any("fusekit.layer_norm_fwd" in t for t in targets), targets
+    assert any("fusekit.rms_norm_fwd" in t for t in targets), targets
+    torch.testing.assert_close(y, y_eager, rtol=1e-5, atol=1e-5)
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(grads[n], p.grad, rtol=1e-4, atol=1e-5)
+
+
+@cuda_only
+def test_cuda_graph_captured_training_step(seed):
+    torch.manual_seed(seed)
+    model = Block(256, "cuda", torch.bfloat16)
+    eager = Block(256, "cuda", torch.bfloat16)
+    eager.load_state_dict(model.state_dict())
+    static_x = torch.randn(8, 32, 256, device="cuda", dtype=torch.bfloat16)
+
+    def step(m, x):
+        loss = m(x).float().square().mean()
+        loss.backward()
+        return loss
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside capture, as CUDA graphs require
+        for _ in range(3):
+            model.zero_grad(set_to_none=True)
+            step(model, static_x)
+    torch.cuda.current_stream().wait_stream(side)
+    model.zero_grad(set_to_none=True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_loss = step(model, static_x)
+    for _ in range(2):  # replays on fresh data match eager steps exactly (deterministic kernels)
+        static_x.copy_(torch.randn_like(static_x))
+        graph.replay()
+        eager.zero_grad(set_to_none=True)
+        loss = step(eager, static_x.clone())
+        torch.cuda.synchronize()
+        assert torch.equal(static_loss, loss)
+        for (n, p), q in zip(model.named_parameters(), eager.parameters()):
+            assert torch.equal(p.grad, q.grad), n
+
+
+@cuda_only
+def test_runs_on_the_current_stream(seed):
+    """Work queued on a side stream: fusekit must run there, after the producer of its input."""
+    torch.manual_seed(seed)
+    side = torch.cuda.Stream()
+    w = torch.randn(4096, device="cuda")
+    with torch.cuda.stream(side):
+        x = torch.randn(2048, 4096, device="cuda")
+        torch.cuda._sleep(10_000_000)  # keep the side stream busy: a default-stream launch would race
+        x.mul_(3.0)
+        y = fk.rms_norm(x, (4096,), w, 1e-6)
+        y_ref = torch.nn.functional.rms_norm(x, (4096,), w, 1e-6)
+    side.synchronize()
+    torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
+
+
+@cuda_only
+def test_core_api_with_explicit_stream(seed):
+    torch.manual_seed(seed)
+    x = torch.randn(64, 512, device="cuda", dtype=torch.float16)
+    y = torch.empty_like(x)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    fusekit.rms_norm_forward(x, None, 1e-5, y, stream=stream.cuda_stream)
+    stream.synchronize()
+    torch.testing.assert_close(y, torch.nn.functional.rms_norm(x, (512,), None, 1e-5), rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.skipif(not HAS_CUDA or torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
+def test_second_device_from_the_first(seed):
+    torch.manual_seed(seed)
+    x = torch.randn(32, 256, device="cuda:1")
+    with torch.cuda.device(0):
+        y = fk.layer_norm(x, (256,))
+    torch.cuda.synchronize(1)
+    torch.testing.assert_close(y, torch.nn.functional.layer_norm(x, (256,)), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_errors_surface_as_exceptions(device, path):
+    m = fk.LayerNorm(8, device=device)
+    with pytest.raises(fusekit.InvalidArgumentError, match=r"fusekit\.layer_norm: argument 'x': expected a tensor whose last dimensions are \(8,\)"):
+        m(torch.randn(2, 9, device=device))
+    with pytest.raises(fusekit.InvalidArgumentError, match="argument 'x'"):
+        m(torch.ones(2, 8, device=device, dtype=torch.int32))
+    with pytest.raises(ValueError, match="argument 'weight'"):  # InvalidArgumentError is a ValueError
+        fk.rms_norm(torch.randn(2, 8, device=device), (8,), torch.randn(8, device=device, dtype=torch.float16))
+    if device == "cuda":
+        with pytest.raises(fusekit.InvalidArgumentError, match="argument 'weight'") as info:
+            fk.layer_norm(torch.randn(2, 8, device="cuda"), (8,), torch.randn(8))
+        assert "cpu" in str(info.value) and "cuda" in str(info.value)
+
+
+def test_drop_ins_keep_pytorch_interfaces():
+    assert inspect.signature(fk.LayerNorm.__init__) == inspect.signature(torch.nn.LayerNorm.__init__)
+    assert inspect.signature(fk.RMSNorm.__init__) == inspect.signature(torch.nn.RMSNorm.__init__)
+    assert list(fk.LayerNorm(4).state_dict()) == ["weight", "bias"]
+    assert list(fk.LayerNorm(4, bias=False).state_dict()) == ["weight"]
+    assert list(fk.RMSNorm(4).state_dict()) == ["weight"]
+    assert fk.DROP_INS[torch.nn.LayerNorm] is fk.LayerNorm and fk.DROP_INS[torch.nn.RMSNorm] is fk.RMSNorm
+
+
+def test_swap_modules(seed):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8), torch.nn.RMSNorm(8))
+    x = torch.randn(3, 8)
+    before = model(x)
+    assert fk.swap_modules(model) == 2
+    assert type(model[1]) is fk.LayerNorm and type(model[2]) is fk.RMSNorm
+    torch.testing.assert_close(model(x), before, rtol=1e-5, atol=1e-5)
+
+
+def test_numpy_and_torch_share_memory():
+    """The core API reads torch tensors in place (no copies): results land in the given output."""
+    x = torch.randn(4, 16)
+    y = torch.empty_like(x)
+    assert fusekit.tensor_info(x)["data"] == x.data_ptr()
+    fusekit.layer_norm_forward(x, None, None, 1e-5, y)
+    np.testing.assert_allclose(y.numpy(), torch.nn.functional.layer_norm(x, (16,)).numpy(), rtol=1e-5, atol=1e-5)
+    assert fusekit.tensor_info(x[1:])["data"] == x[1:].data_ptr()
+    assert fusekit.tensor_info(torch.zeros(2, dtype=torch.bfloat16))["dtype"] == "bf16"
+    if hasattr(torch, "float8_e4m3fn"):
+        assert fusekit.tensor_info(torch.zeros(2, dtype=torch.float8_e4m3fn))["dtype"] == "f8e4m3"
+        assert fusekit.tensor_info(torch.zeros(2, dtype=torch.float8_e5m2))["dtype"] == "f8e5m2"
