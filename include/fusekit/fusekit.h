@@ -1,7 +1,11 @@
 // fusekit: fused forward and backward GPU kernels for transformer training.
 #pragma once
 
+#include "fusekit/activation.h"
+#include "fusekit/dropout.h"
 #include "fusekit/error.h"
+#include "fusekit/fp8_norm.h"
+#include "fusekit/linear.h"
 #include "fusekit/norm.h"
 #include "fusekit/philox.h"
 #include "fusekit/runtime.h"

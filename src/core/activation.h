@@ -3,11 +3,27 @@
 #pragma once
 
 #include <cmath>
+#include <type_traits>
 
 #include "fusekit/activation.h"
 #include "fusekit/philox.h"  // FUSEKIT_HOST_DEVICE
 
 namespace fusekit::detail {
+
+#if defined(__CUDA_ARCH__)
+// Single-instruction 2^x and 1/x (MUFU.EX2 / MUFU.RCP, about 2 ulp and 1 ulp): the float
+// kernels' exponentials, instead of expf's range-reduced sequence and IEEE division.
+__device__ __forceinline__ float ex2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float rcp_approx(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+#endif
 
 template <typename R>
 struct ActivationMath {
@@ -15,6 +31,26 @@ struct ActivationMath {
   static constexpr double kSqrt2OverPi = 0.7978845608028654;
   static constexpr double kInvSqrt2 = 0.7071067811865476;
   static constexpr double kInvSqrt2Pi = 0.3989422804014327;
+  static constexpr double kLog2e = 1.4426950408889634;
+
+#if defined(__CUDA_ARCH__)
+  // Float kernels: gelu_tanh and silu through e = exp(-t) and s = 1 / (1 + e) = sigmoid(t),
+  // since 0.5 (1 + tanh(z)) = sigmoid(2z). 1 - s is computed as e * s (no cancellation), and
+  // the exponent is capped at 2^126 so that s and e * s stay finite where e would overflow.
+  // Returns s and writes e * s.
+  static __device__ __forceinline__ float sigmoid_parts(float minus_t_log2e, float* one_minus_s) {
+    const float e = ex2_approx(fminf(minus_t_log2e, 126.0f));
+    const float s = rcp_approx(1.0f + e);
+    *one_minus_s = e * s;
+    return s;
+  }
+  // -2 log2(e) z for gelu_tanh, z = sqrt(2/pi) (x + 0.044715 x^3).
+  static __device__ __forceinline__ float gelu_tanh_exponent(float x, float x2) {
+    constexpr float k0 = static_cast<float>(-2.0 * kLog2e * kSqrt2OverPi);
+    constexpr float k1 = static_cast<float>(-2.0 * kLog2e * kSqrt2OverPi * 0.044715);
+    return x * fmaf(x2, k1, k0);
+  }
+#endif
 
   // act(x); `slope` is used by leaky_relu only.
   static FUSEKIT_HOST_DEVICE R forward(Activation a, R x, R slope) {
@@ -23,12 +59,26 @@ struct ActivationMath {
       case Activation::relu: return x > R(0) ? x : R(0);
       case Activation::gelu_erf: return R(0.5) * x * (R(1) + erf(x * R(kInvSqrt2)));
       case Activation::gelu_tanh: {
+#if defined(__CUDA_ARCH__)
+        if constexpr (std::is_same_v<R, float>) {
+          float one_minus_s;
+          return x * sigmoid_parts(gelu_tanh_exponent(x, x * x), &one_minus_s);
+        }
+#endif
         const R inner = R(kSqrt2OverPi) * (x + R(0.044715) * x * x * x);
         return R(0.5) * x * (R(1) + tanh(inner));
       }
       case Activation::squared_relu: return x > R(0) ? x * x : R(0);
       case Activation::leaky_relu: return x >= R(0) ? x : slope * x;
-      case Activation::silu: return x * sigmoid(x);
+      case Activation::silu: {
+#if defined(__CUDA_ARCH__)
+        if constexpr (std::is_same_v<R, float>) {
+          float one_minus_s;
+          return x * sigmoid_parts(x * static_cast<float>(-kLog2e), &one_minus_s);
+        }
+#endif
+        return x * sigmoid(x);
+      }
     }
     return x;
   }
@@ -41,6 +91,17 @@ struct ActivationMath {
       case Activation::gelu_erf:
         return R(0.5) * (R(1) + erf(x * R(kInvSqrt2))) + x * R(kInvSqrt2Pi) * exp(R(-0.5) * x * x);
       case Activation::gelu_tanh: {
+#if defined(__CUDA_ARCH__)
+        if constexpr (std::is_same_v<R, float>) {
+          // s + x s (1 - s) 2 dz/dx, 2 dz/dx = 2 sqrt(2/pi) (1 + 3 * 0.044715 x^2)
+          constexpr float d0 = static_cast<float>(2.0 * kSqrt2OverPi);
+          constexpr float d1 = static_cast<float>(2.0 * kSqrt2OverPi * 3.0 * 0.044715);
+          const float x2 = x * x;
+          float one_minus_s;
+          const float s = sigmoid_parts(gelu_tanh_exponent(x, x2), &one_minus_s);
+          return fmaf(x * fmaf(x2, d1, d0) * one_minus_s, s, s);
+        }
+#endif
         const R inner = R(kSqrt2OverPi) * (x + R(0.044715) * x * x * x);
         const R t = tanh(inner);
         const R d_inner = R(kSqrt2OverPi) * (R(1) + R(3 * 0.044715) * x * x);
@@ -49,6 +110,13 @@ struct ActivationMath {
       case Activation::squared_relu: return x > R(0) ? R(2) * x : R(0);
       case Activation::leaky_relu: return x >= R(0) ? R(1) : slope;
       case Activation::silu: {
+#if defined(__CUDA_ARCH__)
+        if constexpr (std::is_same_v<R, float>) {
+          float one_minus_s;
+          const float s = sigmoid_parts(x * static_cast<float>(-kLog2e), &one_minus_s);
+          return fmaf(x * one_minus_s, s, s);  // s (1 + x (1 - s))
+        }
+#endif
         const R s = sigmoid(x);
         return s * (R(1) + x * (R(1) - s));
       }

@@ -21,7 +21,12 @@ constexpr std::initializer_list<DType> kScaleDtypes = {DType::bf16, DType::f32};
 constexpr std::initializer_list<DType> kWeightDtypes = {DType::bf16, DType::f32};
 
 std::string shape2(std::int64_t a, std::int64_t b) {
-  return "(" + std::to_string(a) + ", " + std::to_string(b) + ")";
+  std::string s = "(";  // appended piecewise: GCC 12 misreports "(" + std::string (-Wrestrict)
+  s += std::to_string(a);
+  s += ", ";
+  s += std::to_string(b);
+  s += ")";
+  return s;
 }
 
 // group_size: a power of two that divides N. Returns log2(group_size).

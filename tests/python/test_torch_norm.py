@@ -274,15 +274,17 @@ def test_cuda_graph_captured_training_step(seed):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         static_loss = step(model, static_x)
-    for _ in range(2):  # replays on fresh data match eager steps exactly (deterministic kernels)
+    for _ in range(2):  # replays on fresh data match eager steps on the same weights
         static_x.copy_(torch.randn_like(static_x))
         graph.replay()
         eager.zero_grad(set_to_none=True)
         loss = step(eager, static_x.clone())
         torch.cuda.synchronize()
-        assert torch.equal(static_loss, loss)
+        # Stale or missing work would be off by O(1); the matmuls may pick other algorithms
+        # under capture, so not bitwise.
+        assert rel(static_loss, loss) <= 1e-3
         for (n, p), q in zip(model.named_parameters(), eager.parameters()):
-            assert torch.equal(p.grad, q.grad), n
+            assert rel(p.grad, q.grad) <= 2e-2, n
 
 
 @cuda_only
@@ -294,7 +296,7 @@ def test_runs_on_the_current_stream(seed):
     with torch.cuda.stream(side):
         x = torch.randn(2048, 4096, device="cuda")
         torch.cuda._sleep(10_000_000)  # keep the side stream busy: a default-stream launch would race
-        x.mul_(3.0)
+        x.add_(1.0)  # (a shift: RMSNorm does not see a scale)
         y = fk.rms_norm(x, (4096,), w, 1e-6)
         y_ref = torch.nn.functional.rms_norm(x, (4096,), w, 1e-6)
     side.synchronize()
@@ -369,3 +371,32 @@ def test_numpy_and_torch_share_memory():
     if hasattr(torch, "float8_e4m3fn"):
         assert fusekit.tensor_info(torch.zeros(2, dtype=torch.float8_e4m3fn))["dtype"] == "f8e4m3"
         assert fusekit.tensor_info(torch.zeros(2, dtype=torch.float8_e5m2))["dtype"] == "f8e5m2"
+
+
+def test_unexportable_tensors_raise_cleanly():
+    """Tensors DLPack cannot describe, or that fusekit does not take, raise InvalidArgumentError
+    naming the argument, with PyTorch's reason where PyTorch refused."""
+    y = torch.empty(2, 4)
+    cases = [torch.empty(2, 4, device="meta"), torch.randn(4, 4).to_sparse(),
+             torch.quantize_per_tensor(torch.randn(2, 4), 0.1, 0, torch.qint8),
+             torch.zeros(2, 4, dtype=torch.bool), torch.zeros(2, 4, dtype=torch.int16)]
+    for x in cases:
+        with pytest.raises(fusekit.InvalidArgumentError, match="argument 'x'"):
+            fusekit.layer_norm_forward(x, None, None, 1e-5, y)
+
+
+@pytest.mark.skipif(not fk.FAST_EXCHANGE, reason="this PyTorch has no DLPack exchange table: the main run already uses __dlpack__()")
+def test_dunder_dlpack_path_in_a_subprocess():
+    """The path of PyTorch < 2.10 (no DLPack C exchange table: __dlpack__() per tensor, streams
+    passed explicitly), forced with FUSEKIT_DLPACK_EXCHANGE=0 in a fresh interpreter."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, FUSEKIT_DLPACK_EXCHANGE="0")
+    here = os.path.dirname(os.path.abspath(__file__))
+    selection = "drop_in_matches and f32 and (LayerNorm- or RMSNorm-) or gradcheck or graph or stream or share_memory"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           os.path.join(here, "test_torch_norm.py"), "-k", selection],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert " passed" in proc.stdout

@@ -29,7 +29,15 @@ if hasattr(torch, "float8_e4m3fn"):
 # PyTorch >= 2.10 publishes the DLPack C exchange table on torch.Tensor: fusekit._C then reads
 # tensors without Python-level work and asks PyTorch itself for the current CUDA stream
 # (stream=None). Older versions go through __dlpack__() and get the stream passed explicitly.
-FAST_EXCHANGE = hasattr(torch.Tensor, "__dlpack_c_exchange_api__")
+# FUSEKIT_DLPACK_EXCHANGE=0 turns the table off (fusekit._C reads the same variable).
+FAST_EXCHANGE = (hasattr(torch.Tensor, "__dlpack_c_exchange_api__")
+                 and os.environ.get("FUSEKIT_DLPACK_EXCHANGE", "1") != "0")
+
+
+def exportable(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """A tensor __dlpack__() agrees to export: without the exchange table, PyTorch refuses tensors
+    that require grad (inside autograd.Function.forward they still do)."""
+    return t if FAST_EXCHANGE or t is None or not t.requires_grad else t.detach()
 
 
 # ---- eager fast path ---------------------------------------------------------------------------

@@ -21,10 +21,12 @@ from torch import Tensor
 
 from .. import _C
 from ._common import (
+    FAST_EXCHANGE,
     NAMESPACE,
     TORCH_TO_FUSEKIT_DTYPE,
     device_string,
     eager_fast_path,
+    exportable,
     function_apply,
     invalid_argument,
     normalized_numel,
@@ -58,6 +60,8 @@ def _params_f32(x: Tensor, params: Optional[Tensor]) -> bool:
 def _layer_norm_forward(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps: float,
                         mean: Optional[Tensor], rstd: Optional[Tensor]) -> Tensor:
     y = torch.empty_like(x)
+    if not FAST_EXCHANGE:
+        x, weight, bias = exportable(x), exportable(weight), exportable(bias)
     _C.layer_norm_forward(x, _opt_contiguous(weight), _opt_contiguous(bias), eps, y, mean, rstd,
                           stream_for(x))
     return y
@@ -66,6 +70,8 @@ def _layer_norm_forward(x: Tensor, weight: Optional[Tensor], bias: Optional[Tens
 def _rms_norm_forward(x: Tensor, weight: Optional[Tensor], eps: float,
                       rstd: Optional[Tensor]) -> Tensor:
     y = torch.empty_like(x)
+    if not FAST_EXCHANGE:
+        x, weight = exportable(x), exportable(weight)
     _C.rms_norm_forward(x, _opt_contiguous(weight), eps, y, rstd, stream_for(x))
     return y
 
@@ -85,6 +91,8 @@ def _norm_backward(kind: str, dy: Tensor, x: Tensor, weight: Optional[Tensor],
         ws = workspace(_C.norm_backward_workspace_size(
             rows, cols, TORCH_TO_FUSEKIT_DTYPE[x.dtype], device_string(x.device)), x.device)
     weight = _opt_contiguous(weight)
+    if not FAST_EXCHANGE:
+        dy, x, weight = exportable(dy), exportable(x), exportable(weight)
     if kind == "layer_norm":
         _C.layer_norm_backward(dy, x, weight, mean, rstd, dx, dweight, dbias, ws, stream_for(x))
     else:
@@ -156,26 +164,33 @@ def _layer_norm_backward(ctx, dy, _dmean, _drstd):
 layer_norm_fwd.register_autograd(_layer_norm_backward, setup_context=_layer_norm_setup)
 
 
+def _row_stats(x: Tensor) -> Tensor:
+    """One float32 value per row, as a flat vector (an int size allocates faster than a shape)."""
+    cols = x.shape[-1]
+    return torch.empty(x.numel() // cols if cols else 0, dtype=torch.float32, device=x.device)
+
+
 class _LayerNormFunction(torch.autograd.Function):
-    """The eager fast path with gradients (same math as the custom ops, no dispatcher)."""
+    """The eager fast path with gradients (same implementation functions as the custom ops)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, eps):
         x = x.contiguous()
-        stats = torch.empty((2,) + x.shape[:-1], dtype=torch.float32, device=x.device)
-        y = _layer_norm_forward(x, weight, bias, eps, stats[0], stats[1])
-        ctx.save_for_backward(x, weight, stats)
-        ctx.params_f32 = _params_f32(x, weight if weight is not None else bias)
-        ctx.has_weight, ctx.has_bias = weight is not None, bias is not None
+        mean, rstd = _row_stats(x), _row_stats(x)
+        y = _layer_norm_forward(x, weight, bias, eps, mean, rstd)
+        ctx.save_for_backward(x, weight, mean, rstd)
+        ctx.flags = (_params_f32(x, weight if weight is not None else bias), weight is not None,
+                     bias is not None)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        x, weight, stats = ctx.saved_tensors
+        x, weight, mean, rstd = ctx.saved_tensors
+        params_f32, has_weight, has_bias = ctx.flags
         need_dx, need_dweight, need_dbias = ctx.needs_input_grad[:3]
         dx, dweight, dbias = _norm_backward(
-            "layer_norm", dy.contiguous(), x, weight, stats[0], stats[1], ctx.params_f32, need_dx,
-            need_dweight and ctx.has_weight, need_dbias and ctx.has_bias)
+            "layer_norm", dy.contiguous(), x, weight, mean, rstd, params_f32, need_dx,
+            need_dweight and has_weight, need_dbias and has_bias)
         return dx, dweight, dbias, None
 
 
@@ -239,20 +254,19 @@ class _RMSNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, eps):
         x = x.contiguous()
-        rstd = _stats_like(x)
+        rstd = _row_stats(x)
         y = _rms_norm_forward(x, weight, eps, rstd)
         ctx.save_for_backward(x, weight, rstd)
-        ctx.params_f32 = _params_f32(x, weight)
-        ctx.has_weight = weight is not None
+        ctx.flags = (_params_f32(x, weight), weight is not None)
         return y
 
     @staticmethod
     def backward(ctx, dy):
         x, weight, rstd = ctx.saved_tensors
+        params_f32, has_weight = ctx.flags
         need_dx, need_dweight = ctx.needs_input_grad[:2]
         dx, dweight, _ = _norm_backward("rms_norm", dy.contiguous(), x, weight, None, rstd,
-                                        ctx.params_f32, need_dx,
-                                        need_dweight and ctx.has_weight, False)
+                                        params_f32, need_dx, need_dweight and has_weight, False)
         return dx, dweight, None
 
 
