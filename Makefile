@@ -23,6 +23,7 @@ build: configure
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	bash scripts/python_test.sh
 
 run: build
 	$(BUILD)/fusekit ops

@@ -79,5 +79,6 @@ struct ExchangeApi {
 inline constexpr const char* kExchangeApiAttribute = "__dlpack_c_exchange_api__";
 inline constexpr const char* kExchangeApiCapsuleName = "dlpack_exchange_api";
 inline constexpr std::uint32_t kSupportedMajorVersion = 1;
+inline constexpr std::uint32_t kMinimumMinorVersion = 3;
 
 }  // namespace fusekit::python::dl

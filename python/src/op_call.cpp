@@ -43,7 +43,10 @@ const dl::ExchangeApi* exchange_api_of(PyTypeObject* type) {
         PyCapsule_GetPointer(capsule, dl::kExchangeApiCapsuleName));
     // A newer major version may chain an older table we understand.
     while (header && header->version.major > dl::kSupportedMajorVersion) header = header->prev_api;
-    if (header && header->version.major == dl::kSupportedMajorVersion) {
+    // The table layout fusekit declares is that of DLPack 1.3 (what PyTorch 2.11 publishes);
+    // an older minor version may lack entries, so it is not read.
+    if (header && header->version.major == dl::kSupportedMajorVersion &&
+        header->version.minor >= dl::kMinimumMinorVersion) {
       auto* table = reinterpret_cast<const dl::ExchangeApi*>(header);
       if (table->dltensor_from_py_object_no_sync && table->current_work_stream) api = table;
     }

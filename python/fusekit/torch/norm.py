@@ -171,26 +171,39 @@ def _row_stats(x: Tensor) -> Tensor:
 
 
 class _LayerNormFunction(torch.autograd.Function):
-    """The eager fast path with gradients (same implementation functions as the custom ops)."""
+    """The eager fast path with gradients: the same C++ calls as the custom ops, written out
+    inline because every microsecond of host time here counts (python/benchmarks/overhead.py)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, eps):
         x = x.contiguous()
-        mean, rstd = _row_stats(x), _row_stats(x)
-        y = _layer_norm_forward(x, weight, bias, eps, mean, rstd)
+        if weight is not None:
+            weight = weight.contiguous()
+        if bias is not None:
+            bias = bias.contiguous()
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        mean = torch.empty(rows, dtype=torch.float32, device=x.device)
+        rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
+        y = torch.empty_like(x)
+        if FAST_EXCHANGE:
+            _C.layer_norm_forward(x, weight, bias, eps, y, mean, rstd)
+        else:
+            _C.layer_norm_forward(exportable(x), exportable(weight), exportable(bias), eps, y,
+                                  mean, rstd, stream_for(x))
         ctx.save_for_backward(x, weight, mean, rstd)
-        ctx.flags = (_params_f32(x, weight if weight is not None else bias), weight is not None,
-                     bias is not None)
+        params = weight if weight is not None else bias
+        ctx.params_f32 = params is not None and params.dtype == torch.float32 and \
+            x.dtype != torch.float32
+        ctx.has_bias = bias is not None
         return y
 
     @staticmethod
     def backward(ctx, dy):
         x, weight, mean, rstd = ctx.saved_tensors
-        params_f32, has_weight, has_bias = ctx.flags
         need_dx, need_dweight, need_dbias = ctx.needs_input_grad[:3]
         dx, dweight, dbias = _norm_backward(
-            "layer_norm", dy.contiguous(), x, weight, mean, rstd, params_f32, need_dx,
-            need_dweight and has_weight, need_dbias and has_bias)
+            "layer_norm", dy.contiguous(), x, weight, mean, rstd, ctx.params_f32,
+            need_dx, need_dweight and weight is not None, need_dbias and ctx.has_bias)
         return dx, dweight, dbias, None
 
 
@@ -249,24 +262,28 @@ rms_norm_fwd.register_autograd(_rms_norm_backward, setup_context=_rms_norm_setup
 
 
 class _RMSNormFunction(torch.autograd.Function):
-    """The eager fast path with gradients."""
+    """The eager fast path with gradients (see _LayerNormFunction)."""
 
     @staticmethod
     def forward(ctx, x, weight, eps):
         x = x.contiguous()
-        rstd = _row_stats(x)
-        y = _rms_norm_forward(x, weight, eps, rstd)
+        if weight is not None:
+            weight = weight.contiguous()
+        rstd, y = _row_stats(x), torch.empty_like(x)
+        if FAST_EXCHANGE:
+            _C.rms_norm_forward(x, weight, eps, y, rstd)
+        else:
+            _C.rms_norm_forward(exportable(x), exportable(weight), eps, y, rstd, stream_for(x))
         ctx.save_for_backward(x, weight, rstd)
-        ctx.flags = (_params_f32(x, weight), weight is not None)
         return y
 
     @staticmethod
     def backward(ctx, dy):
         x, weight, rstd = ctx.saved_tensors
-        params_f32, has_weight = ctx.flags
         need_dx, need_dweight = ctx.needs_input_grad[:2]
         dx, dweight, _ = _norm_backward("rms_norm", dy.contiguous(), x, weight, None, rstd,
-                                        params_f32, need_dx, need_dweight and has_weight, False)
+                                        _params_f32(x, weight), need_dx,
+                                        need_dweight and weight is not None, False)
         return dx, dweight, None
 
 
