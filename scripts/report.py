@@ -1,34 +1,60 @@
 #!/usr/bin/env python3
-"""Merges `fusekit bench --json` and scripts/torch_bench.py output into one markdown table:
-fusekit's time and GB/s, its fraction of the copy ceiling measured in the same run, and the
-speed-up over PyTorch eager and torch.compile measured in the same call."""
+"""Merges `fusekit bench --json` and scripts/torch_bench.py output into markdown tables.
+
+Memory-bound ops: fusekit's time and GB/s, its fraction of the copy ceiling measured in the same
+run, and the speed-up over PyTorch eager and torch.compile. Matrix ops (rows with flops): TFLOP/s,
+fraction of the bf16 GEMM ceiling, and time relative to the plain cuBLAS GEMM(s) of the same shape
+("cublas_plain" rows) as well as the PyTorch speed-ups."""
 import json
 import sys
+
+
+def fmt_us(v):
+    return f"{v:.1f}" if v else "-"
+
+
+def ratio(base, t):
+    return f"{base / t:.2f}" if base else "-"
 
 
 def main():
     fk = json.load(open(sys.argv[1]))
     th = json.load(open(sys.argv[2])) if len(sys.argv) > 2 else {"rows": []}
     copy = fk["ceilings"]["copy_gbps"]
+    gemm = fk["ceilings"]["gemm_bf16_tflops"]
     torch_time = {(r["op"], r["direction"], r["shape"], r["impl"]): r["time_us"] for r in th["rows"]}
-    print(f"Device: {fk['device']}. Ceilings in the same run: copy {copy:.0f} GB/s, "
-          f"bf16 GEMM {fk['ceilings']['gemm_bf16_tflops']:.0f} TFLOP/s.\n")
-    print("| op | dir | shape | fusekit us | GB/s | % of copy | torch eager us | torch.compile us | x eager | x compile |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
-    worst = 1e9
-    for r in fk["rows"]:
-        key = (r["op"], r["direction"], r["shape"])
-        te = torch_time.get(key + ("torch",))
-        tc = torch_time.get(key + ("compile",))
-        frac = r["gbps"] / copy
-        worst = min(worst, frac)
-        fmt = lambda v: f"{v:.1f}" if v else "-"
-        sp = lambda v: f"{v / r['time_us']:.2f}" if v else "-"
-        print(f"| {r['op']} | {r['direction']} | {r['shape']} | {r['time_us']:.1f} | {r['gbps']:.0f} | "
-              f"{100 * frac:.1f}% | {fmt(te)} | {fmt(tc)} | {sp(te)} | {sp(tc)} |")
-    print(f"\nLowest fraction of copy bandwidth: {100 * worst:.1f}%")
+    fk_time = {(r["op"], r["direction"], r["shape"], r["impl"]): r["time_us"] for r in fk["rows"]}
+    print(f"Device: {fk['device']}. Ceilings in the same run: copy {copy:.0f} GB/s (read+write), "
+          f"bf16 GEMM 8192^3 {gemm:.0f} TFLOP/s. PyTorch: {th.get('torch', '?')} on {th.get('device', '?')}.\n")
+
+    mem = [r for r in fk["rows"] if not r.get("flops")]
+    if mem:
+        print("| op | dir | shape | fusekit us | GB/s | % of copy | torch eager us | torch.compile us | x eager | x compile |")
+        print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+        for r in mem:
+            if r["impl"] != "fusekit":
+                continue
+            key = (r["op"], r["direction"], r["shape"])
+            te, tc = torch_time.get(key + ("torch",)), torch_time.get(key + ("compile",))
+            print(f"| {r['op']} | {r['direction']} | {r['shape']} | {r['time_us']:.1f} | {r['gbps']:.0f} | "
+                  f"{100 * r['gbps'] / copy:.1f}% | {fmt_us(te)} | {fmt_us(tc)} | {ratio(te, r['time_us'])} | {ratio(tc, r['time_us'])} |")
+    mat = [r for r in fk["rows"] if r.get("flops") and r["impl"] == "fusekit"]
+    if mat:
+        print("\n| op | dir | shape | fusekit us | TFLOP/s | % of GEMM ceiling | plain cuBLAS us | fusekit / plain | torch eager us | torch.compile us | x eager | x compile |")
+        print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for r in mat:
+            key = (r["op"], r["direction"], r["shape"])
+            plain = fk_time.get(key + ("cublas_plain",))
+            te, tc = torch_time.get(key + ("torch",)), torch_time.get(key + ("compile",))
+            tflops = r["flops"] / r["time_us"] / 1e6
+            rel = f"{r['time_us'] / plain:.3f}" if plain else "-"
+            print(f"| {r['op']} | {r['direction']} | {r['shape']} | {r['time_us']:.1f} | {tflops:.0f} | "
+                  f"{100 * tflops / gemm:.1f}% | {fmt_us(plain)} | {rel} | {fmt_us(te)} | {fmt_us(tc)} | "
+                  f"{ratio(te, r['time_us'])} | {ratio(tc, r['time_us'])} |")
     if th.get("torch_errors"):
-        print(f"\nPyTorch's own bf16 error vs float64 (rel. L2): {json.dumps(th['torch_errors'])}")
+        print("\nPyTorch's own bf16 error against float64 (relative L2), same call:")
+        for op, errs in th["torch_errors"].items():
+            print(f"- {op}: " + ", ".join(f"{k} {v:.2e}" for k, v in errs.items()))
 
 
 if __name__ == "__main__":
