@@ -29,7 +29,6 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "core/cuda_types.cuh"
 #include "fp8_norm/fp8_norm_math.h"
 #include "fp8_norm/fp8_norm_params.h"
 
@@ -44,8 +43,15 @@ struct E5M2 {
   static constexpr bool kIsE4M3 = false;
 };
 
-using detail::from_float;
-using detail::to_float;
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
 __device__ __forceinline__ uint4 load16(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
 // Read-once data (dy): evict-first.

@@ -17,14 +17,27 @@
 
 #include <cstdint>
 
-#include "core/cuda_types.cuh"
 #include "norm/norm_params.h"
 
 namespace fusekit::norm::kernels {
 
-using detail::from_float;
-using detail::to_float;
-using detail::unpack16;
+template <typename T>
+__device__ __forceinline__ float to_float(T v);
+template <>
+__device__ __forceinline__ float to_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ float to_float<__half>(__half v) { return __half2float(v); }
+template <>
+__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
 // VEC consecutive elements as floats, moved in 16-byte chunks (VEC * sizeof(T) is a multiple of
 // 16 on the vector path, 1 element on the scalar path).
@@ -123,6 +136,14 @@ __device__ __forceinline__ void row_allreduce(float (&v)[K], float* scratch, int
 
 inline constexpr int kMaxWarpsPerBlock = 32;
 
+// Takes the vector by value on purpose: given a reference into shared memory, the compiler reads
+// each element with its own narrow, bank-conflicting load instead of one 128-bit load.
+template <typename T>
+__device__ __forceinline__ void unpack16(const uint4 raw, float (&out)[16 / sizeof(T)]) {
+  const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int i = 0; i < int(16 / sizeof(T)); ++i) out[i] = to_float(e[i]);
+}
 
 
 // ---------------------------------------------------------------------------------------------
