@@ -160,7 +160,12 @@ void check_gpu_against_cpu(const Case& c, std::uint64_t salt) {
   gpu.forward();
   gpu.backward();
   EXPECT_TRUE(close_to_reference(gpu.y.values(), cpu.y.values(), c.dtype, "y"));
-  EXPECT_TRUE(close_to_reference(gpu.dx.values(), cpu.dx.values(), c.dtype, "dx"));
+  // dx = dy * keep / (1 - p) * act'(x + b): where act' is near its zero (gelu near x = -0.75) or
+  // few elements survive, ||dx|| is far below its terms; measure against ||dy|| / (1 - p).
+  double dy_norm = 0.0;
+  for (double v : cpu.dy.values()) dy_norm += v * v;
+  const double terms = std::sqrt(dy_norm) / (1.0 - c.config.p);
+  EXPECT_TRUE(close_to_reference(gpu.dx.values(), cpu.dx.values(), c.dtype, "dx", terms));
   const auto ref = cpu.dbias->values();
   EXPECT_TRUE(dbias_close(gpu.dbias->values(), ref, c.dbias_dtype,
                           f32_column_sum_error(exact_dx(cpu), c.rows, c.cols, ref)));

@@ -14,8 +14,9 @@ namespace fusekit::testing {
   double ref_norm = 0.0;
   for (double r : ref) ref_norm += r * r;
   ref_norm = std::sqrt(ref_norm);
-  if (scale_floor > 0.0 && ref_norm < 1e-3 * scale_floor)
-    s.rel_l2 = s.rel_l2 * ref_norm / (1e-3 * scale_floor);  // measured against the floor instead
+  constexpr double kFloorFraction = 0.1;
+  if (scale_floor > 0.0 && ref_norm < kFloorFraction * scale_floor)
+    s.rel_l2 = s.rel_l2 * ref_norm / (kFloorFraction * scale_floor);  // measured against the floor
   const double tol = tolerance(dtype, ref);
   std::ostringstream msg;
   msg << what << " [" << dtype_name(dtype) << "]: rel_l2 " << s.rel_l2 << " (tolerance " << tol
