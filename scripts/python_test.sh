@@ -10,8 +10,11 @@
 # Either way the package is installed into build-python/site (ignored) and found via PYTHONPATH.
 # The wheel's CMake build directory build-python/<tag> persists, so reruns are incremental.
 # Exit status: pytest's, except that "no tests ran" (pytest's 5) is a failure too.
+# When the interpreter dies of a signal (a crash in native code), the same pytest command is run
+# again under gdb, where gdb exists, to print the native backtrace that faulthandler cannot give.
 #   PYTHON=python3.12 scripts/python_test.sh     # choose the interpreter
 #   scripts/python_test.sh -k numpy -x           # extra arguments go to pytest
+#   FUSEKIT_PY_DEBUG=1 scripts/python_test.sh    # unstripped -O2 -g extension (readable backtraces)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -45,10 +48,29 @@ else
   PY="$venv/bin/python"
 fi
 
+# The versions that matter for the bindings (with --no-build-isolation the preinstalled nanobind,
+# not pyproject.toml's pin, is what the extension is built with).
+"$PY" - <<'PYEOF'
+import importlib, sys
+found = []
+for name in ("nanobind", "scikit_build_core", "numpy", "ml_dtypes", "pytest", "torch"):
+    try:
+        found.append(f"{name} {importlib.import_module(name).__version__}")
+    except Exception:
+        found.append(f"{name} -")
+print(f"python_test: Python {sys.version.split()[0]}; " + ", ".join(found), flush=True)
+PYEOF
+
+debug_settings=()
+if [ "${FUSEKIT_PY_DEBUG:-0}" = 1 ]; then
+  debug_settings=(--config-settings=cmake.build-type=RelWithDebInfo --config-settings=install.strip=false
+                  --config-settings=build-dir=build-python/debug-{wheel_tag})
+fi
+
 start=$(date +%s)
 rm -rf "$site"
 if ! "$PY" -m pip install --disable-pip-version-check --no-build-isolation --no-deps --no-index \
-    --target "$site" . >"$out/pip-install.log" 2>&1; then
+    "${debug_settings[@]}" --target "$site" . >"$out/pip-install.log" 2>&1; then
   tail -60 "$out/pip-install.log"
   echo "python_test: building the package failed (log: build-python/pip-install.log)" >&2
   exit 1
@@ -57,8 +79,20 @@ echo "python_test: package built and installed in $(( $(date +%s) - start ))s"
 
 # From the repository root the source folder python/fusekit is not on the path, so the installed
 # package (with its compiled _C) is what the tests import.
-PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m pytest tests/python -ra -q -p no:cacheprovider "$@"
+export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+pytest_cmd=("$PY" -X faulthandler -m pytest tests/python -ra -q -p no:cacheprovider "$@")
+"${pytest_cmd[@]}"
 rc=$?
+if [ $rc -gt 128 ]; then
+  echo "python_test: the interpreter died of signal $((rc - 128)) (a native crash)" >&2
+  if command -v gdb >/dev/null; then
+    echo "python_test: running it again under gdb for the native backtrace" >&2
+    gdb -q -batch -ex "set pagination off" -ex run -ex "bt 30" -ex "info sharedlibrary fusekit" \
+      --args "${pytest_cmd[@]}" -x 2>&1 | grep -v "^\[New Thread\|^\[Thread .* exited\]" | tail -120
+  else
+    echo "python_test: no gdb here for a native backtrace; faulthandler's Python frames are above" >&2
+  fi
+fi
 if [ $rc -eq 5 ]; then
   echo "python_test: pytest collected no tests: failing" >&2
   exit 1

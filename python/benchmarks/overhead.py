@@ -3,7 +3,8 @@
 on a tiny tensor (where the host, not the GPU, sets the pace). The issue's bar: a call through
 fusekit.torch costs at most 10 us of host time more than the direct C++ call.
 
-Rows (median of --repeats runs of --iterations calls each; no synchronization inside a run):
+Rows (median of --repeats runs of --iterations calls each, fewer where a run would exceed
+--run-seconds; no synchronization inside a run):
   C++ loop           fusekit::layer_norm_forward in a C++ loop, arguments converted once
   _C call            fusekit._C.layer_norm_forward from Python, outputs preallocated
   fusekit.torch ...  fusekit.torch.layer_norm (eager fast path unless noted), outputs allocated
@@ -31,10 +32,17 @@ from fusekit.torch import norm as fk_norm
 BUDGET_US = 10.0
 
 
-def host_us(fn, iterations, repeats, sync):
-    for _ in range(min(iterations, 200)):  # warm-up: allocator caches, lazy init
+def host_us(fn, iterations, repeats, sync, target_s):
+    """Median host microseconds per call over `repeats` runs. Each run has `iterations` calls, or
+    fewer where that would take longer than target_s (calibrated on the warm-up), so that the slow
+    rows (autograd round trips) do not stretch the whole script."""
+    warmup = min(iterations, 200)
+    start = time.perf_counter()
+    for _ in range(warmup):  # also lazy initialization and allocator caches
         fn()
     sync()
+    per_call = (time.perf_counter() - start) / max(warmup, 1)
+    iterations = max(min(iterations, int(target_s / max(per_call, 1e-9))), 100)
     runs = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -52,6 +60,8 @@ def main():
     ap.add_argument("--shape", default="4,256", help="x shape, e.g. 4,256")
     ap.add_argument("--iterations", type=int, default=20000)
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--run-seconds", type=float, default=0.15,
+                    help="at most about this long per run (fewer iterations for slow rows)")
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args()
 
@@ -82,7 +92,7 @@ def main():
     wg = w.clone().requires_grad_(True)
     bg = b.clone().requires_grad_(True)
     it, rep = args.iterations, args.repeats
-    t = lambda fn: host_us(fn, it, rep, sync)  # noqa: E731
+    t = lambda fn: host_us(fn, it, rep, sync, args.run_seconds)  # noqa: E731
 
     results = {}
 
