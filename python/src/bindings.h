@@ -13,8 +13,10 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
 #include <utility>
 
+#include "fusekit/activation.h"
 #include "fusekit/error.h"
 #include "fusekit/tensor.h"
 
@@ -88,7 +90,19 @@ class OpCall {
   std::array<nb::ndarray<nb::ro>, kMaxImports> keep_alive_;
 };
 
+// An `activation` argument: a fusekit.Activation or its name as a string (bind_activation.cpp).
+// Anything else raises InvalidArgumentError naming `op` and 'activation'.
+Activation activation_arg(nb::handle value, const char* op);
+// An unsigned 64-bit argument (a Philox seed or offset): a Python int in [0, 2^64).
+std::uint64_t u64_arg(nb::handle value, const char* op, const char* name);
+// A `device` argument of the workspace-size queries: 'cpu', 'cuda' or 'cuda:N'.
+Device device_arg(const std::string& device, const char* op);
+
 // Family registration (one line each in module.cpp).
 void bind_norm(nb::module_& m);
+void bind_activation(nb::module_& m);  // the Activation enum (before the families that use it)
+void bind_bias_act_dropout(nb::module_& m);
+void bind_linear(nb::module_& m);
+void bind_fp8_norm(nb::module_& m);
 
 }  // namespace fusekit::python

@@ -128,4 +128,8 @@ NB_MODULE(_C, m) {
 
   // One line per op family (python/src/bind_<family>.cpp).
   bind_norm(m);
+  bind_activation(m);
+  bind_bias_act_dropout(m);
+  bind_linear(m);
+  bind_fp8_norm(m);
 }

@@ -2,6 +2,8 @@
 an error no more than twice the larger of the rounding baseline (the float64 reference merely
 rounded to the dtype) and a per-dtype accumulation floor; where a PyTorch counterpart exists, twice
 PyTorch's own error in the same dtype counts as a baseline too."""
+import math
+
 import numpy as np
 
 try:
@@ -41,3 +43,47 @@ def check_close(name, got, ref, dtype_name, rounding, baseline=0.0):
     assert err <= bar, (f"{name} ({dtype_name}): rel_l2 {err:.3e} > bar {bar:.3e} "
                         f"(rounding {rounding:.3e}, baseline {baseline:.3e})")
     return err
+
+
+# ---- activations in float64 (fusekit/activation.h), shared by the dropout and linear tests -----
+_erf = np.frompyfunc(math.erf, 1, 1)
+_GELU_C = math.sqrt(2.0 / math.pi)
+
+
+def act(name, h, slope=0.01):
+    if name == "none":
+        return h
+    if name == "relu":
+        return np.maximum(h, 0.0)
+    if name == "gelu_erf":
+        return h * 0.5 * (1.0 + _erf(h / math.sqrt(2.0)).astype(np.float64))
+    if name == "gelu_tanh":
+        return 0.5 * h * (1.0 + np.tanh(_GELU_C * (h + 0.044715 * h ** 3)))
+    if name == "squared_relu":
+        return np.maximum(h, 0.0) ** 2
+    if name == "leaky_relu":
+        return np.where(h >= 0, h, slope * h)
+    if name == "silu":
+        return h / (1.0 + np.exp(-h))
+    raise ValueError(name)
+
+
+def act_grad(name, h, slope=0.01):
+    if name == "none":
+        return np.ones_like(h)
+    if name == "relu":
+        return (h > 0).astype(np.float64)
+    if name == "gelu_erf":
+        cdf = 0.5 * (1.0 + _erf(h / math.sqrt(2.0)).astype(np.float64))
+        return cdf + h * np.exp(-0.5 * h * h) / math.sqrt(2.0 * math.pi)
+    if name == "gelu_tanh":
+        t = np.tanh(_GELU_C * (h + 0.044715 * h ** 3))
+        return 0.5 * (1.0 + t) + 0.5 * h * (1.0 - t * t) * _GELU_C * (1.0 + 3 * 0.044715 * h * h)
+    if name == "squared_relu":
+        return 2.0 * np.maximum(h, 0.0)
+    if name == "leaky_relu":
+        return np.where(h >= 0, 1.0, slope)
+    if name == "silu":
+        s = 1.0 / (1.0 + np.exp(-h))
+        return s * (1.0 + h * (1.0 - s))
+    raise ValueError(name)

@@ -19,3 +19,5 @@ from ._common import (  # noqa: F401
 
 # One line per op family.
 from .norm import LayerNorm, RMSNorm, layer_norm, rms_norm  # noqa: F401
+from .bias_act_dropout import bias_act_dropout  # noqa: F401
+from .linear import Linear, linear  # noqa: F401

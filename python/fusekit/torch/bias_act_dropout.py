@@ -1,0 +1,184 @@
+"""Fused bias + activation + dropout as PyTorch custom ops (torch.ops.fusekit.*) with an autograd
+formula and fake implementations, and the functional form.
+
+Ops (all return fresh tensors; nothing is mutated):
+  bias_act_dropout_fwd(x, bias?, activation, p, seed, offset, slope) -> y
+  bias_act_dropout_bwd(dy, x, bias?, activation, p, seed, offset, slope, need_dx, need_dbias)
+      -> (dx, dbias)             (a gradient not asked for comes back empty, shape (0,))
+x is (..., N); bias is (N) in x's dtype or float32; dbias has bias's dtype. The dropout mask is a
+pure function of (seed, offset, p) and the element's index (include/fusekit/dropout.h), so the
+backward regenerates it instead of storing it: only x and bias are saved.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .. import _C
+from ._common import (
+    FAST_EXCHANGE,
+    NAMESPACE,
+    TORCH_TO_FUSEKIT_DTYPE,
+    device_string,
+    eager_fast_path,
+    exportable,
+    function_apply,
+    invalid_argument,
+    stream_for,
+    workspace,
+)
+
+_U64 = (1 << 64) - 1
+
+
+def _activation_name(activation) -> str:
+    """A fusekit.Activation or its name -> the name (custom-op schemas carry it as a str)."""
+    if isinstance(activation, _C.Activation):
+        return activation.name
+    if isinstance(activation, str):
+        return activation
+    raise invalid_argument("bias_act_dropout", "activation",
+                           "fusekit.Activation or an activation name", type(activation).__name__)
+
+
+def _empty(dtype: torch.dtype, device: torch.device) -> Tensor:
+    return torch.empty(0, dtype=dtype, device=device)
+
+
+# ---- implementations shared by the custom ops and the eager fast path --------------------------
+def _forward(x: Tensor, bias: Optional[Tensor], activation: str, p: float, seed: int, offset: int,
+             slope: float) -> Tensor:
+    x = x.contiguous()
+    bias = None if bias is None else bias.contiguous()
+    y = torch.empty_like(x)
+    _C.bias_act_dropout_forward(exportable(x), exportable(bias), activation, p, seed & _U64,
+                                offset & _U64, y, None, slope, stream_for(x))
+    return y
+
+
+def _backward(dy: Tensor, x: Tensor, bias: Optional[Tensor], activation: str, p: float, seed: int,
+              offset: int, slope: float, need_dx: bool,
+              need_dbias: bool) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+    x, dy = x.contiguous(), dy.contiguous()
+    bias = None if bias is None else bias.contiguous()
+    dx = torch.empty_like(x) if need_dx else None
+    dbias = None
+    ws = None
+    if need_dbias and bias is not None:
+        cols = x.shape[-1]
+        dbias = torch.empty(cols, dtype=bias.dtype, device=x.device)
+        if x.device.type == "cuda":
+            rows = x.numel() // cols if cols else 0
+            ws = workspace(_C.bias_act_dropout_backward_workspace_size(
+                rows, cols, TORCH_TO_FUSEKIT_DTYPE[x.dtype], device_string(x.device)), x.device)
+    if dx is None and dbias is None:
+        return None, None
+    if not FAST_EXCHANGE:
+        dy, x, bias = exportable(dy), exportable(x), exportable(bias)
+    _C.bias_act_dropout_backward(dy, x, bias, activation, p, seed & _U64, offset & _U64, dx, dbias,
+                                 ws, slope, stream_for(x))
+    return dx, dbias
+
+
+# ---- custom ops --------------------------------------------------------------------------------
+@torch.library.custom_op(f"{NAMESPACE}::bias_act_dropout_fwd", mutates_args=())
+def bias_act_dropout_fwd(x: Tensor, bias: Optional[Tensor], activation: str, p: float, seed: int,
+                         offset: int, slope: float) -> Tensor:
+    return _forward(x, bias, activation, p, seed, offset, slope)
+
+
+@bias_act_dropout_fwd.register_fake
+def _(x, bias, activation, p, seed, offset, slope):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::bias_act_dropout_bwd", mutates_args=())
+def bias_act_dropout_bwd(dy: Tensor, x: Tensor, bias: Optional[Tensor], activation: str, p: float,
+                         seed: int, offset: int, slope: float, need_dx: bool,
+                         need_dbias: bool) -> Tuple[Tensor, Tensor]:
+    dx, dbias = _backward(dy, x, bias, activation, p, seed, offset, slope, need_dx, need_dbias)
+    bias_dtype = bias.dtype if bias is not None else x.dtype
+    return (dx if dx is not None else _empty(x.dtype, x.device),
+            dbias if dbias is not None else _empty(bias_dtype, x.device))
+
+
+@bias_act_dropout_bwd.register_fake
+def _(dy, x, bias, activation, p, seed, offset, slope, need_dx, need_dbias):
+    dx = torch.empty_like(x, memory_format=torch.contiguous_format) if need_dx else \
+        _empty(x.dtype, x.device)
+    bias_dtype = bias.dtype if bias is not None else x.dtype
+    dbias = x.new_empty(x.shape[-1] if need_dbias and bias is not None else 0, dtype=bias_dtype)
+    return dx, dbias
+
+
+def _setup(ctx, inputs, output):
+    x, bias, activation, p, seed, offset, slope = inputs
+    ctx.save_for_backward(x, bias)
+    ctx.config = (activation, p, seed, offset, slope)
+
+
+def _autograd_backward(ctx, dy):
+    x, bias = ctx.saved_tensors
+    need_dx, need_dbias = ctx.needs_input_grad[:2]
+    need_dbias = need_dbias and bias is not None
+    if dy is None or not (need_dx or need_dbias):
+        return None, None, None, None, None, None, None
+    dx, dbias = bias_act_dropout_bwd(dy, x, bias, *ctx.config, need_dx, need_dbias)
+    return (dx if need_dx else None, dbias if need_dbias else None,
+            None, None, None, None, None)
+
+
+bias_act_dropout_fwd.register_autograd(_autograd_backward, setup_context=_setup)
+
+
+class _BiasActDropoutFunction(torch.autograd.Function):
+    """The eager fast path with gradients: the same implementation functions as the custom ops."""
+
+    @staticmethod
+    def forward(ctx, x, bias, activation, p, seed, offset, slope):
+        y = _forward(x, bias, activation, p, seed, offset, slope)
+        ctx.save_for_backward(x, bias)
+        ctx.config = (activation, p, seed, offset, slope)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, bias = ctx.saved_tensors
+        need_dx, need_dbias = ctx.needs_input_grad[:2]
+        dx, dbias = _backward(dy, x, bias, *ctx.config, need_dx,
+                              need_dbias and bias is not None)
+        return dx, dbias, None, None, None, None, None
+
+
+_apply = function_apply(_BiasActDropoutFunction)
+
+
+# ---- functional form ---------------------------------------------------------------------------
+def bias_act_dropout(x: Tensor, bias: Optional[Tensor], activation="none", p: float = 0.0,
+                     seed: Optional[int] = None, offset: int = 0, training: bool = True,
+                     slope: float = 0.01) -> Tensor:
+    """dropout_p(act(x + bias)) in one pass, differentiable in x and bias.
+
+    activation: fusekit.Activation or its name ('none', 'relu', 'gelu_erf', 'gelu_tanh',
+    'squared_relu', 'leaky_relu' with negative slope `slope`, 'silu'). p: drop probability in
+    [0, 1); training=False (or p = 0) turns dropout off. The mask is a function of (seed, offset)
+    (seed and offset in [0, 2^63) through the custom op): give each call that needs an independent
+    mask its own pair, and the backward regenerates it. seed=None draws a fresh seed from
+    PyTorch's CPU generator (torch.manual_seed makes runs reproducible); under torch.compile that
+    draw is a graph break, so pass an explicit seed there.
+    """
+    name = _activation_name(activation)
+    p = float(p) if training else 0.0
+    if seed is None:
+        # A fresh seed from PyTorch's CPU generator, so that torch.manual_seed reproduces runs.
+        seed = int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64).item()) if p > 0.0 else 0
+    seed, offset, slope = int(seed), int(offset), float(slope)
+    if not eager_fast_path(x):
+        return bias_act_dropout_fwd(x, bias, name, p, seed, offset, slope)
+    if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
+        return _apply(x, bias, name, p, seed, offset, slope)
+    return _forward(x, bias, name, p, seed, offset, slope)
+
+

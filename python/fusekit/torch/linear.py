@@ -1,0 +1,213 @@
+"""Linear + bias + activation as PyTorch custom ops (torch.ops.fusekit.*) with an autograd formula
+and fake implementations, the functional form, and fusekit.torch.Linear: torch.nn.Linear with a
+fused activation (same parameters and state_dict keys).
+
+Ops (all return fresh tensors; nothing is mutated):
+  linear_fwd(x, weight, bias?, activation, save_pre_activation) -> (y, pre_activation)
+      (pre_activation = x W^T + b, empty (shape (0,)) unless save_pre_activation)
+  linear_bwd(dout, x, weight, pre_activation?, activation, need_dx, need_dweight, need_dbias)
+      -> (dx, dweight, dbias)    (a gradient not asked for comes back empty, shape (0,))
+x is (..., K), weight (N, K), bias (N), all one dtype (float32, float16 or bfloat16; float64 on the
+CPU). Activations: none, relu, gelu_erf, gelu_tanh, squared_relu, silu (include/fusekit/linear.h).
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .. import _C
+from ._common import (
+    FAST_EXCHANGE,
+    NAMESPACE,
+    TORCH_TO_FUSEKIT_DTYPE,
+    device_string,
+    eager_fast_path,
+    exportable,
+    function_apply,
+    invalid_argument,
+    stream_for,
+    workspace,
+)
+
+
+def _activation_name(activation) -> str:
+    """A fusekit.Activation or its name -> the name (custom-op schemas carry it as a str)."""
+    if isinstance(activation, _C.Activation):
+        return activation.name
+    if isinstance(activation, str):
+        return activation
+    raise invalid_argument("linear", "activation", "fusekit.Activation or an activation name",
+                           type(activation).__name__)
+
+
+def _empty(dtype: torch.dtype, device: torch.device) -> Tensor:
+    return torch.empty(0, dtype=dtype, device=device)
+
+
+def _sizes(x: Tensor, weight: Tensor) -> Tuple[int, int, int]:
+    k = x.shape[-1] if x.dim() else 0
+    return (x.numel() // k if k else 0), weight.shape[0], k
+
+
+def _workspace(kind: str, x: Tensor, weight: Tensor, activation: str) -> Optional[Tensor]:
+    if x.device.type != "cuda" or x.dtype not in TORCH_TO_FUSEKIT_DTYPE:
+        return None  # the CPU needs none; a bad dtype is reported by the op itself
+    size = _C.linear_forward_workspace_size if kind == "forward" else \
+        _C.linear_backward_workspace_size
+    m, n, k = _sizes(x, weight)
+    return workspace(size(m, n, k, TORCH_TO_FUSEKIT_DTYPE[x.dtype], activation,
+                          device_string(x.device)), x.device)
+
+
+# ---- implementations shared by the custom ops and the eager fast path --------------------------
+def _forward(x: Tensor, weight: Tensor, bias: Optional[Tensor], activation: str,
+             save_pre: bool) -> Tuple[Tensor, Optional[Tensor]]:
+    x, weight = x.contiguous(), weight.contiguous()
+    bias = None if bias is None else bias.contiguous()
+    out_shape = x.shape[:-1] + (weight.shape[0],)
+    y = torch.empty(out_shape, dtype=x.dtype, device=x.device)
+    pre = torch.empty(out_shape, dtype=x.dtype, device=x.device) if save_pre else None
+    ws = _workspace("forward", x, weight, activation)
+    _C.linear_forward(exportable(x), exportable(weight), exportable(bias), activation, y, pre, ws,
+                      stream_for(x))
+    return y, pre
+
+
+def _backward(dout: Tensor, x: Tensor, weight: Tensor, pre: Optional[Tensor], activation: str,
+              need_dx: bool, need_dweight: bool, need_dbias: bool):
+    """(dx, dweight, dbias), None where not asked for."""
+    dout, x, weight = dout.contiguous(), x.contiguous(), weight.contiguous()
+    dx = torch.empty_like(x) if need_dx else None
+    dweight = torch.empty_like(weight) if need_dweight else None
+    dbias = torch.empty(weight.shape[0], dtype=x.dtype, device=x.device) if need_dbias else None
+    if dx is None and dweight is None and dbias is None:
+        return None, None, None
+    ws = _workspace("backward", x, weight, activation)
+    if not FAST_EXCHANGE:
+        dout, x, weight, pre = exportable(dout), exportable(x), exportable(weight), exportable(pre)
+    _C.linear_backward(dout, x, weight, pre, activation, dx, dweight, dbias, ws, stream_for(x))
+    return dx, dweight, dbias
+
+
+# ---- custom ops --------------------------------------------------------------------------------
+@torch.library.custom_op(f"{NAMESPACE}::linear_fwd", mutates_args=())
+def linear_fwd(x: Tensor, weight: Tensor, bias: Optional[Tensor], activation: str,
+               save_pre_activation: bool) -> Tuple[Tensor, Tensor]:
+    y, pre = _forward(x, weight, bias, activation, save_pre_activation)
+    return y, pre if pre is not None else _empty(x.dtype, x.device)
+
+
+@linear_fwd.register_fake
+def _(x, weight, bias, activation, save_pre_activation):
+    out_shape = x.shape[:-1] + (weight.shape[0],)
+    y = x.new_empty(out_shape)
+    pre = x.new_empty(out_shape) if save_pre_activation else _empty(x.dtype, x.device)
+    return y, pre
+
+
+@torch.library.custom_op(f"{NAMESPACE}::linear_bwd", mutates_args=())
+def linear_bwd(dout: Tensor, x: Tensor, weight: Tensor, pre_activation: Optional[Tensor],
+               activation: str, need_dx: bool, need_dweight: bool,
+               need_dbias: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    dx, dweight, dbias = _backward(dout, x, weight, pre_activation, activation, need_dx,
+                                   need_dweight, need_dbias)
+    return (dx if dx is not None else _empty(x.dtype, x.device),
+            dweight if dweight is not None else _empty(x.dtype, x.device),
+            dbias if dbias is not None else _empty(x.dtype, x.device))
+
+
+@linear_bwd.register_fake
+def _(dout, x, weight, pre_activation, activation, need_dx, need_dweight, need_dbias):
+    dx = torch.empty_like(x, memory_format=torch.contiguous_format) if need_dx else \
+        _empty(x.dtype, x.device)
+    dweight = torch.empty_like(weight, memory_format=torch.contiguous_format) if need_dweight \
+        else _empty(x.dtype, x.device)
+    dbias = x.new_empty(weight.shape[0] if need_dbias else 0)
+    return dx, dweight, dbias
+
+
+def _setup(ctx, inputs, output):
+    x, weight, bias, activation, save_pre = inputs
+    _y, pre = output
+    ctx.mark_non_differentiable(pre)
+    ctx.save_for_backward(x, weight, pre if save_pre else None)
+    ctx.activation = activation
+    ctx.has_bias = bias is not None
+
+
+def _autograd_backward(ctx, dout, _dpre):
+    x, weight, pre = ctx.saved_tensors
+    need_dx, need_dweight, need_dbias = ctx.needs_input_grad[:3]
+    need_dbias = need_dbias and ctx.has_bias
+    if dout is None or not (need_dx or need_dweight or need_dbias):
+        return None, None, None, None, None
+    dx, dweight, dbias = linear_bwd(dout, x, weight, pre, ctx.activation, need_dx, need_dweight,
+                                    need_dbias)
+    return (dx if need_dx else None, dweight if need_dweight else None,
+            dbias if need_dbias else None, None, None)
+
+
+linear_fwd.register_autograd(_autograd_backward, setup_context=_setup)
+
+
+class _LinearFunction(torch.autograd.Function):
+    """The eager fast path with gradients: the same implementation functions as the custom ops."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, activation):
+        save_pre = activation != "none"
+        y, pre = _forward(x, weight, bias, activation, save_pre)
+        ctx.save_for_backward(x, weight, pre)
+        ctx.activation = activation
+        ctx.has_bias = bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, dout):
+        x, weight, pre = ctx.saved_tensors
+        need_dx, need_dweight, need_dbias = ctx.needs_input_grad[:3]
+        dx, dweight, dbias = _backward(dout, x, weight, pre, ctx.activation, need_dx, need_dweight,
+                                       need_dbias and ctx.has_bias)
+        return dx, dweight, dbias, None
+
+
+_apply = function_apply(_LinearFunction)
+
+
+def _records_grad(*tensors: Optional[Tensor]) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+# ---- functional form and module ----------------------------------------------------------------
+def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activation="none") -> Tensor:
+    """act(torch.nn.functional.linear(x, weight, bias)) through fusekit's fused kernels."""
+    name = _activation_name(activation)
+    if not eager_fast_path(x):
+        # The pre-activation is only kept when a backward may need it.
+        save_pre = name != "none" and _records_grad(x, weight, bias)
+        y, _ = linear_fwd(x, weight, bias, name, save_pre)
+        return y
+    if _records_grad(x, weight, bias):
+        return _apply(x, weight, bias, name)
+    y, _ = _forward(x, weight, bias, name, False)
+    return y
+
+
+class Linear(torch.nn.Linear):
+    """torch.nn.Linear followed by a fused activation: y = act(x W^T + b). Same parameters and
+    state_dict keys as torch.nn.Linear (load one's state_dict into the other); activation='none'
+    computes exactly what torch.nn.Linear does. Not registered with swap_modules: its default
+    activation changes what the module computes."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 activation="gelu_tanh", device=None, dtype=None) -> None:
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.activation = _activation_name(activation)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return linear(x, self.weight, self.bias, self.activation)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, activation={self.activation}"

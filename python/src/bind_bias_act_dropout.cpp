@@ -1,0 +1,117 @@
+// Fused bias + activation + dropout bindings (fusekit/dropout.h). BiasActDropoutConfig is
+// flattened into its fields (activation, p, seed, offset, slope) in the C++ argument position;
+// outputs and workspace are arrays the caller allocates.
+#include <nanobind/stl/string.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "bindings.h"
+#include "fusekit/dropout.h"
+
+namespace fusekit::python {
+
+namespace {
+
+BiasActDropoutConfig make_config(nb::handle activation, float p, nb::handle seed,
+                                 nb::handle offset, float slope, const char* op) {
+  BiasActDropoutConfig config;
+  config.activation = activation_arg(activation, op);
+  config.p = p;
+  config.seed = u64_arg(seed, op, "seed");
+  config.offset = u64_arg(offset, op, "offset");
+  config.slope = slope;
+  return config;
+}
+
+}  // namespace
+
+void bind_bias_act_dropout(nb::module_& m) {
+  using nb::arg;
+  const auto none = nb::none();
+
+  m.def(
+      "bias_act_dropout_forward",
+      [](nb::handle x, nb::handle bias, nb::handle activation, float p, nb::handle seed,
+         nb::handle offset, nb::handle y, nb::handle pre_activation, float slope,
+         nb::handle stream) {
+        OpCall c("bias_act_dropout_forward");
+        const BiasActDropoutConfig config =
+            make_config(activation, p, seed, offset, slope, c.op());
+        const TensorView xv = c.tensor(x, "x", Access::read);
+        const OptionalTensor bv = c.optional(bias, "bias", Access::read);
+        const TensorView yv = c.tensor(y, "y", Access::write);
+        const OptionalTensor hv = c.optional(pre_activation, "pre_activation", Access::write);
+        c.run(stream, [&](Stream s) { bias_act_dropout_forward(xv, bv, config, yv, hv, s); });
+      },
+      arg("x").none(), arg("bias").none(), arg("activation").none(), arg("p"), arg("seed"),
+      arg("offset"), arg("y").none(), arg("pre_activation").none() = none, arg("slope") = 0.01f,
+      arg("stream").none() = none,
+      "y = dropout_p(act(x + bias)) with the mask regenerated from Philox (seed, offset); "
+      "optionally also h = x + bias into pre_activation. activation: fusekit.Activation or its "
+      "name; slope: leaky_relu's negative slope.");
+
+  m.def(
+      "bias_act_dropout_backward_workspace_size",
+      [](std::int64_t rows, std::int64_t cols, DType dtype, const std::string& device) {
+        return bias_act_dropout_backward_workspace_size(
+            rows, cols, dtype, device_arg(device, "bias_act_dropout_backward_workspace_size"));
+      },
+      arg("rows"), arg("cols"), arg("dtype"), arg("device"),
+      "Bytes of u8 scratch memory the backward needs for dbias (0 on the CPU). device: 'cpu', "
+      "'cuda', 'cuda:N'.");
+
+  m.def(
+      "bias_act_dropout_backward",
+      [](nb::handle dy, nb::handle x, nb::handle bias, nb::handle activation, float p,
+         nb::handle seed, nb::handle offset, nb::handle dx, nb::handle dbias,
+         nb::handle workspace, float slope, nb::handle stream) {
+        OpCall c("bias_act_dropout_backward");
+        const BiasActDropoutConfig config =
+            make_config(activation, p, seed, offset, slope, c.op());
+        const TensorView dyv = c.tensor(dy, "dy", Access::read);
+        const TensorView xv = c.tensor(x, "x", Access::read);
+        const OptionalTensor bv = c.optional(bias, "bias", Access::read);
+        const OptionalTensor dxv = c.optional(dx, "dx", Access::write);
+        const OptionalTensor dbv = c.optional(dbias, "dbias", Access::write);
+        const OptionalTensor wsv = c.optional(workspace, "workspace", Access::write);
+        c.run(stream, [&](Stream s) {
+          bias_act_dropout_backward(dyv, xv, bv, config, dxv, dbv, wsv, s);
+        });
+      },
+      arg("dy").none(), arg("x").none(), arg("bias").none(), arg("activation").none(), arg("p"),
+      arg("seed"), arg("offset"), arg("dx").none() = none, arg("dbias").none() = none,
+      arg("workspace").none() = none, arg("slope") = 0.01f, arg("stream").none() = none,
+      "dx = dy * keep / (1 - p) * act'(x + bias), dbias = sum over rows of dx (each optional); "
+      "the same activation, p, seed, offset and slope as the forward.");
+
+  // The documented mask, for tests and for callers that want to inspect it.
+  m.def(
+      "dropout_keep_mask",
+      [](nb::handle seed_arg, nb::handle offset_arg, float p, nb::handle mask) {
+        OpCall c("dropout_keep_mask");
+        const std::uint64_t seed = u64_arg(seed_arg, c.op(), "seed");
+        const std::uint64_t offset = u64_arg(offset_arg, c.op(), "offset");
+        if (!(p >= 0.0f && p < 1.0f))
+          throw Error(ErrorKind::invalid_argument, c.op(), "p", "a drop probability in [0, 1)",
+                      std::to_string(p));
+        const TensorView mv = c.tensor(mask, "mask", Access::write);
+        if (mv.dtype != DType::u8 || mv.device.is_cuda() || !mv.is_contiguous())
+          c.fail("mask", "a contiguous u8 array in CPU memory",
+                 std::string(dtype_name(mv.dtype)) + " on " + to_string(mv.device) +
+                     (mv.is_contiguous() ? "" : ", not contiguous"));
+        const std::uint32_t threshold = dropout_keep_threshold(p);
+        auto* out = static_cast<std::uint8_t*>(mv.data);
+        const std::int64_t n = mv.numel();
+        c.run(nb::none(), [&](Stream) {
+          for (std::int64_t i = 0; i < n; ++i)
+            out[i] = dropout_keeps(seed, offset, static_cast<std::uint64_t>(i), threshold) ? 1 : 0;
+        });
+      },
+      arg("seed"), arg("offset"), arg("p"), arg("mask").none(),
+      "Fills the contiguous u8 CPU array `mask` with 1 where element i (its flat index = row * N "
+      "+ col of the op's logical (M, N) tensor) is kept under (seed, offset, p), 0 where dropped.");
+}
+
+}  // namespace fusekit::python

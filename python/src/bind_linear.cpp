@@ -1,0 +1,85 @@
+// Linear + bias + activation bindings (fusekit/linear.h): one Python function per C++ entry point,
+// same argument names and order; outputs and workspace are arrays the caller allocates.
+#include <nanobind/stl/string.h>
+
+#include <cstdint>
+#include <string>
+
+#include "bindings.h"
+#include "fusekit/linear.h"
+
+namespace fusekit::python {
+
+void bind_linear(nb::module_& m) {
+  using nb::arg;
+  const auto none = nb::none();
+
+  m.def(
+      "linear_forward_workspace_size",
+      [](std::int64_t m_rows, std::int64_t n, std::int64_t k, DType dtype, nb::handle activation,
+         const std::string& device) {
+        const char* op = "linear_forward_workspace_size";
+        return linear_forward_workspace_size(m_rows, n, k, dtype, activation_arg(activation, op),
+                                             device_arg(device, op));
+      },
+      arg("m"), arg("n"), arg("k"), arg("dtype"), arg("activation").none(), arg("device"),
+      "Bytes of u8 scratch memory linear_forward needs (0 on the CPU). device: 'cpu', 'cuda', "
+      "'cuda:N'.");
+
+  m.def(
+      "linear_backward_workspace_size",
+      [](std::int64_t m_rows, std::int64_t n, std::int64_t k, DType dtype, nb::handle activation,
+         const std::string& device) {
+        const char* op = "linear_backward_workspace_size";
+        return linear_backward_workspace_size(m_rows, n, k, dtype, activation_arg(activation, op),
+                                              device_arg(device, op));
+      },
+      arg("m"), arg("n"), arg("k"), arg("dtype"), arg("activation").none(), arg("device"),
+      "Bytes of u8 scratch memory linear_backward needs (0 on the CPU).");
+
+  m.def(
+      "linear_forward",
+      [](nb::handle x, nb::handle weight, nb::handle bias, nb::handle activation, nb::handle y,
+         nb::handle pre_activation, nb::handle workspace, nb::handle stream) {
+        OpCall c("linear_forward");
+        const Activation act = activation_arg(activation, c.op());
+        const TensorView xv = c.tensor(x, "x", Access::read);
+        const TensorView wv = c.tensor(weight, "weight", Access::read);
+        const OptionalTensor bv = c.optional(bias, "bias", Access::read);
+        const TensorView yv = c.tensor(y, "y", Access::write);
+        const OptionalTensor pv = c.optional(pre_activation, "pre_activation", Access::write);
+        const OptionalTensor wsv = c.optional(workspace, "workspace", Access::write);
+        c.run(stream, [&](Stream s) { linear_forward(xv, wv, bv, act, yv, pv, wsv, s); });
+      },
+      arg("x").none(), arg("weight").none(), arg("bias").none(), arg("activation").none(),
+      arg("y").none(), arg("pre_activation").none() = none, arg("workspace").none() = none,
+      arg("stream").none() = none,
+      "y = act(x W^T + b); optionally also pre_activation = x W^T + b (needed by the backward for "
+      "every activation but none).");
+
+  m.def(
+      "linear_backward",
+      [](nb::handle dout, nb::handle x, nb::handle weight, nb::handle pre_activation,
+         nb::handle activation, nb::handle dx, nb::handle dweight, nb::handle dbias,
+         nb::handle workspace, nb::handle stream) {
+        OpCall c("linear_backward");
+        const Activation act = activation_arg(activation, c.op());
+        const TensorView dov = c.tensor(dout, "dout", Access::read);
+        const TensorView xv = c.tensor(x, "x", Access::read);
+        const TensorView wv = c.tensor(weight, "weight", Access::read);
+        const OptionalTensor pv = c.optional(pre_activation, "pre_activation", Access::read);
+        const OptionalTensor dxv = c.optional(dx, "dx", Access::write);
+        const OptionalTensor dwv = c.optional(dweight, "dweight", Access::write);
+        const OptionalTensor dbv = c.optional(dbias, "dbias", Access::write);
+        const OptionalTensor wsv = c.optional(workspace, "workspace", Access::write);
+        c.run(stream, [&](Stream s) {
+          linear_backward(dov, xv, wv, pv, act, dxv, dwv, dbv, wsv, s);
+        });
+      },
+      arg("dout").none(), arg("x").none(), arg("weight").none(), arg("pre_activation").none(),
+      arg("activation").none(), arg("dx").none() = none, arg("dweight").none() = none,
+      arg("dbias").none() = none, arg("workspace").none() = none, arg("stream").none() = none,
+      "Any subset of dx, dweight, dbias; dz = dout * act'(pre_activation).");
+}
+
+}  // namespace fusekit::python

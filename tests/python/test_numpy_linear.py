@@ -1,0 +1,162 @@
+"""fusekit's fused Linear (+ bias + activation) bindings with NumPy arrays: the CPU backend (float64
+reference, and f32/f16/bf16 rounded once) against NumPy float64 matrix products, every activation
+the op accepts, and bad arguments raising fusekit exceptions with the C++ message."""
+import numpy as np
+import pytest
+
+import fusekit
+from fk_testing import NUMPY_DTYPES, act, act_grad, check_close, ml_dtypes, rounding_error, to_f64
+
+DTYPES = ["f64", "f32", "f16", pytest.param("bf16", marks=pytest.mark.skipif(
+    ml_dtypes is None, reason="ml_dtypes is not installed (NumPy has no bfloat16)"))]
+ACTIVATIONS = ["none", "relu", "gelu_erf", "gelu_tanh", "squared_relu", "silu"]
+
+
+def np_dtype(name):
+    return np.float64 if name == "f64" else NUMPY_DTYPES[name]
+
+
+def check(name, got, ref, dtype):
+    if dtype == "f64":
+        # The CPU backend is the float64 reference: only summation order differs.
+        np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-12 * np.abs(ref).max())
+    else:
+        check_close(name, got, ref, dtype, rounding_error(ref, np_dtype(dtype)))
+
+
+def inputs(rng, lead, n, k, dtype):
+    dt = np_dtype(dtype)
+    x = rng.standard_normal(lead + (k,)).astype(dt)
+    weight = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(dt)
+    bias = rng.standard_normal(n).astype(dt)
+    dout = rng.standard_normal(lead + (n,)).astype(dt)
+    return x, weight, bias, dout
+
+
+def forward(x, weight, bias, activation, save_pre=True):
+    n = weight.shape[0]
+    y = np.full(x.shape[:-1] + (n,), np.nan, x.dtype)
+    pre = np.full_like(y, np.nan) if save_pre else None
+    fusekit.linear_forward(x, weight, bias, activation, y, pre)
+    return y, pre
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no_bias"])
+def test_forward_backward_match_float64(rng, activation, dtype, with_bias):
+    lead, n, k = (3, 11), 24, 40
+    x, weight, bias, dout = inputs(rng, lead, n, k, dtype)
+    if not with_bias:
+        bias = None
+    y, pre = forward(x, weight, bias, activation)
+    pre_ref = to_f64(x) @ to_f64(weight).T + (to_f64(bias) if bias is not None else 0.0)
+    check("pre_activation", pre, pre_ref, dtype)
+    check("y", y, act(activation, pre_ref), dtype)
+
+    dx, dweight = np.full_like(x, np.nan), np.full_like(weight, np.nan)
+    dbias = np.full(n, np.nan, x.dtype)
+    fusekit.linear_backward(dout, x, weight, pre, activation, dx, dweight, dbias)
+    # The backward's exact result for the pre_activation it was given (rounded to the dtype).
+    dz = to_f64(dout) * act_grad(activation, to_f64(pre))
+    dz2, x2 = dz.reshape(-1, n), to_f64(x).reshape(-1, k)
+    check("dx", dx, (dz2 @ to_f64(weight)).reshape(x.shape), dtype)
+    check("dweight", dweight, dz2.T @ x2, dtype)
+    check("dbias", dbias, dz2.sum(axis=0), dtype)
+
+
+def test_backward_subsets_and_none_without_pre_activation(rng):
+    x, weight, bias, dout = inputs(rng, (17,), 8, 12, "f64")
+    y, _ = forward(x, weight, bias, "none", save_pre=False)
+    np.testing.assert_allclose(y, x @ weight.T + bias, rtol=1e-12)
+    full = [np.empty_like(x), np.empty_like(weight), np.empty_like(bias)]
+    fusekit.linear_backward(dout, x, weight, None, "none", *full)
+    np.testing.assert_allclose(full[0], dout @ weight, rtol=1e-12)
+    np.testing.assert_allclose(full[1], dout.T @ x, rtol=1e-12)
+    only_dw = np.empty_like(weight)
+    fusekit.linear_backward(dout, x, weight, None, fusekit.Activation.none, dweight=only_dw)
+    np.testing.assert_array_equal(only_dw, full[1])
+    only_db = np.empty_like(bias)
+    fusekit.linear_backward(dout, x, weight, None, "none", dbias=only_db)
+    np.testing.assert_array_equal(only_db, full[2])
+
+
+def test_strided_rows(rng):
+    """x and y as column slices of wider arrays (row stride > length); padding never written."""
+    wide = rng.standard_normal((9, 32)).astype(np.float32)
+    x = wide[:, :20]
+    weight = rng.standard_normal((6, 20)).astype(np.float32)
+    out = np.full((9, 16), np.nan, np.float32)
+    fusekit.linear_forward(x, weight, None, "relu", out[:, :6])
+    assert np.all(np.isnan(out[:, 6:]))
+    ref = np.maximum(to_f64(x) @ to_f64(weight).T, 0)
+    check("y", out[:, :6], ref, "f32")
+
+
+def test_empty_k_gives_bias(rng):
+    """K = 0 (allowed by linear.h): x W^T is an empty sum, y = act(bias)."""
+    bias = rng.standard_normal(5)
+    y = np.full((3, 5), np.nan)
+    fusekit.linear_forward(np.zeros((3, 0)), np.zeros((5, 0)), bias, "relu", y)
+    np.testing.assert_array_equal(y, np.broadcast_to(np.maximum(bias, 0), (3, 5)))
+
+
+def test_workspace_sizes_on_cpu_are_zero():
+    for act_name in ACTIVATIONS:
+        assert fusekit.linear_forward_workspace_size(64, 32, 16, fusekit.DType.f32, act_name, "cpu") == 0
+        assert fusekit.linear_backward_workspace_size(64, 32, 16, fusekit.DType.f64, act_name, "cpu") == 0
+
+
+# ---- bad input -> exceptions carrying the C++ message -----------------------------------------------
+def _f(*shape, dtype=np.float64):
+    return np.ones(shape, dtype)
+
+
+def _fwd(**kw):
+    args = dict(x=_f(4, 8), weight=_f(3, 8), bias=_f(3), activation="gelu_tanh", y=_f(4, 3),
+                pre_activation=_f(4, 3))
+    args.update(kw)
+    return lambda: fusekit.linear_forward(**args)
+
+
+def _bwd(**kw):
+    args = dict(dout=_f(4, 3), x=_f(4, 8), weight=_f(3, 8), pre_activation=_f(4, 3),
+                activation="gelu_tanh", dx=_f(4, 8), dweight=_f(3, 8), dbias=_f(3))
+    args.update(kw)
+    return lambda: fusekit.linear_backward(**args)
+
+
+BAD_CALLS = [
+    ("activation_leaky_relu", _fwd(activation="leaky_relu"), "activation", "leaky_relu"),
+    ("activation_unknown", _fwd(activation="tanh"), "activation", "'tanh'"),
+    ("activation_none_object", _fwd(activation=None), "activation", None),
+    ("x_none", _fwd(x=None), "x", "got None"),
+    ("weight_k", _fwd(weight=_f(3, 7)), "weight", None),
+    ("weight_dtype", _fwd(weight=_f(3, 8, dtype=np.float32)), "weight", "f32"),
+    ("bias_length", _fwd(bias=_f(4)), "bias", None),
+    ("y_shape", _fwd(y=_f(4, 4)), "y", None),
+    ("y_rows", _fwd(y=_f(5, 3)), "y", None),
+    ("x_int", _fwd(x=_f(4, 8, dtype=np.int32)), "x", "i32"),
+    ("pre_activation_missing", _bwd(pre_activation=None), "pre_activation", None),
+    ("dx_shape", _bwd(dx=_f(8, 4)), "dx", None),
+    ("dweight_shape", _bwd(dweight=_f(8, 3)), "dweight", None),
+    ("workspace_device", lambda: fusekit.linear_forward_workspace_size(
+        4, 8, 8, fusekit.DType.f16, "relu", "tpu"), "device", "'tpu'"),
+    ("workspace_activation", lambda: fusekit.linear_backward_workspace_size(
+        4, 8, 8, fusekit.DType.f16, "swish", "cpu"), "activation", "'swish'"),
+]
+
+
+@pytest.mark.parametrize("call,argument,words", [b[1:] for b in BAD_CALLS],
+                         ids=[b[0] for b in BAD_CALLS])
+def test_bad_arguments_raise_invalid_argument(call, argument, words):
+    with pytest.raises(fusekit.InvalidArgumentError) as info:
+        call()
+    e = info.value
+    message = str(e)
+    assert message.startswith("fusekit."), message
+    assert f"argument '{argument}'" in message and e.argument == argument, message
+    assert e.kind == "invalid_argument" and e.op in message
+    assert e.expected and e.got and f"expected {e.expected}, got {e.got}" in message
+    if words:
+        assert words in message, message

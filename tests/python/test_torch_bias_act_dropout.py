@@ -1,0 +1,160 @@
+"""fusekit.torch.bias_act_dropout against PyTorch float64 with the documented mask (reproduced
+through fusekit.dropout_keep_mask, itself checked against a NumPy Philox in
+test_numpy_bias_act_dropout.py): outputs and gradients on both eager paths, the custom-op
+registration (opcheck), torch.compile(fullgraph=True) and error reporting. Runs on the CPU backend
+and again on CUDA where a GPU is present."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed: the fusekit.torch tests need it")
+import fusekit  # noqa: E402
+import fusekit.torch as fk  # noqa: E402
+from fk_testing import ACCUMULATION_FLOOR  # noqa: E402
+
+F = torch.nn.functional
+HAS_CUDA = torch.cuda.is_available()
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device"))]
+DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+SLOPE = 0.05
+ACTIVATIONS = {
+    "none": lambda h: h,
+    "relu": F.relu,
+    "gelu_erf": F.gelu,
+    "gelu_tanh": lambda h: F.gelu(h, approximate="tanh"),
+    "squared_relu": lambda h: F.relu(h).square(),
+    "leaky_relu": lambda h: F.leaky_relu(h, SLOPE),
+    "silu": F.silu,
+}
+
+
+@pytest.fixture(params=["fast", "op"])
+def path(request):
+    fk.set_eager_fast_path(request.param == "fast")
+    yield request.param
+    fk.set_eager_fast_path(True)
+
+
+def keep_factor(shape, p, seed, offset, device):
+    """keep / (1 - p) in float64, the mask from the documented mapping."""
+    if p == 0.0:
+        return torch.ones(shape, dtype=torch.float64, device=device)
+    mask = np.empty(int(np.prod(shape)), np.uint8)
+    fusekit.dropout_keep_mask(seed, offset, p, mask)
+    keep = torch.from_numpy(mask.astype(np.float64)).reshape(shape).to(device)
+    return keep / (1.0 - float(np.float32(p)))
+
+
+def rel(a, ref):
+    a, ref = a.detach().double().cpu(), ref.detach().double().cpu()
+    assert a.shape == ref.shape and torch.isfinite(a).all()
+    return ((a - ref).norm() / ref.norm().clamp_min(1e-300)).item()
+
+
+def check(name, got, ref64, dtype_name):
+    err = rel(got, ref64)
+    bar = 2.0 * max(rel(ref64.to(got.dtype), ref64), ACCUMULATION_FLOOR[dtype_name])
+    assert err <= bar, f"{name} ({dtype_name}): {err:.3e} > {bar:.3e}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+@pytest.mark.parametrize("activation", list(ACTIVATIONS))
+@pytest.mark.parametrize("p", [0.0, 0.25])
+def test_matches_float64_with_documented_mask(device, dtype_name, activation, p, path, seed):
+    dtype = DTYPES[dtype_name]
+    gen = torch.Generator().manual_seed(seed)
+    shape = (4, 33, 96) if device == "cuda" else (3, 7, 40)
+    x = (torch.randn(shape, generator=gen) * 1.5).to(device, dtype).requires_grad_(True)
+    bias = torch.randn(shape[-1], generator=gen).to(device, dtype).requires_grad_(True)
+    dy = torch.randn(shape, generator=gen).to(device, dtype)
+    rseed, offset = seed * 7919 + 1, seed % 1000
+    y = fk.bias_act_dropout(x, bias, activation, p, seed=rseed, offset=offset, slope=SLOPE)
+    y.backward(dy)
+
+    x64 = x.detach().double().requires_grad_(True)
+    b64 = bias.detach().double().requires_grad_(True)
+    y64 = ACTIVATIONS[activation](x64 + b64) * keep_factor(shape, p, rseed, offset, device)
+    y64.backward(dy.double())
+    assert y.dtype == dtype and y.shape == x.shape
+    check("y", y, y64, dtype_name)
+    check("dx", x.grad, x64.grad, dtype_name)
+    check("dbias", bias.grad, b64.grad, dtype_name)
+    if p > 0:
+        dropped = keep_factor(shape, p, rseed, offset, device) == 0
+        assert dropped.any() and (y.detach()[dropped] == 0).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_eval_seed_and_float32_bias(device, seed):
+    x = torch.randn(8, 64, device=device, dtype=torch.bfloat16)
+    bias = torch.randn(64, device=device, requires_grad=True)  # float32 bias with bf16 x
+    y = fk.bias_act_dropout(x, bias, "gelu_tanh", 0.5, training=False)
+    ref = F.gelu(x.double() + bias.detach().double(), approximate="tanh")
+    check("y (eval)", y, ref, "bf16")
+    y.float().sum().backward()
+    assert bias.grad.dtype == torch.float32
+    torch.manual_seed(seed)
+    a = fk.bias_act_dropout(x, None, "relu", 0.5)
+    torch.manual_seed(seed)
+    b = fk.bias_act_dropout(x, None, "relu", 0.5)
+    c = fk.bias_act_dropout(x, None, "relu", 0.5)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_custom_op_registration(device):
+    torch.manual_seed(0)
+    x = torch.randn(4, 16, device=device, requires_grad=True)
+    b = torch.randn(16, device=device, requires_grad=True)
+    dy = torch.randn(4, 16, device=device)
+    ops = torch.ops.fusekit
+    cases = [
+        (ops.bias_act_dropout_fwd.default, (x, b, "gelu_erf", 0.3, 11, 2, 0.01)),
+        (ops.bias_act_dropout_fwd.default, (x, None, "silu", 0.0, 0, 0, 0.01)),
+        (ops.bias_act_dropout_bwd.default, (dy, x.detach(), b.detach(), "relu", 0.3, 11, 2, 0.01, True, True)),
+        (ops.bias_act_dropout_bwd.default, (dy, x.detach(), None, "none", 0.1, 5, 0, 0.01, True, False)),
+    ]
+    for op, args in cases:
+        result = torch.library.opcheck(op, args)
+        assert all(v == "SUCCESS" for v in result.values()), (op, result)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile_fullgraph(device, seed):
+    torch._dynamo.reset()
+    graphs = []
+
+    def recording_backend(gm, example_inputs):
+        graphs.append(gm)
+        backend = "inductor" if device == "cuda" else "aot_eager"
+        return torch._dynamo.lookup_backend(backend)(gm, example_inputs)
+
+    def f(x, b):
+        return fk.bias_act_dropout(x, b, "gelu_tanh", 0.2, seed=1234, offset=3).square().sum()
+
+    x = torch.randn(16, 128, device=device, requires_grad=True)
+    b = torch.randn(128, device=device, requires_grad=True)
+    compiled = torch.compile(f, backend=recording_backend, fullgraph=True)
+    loss = compiled(x, b)
+    loss.backward()
+    gx, gb = x.grad.clone(), b.grad.clone()
+    x.grad, b.grad = None, None
+    loss_eager = f(x, b)
+    loss_eager.backward()
+    assert len(graphs) == 1
+    targets = {str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"}
+    assert any("fusekit.bias_act_dropout_fwd" in t for t in targets), targets
+    torch.testing.assert_close(loss, loss_eager, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gx, x.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(gb, b.grad, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_errors_surface_as_exceptions(device, path):
+    x = torch.randn(2, 8, device=device)
+    with pytest.raises(fusekit.InvalidArgumentError, match="argument 'p'"):
+        fk.bias_act_dropout(x, None, "relu", 1.0, seed=1)
+    with pytest.raises(fusekit.InvalidArgumentError, match="argument 'activation'"):
+        fk.bias_act_dropout(x, None, "gelu", 0.1, seed=1)
+    with pytest.raises(fusekit.InvalidArgumentError, match="argument 'bias'"):
+        fk.bias_act_dropout(x, torch.randn(9, device=device), "relu", 0.1, seed=1)

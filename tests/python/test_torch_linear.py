@@ -1,0 +1,164 @@
+"""fusekit.torch.Linear / fusekit.torch.linear against PyTorch (float64 as the reference; fusekit's
+error at most twice PyTorch's own in the same dtype): outputs and gradients on both eager paths,
+state_dict compatibility with torch.nn.Linear, the custom-op registration (opcheck),
+torch.compile(fullgraph=True) and error reporting. Runs on the CPU backend and again on CUDA where a
+GPU is present."""
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed: the fusekit.torch tests need it")
+import fusekit  # noqa: E402
+import fusekit.torch as fk  # noqa: E402
+from fk_testing import ACCUMULATION_FLOOR  # noqa: E402
+
+F = torch.nn.functional
+HAS_CUDA = torch.cuda.is_available()
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device"))]
+DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+ACTIVATIONS = {
+    "none": lambda h: h,
+    "relu": F.relu,
+    "gelu_erf": F.gelu,
+    "gelu_tanh": lambda h: F.gelu(h, approximate="tanh"),
+    "squared_relu": lambda h: F.relu(h).square(),
+    "silu": F.silu,
+}
+
+
+@pytest.fixture(params=["fast", "op"])
+def path(request):
+    fk.set_eager_fast_path(request.param == "fast")
+    yield request.param
+    fk.set_eager_fast_path(True)
+
+
+def rel(a, ref):
+    a, ref = a.detach().double().cpu(), ref.detach().double().cpu()
+    assert a.shape == ref.shape and torch.isfinite(a).all()
+    return ((a - ref).norm() / ref.norm().clamp_min(1e-300)).item()
+
+
+def check_vs_pytorch(name, got, torch_same_dtype, ref64, dtype_name):
+    err = rel(got, ref64)
+    bar = 2.0 * max(rel(torch_same_dtype, ref64), rel(ref64.to(got.dtype), ref64),
+                    ACCUMULATION_FLOOR[dtype_name])
+    assert err <= bar, f"{name} ({dtype_name}): {err:.3e} > {bar:.3e}"
+
+
+def run(fn, x, dout, params):
+    x = x.detach().clone().requires_grad_(True)
+    for p in params:
+        p.grad = None
+    y = fn(x)
+    y.backward(dout.to(y.dtype))
+    return y, x.grad, [p.grad for p in params]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+@pytest.mark.parametrize("activation", list(ACTIVATIONS))
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+def test_module_matches_pytorch(device, dtype_name, activation, bias, path, seed):
+    dtype = DTYPES[dtype_name]
+    torch.manual_seed(seed)
+    k, n, lead = (256, 384, (4, 64)) if device == "cuda" else (48, 40, (3, 5))
+    ref = torch.nn.Linear(k, n, bias=bias, device=device, dtype=dtype)
+    ours = fk.Linear(k, n, bias=bias, activation=activation, device=device, dtype=dtype)
+    assert list(ours.state_dict()) == list(ref.state_dict())
+    ours.load_state_dict(ref.state_dict())
+    ref64 = torch.nn.Linear(k, n, bias=bias, device=device, dtype=torch.float64)
+    ref64.load_state_dict({key: v.double() for key, v in ref.state_dict().items()})
+    act = ACTIVATIONS[activation]
+    x = torch.randn(*lead, k, device=device, dtype=dtype)
+    dout = torch.randn(*lead, n, device=device, dtype=dtype)
+    y, dx, g = run(ours, x, dout, list(ours.parameters()))
+    y_t, dx_t, g_t = run(lambda t: act(ref(t)), x, dout, list(ref.parameters()))
+    y_64, dx_64, g_64 = run(lambda t: act(ref64(t)), x.double(), dout.double(), list(ref64.parameters()))
+    assert y.dtype == dtype and y.shape == (*lead, n)
+    check_vs_pytorch("y", y, y_t, y_64, dtype_name)
+    check_vs_pytorch("dx", dx, dx_t, dx_64, dtype_name)
+    for name, a, b, c in zip(["dweight", "dbias"], g, g_t, g_64):
+        assert a.dtype == dtype
+        check_vs_pytorch(name, a, b, c, dtype_name)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_functional_inference_and_partial_gradients(device, seed, path):
+    torch.manual_seed(seed)
+    x = torch.randn(6, 32, device=device)
+    w = torch.randn(16, 32, device=device, requires_grad=True)
+    b = torch.randn(16, device=device)
+    with torch.no_grad():
+        torch.testing.assert_close(fk.linear(x, w, b, "relu"), F.relu(F.linear(x, w, b)))
+    y = fk.linear(x, w, b, fusekit.Activation.silu)
+    y.sum().backward()
+    w_ref = w.detach().clone().requires_grad_(True)
+    F.silu(F.linear(x, w_ref, b)).sum().backward()
+    torch.testing.assert_close(w.grad, w_ref.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_module_interface():
+    m = fk.Linear(8, 4)
+    assert isinstance(m, torch.nn.Linear) and m.activation == "gelu_tanh"
+    assert "activation=gelu_tanh" in repr(m)
+    assert fk.Linear(8, 4, bias=False, activation="none").bias is None
+    assert torch.nn.Linear not in fk.DROP_INS  # a fused activation changes what the module computes
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_custom_op_registration(device):
+    torch.manual_seed(0)
+    x = torch.randn(4, 16, device=device, requires_grad=True)
+    w = torch.randn(8, 16, device=device, requires_grad=True)
+    b = torch.randn(8, device=device, requires_grad=True)
+    dout = torch.randn(4, 8, device=device)
+    pre = torch.randn(4, 8, device=device)
+    ops = torch.ops.fusekit
+    cases = [
+        (ops.linear_fwd.default, (x, w, b, "gelu_tanh", True)),
+        (ops.linear_fwd.default, (x, w, None, "none", False)),
+        (ops.linear_bwd.default, (dout, x.detach(), w.detach(), pre, "silu", True, True, True)),
+        (ops.linear_bwd.default, (dout, x.detach(), w.detach(), None, "none", False, True, False)),
+    ]
+    for op, args in cases:
+        result = torch.library.opcheck(op, args)
+        assert all(v == "SUCCESS" for v in result.values()), (op, result)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile_fullgraph(device, seed):
+    torch.manual_seed(seed)
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(fk.Linear(64, 128, activation="squared_relu", device=device),
+                                fk.Linear(128, 64, activation="none", device=device))
+    graphs = []
+
+    def recording_backend(gm, example_inputs):
+        graphs.append(gm)
+        backend = "inductor" if device == "cuda" else "aot_eager"
+        return torch._dynamo.lookup_backend(backend)(gm, example_inputs)
+
+    compiled = torch.compile(model, backend=recording_backend, fullgraph=True)
+    x = torch.randn(4, 16, 64, device=device)
+    y = compiled(x)
+    y.square().mean().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    y_eager = model(x)
+    y_eager.square().mean().backward()
+    assert len(graphs) == 1
+    targets = {str(node.target) for node in graphs[0].graph.nodes if node.op == "call_function"}
+    assert any("fusekit.linear_fwd" in t for t in targets), targets
+    torch.testing.assert_close(y, y_eager, rtol=1e-5, atol=1e-5)
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(grads[n], p.grad, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_errors_surface_as_exceptions(device, path):
+    m = fk.Linear(8, 4, device=device)
+    with pytest.raises(fusekit.InvalidArgumentError, match="argument 'weight'"):
+        m(torch.randn(2, 9, device=device))
+    with pytest.raises(fusekit.InvalidArgumentError, match="argument 'activation'"):
+        fk.linear(torch.randn(2, 8, device=device), m.weight, None, "leaky_relu")
+    with pytest.raises(fusekit.InvalidArgumentError, match="argument 'activation'"):
+        fk.Linear(8, 4, activation="tanh", device=device)(torch.randn(2, 8, device=device))
