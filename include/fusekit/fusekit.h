@@ -2,6 +2,7 @@
 #pragma once
 
 #include "fusekit/activation.h"
+#include "fusekit/attention.h"
 #include "fusekit/dropout.h"
 #include "fusekit/error.h"
 #include "fusekit/fp8_norm.h"

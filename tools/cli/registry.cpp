@@ -10,6 +10,7 @@ const std::vector<OpEntry>& registry() {
     add_dropout_ops(v);
     add_linear_ops(v);
     add_fp8_norm_ops(v);
+    add_attention_ops(v);
     return v;
   }();
   return ops;
