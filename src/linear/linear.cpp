@@ -110,6 +110,35 @@ void* checked_workspace(const ArgCheck& check, const OptionalTensor& workspace, 
   return ws.data;
 }
 
+// x (M, K) or (..., K) and weight (N, K): the checks forward and backward share, and the GEMM
+// sizes they imply.
+struct GemmOperands {
+  RowLayout x, weight;
+  std::int64_t m = 0, n = 0, k = 0;
+};
+
+GemmOperands check_gemm_operands(const ArgCheck& check, const TensorView& x,
+                                 const TensorView& weight, Device device) {
+  GemmOperands g;
+  check_input_dtype(check, x, device);
+  g.x = check.rows(x, "x");
+  check_element_alignment(check, x, "x");
+  check_weight_2d(check, weight, "weight");
+  check.dtype_is(weight, "weight", x.dtype, "as 'x'");
+  g.weight = check.rows(weight, "weight");
+  if (g.weight.cols != g.x.cols)
+    check.fail("weight", "shape (N, " + std::to_string(g.x.cols) + ") (K = x's last dimension)",
+               weight.shape_string());
+  check_element_alignment(check, weight, "weight");
+  g.m = g.x.rows;
+  g.n = g.weight.rows;
+  g.k = g.x.cols;
+  check_extent(check, "x", "rows M", g.m);
+  check_extent(check, "x", "last dimension K", g.k);
+  check_extent(check, "weight", "rows N", g.n);
+  return g;
+}
+
 }  // namespace
 
 std::size_t linear_forward_workspace_size(std::int64_t m, std::int64_t n, std::int64_t k,
@@ -133,20 +162,9 @@ void linear_forward(const TensorView& x, const TensorView& weight, const Optiona
                                            arg("y", y), arg("pre_activation", pre_activation),
                                            arg("workspace", workspace)});
   check_activation(check, activation);
-  check_input_dtype(check, x, device);
-  const RowLayout xl = check.rows(x, "x");
-  check_element_alignment(check, x, "x");
-  check_weight_2d(check, weight, "weight");
-  check.dtype_is(weight, "weight", x.dtype, "as 'x'");
-  const RowLayout wl = check.rows(weight, "weight");
-  if (wl.cols != xl.cols)
-    check.fail("weight", "shape (N, " + std::to_string(xl.cols) + ") (K = x's last dimension)",
-               weight.shape_string());
-  check_element_alignment(check, weight, "weight");
-  const std::int64_t m = xl.rows, n = wl.rows, k = xl.cols;
-  check_extent(check, "x", "rows M", m);
-  check_extent(check, "x", "last dimension K", k);
-  check_extent(check, "weight", "rows N", n);
+  const GemmOperands g = check_gemm_operands(check, x, weight, device);
+  const RowLayout &xl = g.x, &wl = g.weight;
+  const std::int64_t m = g.m, n = g.n, k = g.k;
 
   linear::ForwardParams p;
   p.m = m;
@@ -194,20 +212,9 @@ void linear_backward(const TensorView& dout, const TensorView& x, const TensorVi
       {arg("dout", dout), arg("x", x), arg("weight", weight), arg("pre_activation", pre_activation),
        arg("dx", dx), arg("dweight", dweight), arg("dbias", dbias), arg("workspace", workspace)});
   check_activation(check, activation);
-  check_input_dtype(check, x, device);
-  const RowLayout xl = check.rows(x, "x");
-  check_element_alignment(check, x, "x");
-  check_weight_2d(check, weight, "weight");
-  check.dtype_is(weight, "weight", x.dtype, "as 'x'");
-  const RowLayout wl = check.rows(weight, "weight");
-  if (wl.cols != xl.cols)
-    check.fail("weight", "shape (N, " + std::to_string(xl.cols) + ") (K = x's last dimension)",
-               weight.shape_string());
-  check_element_alignment(check, weight, "weight");
-  const std::int64_t m = xl.rows, n = wl.rows, k = xl.cols;
-  check_extent(check, "x", "rows M", m);
-  check_extent(check, "x", "last dimension K", k);
-  check_extent(check, "weight", "rows N", n);
+  const GemmOperands g = check_gemm_operands(check, x, weight, device);
+  const RowLayout &xl = g.x, &wl = g.weight;
+  const std::int64_t m = g.m, n = g.n, k = g.k;
 
   linear::BackwardParams p;
   p.m = m;
