@@ -1,9 +1,12 @@
 // Scaled dot-product attention, forward and backward, with masks, sliding windows, an additive
 // bias (and its gradient), dropout, variable sequence lengths and grouped-query attention.
 //
-// STATUS: the API, the argument checks and the float64 CPU reference are complete. The CUDA
-// kernels do not exist yet: CUDA tensors get fusekit::Error(ErrorKind::unsupported) after the
-// arguments have been checked (no CUDA call is made before that).
+// STATUS: the API, the argument checks and the float64 CPU reference are complete. The first
+// CUDA implementation (src/attention/attention_cuda.cu, attention_kernels.cuh) serves every
+// feature below for f16 / bf16: flash-style tiles on mma.sync tensor cores, online softmax, the
+// backward recomputing P from lse. It is written for correctness first (no wgmma/TMA yet). f32
+// and f64 CUDA tensors get fusekit::Error(ErrorKind::unsupported) after the arguments have been
+// checked (no CUDA call is made before that).
 //
 // ---- Layout -----------------------------------------------------------------------------------
 // Fixed lengths:  q (B, Sq, Hq, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv), out (B, Sq, Hq, Dv),
@@ -23,9 +26,11 @@
 //
 // ---- Dtypes -----------------------------------------------------------------------------------
 // q, k, v, out, dout, dq, dk, dv: one dtype for all, f16 or bf16 (the GPU dtypes), or f32 / f64.
-// f32 and f64 are served by the CPU reference only; the CUDA kernels, once they exist, will take
-// f16 and bf16 with float32 accumulation and refuse f32 with ErrorKind::unsupported.
-// bias and dbias: f16, bf16 or f32 (f64 too on the CPU), each independent of q's dtype.
+// f32 and f64 are served by the CPU reference only; the CUDA kernels take f16 and bf16 with
+// float32 accumulation (P and dS are rounded to the input dtype before their matrix products, as
+// in FlashAttention) and refuse f32 / f64 with ErrorKind::unsupported.
+// bias and dbias: f16, bf16 or f32 (f64 too on the CPU), each independent of q's dtype. dbias is
+// summed in float32 and rounded once.
 // lse: float32 always. cu_seqlens: int32.
 //
 // ---- Alignment rule (checked on every device, so code tested on the CPU runs on the GPU) ------
@@ -87,11 +92,17 @@
 // varlen), it recomputes P = exp(S - lse) and returns any subset of dq, dk, dv, dbias:
 //   dP = (dout v^T) * Z,  dS = P * (dP - rowsum(dout * out)),
 //   dq = scale * dS k,  dk = scale * dS^T q (summed over the group),  dv = (P * Z)^T dout (summed).
-// `deterministic`: bitwise the same gradients run after run. The CPU reference always is.
+// `deterministic`: bitwise the same gradients run after run. The CPU reference always is. On the
+// GPU dk, dv and dbias are always deterministic (fixed-order reductions); dq is summed with float
+// atomics unless `deterministic` is set (then a separate pass over the key blocks computes it,
+// costing about one more forward's worth of work).
 //
 // Workspace. The caller allocates it (u8, 16-byte aligned, on the tensors' device) after asking
 // attention_*_workspace_size(). The CPU needs none (size 0). It is at most O(B * H * S * D)
-// float32 on the GPU; never O(S^2).
+// float32 on the GPU; never O(S^2). The GPU forward needs none; the GPU backward needs
+// 4 * B * Sq * Hq bytes (delta = rowsum(dout * out)) plus, unless deterministic, 4 * B * Sq * Hq * D
+// (a float32 dq accumulator), each rounded up to 256 bytes (Sq = max_seqlen_q with varlen). The
+// size functions make no CUDA call.
 //
 // Outputs must not overlap inputs or each other.
 #pragma once

@@ -1,7 +1,7 @@
 // Public entry points of the attention family: argument checks (shapes, dtypes, the alignment
-// rule of fusekit/attention.h, variable lengths, config), then dispatch on where the tensors live.
-// Only the CPU reference exists so far; CUDA tensors are refused after the checks, before any
-// CUDA call.
+// rule of fusekit/attention.h, variable lengths, config), then dispatch on where the tensors live:
+// the float64 CPU reference, or the CUDA kernels (f16 / bf16; other dtypes are refused with
+// ErrorKind::unsupported after the argument checks and before any CUDA call).
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -10,6 +10,7 @@
 #include "core/validate.h"
 #include "fusekit/attention.h"
 #include "fusekit/error.h"
+#include "fusekit/runtime.h"
 
 namespace fusekit {
 
@@ -141,8 +142,8 @@ const std::int32_t* check_cu_seqlens(const ArgCheck& check, const TensorView& t,
                t.shape_string());
   check.contiguous_numel(t, name, t.shape[0]);
   if (max_len < 0) check.fail(max_name, "a non-negative length", str(max_len));
-  if (t.device.is_cuda()) return nullptr;  // reading would synchronize; the kernels will trust them
   const auto* cu = t.data_as<const std::int32_t>();
+  if (t.device.is_cuda()) return cu;  // reading would synchronize; the kernels trust (and clamp) them
   if (cu[0] != 0) check.fail(name, "a first element of 0", str(cu[0]));
   for (std::int64_t b = 0; b + 1 < t.shape[0]; ++b) {
     const std::int64_t len = std::int64_t{cu[b + 1]} - cu[b];
@@ -271,10 +272,26 @@ attention::Problem check_common(const ArgCheck& check, const TensorView& q, cons
   return p;
 }
 
-[[noreturn]] void cuda_not_implemented(const char* op) {
-  throw Error(ErrorKind::unsupported, op,
-              "the CUDA attention kernels are not implemented yet; use CPU tensors (the float64 "
-              "CPU reference serves every feature)");
+// The CUDA kernels take f16 and bf16 (float32 accumulation); f32 and f64 are the CPU
+// reference's. Checked before any CUDA call.
+void require_gpu_dtype(const char* op, DType dtype) {
+  if (dtype != DType::f16 && dtype != DType::bf16)
+    throw Error(ErrorKind::unsupported, op,
+                std::string("the CUDA attention kernels take f16 and bf16 q/k/v (float32 accumulation); ") +
+                    dtype_name(dtype) + " attention runs on the CPU reference only (use CPU tensors)");
+}
+
+void require_gpu_bias_dtype(const char* op, const char* name, const attention::BiasOperand& b) {
+  if (b.data != nullptr && b.dtype == DType::f64)
+    throw Error(ErrorKind::unsupported, op,
+                std::string("the CUDA attention kernels take an f16, bf16 or f32 '") + name +
+                    "'; f64 runs on the CPU reference only");
+}
+
+void check_shape(const char* op, const AttentionShape& s) {
+  const std::int64_t v[] = {s.batch, s.seqlen_q, s.seqlen_k, s.heads_q, s.heads_kv, s.head_dim, s.head_dim_v};
+  for (std::int64_t x : v)
+    if (x < 0) throw Error(ErrorKind::invalid_argument, op, "shape", "non-negative sizes", std::to_string(x));
 }
 
 OptionalTensor varlen_arg(const std::optional<AttentionVarlen>& varlen, bool q) {
@@ -284,23 +301,30 @@ OptionalTensor varlen_arg(const std::optional<AttentionVarlen>& varlen, bool q) 
 
 }  // namespace
 
-std::size_t attention_forward_workspace_size(const AttentionShape&, const AttentionConfig&,
+std::size_t attention_forward_workspace_size(const AttentionShape& shape, const AttentionConfig&,
                                              Device device) {
-  if (device.is_cuda()) cuda_not_implemented("attention_forward_workspace_size");
-  return 0;
+  const char* op = "attention_forward_workspace_size";
+  check_shape(op, shape);
+  if (!device.is_cuda()) return 0;
+  require_gpu_dtype(op, shape.dtype);
+  return attention::forward_workspace_cuda(shape.batch, shape.seqlen_q, shape.heads_q, shape.head_dim);
 }
 
-std::size_t attention_backward_workspace_size(const AttentionShape&, const AttentionConfig&, bool,
-                                              Device device) {
-  if (device.is_cuda()) cuda_not_implemented("attention_backward_workspace_size");
-  return 0;
+std::size_t attention_backward_workspace_size(const AttentionShape& shape, const AttentionConfig&,
+                                              bool deterministic, Device device) {
+  const char* op = "attention_backward_workspace_size";
+  check_shape(op, shape);
+  if (!device.is_cuda()) return 0;
+  require_gpu_dtype(op, shape.dtype);
+  return attention::backward_workspace_cuda(shape.batch, shape.seqlen_q, shape.heads_q, shape.head_dim,
+                                            deterministic);
 }
 
 void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                        const OptionalTensor& bias, const AttentionConfig& config,
                        const TensorView& out, const TensorView& lse,
                        const std::optional<AttentionVarlen>& varlen,
-                       const OptionalTensor& workspace, Stream) {
+                       const OptionalTensor& workspace, Stream stream) {
   const char* op = "attention_forward";
   ArgCheck check(op);
   const Device device = check.same_device(
@@ -308,8 +332,14 @@ void attention_forward(const TensorView& q, const TensorView& k, const TensorVie
        arg("cu_seqlens_q", varlen_arg(varlen, true)), arg("cu_seqlens_k", varlen_arg(varlen, false)),
        arg("workspace", workspace)});
   const attention::Problem p = check_common(check, q, k, v, out, lse, bias, config, varlen);
-  if (device.is_cuda()) cuda_not_implemented(op);
-  attention::forward_cpu(p);
+  if (device.is_cuda()) {
+    require_gpu_dtype(op, p.dtype);
+    require_gpu_bias_dtype(op, "bias", p.bias);
+    require_supported_gpu(op, device.index);
+    attention::forward_cuda(p, device.index, stream);
+  } else {
+    attention::forward_cpu(p);
+  }
 }
 
 void attention_backward(const TensorView& dout, const TensorView& q, const TensorView& k,
@@ -318,7 +348,7 @@ void attention_backward(const TensorView& dout, const TensorView& q, const Tenso
                         const OptionalTensor& dq, const OptionalTensor& dk,
                         const OptionalTensor& dv, const OptionalTensor& dbias,
                         const std::optional<AttentionVarlen>& varlen, bool deterministic,
-                        const OptionalTensor& workspace, Stream) {
+                        const OptionalTensor& workspace, Stream stream) {
   const char* op = "attention_backward";
   ArgCheck check(op);
   const Device device = check.same_device(
@@ -350,8 +380,30 @@ void attention_backward(const TensorView& dout, const TensorView& q, const Tenso
     }
   }
   p.deterministic = deterministic;
-  if (device.is_cuda()) cuda_not_implemented(op);
-  attention::backward_cpu(p);
+  if (!device.is_cuda()) {
+    attention::backward_cpu(p);
+    return;
+  }
+  require_gpu_dtype(op, p.dtype);
+  require_gpu_bias_dtype(op, "bias", p.bias);
+  require_gpu_bias_dtype(op, "dbias", p.dbias);
+  const bool any_output = p.dq.data || p.dk.data || p.dv.data || p.dbias.data;
+  const std::size_t need =
+      any_output ? attention::backward_workspace_cuda(p.batch, p.seqlen_q, p.heads_q, p.head_dim, deterministic) : 0;
+  if (need > 0) {
+    const std::string expected =
+        "a u8 tensor of at least " + std::to_string(need) + " bytes (attention_backward_workspace_size)";
+    if (!workspace) check.fail("workspace", expected, "none");
+    const TensorView& ws = *workspace;
+    check.has_data(ws, "workspace");
+    if (ws.dtype != DType::u8 || static_cast<std::size_t>(ws.numel()) < need || !ws.is_contiguous())
+      check.fail("workspace", expected, std::string(dtype_name(ws.dtype)) + " tensor of shape " + ws.shape_string());
+    check_aligned_pointer(check, ws, "workspace");
+    p.workspace = ws.data;
+    p.workspace_bytes = static_cast<std::size_t>(ws.numel());
+  }
+  require_supported_gpu(op, device.index);
+  attention::backward_cuda(p, device.index, stream);
 }
 
 }  // namespace fusekit

@@ -1,8 +1,9 @@
 // The validated, backend-neutral description of one attention call. attention.cpp checks the
-// arguments and fills these; each backend (the CPU reference now, the CUDA kernels later) reads
+// arguments and fills these; each backend (the float64 CPU reference, the CUDA kernels) reads
 // them.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "fusekit/attention.h"
@@ -34,7 +35,7 @@ struct Problem {
   std::int64_t batch = 0, heads_q = 0, heads_kv = 0, head_dim = 0, head_dim_v = 0;
   std::int64_t seqlen_q = 0, seqlen_k = 0;  // fixed lengths; the max lengths with varlen
   bool varlen = false;
-  const std::int32_t* cu_seqlens_q = nullptr;  // varlen only, (batch + 1)
+  const std::int32_t* cu_seqlens_q = nullptr;  // varlen only, (batch + 1), on the tensors' device
   const std::int32_t* cu_seqlens_k = nullptr;
   std::int64_t total_q = 0;  // tokens of q (varlen) or batch * seqlen_q
   DType dtype = DType::bf16;
@@ -46,6 +47,8 @@ struct Problem {
   Operand q, k, v, out;
   float* lse = nullptr;  // (B, Hq, Sq) or (Hq, Tq), contiguous
   BiasOperand bias;      // data null: no bias
+  void* workspace = nullptr;  // CUDA only: the caller's scratch memory
+  std::size_t workspace_bytes = 0;
 };
 
 struct BackwardProblem : Problem {
@@ -56,5 +59,19 @@ struct BackwardProblem : Problem {
 
 void forward_cpu(const Problem& p);
 void backward_cpu(const BackwardProblem& p);
+
+// The CUDA backend (attention_cuda.cu): f16 / bf16 only (attention.cpp refuses other dtypes
+// before calling), any device `device_index` that passed require_supported_gpu.
+void forward_cuda(const Problem& p, int device_index, Stream stream);
+void backward_cuda(const BackwardProblem& p, int device_index, Stream stream);
+
+// Scratch bytes of the CUDA forward (none) and backward: the float32 delta = rowsum(dout * out)
+// (batch * seqlen_q * heads_q floats, seqlen_q the max length with varlen), plus in the
+// non-deterministic mode the float32 dq accumulator (times head_dim), each rounded up to 256
+// bytes. Pure functions of the sizes: they make no CUDA call.
+std::size_t forward_workspace_cuda(std::int64_t batch, std::int64_t seqlen_q, std::int64_t heads_q,
+                                   std::int64_t head_dim);
+std::size_t backward_workspace_cuda(std::int64_t batch, std::int64_t seqlen_q, std::int64_t heads_q,
+                                    std::int64_t head_dim, bool deterministic);
 
 }  // namespace fusekit::attention

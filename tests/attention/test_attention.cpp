@@ -2,8 +2,9 @@
 // independently here (masks, windows, bias broadcasting, dropout from the documented Philox
 // mapping, variable lengths, GQA, strided layouts); its backward against central finite
 // differences of L = sum(out * dout); variable lengths against separate runs; GQA against repeated
-// k/v heads; fully masked rows, large logits, determinism; every argument error; and the clear
-// "not implemented" error for CUDA tensors (raised before any CUDA call, so it runs without a GPU).
+// k/v heads; fully masked rows, large logits, determinism; every argument error; and, for CUDA
+// tensors, the checks and dtype refusals that come before any CUDA call (so they run without a
+// GPU) plus the workspace sizes. The CUDA kernels themselves: test_attention_gpu.cpp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include "fusekit/attention.h"
 #include "fusekit/error.h"
 #include "fusekit/philox.h"
+#include "tests/attention/attention_testing.h"
 #include "tests/harness/gtest_helpers.h"
 
 namespace fusekit {
@@ -26,131 +28,9 @@ namespace {
 using testing::Buffer;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
-std::int64_t vec_elems(DType d) { return 16 / static_cast<std::int64_t>(dtype_size(d)); }
-
-struct Spec {
-  std::int64_t B = 2, Sq = 5, Sk = 7, Hq = 2, Hkv = 1, D = 4, Dv = 6;
-  DType dtype = DType::f64;
-  AttentionConfig cfg;
-  bool bias = false;
-  DType bias_dtype = DType::f64;
-  bool bias_full[3] = {true, true, true};  // batch, heads, query dims materialized (else size 1)
-  bool bias_expand = false;                // size-1 bias dims passed as full-size stride-0 views
-  bool bhsd = false;                       // q, k, v, out stored (B, H, S, D) in memory
-  std::vector<int> seqlens_q, seqlens_k;   // non-empty: variable lengths
-  bool varlen() const { return !seqlens_q.empty(); }
-  std::string str() const {
-    std::string s = "B" + std::to_string(B) + " Sq" + std::to_string(Sq) + " Sk" + std::to_string(Sk) + " Hq" +
-                    std::to_string(Hq) + " Hkv" + std::to_string(Hkv) + " D" + std::to_string(D) + " Dv" +
-                    std::to_string(Dv) + " " + dtype_name(dtype) + " mask " + attention_mask_name(cfg.mask) +
-                    " win(" + std::to_string(cfg.window_left) + "," + std::to_string(cfg.window_right) +
-                    ") p=" + std::to_string(cfg.dropout_p);
-    if (bias)
-      s += std::string(" bias ") + dtype_name(bias_dtype) + " [" + (bias_full[0] ? "B" : "1") +
-           (bias_full[1] ? "H" : "1") + (bias_full[2] ? "S" : "1") + "]" + (bias_expand ? " expanded" : "");
-    if (bhsd) s += " bhsd";
-    if (varlen()) s += " varlen";
-    return s;
-  }
-};
-
-// Every tensor of one problem, on the CPU.
-struct Problem {
-  Spec s;
-  std::int64_t batch, maxq, maxk, tq, tk;
-  std::vector<std::int64_t> q0, k0, lq, lk;  // per sequence: first token, length
-  std::optional<Buffer> q, k, v, out, dout, dq, dk, dv, lse, bias, dbias, cu_q, cu_k;
-
-  Buffer operand(std::int64_t S, std::int64_t H, std::int64_t Dh) const {
-    if (s.varlen()) return Buffer(s.dtype, Device::cpu(), {S, H, Dh});
-    if (s.bhsd) return Buffer(s.dtype, Device::cpu(), {s.B, S, H, Dh}, {H * S * Dh, Dh, S * Dh, 1});
-    return Buffer(s.dtype, Device::cpu(), {s.B, S, H, Dh});
-  }
-
-  explicit Problem(const Spec& spec) : s(spec) {
-    if (s.varlen()) {
-      batch = static_cast<std::int64_t>(s.seqlens_q.size());
-      tq = tk = maxq = maxk = 0;
-      for (std::int64_t b = 0; b < batch; ++b) {
-        q0.push_back(tq), k0.push_back(tk), lq.push_back(s.seqlens_q[b]), lk.push_back(s.seqlens_k[b]);
-        tq += s.seqlens_q[b], tk += s.seqlens_k[b];
-        maxq = std::max<std::int64_t>(maxq, s.seqlens_q[b]), maxk = std::max<std::int64_t>(maxk, s.seqlens_k[b]);
-      }
-      cu_q.emplace(DType::i32, Device::cpu(), std::vector<std::int64_t>{batch + 1});
-      cu_k.emplace(DType::i32, Device::cpu(), std::vector<std::int64_t>{batch + 1});
-      std::vector<double> cq{0}, ck{0};
-      for (std::int64_t b = 0; b < batch; ++b) cq.push_back(cq.back() + lq[b]), ck.push_back(ck.back() + lk[b]);
-      cu_q->set_values(cq), cu_k->set_values(ck);
-    } else {
-      batch = s.B, maxq = s.Sq, maxk = s.Sk, tq = s.B * s.Sq, tk = s.B * s.Sk;
-      for (std::int64_t b = 0; b < batch; ++b)
-        q0.push_back(b * s.Sq), k0.push_back(b * s.Sk), lq.push_back(s.Sq), lk.push_back(s.Sk);
-    }
-    const std::int64_t Sq = s.varlen() ? tq : s.Sq, Sk = s.varlen() ? tk : s.Sk;
-    q.emplace(operand(Sq, s.Hq, s.D));
-    k.emplace(operand(Sk, s.Hkv, s.D));
-    v.emplace(operand(Sk, s.Hkv, s.Dv));
-    out.emplace(operand(Sq, s.Hq, s.Dv));
-    dout.emplace(operand(Sq, s.Hq, s.Dv));
-    dq.emplace(operand(Sq, s.Hq, s.D));
-    dk.emplace(operand(Sk, s.Hkv, s.D));
-    dv.emplace(operand(Sk, s.Hkv, s.Dv));
-    lse.emplace(DType::f32, Device::cpu(),
-                s.varlen() ? std::vector<std::int64_t>{s.Hq, tq} : std::vector<std::int64_t>{s.B, s.Hq, s.Sq});
-    if (s.bias) {
-      // Stored compactly with the key dim padded to 16 bytes (the alignment rule).
-      const std::int64_t nb = s.bias_full[0] ? batch : 1, nh = s.bias_full[1] ? s.Hq : 1,
-                         ni = s.bias_full[2] ? maxq : 1, kp = round_up(maxk, vec_elems(s.bias_dtype));
-      const std::vector<std::int64_t> shape{nb, nh, ni, maxk}, strides{nh * ni * kp, ni * kp, kp, 1};
-      bias.emplace(s.bias_dtype, Device::cpu(), shape, strides);
-      dbias.emplace(s.bias_dtype, Device::cpu(), shape, strides);
-    }
-  }
-
-  std::int64_t bias_index(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
-    const std::int64_t nh = s.bias_full[1] ? s.Hq : 1, ni = s.bias_full[2] ? maxq : 1;
-    return (((s.bias_full[0] ? b : 0) * nh + (s.bias_full[1] ? h : 0)) * ni + (s.bias_full[2] ? i : 0)) * maxk + j;
-  }
-
-  OptionalTensor bias_view() const {
-    if (!bias) return std::nullopt;
-    TensorView t = bias->view();
-    if (s.bias_expand) {
-      const std::int64_t full[3] = {batch, s.Hq, maxq};
-      for (int d = 0; d < 3; ++d)
-        if (t.shape[d] == 1) t.shape[d] = full[d], t.strides[d] = 0;
-    }
-    return t;
-  }
-  std::optional<AttentionVarlen> varlen() const {
-    if (!s.varlen()) return std::nullopt;
-    return AttentionVarlen{cu_q->view(), cu_k->view(), maxq, maxk};
-  }
-
-  void fill(std::mt19937_64& rng, double qk_std = 1.0) {
-    q->fill_normal(rng, 0.0, qk_std);
-    k->fill_normal(rng, 0.0, qk_std);
-    v->fill_normal(rng);
-    dout->fill_normal(rng);
-    if (bias) bias->fill_normal(rng);
-  }
-  void forward() {
-    attention_forward(q->view(), k->view(), v->view(), bias_view(), s.cfg, out->view(), lse->view(), varlen());
-  }
-  void backward(bool with_dbias = true) {
-    attention_backward(dout->view(), q->view(), k->view(), v->view(), out->view(), lse->view(), bias_view(),
-                       s.cfg, dq->view(), dk->view(), dv->view(),
-                       bias && with_dbias ? OptionalTensor(dbias->view()) : std::nullopt, varlen(), true);
-  }
-  double loss() {
-    forward();
-    const auto o = out->values(), g = dout->values();
-    double l = 0;
-    for (std::size_t i = 0; i < o.size(); ++i) l += o[i] * g[i];
-    return l;
-  }
-};
+using testing::attn::lse_by_token;
+using testing::attn::Problem;
+using testing::attn::Spec;
 
 // The documented dropout mapping, written out from philox::random4 (not via the library's helper).
 double documented_dropout_factor(const AttentionConfig& c, std::uint64_t b, std::uint64_t h, std::uint64_t hq,
@@ -211,18 +91,6 @@ Naive naive_forward(const Problem& pr) {
     }
   }
   return n;
-}
-
-// lse from the buffer, reordered to (token, h) like Naive::lse.
-std::vector<double> lse_by_token(const Problem& pr) {
-  const auto l = pr.lse->values();
-  std::vector<double> r(l.size());
-  for (std::int64_t t = 0; t < pr.tq; ++t)
-    for (std::int64_t h = 0; h < pr.s.Hq; ++h) {
-      const std::int64_t b = pr.s.varlen() ? 0 : t / pr.s.Sq, i = pr.s.varlen() ? t : t % pr.s.Sq;
-      r[t * pr.s.Hq + h] = pr.s.varlen() ? l[h * pr.tq + t] : l[(b * pr.s.Hq + h) * pr.s.Sq + i];
-    }
-  return r;
 }
 
 void expect_lse_matches(const std::vector<double>& got, const std::vector<double>& ref, const std::string& what) {
@@ -788,40 +656,62 @@ TEST(AttentionCpu, BadArgumentsAreRefused) {
   }
 }
 
-TEST(AttentionCpu, CudaTensorsAreRefusedAsNotImplemented) {
-  // Views of a GPU address that is never dereferenced: the checks and the dispatch run first.
+TEST(AttentionCpu, CudaChecksComeBeforeAnyCudaCall) {
+  // Views of a GPU address that is never dereferenced: the argument checks and the dtype
+  // refusals run before any CUDA call, so this runs without a GPU.
   void* fake = reinterpret_cast<void*>(std::uintptr_t{1} << 20);
   const Device gpu = Device::cuda(0);
-  const TensorView q(fake, DType::bf16, gpu, {2, 16, 4, 64}), k(fake, DType::bf16, gpu, {2, 32, 2, 64}),
-      v(fake, DType::bf16, gpu, {2, 32, 2, 64}), out(fake, DType::bf16, gpu, {2, 16, 4, 64}),
-      lse(fake, DType::f32, gpu, {2, 4, 16});
-  auto check_unsupported = [](const std::function<void()>& f, const std::string& what) {
+  auto check_unsupported = [](const std::function<void()>& f, const std::string& what, const std::string& needle) {
     try {
       f();
       ADD_FAILURE() << what << ": no error";
     } catch (const Error& e) {
       EXPECT_EQ(e.kind(), ErrorKind::unsupported) << what << ": " << e.what();
-      EXPECT_NE(std::string(e.what()).find("not implemented"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << what << ": " << e.what();
     }
   };
   AttentionConfig cfg;
   cfg.mask = AttentionMask::causal_bottom_right;
-  check_unsupported([&] { attention_forward(q, k, v, std::nullopt, cfg, out, lse); }, "forward");
-  check_unsupported([&] { attention_backward(out, q, k, v, out, lse, std::nullopt, cfg, q, k, v, std::nullopt); },
-                    "backward");
-  const TensorView qv(fake, DType::bf16, gpu, {32, 4, 64}), kv(fake, DType::bf16, gpu, {64, 2, 64}),
-      ov(fake, DType::bf16, gpu, {32, 4, 64}), lv(fake, DType::f32, gpu, {4, 32}),
-      cu(fake, DType::i32, gpu, {3});
-  check_unsupported([&] { attention_forward(qv, kv, kv, std::nullopt, cfg, ov, lv, AttentionVarlen{cu, cu, 16, 32}); },
-                    "varlen forward (cu_seqlens are not read on the host)");
+  {  // f32 (and f64) q/k/v: the CPU reference's dtypes only
+    const TensorView q(fake, DType::f32, gpu, {2, 16, 4, 64}), k(fake, DType::f32, gpu, {2, 32, 2, 64}),
+        v(fake, DType::f32, gpu, {2, 32, 2, 64}), out(fake, DType::f32, gpu, {2, 16, 4, 64}),
+        lse(fake, DType::f32, gpu, {2, 4, 16});
+    check_unsupported([&] { attention_forward(q, k, v, std::nullopt, cfg, out, lse); }, "f32 forward", "f16 and bf16");
+    check_unsupported([&] { attention_backward(out, q, k, v, out, lse, std::nullopt, cfg, q, k, v, std::nullopt); },
+                      "f32 backward", "f16 and bf16");
+    const TensorView q64(fake, DType::f64, gpu, {2, 16, 4, 64}), k64(fake, DType::f64, gpu, {2, 32, 2, 64}),
+        o64(fake, DType::f64, gpu, {2, 16, 4, 64});
+    check_unsupported([&] { attention_forward(q64, k64, k64, std::nullopt, cfg, o64, lse); }, "f64 forward",
+                      "CPU reference");
+  }
+  const TensorView q(fake, DType::bf16, gpu, {2, 16, 4, 64}), k(fake, DType::bf16, gpu, {2, 32, 2, 64}),
+      v(fake, DType::bf16, gpu, {2, 32, 2, 64}), out(fake, DType::bf16, gpu, {2, 16, 4, 64}),
+      lse(fake, DType::f32, gpu, {2, 4, 16});
+  {  // an f64 bias
+    const TensorView b64(fake, DType::f64, gpu, {1, 4, 16, 32});
+    check_unsupported([&] { attention_forward(q, k, v, b64, cfg, out, lse); }, "f64 bias", "f64");
+  }
+  // Workspace sizes: pure functions of the shape (no CUDA call): delta (B * Sq * Hq floats) plus,
+  // unless deterministic, the float32 dq accumulator (times D), each rounded up to 256 bytes.
   AttentionShape shape{2, 16, 32, 4, 2, 64, 64, DType::bf16, false};
-  check_unsupported([&] { attention_forward_workspace_size(shape, cfg, gpu); }, "forward workspace");
-  check_unsupported([&] { attention_backward_workspace_size(shape, cfg, true, gpu); }, "backward workspace");
+  EXPECT_EQ(attention_forward_workspace_size(shape, cfg, gpu), 0u);
+  EXPECT_EQ(attention_backward_workspace_size(shape, cfg, true, gpu), 512u);
+  EXPECT_EQ(attention_backward_workspace_size(shape, cfg, false, gpu), 512u + 2u * 16 * 4 * 64 * 4);
+  shape.seqlen_q = 3;  // 24 floats: 96 bytes, rounded to 256
+  EXPECT_EQ(attention_backward_workspace_size(shape, cfg, true, gpu), 256u);
   EXPECT_EQ(attention_backward_workspace_size(shape, cfg, true, Device::cpu()), 0u);
-  // Bad arguments are still reported as such on CUDA tensors.
+  shape.dtype = DType::f32;
+  check_unsupported([&] { attention_backward_workspace_size(shape, cfg, true, gpu); }, "f32 workspace", "f16 and bf16");
+  EXPECT_EQ(attention_backward_workspace_size(shape, cfg, true, Device::cpu()), 0u);
+  // Bad arguments are still reported as such on CUDA tensors, before any CUDA call.
   const TensorView k3(fake, DType::bf16, gpu, {2, 32, 3, 64});
   expect_error([&] { attention_forward(q, k3, k3, std::nullopt, cfg, out, lse); }, ErrorKind::invalid_argument, "k",
                "Hq % Hkv on CUDA");
+  const TensorView qv(fake, DType::bf16, gpu, {32, 4, 64}), kv(fake, DType::bf16, gpu, {64, 2, 64}),
+      ov(fake, DType::bf16, gpu, {32, 4, 64}), lv(fake, DType::f32, gpu, {4, 32}), cu(fake, DType::i32, gpu, {3}),
+      cu64(fake, DType::i64, gpu, {3});
+  expect_error([&] { attention_forward(qv, kv, kv, std::nullopt, cfg, ov, lv, AttentionVarlen{cu64, cu, 16, 32}); },
+               ErrorKind::invalid_argument, "cu_seqlens_q", "int64 cu_seqlens on CUDA (values are not read)");
 }
 
 }  // namespace

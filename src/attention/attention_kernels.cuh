@@ -1,0 +1,1078 @@
+// Attention CUDA kernels (f16 / bf16 in, float32 accumulation): flash-style forward and backward
+// with tensor-core mma.sync m16n8k16 (sm_80 instructions, run on sm_90a). The S x S score matrix
+// never reaches global memory.
+//
+// ---- Building blocks ----------------------------------------------------------------------------
+// Tiles of q, k, v, dout are copied to shared memory with 16-byte cp.async; rows past the
+// sequence end and head-dim columns past D (padded to a multiple of 16: the mma's k) are zero
+// filled, so padding contributes exact zeros and never NaN. Rows are kD + 8 elements apart (16
+// bytes of skew: ldmatrix rows fall into distinct bank groups). Fragments come from ldmatrix
+// (x4, plain or .trans) in the standard m16n8k16 layouts; see the fragment helpers.
+//
+// Masks: for query i of a sequence the visible keys are one interval [lo(i), hi(i)) (MaskRule),
+// and lo, hi never decrease with i. So a query block's keys lie in [lo(first), hi(last)), which
+// bounds the key blocks visited (causal and windowed attention skip the rest); the element test
+// inside a block is exact. Rows past the sequence end have an empty interval.
+//
+// Dropout: a tile's keep bits are computed once into shared memory, one byte per (query, 8 keys),
+// by all threads: one philox::random4 call gives the 8 keys 8m..8m+7 of one query (the
+// documented mapping; key blocks start at multiples of 8). The mma fragment owners then look
+// their bits up, so no thread computes a Philox call twice and the layout of the consumer
+// (S or S^T) does not matter.
+//
+// ---- Forward (forward_kernel) ---------------------------------------------------------------------
+// One CTA per (query block of 64 rows, query head, batch); 4 warps, 16 query rows each. The Q
+// tile stays in shared memory; the CTA walks the visible key blocks (64 keys, 32 for head dims
+// above 128): S = Q K^T (fp32 registers), scale + bias + mask, online softmax (running max and
+// sum per row, in log2 units), dropout by the keep bits, P rounded to the input dtype, O += P V.
+// At the end O is divided by the row sum (times 1 / (1 - p)) and lse = max + log(sum) is stored.
+// A row with no visible key (or only -inf bias) has sum 0: out = 0, lse = -inf.
+//
+// ---- Backward -------------------------------------------------------------------------------------
+// preprocess_kernel: delta = rowsum(dout * out) (float32, workspace, laid out like lse); in the
+// non-deterministic mode it also zeroes the float32 dq accumulator.
+// dkdv_kernel: one CTA per (key block of 64, kv head, batch). K and V stay in shared memory; the
+//   CTA walks every query head of its GQA group and every query block that sees its keys:
+//   phase 1 computes S^T = K Q^T and dP^T = V dO^T (warps own 16 keys x a share of the queries),
+//   recomputes P = exp(S - lse) and dS = P * (dP * Z - delta), and stores P * Z and dS (rounded
+//   to the input dtype) to shared memory; phase 2 accumulates dV += (P Z)^T dO and dK += dS^T Q in
+//   registers (warps own 16 keys x a share of the head dim); phase 3 (non-deterministic mode
+//   only) computes this block's dQ part dS K and adds it with float atomics to the float32
+//   accumulator. dK and dV of a key block are summed over the group's heads inside one CTA, in a
+//   fixed order: they are deterministic in both modes, and every key row (also one no query
+//   sees) is written. When dbias needs no reduction (every dim of dbias materialized), phase 1
+//   also writes dS into dbias directly: each element has exactly one producer.
+// dq_kernel (deterministic mode): one CTA per query block, the forward's loop over key blocks
+//   with dS recomputed (S = Q K^T, dP = dO V^T) and dQ += dS K in registers: a fixed order, no
+//   atomics. convert_dq_kernel (non-deterministic mode) scales and rounds the accumulator.
+// dbias_kernel (dbias reduced over batch, heads and/or queries): one CTA per tile of dbias (64
+//   rows x 64 or 32 keys; one row when the query dim is reduced). It loops over every (b, h, query
+//   block) that maps to its tile, recomputes dS for it and sums in float32 registers in a fixed
+//   order, then writes the tile once (reducing the rows first when the query dim is broadcast,
+//   across warps through shared memory, in a fixed order). Elements nothing maps to (variable
+//   length padding) are written as 0. No float workspace and no atomics: deterministic, at the
+//   price of recomputing S and dP once more. zero_dbias_kernel clears dbias before the direct
+//   path writes the elements it produces (masked-out blocks and padding are never visited).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "fusekit/attention.h"
+#include "fusekit/dropout.h"
+#include "fusekit/philox.h"
+
+namespace fusekit::attention::kernels {
+
+// ---- parameters -----------------------------------------------------------------------------------
+
+// One (b, s, h, d) operand: element (b, token, h, c) at b * b + token * s + h * h + c.
+struct OperandArg {
+  void* data = nullptr;
+  std::int64_t b = 0, s = 0, h = 0;
+};
+
+enum BiasDtype : int { kBiasF32 = 0, kBiasF16 = 1, kBiasBf16 = 2 };
+
+// bias or dbias, (b, h, i, j) with stride 0 on broadcast dims and key stride 1.
+struct BiasArg {
+  void* data = nullptr;
+  int dtype = kBiasF32;
+  std::int64_t shape[4] = {};
+  std::int64_t b = 0, h = 0, i = 0;
+};
+
+struct KernelParams {
+  int batch = 0, heads_q = 0, heads_kv = 0, group = 1;
+  int d = 0, dv = 0, dp = 0, dvp = 0;  // head dims and their multiples of 16
+  int seqlen_q = 0, seqlen_k = 0;      // fixed lengths, or the max lengths with varlen
+  std::int64_t total_q = 0;            // tokens of q (varlen) or batch * seqlen_q
+  const std::int32_t* cu_q = nullptr;  // null: fixed lengths
+  const std::int32_t* cu_k = nullptr;
+  float scale = 1.0f, scale_log2 = 1.0f;  // scale and scale * log2(e)
+  int causal = 0, top_left = 0;
+  std::int64_t window_left = -1, window_right = -1;
+  int dropout = 0;
+  std::uint32_t threshold = 0;
+  float keep_scale = 1.0f;
+  std::uint64_t seed = 0, offset = 0;
+  OperandArg q, k, v, out, dout, grad_q, grad_k, grad_v;  // grad_*: dq, dk, dv
+  BiasArg bias, dbias;  // data null: none
+  float* lse = nullptr;
+  float* delta = nullptr;     // backward workspace, laid out like lse
+  float* dq_accum = nullptr;  // non-deterministic backward: (token, h, d) float32
+  // Backward: what the dkdv kernel does.
+  int want_dk = 0, want_dv = 0, atomic_dq = 0, dbias_direct = 0;
+};
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+__device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); }
+__device__ __forceinline__ float neg_inf() { return __int_as_float(static_cast<int>(0xff800000u)); }
+
+// ---- sequences and masks ----------------------------------------------------------------------
+
+struct Seq {
+  std::int64_t q_base = 0, k_base = 0;  // packed token of row 0 (varlen), else 0
+  int sq = 0, sk = 0;
+};
+
+__device__ __forceinline__ Seq seq_of(const KernelParams& p, int b) {
+  Seq s;
+  if (p.cu_q != nullptr) {
+    const int q0 = p.cu_q[b], q1 = p.cu_q[b + 1], k0 = p.cu_k[b], k1 = p.cu_k[b + 1];
+    s.q_base = q0;
+    s.k_base = k0;
+    // The lengths are trusted (they are not read on the host); clamping keeps a bad vector
+    // inside the grid and the padded bias.
+    s.sq = min(max(q1 - q0, 0), p.seqlen_q);
+    s.sk = min(max(k1 - k0, 0), p.seqlen_k);
+  } else {
+    s.sq = p.seqlen_q;
+    s.sk = p.seqlen_k;
+  }
+  return s;
+}
+
+// Index of row i of (b, h) in lse / delta: (B, Hq, Sq) or (Hq, Tq).
+__device__ __forceinline__ std::int64_t lse_index(const KernelParams& p, const Seq& s, int b, int h, int i) {
+  return p.cu_q != nullptr ? static_cast<std::int64_t>(h) * p.total_q + s.q_base + i
+                           : (static_cast<std::int64_t>(b) * p.heads_q + h) * p.seqlen_q + i;
+}
+
+// The packed token of query row i (the dq accumulator is (token, h, d)).
+__device__ __forceinline__ std::int64_t q_token(const KernelParams& p, const Seq& s, int b, int i) {
+  return p.cu_q != nullptr ? s.q_base + i : static_cast<std::int64_t>(b) * p.seqlen_q + i;
+}
+
+template <typename T>
+__device__ __forceinline__ T* row_ptr(const OperandArg& op, int b, std::int64_t token, int h) {
+  return static_cast<T*>(op.data) + (static_cast<std::int64_t>(b) * op.b + token * op.s +
+                                     static_cast<std::int64_t>(h) * op.h);
+}
+
+// The visible keys of each query row of one sequence (fusekit/attention.h, "Masks and windows").
+struct MaskRule {
+  int sq = 0, sk = 0;
+  std::int64_t diag = 0;
+  bool causal = false;
+  std::int64_t wl = -1, wr = -1;
+
+  // [lo, hi) within [0, sk); empty (hi <= lo) when nothing is visible or i is not a row.
+  __device__ __forceinline__ void range(int i, int& lo, int& hi) const {
+    if (i < 0 || i >= sq) {
+      lo = 0;
+      hi = 0;
+      return;
+    }
+    const std::int64_t di = i + diag;
+    std::int64_t first = 0, last = static_cast<std::int64_t>(sk) - 1;
+    if (causal) last = min(last, di);
+    if (wr >= 0) last = min(last, di + wr);
+    if (wl >= 0) first = max(first, di - wl);
+    first = min(first, static_cast<std::int64_t>(sk));
+    lo = static_cast<int>(first);
+    hi = static_cast<int>(max(first, last + 1));
+  }
+  // Whether query rows [i0, i1) (i1 <= sq) see any key of [j0, j1).
+  __device__ __forceinline__ bool block_visible(int i0, int i1, int j0, int j1) const {
+    if (i1 <= i0) return false;
+    int lo0, hi0, lo1, hi1;
+    range(i0, lo0, hi0);
+    range(i1 - 1, lo1, hi1);
+    return max(lo0, j0) < min(hi1, j1);
+  }
+};
+
+__device__ __forceinline__ MaskRule mask_rule(const KernelParams& p, const Seq& s) {
+  MaskRule r;
+  r.sq = s.sq;
+  r.sk = s.sk;
+  r.diag = p.top_left ? 0 : static_cast<std::int64_t>(s.sk) - s.sq;
+  r.causal = p.causal != 0;
+  r.wl = p.window_left;
+  r.wr = p.window_right;
+  return r;
+}
+
+// ---- bias ---------------------------------------------------------------------------------------
+
+__device__ __forceinline__ float load_bias(const BiasArg& a, int b, int h, int i, int j) {
+  const std::int64_t off = static_cast<std::int64_t>(b) * a.b + static_cast<std::int64_t>(h) * a.h +
+                           static_cast<std::int64_t>(i) * a.i + j;
+  switch (a.dtype) {
+    case kBiasF32: return __ldg(static_cast<const float*>(a.data) + off);
+    case kBiasF16: return __half2float(__ldg(static_cast<const __half*>(a.data) + off));
+    default: return __bfloat162float(__ldg(static_cast<const __nv_bfloat16*>(a.data) + off));
+  }
+}
+
+__device__ __forceinline__ void store_bias(const BiasArg& a, int b, int h, int i, int j, float v) {
+  const std::int64_t off = static_cast<std::int64_t>(b) * a.b + static_cast<std::int64_t>(h) * a.h +
+                           static_cast<std::int64_t>(i) * a.i + j;
+  switch (a.dtype) {
+    case kBiasF32: static_cast<float*>(a.data)[off] = v; break;
+    case kBiasF16: static_cast<__half*>(a.data)[off] = __float2half_rn(v); break;
+    default: static_cast<__nv_bfloat16*>(a.data)[off] = __float2bfloat16_rn(v); break;
+  }
+}
+
+// ---- element types --------------------------------------------------------------------------------
+
+template <typename T>
+__device__ __forceinline__ std::uint32_t pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ std::uint32_t pack2<__half>(float lo, float hi) {
+  const __half2 v = __floats2half2_rn(lo, hi);  // .x (low 16 bits) = lo
+  return *reinterpret_cast<const std::uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ std::uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const std::uint32_t*>(&v);
+}
+
+template <typename T>
+__device__ __forceinline__ float2 unpack2(std::uint32_t w);
+template <>
+__device__ __forceinline__ float2 unpack2<__half>(std::uint32_t w) {
+  return __half22float2(*reinterpret_cast<const __half2*>(&w));
+}
+template <>
+__device__ __forceinline__ float2 unpack2<__nv_bfloat16>(std::uint32_t w) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
+}
+
+// ---- shared memory, cp.async, ldmatrix, mma -------------------------------------------------------
+
+__device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(smem)), "l"(gmem));
+}
+
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
+
+__device__ __forceinline__ void ldsm_x4(std::uint32_t (&r)[4], const void* smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(smem)));
+}
+
+__device__ __forceinline__ void ldsm_x4_trans(std::uint32_t (&r)[4], const void* smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(smem)));
+}
+
+// m16n8k16 fragments (lane = 4 g + t):
+//   A (16 x 16, row m, col k): a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..)
+//   B (16 x 8, row k, col n):  b0 (k 2t..2t+1, n g), b1 (k 2t+8..2t+9, n g)
+//   C (16 x 8):                c0, c1 (g, 2t..2t+1), c2, c3 (g+8, 2t..2t+1)
+// Each 32-bit register holds two consecutive-k (A, B) or consecutive-n (C) elements, the lower
+// index in the low half. ldmatrix x4: lanes 8q..8q+7 give the row addresses of matrix q; matrix
+// q lands in register q, lane 4 g + t holding its row g, elements 2t, 2t+1 (with .trans: its
+// rows 2t, 2t+1 of column g).
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                         std::uint32_t b1);
+template <>
+__device__ __forceinline__ void mma16816<__nv_bfloat16>(float (&c)[4], const std::uint32_t (&a)[4],
+                                                        std::uint32_t b0, std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma16816<__half>(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                                 std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// A (16 x 16) at (m0, k0) of a row-major [m][k] tile: matrices (m 0-7, k 0-7), (m 8-15, k 0-7),
+// (m 0-7, k 8-15), (m 8-15, k 8-15).
+template <typename T>
+__device__ __forceinline__ void load_a(std::uint32_t (&a)[4], const T* tile, int ld, int m0, int k0) {
+  const int lane = threadIdx.x % 32, q = lane / 8, r = lane % 8;
+  ldsm_x4(a, tile + (m0 + r + (q & 1) * 8) * ld + k0 + (q >> 1) * 8);
+}
+
+// A (16 x 16) at (m0, k0) of a tile stored transposed, [k][m]: stored rows k, .trans.
+template <typename T>
+__device__ __forceinline__ void load_a_trans(std::uint32_t (&a)[4], const T* tile_km, int ld, int m0, int k0) {
+  const int lane = threadIdx.x % 32, q = lane / 8, r = lane % 8;
+  ldsm_x4_trans(a, tile_km + (k0 + r + (q >> 1) * 8) * ld + m0 + (q & 1) * 8);
+}
+
+// B for two n-tiles (n0..n0+7 in b[0], b[1]; n0+8..n0+15 in b[2], b[3]) at k0, from a tile
+// stored [n][k] (k contiguous): matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7),
+// (n 8-15, k 8-15).
+template <typename T>
+__device__ __forceinline__ void load_b_nk(std::uint32_t (&b)[4], const T* tile_nk, int ld, int n0, int k0) {
+  const int lane = threadIdx.x % 32, q = lane / 8, r = lane % 8;
+  ldsm_x4(b, tile_nk + (n0 + r + (q >> 1) * 8) * ld + k0 + (q & 1) * 8);
+}
+
+// The same two n-tiles from a tile stored [k][n] (n contiguous): stored rows k, .trans.
+template <typename T>
+__device__ __forceinline__ void load_b_kn(std::uint32_t (&b)[4], const T* tile_kn, int ld, int n0, int k0) {
+  const int lane = threadIdx.x % 32, q = lane / 8, r = lane % 8;
+  ldsm_x4_trans(b, tile_kn + (k0 + r + (q & 1) * 8) * ld + n0 + (q >> 1) * 8);
+}
+
+// acc[kNT][4] (a 16 x 8 kNT block) += A (16 rows at m0 of a [m][k] tile) x B^T (8 kNT rows at n0
+// of a [n][k] tile), over k in [0, k_len) (k_len a multiple of 16, at most kK).
+template <typename T, int kNT, int kK>
+__device__ __forceinline__ void mma_abt(float (&acc)[kNT][4], const T* a_tile, int lda, int m0, const T* b_tile,
+                                        int ldb, int n0, int k_len) {
+  static_assert(kNT % 2 == 0, "n-tiles come in pairs");
+#pragma unroll
+  for (int kk = 0; kk < kK / 16; ++kk) {
+    if (kk * 16 < k_len) {
+      std::uint32_t a[4];
+      load_a(a, a_tile, lda, m0, kk * 16);
+#pragma unroll
+      for (int np = 0; np < kNT / 2; ++np) {
+        std::uint32_t b[4];
+        load_b_nk(b, b_tile, ldb, n0 + np * 16, kk * 16);
+        mma16816<T>(acc[2 * np], a, b[0], b[1]);
+        mma16816<T>(acc[2 * np + 1], a, b[2], b[3]);
+      }
+    }
+  }
+}
+
+// acc[kNT][4] += A (16 rows at m0 of a [m][k] tile, k in [0, kK)) x B (a [k][n] tile, columns
+// n0 .. n0 + 8 kNT), skipping column pairs at or past n_len.
+template <typename T, int kNT, int kK>
+__device__ __forceinline__ void mma_ab(float (&acc)[kNT][4], const T* a_tile, int lda, int m0, const T* b_tile,
+                                       int ldb, int n0, int n_len) {
+#pragma unroll
+  for (int kk = 0; kk < kK / 16; ++kk) {
+    std::uint32_t a[4];
+    load_a(a, a_tile, lda, m0, kk * 16);
+#pragma unroll
+    for (int np = 0; np < kNT / 2; ++np) {
+      if (n0 + np * 16 < n_len) {
+        std::uint32_t b[4];
+        load_b_kn(b, b_tile, ldb, n0 + np * 16, kk * 16);
+        mma16816<T>(acc[2 * np], a, b[0], b[1]);
+        mma16816<T>(acc[2 * np + 1], a, b[2], b[3]);
+      }
+    }
+  }
+}
+
+// acc[kNT][4] += P (registers: the C fragments of a 16 x kK block, kK / 8 n-tiles, rounded to T
+// as A fragments) x B (a [k][n] tile, columns n0 .. n0 + 8 kNT, skipping pairs at or past n_len).
+// Two adjacent C n-tiles form one A k-step: a0 = c[2s][0..1], a1 = c[2s][2..3], a2 = c[2s+1][0..1],
+// a3 = c[2s+1][2..3].
+template <typename T, int kNT, int kK>
+__device__ __forceinline__ void mma_regs_b(float (&acc)[kNT][4], const float (&p)[kK / 8][4], const T* b_tile,
+                                           int ldb, int n0, int n_len) {
+#pragma unroll
+  for (int ks = 0; ks < kK / 16; ++ks) {
+    const std::uint32_t a[4] = {pack2<T>(p[2 * ks][0], p[2 * ks][1]), pack2<T>(p[2 * ks][2], p[2 * ks][3]),
+                                pack2<T>(p[2 * ks + 1][0], p[2 * ks + 1][1]),
+                                pack2<T>(p[2 * ks + 1][2], p[2 * ks + 1][3])};
+#pragma unroll
+    for (int np = 0; np < kNT / 2; ++np) {
+      if (n0 + np * 16 < n_len) {
+        std::uint32_t b[4];
+        load_b_kn(b, b_tile, ldb, n0 + np * 16, ks * 16);
+        mma16816<T>(acc[2 * np], a, b[0], b[1]);
+        mma16816<T>(acc[2 * np + 1], a, b[2], b[3]);
+      }
+    }
+  }
+}
+
+template <int kN, int kM>
+__device__ __forceinline__ void zero(float (&acc)[kN][kM]) {
+#pragma unroll
+  for (int n = 0; n < kN; ++n)
+#pragma unroll
+    for (int m = 0; m < kM; ++m) acc[n][m] = 0.0f;
+}
+
+// ---- tile loads -----------------------------------------------------------------------------------
+
+// Rows [0, kRows) of a tile whose row r starts at row0 + r * row_stride (elements), columns
+// [0, cols_pad) with cols_pad a multiple of 16 and cols (the real head dim, a multiple of 8) <=
+// cols_pad; rows >= valid_rows and columns >= cols are zero filled. 16-byte pieces: the alignment
+// rule of fusekit/attention.h makes every global piece 16-byte aligned.
+template <typename T, int kRows, int kCols, int kLd, int kThreads>
+__device__ __forceinline__ void load_tile(T* tile, const T* row0, std::int64_t row_stride, int valid_rows,
+                                          int cols, int cols_pad) {
+  constexpr int kChunks = kCols / 8;
+  for (int idx = threadIdx.x; idx < kRows * kChunks; idx += kThreads) {
+    const int r = idx / kChunks, c = idx % kChunks;
+    if (c * 8 >= cols_pad) continue;
+    T* dst = tile + r * kLd + c * 8;
+    if (r < valid_rows && c * 8 < cols) {
+      cp_async16(dst, row0 + r * row_stride + c * 8);
+    } else {
+      *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+}
+
+// Keep bits of the (kBM queries at i0) x (kBN keys at j0) tile of (b, h): byte [il][jg] holds
+// keys j0 + 8 jg + e (bit e) of query i0 + il. j0 is a multiple of 8: one Philox call per byte.
+template <int kBM, int kBN, int kThreads>
+__device__ __forceinline__ void compute_keep_bits(std::uint8_t* keep, const KernelParams& p, int b, int h, int i0,
+                                                  int j0) {
+  const std::uint64_t subsequence = attention_dropout_subsequence(
+      p.offset, static_cast<std::uint64_t>(b), static_cast<std::uint64_t>(h), static_cast<std::uint64_t>(p.heads_q));
+  constexpr int kGroups = kBN / 8;
+  for (int idx = threadIdx.x; idx < kBM * kGroups; idx += kThreads) {
+    const int il = idx / kGroups, jg = idx % kGroups;
+    const std::uint64_t i = static_cast<std::uint64_t>(i0 + il);
+    const std::uint64_t group = static_cast<std::uint64_t>(j0 / 8 + jg);
+    const philox::Words4 w = philox::random4(p.seed, subsequence, (i << 29) + group);
+    std::uint32_t bits = 0;
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+      bits |= static_cast<std::uint32_t>(dropout_random16_of_group(w, static_cast<std::uint64_t>(e)) >= p.threshold)
+              << e;
+    keep[idx] = static_cast<std::uint8_t>(bits);
+  }
+}
+
+template <int kBN>
+__device__ __forceinline__ bool kept(const std::uint8_t* keep, int il, int jl) {
+  return (keep[il * (kBN / 8) + jl / 8] >> (jl % 8)) & 1u;
+}
+
+// ---- the forward ----------------------------------------------------------------------------------
+
+template <int kD, int kBN>
+struct ForwardShape {
+  static constexpr int kWarps = 4, kThreads = 128, kBM = 64, kLd = kD + 8;
+  static constexpr int smem_bytes() { return (kBM + 2 * kBN) * kLd * 2 + kBM * kBN / 8; }
+};
+
+template <typename T, int kD, int kBN>
+__global__ void __launch_bounds__(128) forward_kernel(const KernelParams p) {
+  using Shape = ForwardShape<kD, kBN>;
+  constexpr int kBM = Shape::kBM, kLd = Shape::kLd, kThreads = Shape::kThreads;
+  constexpr int kNT = kBN / 8, kDT = kD / 8;
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* qs = reinterpret_cast<T*>(smem);
+  T* ks = qs + kBM * kLd;
+  T* vs = ks + kBN * kLd;
+  std::uint8_t* keep = reinterpret_cast<std::uint8_t*>(vs + kBN * kLd);
+
+  const int b = blockIdx.z, h = blockIdx.y, i0 = blockIdx.x * kBM;
+  const Seq s = seq_of(p, b);
+  if (i0 >= s.sq) return;
+  const int hk = h / p.group;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+
+  load_tile<T, kBM, kD, kLd, kThreads>(qs, row_ptr<const T>(p.q, b, s.q_base + i0, h), p.q.s, s.sq - i0, p.d,
+                                       p.dp);
+
+  const MaskRule rule = mask_rule(p, s);
+  int lo[2], hi[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) rule.range(i0 + warp * 16 + g + 8 * r, lo[r], hi[r]);
+  int jb_begin = 0, jb_end = 0;
+  {
+    int lo0, hi0, lo1, hi1;
+    rule.range(i0, lo0, hi0);
+    rule.range(min(i0 + kBM, s.sq) - 1, lo1, hi1);
+    if (hi1 > lo0) {
+      jb_begin = lo0 / kBN;
+      jb_end = (hi1 + kBN - 1) / kBN;
+    }
+  }
+
+  float o[kDT][4];
+  zero(o);
+  float m[2] = {neg_inf(), neg_inf()}, l[2] = {0.0f, 0.0f};
+
+  for (int jb = jb_begin; jb < jb_end; ++jb) {
+    const int j0 = jb * kBN;
+    __syncthreads();  // the previous block's K, V and keep bits are consumed
+    load_tile<T, kBN, kD, kLd, kThreads>(ks, row_ptr<const T>(p.k, b, s.k_base + j0, hk), p.k.s, s.sk - j0, p.d,
+                                         p.dp);
+    load_tile<T, kBN, kD, kLd, kThreads>(vs, row_ptr<const T>(p.v, b, s.k_base + j0, hk), p.v.s, s.sk - j0, p.dv,
+                                         p.dvp);
+    if (p.dropout) compute_keep_bits<kBM, kBN, kThreads>(keep, p, b, h, i0, j0);
+    cp_async_wait_all();
+    __syncthreads();
+
+    float sc[kNT][4];
+    zero(sc);
+    mma_abt<T, kNT, kD>(sc, qs, kLd, warp * 16, ks, kLd, 0, p.dp);
+
+    // Scores in log2 units; masked (or past the end) = -inf.
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e / 2, j = j0 + nt * 8 + 2 * t + (e & 1);
+        float x = neg_inf();
+        if (j >= lo[r] && j < hi[r]) {
+          x = sc[nt][e] * p.scale_log2;
+          if (p.bias.data != nullptr) x += kLog2e * load_bias(p.bias, b, h, i0 + warp * 16 + g + 8 * r, j);
+        }
+        sc[nt][e] = x;
+      }
+
+    // Online softmax: rows g (r = 0) and g + 8 (r = 1) of the warp; a quad shares a row.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = m[r];
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(sc[nt][2 * r], sc[nt][2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_use = mx == neg_inf() ? 0.0f : mx;  // a row with nothing visible yet
+      const float alpha = exp2f(m[r] - m_use);          // 0 when m[r] = -inf
+      m[r] = mx;
+      float sum = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const float pv = exp2f(sc[nt][2 * r + c] - m_use);
+          sc[nt][2 * r + c] = pv;
+          sum += pv;
+        }
+      l[r] = l[r] * alpha + sum;
+#pragma unroll
+      for (int nt = 0; nt < kDT; ++nt) {
+        o[nt][2 * r] *= alpha;
+        o[nt][2 * r + 1] *= alpha;
+      }
+    }
+    if (p.dropout) {
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (!kept<kBN>(keep, warp * 16 + g + 8 * (e / 2), nt * 8 + 2 * t + (e & 1))) sc[nt][e] = 0.0f;
+    }
+    mma_regs_b<T, kDT, kBN>(o, sc, vs, kLd, 0, p.dvp);
+  }
+  cp_async_wait_all();  // nothing may stay in flight (no key block: the Q copy)
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = l[r] + __shfl_xor_sync(0xffffffffu, l[r], 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const int i = i0 + warp * 16 + g + 8 * r;
+    const float inv = sum > 0.0f ? p.keep_scale / sum : 0.0f;
+    if (i < s.sq) {
+      T* out = row_ptr<T>(p.out, b, s.q_base + i, h);
+#pragma unroll
+      for (int nt = 0; nt < kDT; ++nt) {
+        const int c = nt * 8 + 2 * t;
+        if (c < p.dv)
+          *reinterpret_cast<std::uint32_t*>(out + c) = pack2<T>(o[nt][2 * r] * inv, o[nt][2 * r + 1] * inv);
+      }
+      if (t == 0) p.lse[lse_index(p, s, b, h, i)] = sum > 0.0f ? m[r] * kLn2 + logf(sum) : neg_inf();
+    }
+  }
+}
+
+// ---- backward: delta = rowsum(dout * out), dq accumulator zeroing ----------------------------------
+
+// One warp per (token, head) row; 8 rows per block of 256 threads.
+template <typename T>
+__global__ void __launch_bounds__(256) preprocess_kernel(const KernelParams p) {
+  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * 8 + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= p.total_q * p.heads_q) return;
+  const std::int64_t token = row / p.heads_q;
+  const int h = static_cast<int>(row % p.heads_q);
+  int b = 0;
+  std::int64_t tok = token, index;
+  if (p.cu_q != nullptr) {
+    index = static_cast<std::int64_t>(h) * p.total_q + token;
+  } else {
+    b = static_cast<int>(token / p.seqlen_q);
+    tok = token % p.seqlen_q;
+    index = (static_cast<std::int64_t>(b) * p.heads_q + h) * p.seqlen_q + tok;
+  }
+  const T* o = row_ptr<const T>(p.out, b, tok, h);
+  const T* g = row_ptr<const T>(p.dout, b, tok, h);
+  float sum = 0.0f;
+  for (int c = lane * 8; c < p.dv; c += 256) {
+    const uint4 ov = *reinterpret_cast<const uint4*>(o + c), gv = *reinterpret_cast<const uint4*>(g + c);
+    const std::uint32_t ow[4] = {ov.x, ov.y, ov.z, ov.w}, gw[4] = {gv.x, gv.y, gv.z, gv.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 a = unpack2<T>(ow[k]), d = unpack2<T>(gw[k]);
+      sum += a.x * d.x + a.y * d.y;
+    }
+  }
+#pragma unroll
+  for (int s = 16; s >= 1; s /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, s);
+  if (lane == 0) p.delta[index] = sum;
+  if (p.dq_accum != nullptr)
+    for (int c = lane; c < p.d; c += 32) p.dq_accum[row * p.d + c] = 0.0f;
+}
+
+// dq = scale * accumulator, rounded; one warp per (token, head) row.
+template <typename T>
+__global__ void __launch_bounds__(256) convert_dq_kernel(const KernelParams p) {
+  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * 8 + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= p.total_q * p.heads_q) return;
+  const std::int64_t token = row / p.heads_q;
+  const int h = static_cast<int>(row % p.heads_q);
+  int b = 0;
+  std::int64_t tok = token;
+  if (p.cu_q == nullptr) {
+    b = static_cast<int>(token / p.seqlen_q);
+    tok = token % p.seqlen_q;
+  }
+  T* dq = row_ptr<T>(p.grad_q, b, tok, h);
+  const float* acc = p.dq_accum + row * p.d;
+  for (int c = lane * 2; c < p.d; c += 64)
+    *reinterpret_cast<std::uint32_t*>(dq + c) = pack2<T>(acc[c] * p.scale, acc[c + 1] * p.scale);
+}
+
+// Every logical element of dbias set to 0 (the direct path then overwrites what it produces).
+// One row (b, h, i) per block iteration, threads along the keys.
+__global__ void __launch_bounds__(256) zero_dbias_kernel(const BiasArg db) {
+  const std::int64_t rows = db.shape[0] * db.shape[1] * db.shape[2];
+  for (std::int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const int i = static_cast<int>(row % db.shape[2]);
+    const std::int64_t rest = row / db.shape[2];
+    const int h = static_cast<int>(rest % db.shape[1]), b = static_cast<int>(rest / db.shape[1]);
+    for (int j = threadIdx.x; j < db.shape[3]; j += blockDim.x) store_bias(db, b, h, i, j, 0.0f);
+  }
+}
+
+// ---- backward: dS of a (64 queries) x (kBN keys) tile in the S layout ---------------------------
+
+// Per-row state of the S-layout backward kernels: rows g (r = 0) and g + 8 (r = 1) of a warp.
+struct RowState {
+  int lo[2], hi[2];      // visible keys
+  float lse2[2];         // lse * log2(e); +inf for rows with nothing visible or past the end
+  float delta[2];
+};
+
+__device__ __forceinline__ RowState row_state(const KernelParams& p, const Seq& s, const MaskRule& rule, int b,
+                                              int h, int i_first) {
+  RowState st;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = i_first + 8 * r;
+    rule.range(i, st.lo[r], st.hi[r]);
+    st.lse2[r] = pos_inf();
+    st.delta[r] = 0.0f;
+    if (i < s.sq) {
+      const std::int64_t index = lse_index(p, s, b, h, i);
+      const float lse = p.lse[index];
+      // A fully masked row (lse = -inf) contributes nothing: P = exp(S - inf) = 0, never NaN.
+      st.lse2[r] = lse == neg_inf() ? pos_inf() : lse * kLog2e;
+      st.delta[r] = p.delta[index];
+    }
+  }
+  return st;
+}
+
+// ds[kNT][4] = dS of the warp's 16 query rows (i0 + 16 warp ..) against keys j0 .. j0 + kBN,
+// recomputed from the tiles in shared memory: S = Q K^T, P = exp(S - lse), dP = dO V^T,
+// dS = P * (dP * Z - delta). Entries of masked elements and rows or keys past the end are 0.
+template <typename T, int kD, int kBN, int kLd>
+__device__ __forceinline__ void ds_tile(float (&ds)[kBN / 8][4], const KernelParams& p, const T* qs, const T* dos,
+                                        const T* ks, const T* vs, const std::uint8_t* keep, const RowState& st,
+                                        int b, int h, int i0, int j0) {
+  constexpr int kNT = kBN / 8;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  float dp[kNT][4];
+  zero(ds);
+  zero(dp);
+  mma_abt<T, kNT, kD>(ds, qs, kLd, warp * 16, ks, kLd, 0, p.dp);
+  mma_abt<T, kNT, kD>(dp, dos, kLd, warp * 16, vs, kLd, 0, p.dvp);
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = e / 2, jl = nt * 8 + 2 * t + (e & 1), j = j0 + jl, il = warp * 16 + g + 8 * r;
+      float x = neg_inf();
+      if (j >= st.lo[r] && j < st.hi[r]) {
+        x = ds[nt][e] * p.scale_log2;
+        if (p.bias.data != nullptr) x += kLog2e * load_bias(p.bias, b, h, i0 + il, j);
+      }
+      const float prob = exp2f(x - st.lse2[r]);
+      float dpv = dp[nt][e];
+      if (p.dropout) dpv = kept<kBN>(keep, il, jl) ? dpv * p.keep_scale : 0.0f;
+      ds[nt][e] = prob * (dpv - st.delta[r]);
+    }
+}
+
+template <int kD, int kBN>
+struct BwdRowShape {  // dq_kernel and dbias_kernel
+  static constexpr int kWarps = 4, kThreads = 128, kBM = 64, kLd = kD + 8;
+  static constexpr int smem_bytes() {
+    return (2 * kBM + 2 * kBN) * kLd * 2 + kBM * kBN / 8 + kWarps * kBN * 4;
+  }
+};
+
+// ---- backward: dq (deterministic mode) ------------------------------------------------------------
+
+template <typename T, int kD, int kBN>
+__global__ void __launch_bounds__(128) dq_kernel(const KernelParams p) {
+  using Shape = BwdRowShape<kD, kBN>;
+  constexpr int kBM = Shape::kBM, kLd = Shape::kLd, kThreads = Shape::kThreads;
+  constexpr int kDT = kD / 8;
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* qs = reinterpret_cast<T*>(smem);
+  T* dos = qs + kBM * kLd;
+  T* ks = dos + kBM * kLd;
+  T* vs = ks + kBN * kLd;
+  std::uint8_t* keep = reinterpret_cast<std::uint8_t*>(vs + kBN * kLd);
+
+  const int b = blockIdx.z, h = blockIdx.y, i0 = blockIdx.x * kBM;
+  const Seq s = seq_of(p, b);
+  if (i0 >= s.sq) return;
+  const int hk = h / p.group;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+
+  load_tile<T, kBM, kD, kLd, kThreads>(qs, row_ptr<const T>(p.q, b, s.q_base + i0, h), p.q.s, s.sq - i0, p.d, p.dp);
+  load_tile<T, kBM, kD, kLd, kThreads>(dos, row_ptr<const T>(p.dout, b, s.q_base + i0, h), p.dout.s, s.sq - i0,
+                                       p.dv, p.dvp);
+  const MaskRule rule = mask_rule(p, s);
+  const RowState st = row_state(p, s, rule, b, h, i0 + warp * 16 + g);
+  int jb_begin = 0, jb_end = 0;
+  {
+    int lo0, hi0, lo1, hi1;
+    rule.range(i0, lo0, hi0);
+    rule.range(min(i0 + kBM, s.sq) - 1, lo1, hi1);
+    if (hi1 > lo0) {
+      jb_begin = lo0 / kBN;
+      jb_end = (hi1 + kBN - 1) / kBN;
+    }
+  }
+
+  float dq[kDT][4];
+  zero(dq);
+  for (int jb = jb_begin; jb < jb_end; ++jb) {
+    const int j0 = jb * kBN;
+    __syncthreads();
+    load_tile<T, kBN, kD, kLd, kThreads>(ks, row_ptr<const T>(p.k, b, s.k_base + j0, hk), p.k.s, s.sk - j0, p.d,
+                                         p.dp);
+    load_tile<T, kBN, kD, kLd, kThreads>(vs, row_ptr<const T>(p.v, b, s.k_base + j0, hk), p.v.s, s.sk - j0, p.dv,
+                                         p.dvp);
+    if (p.dropout) compute_keep_bits<kBM, kBN, kThreads>(keep, p, b, h, i0, j0);
+    cp_async_wait_all();
+    __syncthreads();
+    float ds[kBN / 8][4];
+    ds_tile<T, kD, kBN, kLd>(ds, p, qs, dos, ks, vs, keep, st, b, h, i0, j0);
+    mma_regs_b<T, kDT, kBN>(dq, ds, ks, kLd, 0, p.dp);  // dQ += dS K (K stored [key][d])
+  }
+  cp_async_wait_all();
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = i0 + warp * 16 + g + 8 * r;
+    if (i >= s.sq) continue;
+    T* out = row_ptr<T>(p.grad_q, b, s.q_base + i, h);
+#pragma unroll
+    for (int nt = 0; nt < kDT; ++nt) {
+      const int c = nt * 8 + 2 * t;
+      if (c < p.d)
+        *reinterpret_cast<std::uint32_t*>(out + c) =
+            pack2<T>(dq[nt][2 * r] * p.scale, dq[nt][2 * r + 1] * p.scale);
+    }
+  }
+}
+
+// ---- backward: dbias reduced over broadcast dims ----------------------------------------------------
+
+// Grid: one CTA per dbias tile, blockIdx.x = ((b' * nh' + h') * n_row_tiles + row tile) * n_key_tiles
+// + key tile. A dim of size 1 in dbias is summed over (all batches, all heads, all query rows).
+template <typename T, int kD, int kBN>
+__global__ void __launch_bounds__(128) dbias_kernel(const KernelParams p) {
+  using Shape = BwdRowShape<kD, kBN>;
+  constexpr int kBM = Shape::kBM, kLd = Shape::kLd, kThreads = Shape::kThreads, kWarps = Shape::kWarps;
+  constexpr int kNT = kBN / 8;
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* qs = reinterpret_cast<T*>(smem);
+  T* dos = qs + kBM * kLd;
+  T* ks = dos + kBM * kLd;
+  T* vs = ks + kBN * kLd;
+  std::uint8_t* keep = reinterpret_cast<std::uint8_t*>(vs + kBN * kLd);
+  float* colsum = reinterpret_cast<float*>(keep + kBM * kBN / 8);  // [kWarps][kBN]
+
+  const BiasArg& db = p.dbias;
+  const bool sum_b = db.shape[0] == 1, sum_h = db.shape[1] == 1, sum_i = db.shape[2] == 1;
+  const int n_key_tiles = static_cast<int>((db.shape[3] + kBN - 1) / kBN);
+  const int n_row_tiles = sum_i ? 1 : static_cast<int>((db.shape[2] + kBM - 1) / kBM);
+  int tile = blockIdx.x;
+  const int jt = tile % n_key_tiles;
+  tile /= n_key_tiles;
+  const int it = tile % n_row_tiles;
+  tile /= n_row_tiles;
+  const int hh = static_cast<int>(tile % db.shape[1]), bb = static_cast<int>(tile / db.shape[1]);
+  const int j0 = jt * kBN;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+
+  float acc[kNT][4];
+  zero(acc);
+  const int b_begin = sum_b ? 0 : bb, b_end = sum_b ? p.batch : min(bb + 1, p.batch);
+  const int h_begin = sum_h ? 0 : hh, h_end = sum_h ? p.heads_q : min(hh + 1, p.heads_q);
+  for (int b = b_begin; b < b_end; ++b) {
+    const Seq s = seq_of(p, b);
+    if (j0 >= s.sk) continue;
+    const MaskRule rule = mask_rule(p, s);
+    const int j1 = min(j0 + kBN, s.sk);
+    for (int h = h_begin; h < h_end; ++h) {
+      const int hk = h / p.group;
+      const int ib_begin = sum_i ? 0 : it, ib_end = sum_i ? (s.sq + kBM - 1) / kBM : it + 1;
+      for (int ib = ib_begin; ib < ib_end; ++ib) {
+        const int i0 = ib * kBM;
+        if (i0 >= s.sq) break;
+        if (!rule.block_visible(i0, min(i0 + kBM, s.sq), j0, j1)) continue;
+        __syncthreads();
+        // K and V are reloaded per query block: simple, and this path is rare (broadcast dbias).
+        load_tile<T, kBN, kD, kLd, kThreads>(ks, row_ptr<const T>(p.k, b, s.k_base + j0, hk), p.k.s, s.sk - j0,
+                                             p.d, p.dp);
+        load_tile<T, kBN, kD, kLd, kThreads>(vs, row_ptr<const T>(p.v, b, s.k_base + j0, hk), p.v.s, s.sk - j0,
+                                             p.dv, p.dvp);
+        load_tile<T, kBM, kD, kLd, kThreads>(qs, row_ptr<const T>(p.q, b, s.q_base + i0, h), p.q.s, s.sq - i0,
+                                             p.d, p.dp);
+        load_tile<T, kBM, kD, kLd, kThreads>(dos, row_ptr<const T>(p.dout, b, s.q_base + i0, h), p.dout.s,
+                                             s.sq - i0, p.dv, p.dvp);
+        if (p.dropout) compute_keep_bits<kBM, kBN, kThreads>(keep, p, b, h, i0, j0);
+        const RowState st = row_state(p, s, rule, b, h, i0 + warp * 16 + g);
+        cp_async_wait_all();
+        __syncthreads();
+        float ds[kNT][4];
+        ds_tile<T, kD, kBN, kLd>(ds, p, qs, dos, ks, vs, keep, st, b, h, i0, j0);
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[nt][e] += ds[nt][e];
+      }
+    }
+  }
+
+  if (!sum_i) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = it * kBM + warp * 16 + g + 8 * r;
+      if (i >= db.shape[2]) continue;
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int j = j0 + nt * 8 + 2 * t + c;
+          if (j < db.shape[3]) store_bias(db, bb, hh, i, j, acc[nt][2 * r + c]);
+        }
+    }
+    return;
+  }
+  // Query dim reduced: sum the 64 rows of the tile. Rows g and g + 8 in the thread, then the 8
+  // values of g across the warp (lane bits 2..4), then the warps in order.
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      float v = acc[nt][c] + acc[nt][2 + c];
+      v += __shfl_xor_sync(0xffffffffu, v, 4);
+      v += __shfl_xor_sync(0xffffffffu, v, 8);
+      v += __shfl_xor_sync(0xffffffffu, v, 16);
+      if (g == 0) colsum[warp * kBN + nt * 8 + 2 * t + c] = v;
+    }
+  __syncthreads();
+  for (int jl = threadIdx.x; jl < kBN; jl += kThreads) {
+    float v = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) v += colsum[w * kBN + jl];
+    if (j0 + jl < db.shape[3]) store_bias(db, bb, hh, 0, j0 + jl, v);
+  }
+}
+
+// ---- backward: dk, dv (and dq through atomics, dbias directly) ----------------------------------
+
+// kWarps warps; phase 1 splits the kBN keys into kBN / 16 warp rows and the kBM queries into
+// kWD = kWarps / (kBN / 16) parts; phase 2 the kBN keys likewise and the head dim into kWD parts;
+// phase 3 the kBM queries into kBM / 16 warp rows and the head dim into the remaining factor.
+template <int kD, int kWarps_, int kBM_, int kBN_>
+struct DkdvShape {
+  static constexpr int kWarps = kWarps_, kThreads = kWarps * 32, kBM = kBM_, kBN = kBN_;
+  static constexpr int kLd = kD + 8, kLdp = kBM + 8;
+  static constexpr int kWN = kBN / 16, kWD = kWarps / kWN, kQW = kBM / kWD, kDW = kD / kWD;
+  static constexpr int kRG = kBM / 16, kWD3 = kWarps / kRG, kDW3 = kD / kWD3;
+  static_assert(kWarps % kWN == 0 && kQW % 16 == 0 && kDW % 16 == 0, "phase 1 / 2 split");
+  static_assert(kWarps % kRG == 0 && kDW3 % 16 == 0, "phase 3 split");
+  static constexpr int smem_bytes() {
+    return (2 * kBN + 2 * kBM) * kLd * 2 + 2 * kBN * kLdp * 2 + 4 * kBM * 4 + kBM * kBN / 8;
+  }
+};
+
+template <typename T, int kD, int kWarps, int kBM, int kBN>
+__global__ void __launch_bounds__(kWarps * 32) dkdv_kernel(const KernelParams p) {
+  using Shape = DkdvShape<kD, kWarps, kBM, kBN>;
+  constexpr int kThreads = Shape::kThreads, kLd = Shape::kLd, kLdp = Shape::kLdp;
+  constexpr int kWN = Shape::kWN, kQW = Shape::kQW, kDW = Shape::kDW, kRG = Shape::kRG, kDW3 = Shape::kDW3;
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* ks = reinterpret_cast<T*>(smem);
+  T* vs = ks + kBN * kLd;
+  T* qs = vs + kBN * kLd;
+  T* dos = qs + kBM * kLd;
+  T* ps = dos + kBM * kLd;   // (P Z)^T: [key][query]
+  T* dss = ps + kBN * kLdp;  // dS^T: [key][query]
+  float* lse_s = reinterpret_cast<float*>(dss + kBN * kLdp);
+  float* delta_s = lse_s + kBM;
+  int* lo_s = reinterpret_cast<int*>(delta_s + kBM);
+  int* hi_s = lo_s + kBM;
+  std::uint8_t* keep = reinterpret_cast<std::uint8_t*>(hi_s + kBM);
+
+  const int b = blockIdx.z, hk = blockIdx.y, j0 = blockIdx.x * kBN;
+  const Seq s = seq_of(p, b);
+  if (j0 >= s.sk) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int wn = warp % kWN, wq = warp / kWN;   // phases 1 and 2
+  const int wm = warp % kRG, wd3 = warp / kRG;  // phase 3
+  const int j1 = min(j0 + kBN, s.sk);
+
+  load_tile<T, kBN, kD, kLd, kThreads>(ks, row_ptr<const T>(p.k, b, s.k_base + j0, hk), p.k.s, s.sk - j0, p.d, p.dp);
+  load_tile<T, kBN, kD, kLd, kThreads>(vs, row_ptr<const T>(p.v, b, s.k_base + j0, hk), p.v.s, s.sk - j0, p.dv,
+                                       p.dvp);
+  const MaskRule rule = mask_rule(p, s);
+
+  float dk[kDW / 8][4], dv[kDW / 8][4];
+  zero(dk);
+  zero(dv);
+  const int n_query_blocks = (s.sq + kBM - 1) / kBM;
+  for (int h = hk * p.group; h < (hk + 1) * p.group; ++h) {
+    for (int ib = 0; ib < n_query_blocks; ++ib) {
+      const int i0 = ib * kBM;
+      if (!rule.block_visible(i0, min(i0 + kBM, s.sq), j0, j1)) continue;
+      __syncthreads();  // the previous block's tiles are consumed
+      load_tile<T, kBM, kD, kLd, kThreads>(qs, row_ptr<const T>(p.q, b, s.q_base + i0, h), p.q.s, s.sq - i0, p.d,
+                                           p.dp);
+      load_tile<T, kBM, kD, kLd, kThreads>(dos, row_ptr<const T>(p.dout, b, s.q_base + i0, h), p.dout.s,
+                                           s.sq - i0, p.dv, p.dvp);
+      for (int il = threadIdx.x; il < kBM; il += kThreads) {
+        const int i = i0 + il;
+        float lse2 = pos_inf(), delta = 0.0f;
+        if (i < s.sq) {
+          const std::int64_t index = lse_index(p, s, b, h, i);
+          const float lse = p.lse[index];
+          lse2 = lse == neg_inf() ? pos_inf() : lse * kLog2e;
+          delta = p.delta[index];
+        }
+        lse_s[il] = lse2;
+        delta_s[il] = delta;
+        rule.range(i, lo_s[il], hi_s[il]);
+      }
+      if (p.dropout) compute_keep_bits<kBM, kBN, kThreads>(keep, p, b, h, i0, j0);
+      cp_async_wait_all();
+      __syncthreads();
+
+      // Phase 1: S^T and dP^T for keys 16 wn .. (rows), queries q0w .. q0w + kQW (columns).
+      const int q0w = wq * kQW;
+      float st[kQW / 8][4], dpt[kQW / 8][4];
+      zero(st);
+      zero(dpt);
+      mma_abt<T, kQW / 8, kD>(st, ks, kLd, wn * 16, qs, kLd, q0w, p.dp);
+      mma_abt<T, kQW / 8, kD>(dpt, vs, kLd, wn * 16, dos, kLd, q0w, p.dvp);
+#pragma unroll
+      for (int nt = 0; nt < kQW / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int jl = wn * 16 + g + 8 * (e / 2), il = q0w + nt * 8 + 2 * t + (e & 1);
+          const int i = i0 + il, j = j0 + jl;
+          float x = neg_inf();
+          if (j >= lo_s[il] && j < hi_s[il]) {
+            x = st[nt][e] * p.scale_log2;
+            if (p.bias.data != nullptr) x += kLog2e * load_bias(p.bias, b, h, i, j);
+          }
+          const float prob = exp2f(x - lse_s[il]);
+          float z = 1.0f;
+          if (p.dropout) z = kept<kBN>(keep, il, jl) ? p.keep_scale : 0.0f;
+          const float ds = prob * (dpt[nt][e] * z - delta_s[il]);
+          st[nt][e] = prob * z;
+          dpt[nt][e] = ds;
+          if (p.dbias_direct && i < s.sq && j < s.sk) store_bias(p.dbias, b, h, i, j, ds);
+        }
+#pragma unroll
+      for (int nt = 0; nt < kQW / 8; ++nt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int at = (wn * 16 + g + 8 * r) * kLdp + q0w + nt * 8 + 2 * t;
+          *reinterpret_cast<std::uint32_t*>(ps + at) = pack2<T>(st[nt][2 * r], st[nt][2 * r + 1]);
+          *reinterpret_cast<std::uint32_t*>(dss + at) = pack2<T>(dpt[nt][2 * r], dpt[nt][2 * r + 1]);
+        }
+      __syncthreads();
+
+      // Phase 2: dV += (P Z)^T dO, dK += dS^T Q for keys 16 wn .., head-dim columns wq * kDW ..
+      if (p.want_dv) mma_ab<T, kDW / 8, kBM>(dv, ps, kLdp, wn * 16, dos, kLd, wq * kDW, p.dvp);
+      if (p.want_dk) mma_ab<T, kDW / 8, kBM>(dk, dss, kLdp, wn * 16, qs, kLd, wq * kDW, p.dp);
+
+      // Phase 3: dQ part = dS K for queries 16 wm .., head-dim columns wd3 * kDW3 ..; float atomics.
+      if (p.atomic_dq) {
+        float dq[kDW3 / 8][4];
+        zero(dq);
+#pragma unroll
+        for (int kk = 0; kk < kBN / 16; ++kk) {
+          std::uint32_t a[4];
+          load_a_trans(a, dss, kLdp, wm * 16, kk * 16);
+#pragma unroll
+          for (int np = 0; np < kDW3 / 16; ++np) {
+            const int n0 = wd3 * kDW3 + np * 16;
+            if (n0 < p.dp) {
+              std::uint32_t bf[4];
+              load_b_kn(bf, ks, kLd, n0, kk * 16);
+              mma16816<T>(dq[2 * np], a, bf[0], bf[1]);
+              mma16816<T>(dq[2 * np + 1], a, bf[2], bf[3]);
+            }
+          }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int i = i0 + wm * 16 + g + 8 * r;
+          if (i >= s.sq) continue;
+          float* row = p.dq_accum + (q_token(p, s, b, i) * p.heads_q + h) * p.d;
+#pragma unroll
+          for (int nt = 0; nt < kDW3 / 8; ++nt) {
+            const int c = wd3 * kDW3 + nt * 8 + 2 * t;
+            if (c < p.d) {
+              atomicAdd(row + c, dq[nt][2 * r]);
+              atomicAdd(row + c + 1, dq[nt][2 * r + 1]);
+            }
+          }
+        }
+      }
+    }
+  }
+  cp_async_wait_all();
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int j = j0 + wn * 16 + g + 8 * r;
+    if (j >= s.sk) continue;
+#pragma unroll
+    for (int nt = 0; nt < kDW / 8; ++nt) {
+      const int c = wq * kDW + nt * 8 + 2 * t;
+      if (p.want_dk && c < p.d)
+        *reinterpret_cast<std::uint32_t*>(row_ptr<T>(p.grad_k, b, s.k_base + j, hk) + c) =
+            pack2<T>(dk[nt][2 * r] * p.scale, dk[nt][2 * r + 1] * p.scale);
+      if (p.want_dv && c < p.dv)
+        *reinterpret_cast<std::uint32_t*>(row_ptr<T>(p.grad_v, b, s.k_base + j, hk) + c) =
+            pack2<T>(dv[nt][2 * r], dv[nt][2 * r + 1]);
+    }
+  }
+}
+
+}  // namespace fusekit::attention::kernels
