@@ -4,7 +4,6 @@
 
 #include <array>
 #include <mutex>
-#include <sstream>
 
 #include "core/cuda_check.h"
 #include "core/device_info.h"
@@ -70,10 +69,8 @@ void require_supported_gpu(const char* op, int device_index) {
 
 std::string describe_cuda_device(int device_index) {
   const detail::DeviceInfo& info = detail::device_info("describe_cuda_device", device_index);
-  std::ostringstream s;
-  s << info.name << " (sm_" << info.major << info.minor << ", " << info.sm_count << " SMs, "
-    << info.l2_bytes / (1024 * 1024) << " MB L2)";
-  return s.str();
+  return std::string(info.name) + " (sm_" + std::to_string(info.major) + std::to_string(info.minor) + ", " +
+         std::to_string(info.sm_count) + " SMs, " + std::to_string(info.l2_bytes / (1024 * 1024)) + " MB L2)";
 }
 
 }  // namespace fusekit

@@ -1,7 +1,7 @@
 #include "fusekit/tensor.h"
 
-#include <sstream>
 
+#include "core/format.h"
 #include "core/validate.h"
 
 namespace fusekit {
@@ -104,15 +104,7 @@ bool TensorView::is_contiguous() const {
   return true;
 }
 
-static std::string join(const std::int64_t* v, int n) {
-  std::ostringstream s;
-  s << '(';
-  for (int d = 0; d < n; ++d) s << (d ? ", " : "") << v[d];
-  s << ')';
-  return s.str();
-}
-
-std::string TensorView::shape_string() const { return join(shape, ndim); }
-std::string TensorView::strides_string() const { return join(strides, ndim); }
+std::string TensorView::shape_string() const { return detail::format_int_list(shape, ndim); }
+std::string TensorView::strides_string() const { return detail::format_int_list(strides, ndim); }
 
 }  // namespace fusekit

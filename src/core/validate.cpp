@@ -1,7 +1,6 @@
 #include "core/validate.h"
 
 #include <climits>
-#include <sstream>
 
 namespace fusekit::detail {
 

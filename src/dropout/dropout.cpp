@@ -2,9 +2,9 @@
 // on where the tensors live (CPU reference or CUDA kernels).
 #include <climits>
 #include <cmath>
-#include <sstream>
 #include <string>
 
+#include "core/format.h"
 #include "core/validate.h"
 #include "dropout/dropout_params.h"
 #include "fusekit/dropout.h"
@@ -22,17 +22,10 @@ constexpr std::initializer_list<DType> kActivationDtypes = {DType::f32, DType::f
 // Columns are indexed with 32-bit block coordinates on the GPU; rows by ArgCheck::row_limits.
 constexpr std::int64_t kMaxCols = INT_MAX;
 
-std::string format_float(float v) {
-  std::ostringstream s;
-  s.precision(9);
-  s << v;
-  return s.str();
-}
-
 // p, activation and slope; fills the scalars both backends read.
 dropout::Scalars check_config(const ArgCheck& check, const BiasActDropoutConfig& c) {
   if (!(c.p >= 0.0f && c.p < 1.0f))
-    check.fail("p", "a drop probability in [0, 1)", format_float(c.p));
+    check.fail("p", "a drop probability in [0, 1)", detail::format_float(c.p));
   switch (c.activation) {
     case Activation::none: case Activation::relu: case Activation::gelu_erf:
     case Activation::gelu_tanh: case Activation::squared_relu: case Activation::leaky_relu:
@@ -43,7 +36,7 @@ dropout::Scalars check_config(const ArgCheck& check, const BiasActDropoutConfig&
                  "value " + std::to_string(static_cast<int>(c.activation)));
   }
   if (c.activation == Activation::leaky_relu && !std::isfinite(c.slope))
-    check.fail("slope", "a finite leaky_relu slope", format_float(c.slope));
+    check.fail("slope", "a finite leaky_relu slope", detail::format_float(c.slope));
   dropout::Scalars s;
   s.activation = c.activation;
   s.slope = c.activation == Activation::leaky_relu ? c.slope : 0.0f;
