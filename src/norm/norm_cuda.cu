@@ -78,13 +78,31 @@ RowPlan plan_rows(std::int64_t vectors, bool backward) {
       const int v = env ? std::atoi(env) : 4;
       return (v >= 1 && v <= 4) ? v : 4;
     }();
-    plan.iters = backward ? backward_iters : 4;
+    // FUSEKIT_NORM_FWD_ITERS likewise for the forward (tuning knob).
+    static const int forward_iters = [] {
+      const char* env = std::getenv("FUSEKIT_NORM_FWD_ITERS");
+      const int v = env ? std::atoi(env) : 4;
+      return (v >= 1 && v <= 4) ? v : 4;
+    }();
+    plan.iters = backward ? backward_iters : forward_iters;
     plan.geometry.threads_per_row =
         static_cast<int>((vectors + plan.iters * 32 - 1) / (plan.iters * 32) * 32);
     if (plan.geometry.threads_per_row > 512) return RowPlan{};
   }
   const int tpr = plan.geometry.threads_per_row;
-  plan.geometry.rows_per_block = tpr <= 64 ? 128 / tpr : 1;
+  // Several row groups per block (each with its own barrier): the backward then writes fewer
+  // dweight/dbias partial rows (one per block), which the final reduction must read back.
+  // Measured on an H200 (bf16): 512-thread blocks for rows of one or two warps, 256 otherwise
+  // (512 leaves one block per SM at the backward's ~110-128 registers: every row group then waits
+  // at the block-wide steps together). FUSEKIT_NORM_BWD_BLOCK (128..512) overrides (tuning knob).
+  static const int backward_block = [] {
+    const char* env = std::getenv("FUSEKIT_NORM_BWD_BLOCK");
+    const int v = env ? std::atoi(env) : 0;
+    return (v >= 128 && v <= 512) ? v : 0;
+  }();
+  const int target = !backward ? 128 : backward_block ? backward_block : tpr <= 64 ? 512 : 256;
+  // Groups wider than a warp use hardware barriers 1..15, one each.
+  plan.geometry.rows_per_block = std::max(1, std::min(target / tpr, tpr > 32 ? 15 : 16));
   const int threads = plan.block_threads();
   const std::size_t stage_bytes =
       std::size_t(threads) * plan.iters * 16 * (backward ? 2 : 1) + (backward ? threads * 8 : 0);
@@ -171,12 +189,16 @@ int backward_grid(const char* op, const RowPlan& plan, std::int64_t rows, int de
     return persistent_grid(op, backward_generic_kernel<T, W>, kGenericThreads, 0, 1, rows, device_index);
   }
   dispatch_iters(plan.iters, [&](auto iters) {
-    // Both specializations (from x, from y) get the same grid: take the smaller occupancy.
-    grid = std::min(
-        persistent_grid(op, backward_streaming_kernel<T, W, iters.value, false>, plan.block_threads(),
-                        plan.smem_bytes, plan.geometry.rows_per_block, rows, device_index),
-        persistent_grid(op, backward_streaming_kernel<T, W, iters.value, true>, plan.block_threads(),
-                        plan.smem_bytes, plan.geometry.rows_per_block, rows, device_index));
+    // Every specialization (from x or y, with or without dbias) gets the same grid, so that the
+    // workspace query needs no more than the shape: take the smallest occupancy.
+    auto grid_of = [&](auto kernel) {
+      return persistent_grid(op, kernel, plan.block_threads(), plan.smem_bytes,
+                             plan.geometry.rows_per_block, rows, device_index);
+    };
+    grid = std::min({grid_of(backward_streaming_kernel<T, W, iters.value, false, false>),
+                     grid_of(backward_streaming_kernel<T, W, iters.value, false, true>),
+                     grid_of(backward_streaming_kernel<T, W, iters.value, true, false>),
+                     grid_of(backward_streaming_kernel<T, W, iters.value, true, true>)});
   });
   return grid;
 }
@@ -233,8 +255,11 @@ void launch_backward(const BackwardParams& p, int device_index, cudaStream_t str
   }
   if (plan.iters > 0) {
     dispatch_iters(plan.iters, [&](auto iters) {
-      auto kernel = p.from_output ? backward_streaming_kernel<T, W, iters.value, true>
-                                  : backward_streaming_kernel<T, W, iters.value, false>;
+      constexpr int I = iters.value;
+      auto kernel = p.from_output ? (p.dbias ? backward_streaming_kernel<T, W, I, true, true>
+                                             : backward_streaming_kernel<T, W, I, true, false>)
+                                  : (p.dbias ? backward_streaming_kernel<T, W, I, false, true>
+                                             : backward_streaming_kernel<T, W, I, false, false>);
       kernel<<<grid, plan.block_threads(), plan.smem_bytes, stream>>>(p, plan.geometry, partial_dw, partial_db);
     });
   } else {
@@ -245,7 +270,7 @@ void launch_backward(const BackwardParams& p, int device_index, cudaStream_t str
     // Programmatic dependent launch: the reduction's launch latency overlaps the main kernel's
     // tail; cudaGridDependencySynchronize() in it waits for the partial sums.
     cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(static_cast<unsigned>((p.cols + 31) / 32), 2);
+    config.gridDim = dim3(static_cast<unsigned>((p.cols + 31) / 32), p.dbias ? 2 : 1);
     config.blockDim = dim3(32, 32);
     config.stream = stream;
     cudaLaunchAttribute attribute[1];

@@ -108,9 +108,19 @@ struct RowGeometry {
 // Sums K values over the `tpr` threads of a row group; every thread gets the total. The shuffle
 // butterfly gives all lanes bitwise-identical sums, and the cross-warp step adds warps in index
 // order, so the result does not depend on timing. `scratch` holds (tpr / 32) * K floats for this
-// row group and must not be reused before the next __syncthreads() (callers alternate buffers).
-// Contains __syncthreads() when tpr > 32: every thread of the block must call it.
-template <int K>
+// row group and must not be reused before the group's next barrier (callers alternate buffers).
+// Contains the row group's barrier when tpr > 32: every thread of the group must call it.
+// Synchronizes the `threads` threads of one row group only (hardware barrier `id`, 1..15; 0 is
+// __syncthreads'). Row groups of one block then never wait on each other's reductions.
+__device__ __forceinline__ void row_group_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// kGroupBarrier: synchronize only the row group (backward: several groups per block that must not
+// wait on each other) or the whole block with __syncthreads (forward: one group per block for
+// rows of more than two warps; a block whose kernel names no other barrier keeps full occupancy,
+// while a run-time barrier id makes the compiler reserve barriers and caps resident blocks).
+template <int K, bool kGroupBarrier>
 __device__ __forceinline__ void row_allreduce(float (&v)[K], float* scratch, int tpr) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) {
@@ -123,7 +133,11 @@ __device__ __forceinline__ void row_allreduce(float (&v)[K], float* scratch, int
 #pragma unroll
       for (int k = 0; k < K; ++k) scratch[warp_in_row * K + k] = v[k];
     }
-    __syncthreads();
+    if constexpr (kGroupBarrier) {
+      row_group_barrier(1 + static_cast<int>(threadIdx.x) / tpr, tpr);
+    } else {
+      __syncthreads();
+    }
     const int warps = tpr / 32;
 #pragma unroll
     for (int k = 0; k < K; ++k) {
@@ -197,7 +211,7 @@ __global__ void __launch_bounds__(512, FUSEKIT_NORM_FORWARD_MIN_BLOCKS)
       float s[1] = {0.0f};
 #pragma unroll
       for (int it = 0; it < ITERS; ++it) s[0] += partial[it];
-      row_allreduce<1>(s, my_scratch(0), tpr);
+      row_allreduce<1, false>(s, my_scratch(0), tpr);
       mean = s[0] * inv_cols;
     }
     // Squared deviations around the mean (padding lanes excluded: their (0 - mean)^2 is not 0).
@@ -216,7 +230,7 @@ __global__ void __launch_bounds__(512, FUSEKIT_NORM_FORWARD_MIN_BLOCKS)
     float q[1] = {0.0f};
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) q[0] += partial[it];
-    row_allreduce<1>(q, my_scratch(1), tpr);
+    row_allreduce<1, false>(q, my_scratch(1), tpr);
     const float rstd = rsqrtf(q[0] * inv_cols + p.eps);
     if (valid_row) {
       T* __restrict__ y = static_cast<T*>(p.y) + row * p.y_row_stride;
@@ -253,7 +267,7 @@ __global__ void __launch_bounds__(512, FUSEKIT_NORM_FORWARD_MIN_BLOCKS)
 // [thread]), with the row's mean/rstd copied beside them (stats[stage][thread][2]). Per-column
 // dweight/dbias sums stay in registers for the whole persistent loop; at the end the row groups of
 // a block are combined in a fixed order and one partial row per block goes to the workspace.
-template <typename T, typename W, int ITERS, bool FROM_OUTPUT>
+template <typename T, typename W, int ITERS, bool FROM_OUTPUT, bool BIAS_GRAD>
 __global__ void __launch_bounds__(512)
     backward_streaming_kernel(BackwardParams p, RowGeometry geo, float* __restrict__ partial_dw,
                               float* __restrict__ partial_db) {
@@ -299,11 +313,18 @@ __global__ void __launch_bounds__(512)
     copy_async_commit();
   };
 
-  float acc_dw[ITERS][kVec], acc_db[ITERS][kVec];
+  // The dbias sums exist only when asked for (never for RMSNorm): they would otherwise cost
+  // ITERS * kVec registers per thread and a second partial row per block.
+  constexpr int kDbIters = BIAS_GRAD ? ITERS : 1, kDbVec = BIAS_GRAD ? kVec : 1;
+  float acc_dw[ITERS][kVec], acc_db[kDbIters][kDbVec];
 #pragma unroll
   for (int it = 0; it < ITERS; ++it)
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) acc_dw[it][i] = acc_db[it][i] = 0.0f;
+    for (int i = 0; i < kVec; ++i) acc_dw[it][i] = 0.0f;
+#pragma unroll
+  for (int it = 0; it < kDbIters; ++it)
+#pragma unroll
+    for (int i = 0; i < kDbVec; ++i) acc_db[it][i] = 0.0f;
 
   // x_hat and g = dy * weight for the chunk `it` of the row in `stage`.
   // From x: x_hat = x * rstd + shift with shift = -mean * rstd (one FMA).
@@ -352,7 +373,7 @@ __global__ void __launch_bounds__(512)
         part_g[it] += g[i];
         part_gx[it] = fmaf(g[i], xh[i], part_gx[it]);
         acc_dw[it][i] = fmaf(d[i], xh[i], acc_dw[it][i]);
-        acc_db[it][i] += d[i];
+        if constexpr (BIAS_GRAD) acc_db[it][i] += d[i];
       }
     }
     float sums[2] = {0.0f, 0.0f};
@@ -361,7 +382,7 @@ __global__ void __launch_bounds__(512)
       sums[0] += part_g[it];
       sums[1] += part_gx[it];
     }
-    row_allreduce<2>(sums, my_scratch(phase), tpr);
+    row_allreduce<2, true>(sums, my_scratch(phase), tpr);
     phase ^= 1;
     if (!valid_row || dx == nullptr) continue;
     // dx = rstd * (g - mean(g) - x_hat * mean(g x_hat)) = g * rstd + (x_hat * a + c).
@@ -393,7 +414,7 @@ __global__ void __launch_bounds__(512)
         for (int i = 0; i < kVec; ++i) {
           const int c = (it * tpr + t) * kVec + i;
           combine[((group - 1) * 2 + 0) * cover + c] = acc_dw[it][i];
-          combine[((group - 1) * 2 + 1) * cover + c] = acc_db[it][i];
+          if constexpr (BIAS_GRAD) combine[((group - 1) * 2 + 1) * cover + c] = acc_db[it][i];
         }
     }
     __syncthreads();
@@ -405,7 +426,7 @@ __global__ void __launch_bounds__(512)
         for (int i = 0; i < kVec; ++i) {
           const int c = (it * tpr + t) * kVec + i;
           acc_dw[it][i] += combine[((src - 1) * 2 + 0) * cover + c];
-          acc_db[it][i] += combine[((src - 1) * 2 + 1) * cover + c];
+          if constexpr (BIAS_GRAD) acc_db[it][i] += combine[((src - 1) * 2 + 1) * cover + c];
         }
     }
   }
@@ -419,8 +440,9 @@ __global__ void __launch_bounds__(512)
     for (int i = 0; i < kVec; i += 4) {
       *reinterpret_cast<float4*>(out_dw + col + i) =
           make_float4(acc_dw[it][i], acc_dw[it][i + 1], acc_dw[it][i + 2], acc_dw[it][i + 3]);
-      *reinterpret_cast<float4*>(out_db + col + i) =
-          make_float4(acc_db[it][i], acc_db[it][i + 1], acc_db[it][i + 2], acc_db[it][i + 3]);
+      if constexpr (BIAS_GRAD)
+        *reinterpret_cast<float4*>(out_db + col + i) =
+            make_float4(acc_db[it][i], acc_db[it][i + 1], acc_db[it][i + 2], acc_db[it][i + 3]);
     }
   }
 }
@@ -443,7 +465,7 @@ __global__ void __launch_bounds__(kGenericThreads) forward_generic_kernel(Forwar
     if (p.kind == Kind::layer_norm) {
       float s[1] = {0.0f};
       for (std::int64_t c = threadIdx.x; c < p.cols; c += kGenericThreads) s[0] += to_float(xr[c]);
-      row_allreduce<1>(s, scratch[0], kGenericThreads);
+      row_allreduce<1, false>(s, scratch[0], kGenericThreads);
       mean = s[0] * inv_cols;
     }
     float q[1] = {0.0f};
@@ -451,7 +473,7 @@ __global__ void __launch_bounds__(kGenericThreads) forward_generic_kernel(Forwar
       const float d = to_float(xr[c]) - mean;
       q[0] += d * d;
     }
-    row_allreduce<1>(q, scratch[1], kGenericThreads);
+    row_allreduce<1, false>(q, scratch[1], kGenericThreads);
     const float rstd = rsqrtf(q[0] * inv_cols + p.eps);
     for (std::int64_t c = threadIdx.x; c < p.cols; c += kGenericThreads) {
       float o = (to_float(xr[c]) - mean) * rstd;
@@ -507,7 +529,7 @@ __global__ void __launch_bounds__(kGenericThreads)
       sums[0] += g;
       sums[1] += g * xh;
     }
-    row_allreduce<2>(sums, scratch[0], kGenericThreads);
+    row_allreduce<2, false>(sums, scratch[0], kGenericThreads);
     const float mean_g = layer_norm ? sums[0] * inv_cols : 0.0f;
     const float mean_gx = sums[1] * inv_cols;
     for (std::int64_t c = threadIdx.x; c < p.cols; c += kGenericThreads) {
@@ -537,13 +559,13 @@ __global__ void __launch_bounds__(1024)
   // Launched with programmatic stream serialization: the launch overlaps the producer's tail and
   // this waits until the producer grid's partial sums are complete and visible.
   cudaGridDependencySynchronize();
+  if (out == nullptr) return;  // uniform over the block: that gradient was not asked for
   const std::int64_t col = std::int64_t(blockIdx.x) * 32 + threadIdx.x;
   float s = 0.0f;
   if (col < cols) {
 #pragma unroll 4
     for (int slot = threadIdx.y; slot < slots; slot += 32) s += partial[std::int64_t(slot) * cols + col];
   }
-  if (out == nullptr) return;  // uniform over the block
   sums[threadIdx.y][threadIdx.x] = s;
   __syncthreads();
   if (threadIdx.y == 0 && col < cols) {

@@ -2,7 +2,9 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <fstream>
+#include <vector>
 
 #include "fusekit/error.h"
 #include "fusekit/runtime.h"
@@ -45,22 +47,24 @@ int cmd_check(const std::string& only) {
   return failed == 0 && passed > 0 ? 0 : 1;
 }
 
-int cmd_bench(const std::string& only, const std::string& json_path) {
+int cmd_bench(const std::vector<std::string>& only, const std::string& json_path) {
   if (fusekit::cuda_device_count() == 0) {
     fmt::print(stderr, "fusekit bench: no CUDA device on this machine; benchmarks need a GPU (H100/H200)\n");
     return 2;
   }
   fusekit::require_supported_gpu("bench", 0);
   fusekit::bench::Report report(fusekit::bench::measure_ceilings());
-  bool any = false;
-  for (const auto& op : registry()) {
-    if (!only.empty() && op.name != only) continue;
-    op.bench(report, only);
-    any = true;
+  for (const std::string& name : only) {
+    const bool known = std::any_of(registry().begin(), registry().end(),
+                                   [&](const auto& op) { return op.name == name; });
+    if (!known) {
+      fmt::print(stderr, "fusekit bench: unknown op '{}' (see `fusekit ops`)\n", name);
+      return 2;
+    }
   }
-  if (!any) {
-    fmt::print(stderr, "fusekit bench: unknown op '{}' (see `fusekit ops`)\n", only);
-    return 2;
+  for (const auto& op : registry()) {
+    if (!only.empty() && std::find(only.begin(), only.end(), op.name) == only.end()) continue;
+    op.bench(report, op.name);
   }
   report.print();
   if (!json_path.empty()) std::ofstream(json_path) << report.json() << "\n";
@@ -73,11 +77,12 @@ int main(int argc, char** argv) {
   CLI::App app{"fusekit: fused transformer-training kernels"};
   app.require_subcommand(1);
   auto* ops = app.add_subcommand("ops", "list ops and backends");
-  std::string check_op, bench_op, json_path;
+  std::string check_op, json_path;
+  std::vector<std::string> bench_op;
   auto* check = app.add_subcommand("check", "run every op against its CPU reference on the backend present");
   check->add_option("op", check_op, "only this op");
   auto* bench = app.add_subcommand("bench", "benchmark ops on the GPU (table, optional JSON)");
-  bench->add_option("op", bench_op, "only this op");
+  bench->add_option("op", bench_op, "only these ops (one or more names)");
   bench->add_option("--json", json_path, "write results as JSON to this file");
   CLI11_PARSE(app, argc, argv);
   try {
