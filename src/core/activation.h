@@ -108,7 +108,9 @@ struct ActivationMath {
         return R(0.5) * (R(1) + t) + R(0.5) * x * (R(1) - t * t) * d_inner;
       }
       case Activation::squared_relu: return x > R(0) ? R(2) * x : R(0);
-      case Activation::leaky_relu: return x >= R(0) ? R(1) : slope;
+      // At x = 0 the slope, as PyTorch defines it (bf16 inputs hit x + b = 0 exactly often enough
+      // for the convention to show in a gradient comparison).
+      case Activation::leaky_relu: return x > R(0) ? R(1) : slope;
       case Activation::silu: {
 #if defined(__CUDA_ARCH__)
         if constexpr (std::is_same_v<R, float>) {

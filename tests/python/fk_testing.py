@@ -82,7 +82,7 @@ def act_grad(name, h, slope=0.01):
     if name == "squared_relu":
         return 2.0 * np.maximum(h, 0.0)
     if name == "leaky_relu":
-        return np.where(h >= 0, 1.0, slope)
+        return np.where(h > 0, 1.0, slope)  # slope at 0, as PyTorch
     if name == "silu":
         s = 1.0 / (1.0 + np.exp(-h))
         return s * (1.0 + h * (1.0 - s))
