@@ -33,7 +33,7 @@ if has test; then
   # One run per op family, line-buffered, each with its own time limit, so that a slow or hung
   # family cannot hide the others' results.
   : >"$OUT/tests.log"
-  for suite in ${TEST_SUITES:-"Philox*:TensorView*:DType*:Error*:Runtime*" "Norm*" "Dropout*" "Linear*" "Fp8Norm*"}; do
+  for suite in ${TEST_SUITES:-"Philox*:TensorView*:DType*:Error*:Runtime*" "Norm*" "Dropout*" "Linear*" "Fp8Norm*" "Attention*"}; do
     start=$(date +%s)
     timeout "${TEST_TIMEOUT:-300}" stdbuf -oL "$BUILD/fusekit_tests" --gtest_filter="$suite" >>"$OUT/tests.log" 2>&1
     rc=$?
@@ -65,7 +65,7 @@ if has bench; then
 fi
 
 if has torch; then
-  PYTHONUNBUFFERED=1 python3 scripts/torch_bench.py --out "$OUT/torch_bench.json" ${TORCH_OPS:-norm dropout linear fp8_norm} >"$OUT/torch.log" 2>&1
+  PYTHONUNBUFFERED=1 python3 scripts/torch_bench.py --out "$OUT/torch_bench.json" ${TORCH_OPS:-norm dropout linear fp8_norm attention} >"$OUT/torch.log" 2>&1
   log "torch bench rc=$?"
   tail -5 "$OUT/torch.log"
 fi

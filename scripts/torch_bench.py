@@ -243,6 +243,64 @@ def fp8_norm_rows(rows):
                              "dweight": rel(grads[torch.bfloat16][1], grads[torch.float64][1])}}
 
 
+# ---- attention (fusekit op "attention") --------------------------------------------------------
+# The grid: model width 2048 (head dim 64 or 128), 16384 tokens per batch, sequence
+# lengths 1024, 4096 and 16384, causal and not; PyTorch's scaled_dot_product_attention with each
+# backend forced in turn. Shape strings as bench/attention prints them.
+ATTENTION_SEQLENS = (1024, 4096, 16384)
+ATTENTION_HEAD_DIMS = (64, 128)
+
+
+def attention_shape(b, s, h, d, causal):
+    return f"B{b} S{s} H{h} D{d}" + (" causal" if causal else "")
+
+
+def attention_rows(rows):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    backends = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                "cudnn": SDPBackend.CUDNN_ATTENTION}
+    for d in ATTENTION_HEAD_DIMS:
+        h = 2048 // d
+        for s in ATTENTION_SEQLENS:
+            b = 16384 // s
+            q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16).requires_grad_(True)
+                       for _ in range(3))
+            dout = torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16)
+            for causal in (False, True):
+                flops = 4.0 * b * h * s * s * d * (0.5 if causal else 1.0)
+                shape = attention_shape(b, s, h, d, causal)
+                for impl, backend in backends.items():
+                    try:
+                        with sdpa_kernel(backend):
+                            with torch.no_grad():
+                                t = bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+                            rows.append(dict(op="attention", direction="fwd", shape=shape, impl=impl,
+                                             time_us=t, flops=flops, tflops=flops / t / 1e6))
+                            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                            t = bench(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
+                            rows.append(dict(op="attention", direction="bwd", shape=shape, impl=impl,
+                                             time_us=t, flops=2.5 * flops, tflops=2.5 * flops / t / 1e6))
+                            del out
+                        print(rows[-2], rows[-1], flush=True)
+                    except RuntimeError as e:  # a backend that refuses the shape
+                        print(f"attention {shape} {impl}: {str(e).splitlines()[0]}", flush=True)
+            del q, k, v, dout
+    # The bias-gradient case: B=8, H=16, S=2048, D=128 with a (B, H, S, S) bias that
+    # requires grad (only the efficient backend computes its gradient).
+    b, h, s, d = 8, 16, 2048, 128
+    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16).requires_grad_(True) for _ in range(3))
+    bias = torch.randn(b, h, s, s, device="cuda", dtype=torch.bfloat16).requires_grad_(True)
+    dout = torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16)
+    flops = 4.0 * b * h * s * s * d
+    with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        t = bench(lambda: torch.autograd.grad(out, (q, k, v, bias), dout, retain_graph=True))
+    rows.append(dict(op="attention", direction="bwd", shape=f"B{b} S{s} H{h} D{d} bias+dbias",
+                     impl="efficient", time_us=t, flops=2.5 * flops, tflops=2.5 * flops / t / 1e6))
+    print(rows[-1], flush=True)
+    return {}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -262,6 +320,8 @@ def main():
         dropout_rows(rows)
     if "fp8_norm" in args.ops or "fp8_rms_norm" in args.ops:
         errors.update(fp8_norm_rows(rows))
+    if "attention" in args.ops:
+        errors.update(attention_rows(rows))
     json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
                    copy_gbps=2 * a.numel() * 2 / copy_us / 1e3, rows=rows, torch_errors=errors),
               open(args.out, "w"), indent=1)
