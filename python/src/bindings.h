@@ -104,5 +104,6 @@ void bind_activation(nb::module_& m);  // the Activation enum (before the famili
 void bind_bias_act_dropout(nb::module_& m);
 void bind_linear(nb::module_& m);
 void bind_fp8_norm(nb::module_& m);
+void bind_attention(nb::module_& m);
 
 }  // namespace fusekit::python

@@ -132,4 +132,5 @@ NB_MODULE(_C, m) {
   bind_bias_act_dropout(m);
   bind_linear(m);
   bind_fp8_norm(m);
+  bind_attention(m);
 }

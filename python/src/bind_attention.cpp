@@ -1,0 +1,279 @@
+// Attention bindings (fusekit/attention.h): one Python function per C++ entry point, same argument
+// names and order. AttentionConfig is flattened into keyword-only arguments (scale, mask,
+// window_left, window_right, dropout_p, seed, offset) and AttentionVarlen into cu_seqlens_q,
+// cu_seqlens_k, max_seqlen_q, max_seqlen_k (variable lengths when the cumulative lengths are
+// given); outputs and workspace are arrays the caller allocates.
+#include <nanobind/stl/string.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "bindings.h"
+#include "fusekit/attention.h"
+
+namespace fusekit::python {
+
+namespace {
+
+constexpr AttentionMask kMasks[] = {AttentionMask::none, AttentionMask::causal_top_left,
+                                    AttentionMask::causal_bottom_right};
+
+std::string mask_names() {
+  std::string names;
+  for (AttentionMask m : kMasks) {
+    if (!names.empty()) names += ", ";
+    names += std::string("'") + attention_mask_name(m) + "'";
+  }
+  return names;
+}
+
+std::string python_type(nb::handle value) { return std::string(nb::type_name(value.type()).c_str()); }
+
+// A `mask` argument: a fusekit.AttentionMask or its name.
+AttentionMask mask_arg(nb::handle value, const char* op) {
+  AttentionMask parsed;
+  if (nb::try_cast<AttentionMask>(value, parsed, false)) return parsed;
+  const std::string expected = "fusekit.AttentionMask or one of " + mask_names();
+  if (nb::isinstance<nb::str>(value)) {
+    const std::string name = nb::cast<std::string>(value);
+    for (AttentionMask m : kMasks)
+      if (name == attention_mask_name(m)) return m;
+    throw Error(ErrorKind::invalid_argument, op, "mask", expected, "'" + name + "'");
+  }
+  throw Error(ErrorKind::invalid_argument, op, "mask", expected, python_type(value));
+}
+
+// `scale`: None (1 / sqrt(D)) or a real number; the op itself checks that it is finite.
+std::optional<float> scale_arg(nb::handle value, const char* op) {
+  if (!value.is_valid() || value.is_none()) return std::nullopt;
+  const char* expected = "None (1/sqrt(D)) or a real number";
+  if (PyBool_Check(value.ptr()) || nb::isinstance<nb::str>(value))
+    throw Error(ErrorKind::invalid_argument, op, "scale", expected, python_type(value));
+  const double v = PyFloat_AsDouble(value.ptr());
+  if (v == -1.0 && PyErr_Occurred()) {
+    PyErr_Clear();
+    throw Error(ErrorKind::invalid_argument, op, "scale", expected, python_type(value));
+  }
+  return static_cast<float>(v);
+}
+
+AttentionConfig make_config(nb::handle scale, nb::handle mask, std::int64_t window_left,
+                            std::int64_t window_right, float dropout_p, nb::handle seed,
+                            nb::handle offset, const char* op) {
+  AttentionConfig config;
+  config.scale = scale_arg(scale, op);
+  config.mask = mask_arg(mask, op);
+  config.window_left = window_left;
+  config.window_right = window_right;
+  config.dropout_p = dropout_p;
+  config.seed = u64_arg(seed, op, "seed");
+  config.offset = u64_arg(offset, op, "offset");
+  return config;
+}
+
+// Variable lengths when cu_seqlens_q and cu_seqlens_k are given (both or neither).
+std::optional<AttentionVarlen> varlen_arg(OpCall& c, nb::handle cu_seqlens_q,
+                                          nb::handle cu_seqlens_k, std::int64_t max_seqlen_q,
+                                          std::int64_t max_seqlen_k) {
+  const bool has_q = cu_seqlens_q.is_valid() && !cu_seqlens_q.is_none();
+  const bool has_k = cu_seqlens_k.is_valid() && !cu_seqlens_k.is_none();
+  if (!has_q && !has_k) {
+    if (max_seqlen_q != 0)
+      c.fail("max_seqlen_q", "0 without variable lengths (cu_seqlens_q is None)",
+             std::to_string(max_seqlen_q));
+    if (max_seqlen_k != 0)
+      c.fail("max_seqlen_k", "0 without variable lengths (cu_seqlens_k is None)",
+             std::to_string(max_seqlen_k));
+    return std::nullopt;
+  }
+  if (!has_q)
+    c.fail("cu_seqlens_q", "an int32 array (batch + 1) since 'cu_seqlens_k' is given", "None");
+  if (!has_k)
+    c.fail("cu_seqlens_k", "an int32 array (batch + 1) since 'cu_seqlens_q' is given", "None");
+  AttentionVarlen varlen;
+  varlen.cu_seqlens_q = c.tensor(cu_seqlens_q, "cu_seqlens_q", Access::read);
+  varlen.cu_seqlens_k = c.tensor(cu_seqlens_k, "cu_seqlens_k", Access::read);
+  varlen.max_seqlen_q = max_seqlen_q;
+  varlen.max_seqlen_k = max_seqlen_k;
+  return varlen;
+}
+
+AttentionShape make_shape(std::int64_t batch, std::int64_t seqlen_q, std::int64_t seqlen_k,
+                          std::int64_t heads_q, std::int64_t heads_kv, std::int64_t head_dim,
+                          std::int64_t head_dim_v, DType dtype, bool bias_gradient) {
+  AttentionShape s;
+  s.batch = batch, s.seqlen_q = seqlen_q, s.seqlen_k = seqlen_k;
+  s.heads_q = heads_q, s.heads_kv = heads_kv, s.head_dim = head_dim, s.head_dim_v = head_dim_v;
+  s.dtype = dtype;
+  s.bias_gradient = bias_gradient;
+  return s;
+}
+
+}  // namespace
+
+void bind_attention(nb::module_& m) {
+  using nb::arg;
+  const auto none = nb::none();
+  m.attr("ATTENTION_MAX_HEAD_DIM") = kAttentionMaxHeadDim;
+
+  auto masks = nb::enum_<AttentionMask>(
+      m, "AttentionMask",
+      "Causal masks of attention (names as in the C++ API); ops also accept the names as strings.");
+  for (AttentionMask mask : kMasks) masks.value(attention_mask_name(mask), mask);
+
+  m.def(
+      "attention_forward_workspace_size",
+      [](std::int64_t batch, std::int64_t seqlen_q, std::int64_t seqlen_k, std::int64_t heads_q,
+         std::int64_t heads_kv, std::int64_t head_dim, std::int64_t head_dim_v, DType dtype,
+         const std::string& device, bool bias_gradient) {
+        const char* op = "attention_forward_workspace_size";
+        return attention_forward_workspace_size(
+            make_shape(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, head_dim_v, dtype,
+                       bias_gradient),
+            AttentionConfig{}, device_arg(device, op));
+      },
+      arg("batch"), arg("seqlen_q"), arg("seqlen_k"), arg("heads_q"), arg("heads_kv"),
+      arg("head_dim"), arg("head_dim_v"), arg("dtype"), arg("device"), nb::kw_only(),
+      arg("bias_gradient") = false,
+      "Bytes of u8 scratch memory attention_forward needs (0 on the CPU). Sequence lengths are "
+      "the max lengths with variable lengths. device: 'cpu', 'cuda', 'cuda:N'.");
+
+  m.def(
+      "attention_backward_workspace_size",
+      [](std::int64_t batch, std::int64_t seqlen_q, std::int64_t seqlen_k, std::int64_t heads_q,
+         std::int64_t heads_kv, std::int64_t head_dim, std::int64_t head_dim_v, DType dtype,
+         const std::string& device, bool deterministic, bool bias_gradient) {
+        const char* op = "attention_backward_workspace_size";
+        return attention_backward_workspace_size(
+            make_shape(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, head_dim_v, dtype,
+                       bias_gradient),
+            AttentionConfig{}, deterministic, device_arg(device, op));
+      },
+      arg("batch"), arg("seqlen_q"), arg("seqlen_k"), arg("heads_q"), arg("heads_kv"),
+      arg("head_dim"), arg("head_dim_v"), arg("dtype"), arg("device"), nb::kw_only(),
+      arg("deterministic") = false, arg("bias_gradient") = false,
+      "Bytes of u8 scratch memory attention_backward needs (0 on the CPU; on the GPU the float32 "
+      "row sums, plus the float32 dq accumulator unless deterministic).");
+
+  m.def(
+      "attention_forward",
+      [](nb::handle q, nb::handle k, nb::handle v, nb::handle bias, nb::handle out,
+         nb::handle lse, nb::handle scale, nb::handle mask, std::int64_t window_left,
+         std::int64_t window_right, float dropout_p, nb::handle seed, nb::handle offset,
+         nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, std::int64_t max_seqlen_q,
+         std::int64_t max_seqlen_k, nb::handle workspace, nb::handle stream) {
+        OpCall c("attention_forward");
+        const AttentionConfig config = make_config(scale, mask, window_left, window_right,
+                                                   dropout_p, seed, offset, c.op());
+        const TensorView qv = c.tensor(q, "q", Access::read);
+        const TensorView kv = c.tensor(k, "k", Access::read);
+        const TensorView vv = c.tensor(v, "v", Access::read);
+        const OptionalTensor bv = c.optional(bias, "bias", Access::read);
+        const TensorView ov = c.tensor(out, "out", Access::write);
+        const TensorView lv = c.tensor(lse, "lse", Access::write);
+        const std::optional<AttentionVarlen> vl =
+            varlen_arg(c, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+        const OptionalTensor wsv = c.optional(workspace, "workspace", Access::write);
+        c.run(stream, [&](Stream s) {
+          attention_forward(qv, kv, vv, bv, config, ov, lv, vl, wsv, s);
+        });
+      },
+      arg("q").none(), arg("k").none(), arg("v").none(), arg("bias").none(), arg("out").none(),
+      arg("lse").none(), nb::kw_only(), arg("scale").none() = none, arg("mask").none() = "none",
+      arg("window_left") = -1, arg("window_right") = -1, arg("dropout_p") = 0.0f,
+      arg("seed") = 0, arg("offset") = 0, arg("cu_seqlens_q").none() = none,
+      arg("cu_seqlens_k").none() = none, arg("max_seqlen_q") = 0, arg("max_seqlen_k") = 0,
+      arg("workspace").none() = none, arg("stream").none() = none,
+      "out = softmax(q k^T scale + bias) v per (batch, query head), with the float32 log-sum-exp "
+      "saved into lse for the backward. q (B, Sq, Hq, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv), "
+      "out (B, Sq, Hq, Dv), lse (B, Hq, Sq) float32; with cu_seqlens_q/k (int32, B + 1) packed "
+      "(T, H, D) tensors and lse (Hq, Tq). bias: None or 4-D (B|1, Hq|1, Sq|1, Sk), broadcast "
+      "over dims of size 1. mask: 'none', 'causal_top_left', 'causal_bottom_right'; window_left/"
+      "right: -1 (unbounded) or a distance from the diagonal; dropout_p in [0, 1) with the mask "
+      "from Philox (seed, offset < 2^32). See include/fusekit/attention.h.");
+
+  m.def(
+      "attention_backward",
+      [](nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::handle out,
+         nb::handle lse, nb::handle bias, nb::handle dq, nb::handle dk, nb::handle dv,
+         nb::handle dbias, nb::handle scale, nb::handle mask, std::int64_t window_left,
+         std::int64_t window_right, float dropout_p, nb::handle seed, nb::handle offset,
+         nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, std::int64_t max_seqlen_q,
+         std::int64_t max_seqlen_k, bool deterministic, nb::handle workspace, nb::handle stream) {
+        OpCall c("attention_backward");
+        const AttentionConfig config = make_config(scale, mask, window_left, window_right,
+                                                   dropout_p, seed, offset, c.op());
+        const TensorView dov = c.tensor(dout, "dout", Access::read);
+        const TensorView qv = c.tensor(q, "q", Access::read);
+        const TensorView kv = c.tensor(k, "k", Access::read);
+        const TensorView vv = c.tensor(v, "v", Access::read);
+        const TensorView ov = c.tensor(out, "out", Access::read);
+        const TensorView lv = c.tensor(lse, "lse", Access::read);
+        const OptionalTensor bv = c.optional(bias, "bias", Access::read);
+        const OptionalTensor dqv = c.optional(dq, "dq", Access::write);
+        const OptionalTensor dkv = c.optional(dk, "dk", Access::write);
+        const OptionalTensor dvv = c.optional(dv, "dv", Access::write);
+        const OptionalTensor dbv = c.optional(dbias, "dbias", Access::write);
+        const std::optional<AttentionVarlen> vl =
+            varlen_arg(c, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+        const OptionalTensor wsv = c.optional(workspace, "workspace", Access::write);
+        c.run(stream, [&](Stream s) {
+          attention_backward(dov, qv, kv, vv, ov, lv, bv, config, dqv, dkv, dvv, dbv, vl,
+                             deterministic, wsv, s);
+        });
+      },
+      arg("dout").none(), arg("q").none(), arg("k").none(), arg("v").none(), arg("out").none(),
+      arg("lse").none(), arg("bias").none(), arg("dq").none() = none, arg("dk").none() = none,
+      arg("dv").none() = none, arg("dbias").none() = none, nb::kw_only(),
+      arg("scale").none() = none, arg("mask").none() = "none", arg("window_left") = -1,
+      arg("window_right") = -1, arg("dropout_p") = 0.0f, arg("seed") = 0, arg("offset") = 0,
+      arg("cu_seqlens_q").none() = none, arg("cu_seqlens_k").none() = none,
+      arg("max_seqlen_q") = 0, arg("max_seqlen_k") = 0, arg("deterministic") = false,
+      arg("workspace").none() = none, arg("stream").none() = none,
+      "Any subset of dq, dk, dv, dbias from the forward's out and lse, with the same bias, "
+      "config and variable lengths as the forward. dk/dv are summed over the query heads of their "
+      "group; dbias (the bias's shape, 1 where the bias broadcasts through stride 0) is summed "
+      "over its broadcast dims. deterministic: bitwise reproducible dq on the GPU too.");
+
+  // The documented dropout mask, for tests and for callers that want to inspect it.
+  m.def(
+      "attention_dropout_keep_mask",
+      [](nb::handle seed_arg, nb::handle offset_arg, float p, nb::handle mask) {
+        OpCall c("attention_dropout_keep_mask");
+        const std::uint64_t seed = u64_arg(seed_arg, c.op(), "seed");
+        const std::uint64_t offset = u64_arg(offset_arg, c.op(), "offset");
+        if (!(p >= 0.0f && p < 1.0f))
+          c.fail("p", "a drop probability in [0, 1)", std::to_string(p));
+        if (offset >= (std::uint64_t{1} << 32))
+          c.fail("offset", "a Philox offset below 2^32", std::to_string(offset));
+        const TensorView mv = c.tensor(mask, "mask", Access::write);
+        if (mv.dtype != DType::u8 || mv.device.is_cuda() || mv.ndim != 4 || !mv.is_contiguous())
+          c.fail("mask", "a contiguous 4-D (batch, heads_q, seqlen_q, seqlen_k) u8 array in CPU memory",
+                 std::string(dtype_name(mv.dtype)) + " of shape " + mv.shape_string() + " on " +
+                     to_string(mv.device) + (mv.is_contiguous() ? "" : ", not contiguous"));
+        const std::uint32_t threshold = dropout_keep_threshold(p);
+        auto* out = static_cast<std::uint8_t*>(mv.data);
+        const std::int64_t B = mv.shape[0], H = mv.shape[1], Sq = mv.shape[2], Sk = mv.shape[3];
+        c.run(nb::none(), [&](Stream) {
+          std::int64_t n = 0;
+          for (std::int64_t b = 0; b < B; ++b)
+            for (std::int64_t h = 0; h < H; ++h)
+              for (std::int64_t i = 0; i < Sq; ++i)
+                for (std::int64_t j = 0; j < Sk; ++j, ++n)
+                  out[n] = attention_dropout_keeps(seed, offset, static_cast<std::uint64_t>(b),
+                                                   static_cast<std::uint64_t>(h),
+                                                   static_cast<std::uint64_t>(H),
+                                                   static_cast<std::uint64_t>(i),
+                                                   static_cast<std::uint64_t>(j), threshold)
+                               ? 1
+                               : 0;
+        });
+      },
+      arg("seed"), arg("offset"), arg("p"), arg("mask").none(),
+      "Fills the contiguous u8 CPU array mask (batch, heads_q, seqlen_q, seqlen_k) with 1 where "
+      "attention element (b, h, i, j) is kept under (seed, offset, p), 0 where dropped (i, j are "
+      "positions within the sequence, also with variable lengths).");
+}
+
+}  // namespace fusekit::python
