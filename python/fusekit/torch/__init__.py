@@ -21,3 +21,4 @@ from ._common import (  # noqa: F401
 from .norm import LayerNorm, RMSNorm, layer_norm, rms_norm  # noqa: F401
 from .bias_act_dropout import bias_act_dropout  # noqa: F401
 from .linear import Linear, linear  # noqa: F401
+from .attention import attention, scaled_dot_product_attention  # noqa: F401
