@@ -319,6 +319,8 @@ lt::Gemm dx_gemm(const BackwardParams& p, const void* dz, std::int64_t lddz) {
 
 // dW^T (K x N) = x^T (K x M) * dz (op T of the N x M column-major view of dz); BGRADB sums
 // op(B) = dz over the GEMM's k = M: exactly dbias.
+constexpr std::int64_t kMinKForFusedDbias = 64;
+
 lt::Gemm dw_gemm(const BackwardParams& p, const void* dz, std::int64_t lddz, bool with_dbias) {
   lt::Gemm g;
   g.dtype = p.dtype;
@@ -436,7 +438,11 @@ void backward_cuda(const BackwardParams& p, int device_index, Stream stream_hand
     no_algorithm("dx", p);
   bool dbias_done = false;
   if (p.dw) {
-    if (p.dbias && lt::run(kBackwardOp, dw_gemm(p, dz, lddz, true), device_index, p.workspace, stream))
+    // BGRADB only where K (the dW GEMM's m) is not tiny: with K = 1 in f16, cuBLASLt returned an
+    // algorithm whose dbias came back non-finite (999 of 1000 columns, H200, CUDA 13.0), and
+    // for small K the separate column sum costs no more than the GEMM's own read of dz.
+    const bool fuse_dbias = p.dbias && p.k >= kMinKForFusedDbias;
+    if (fuse_dbias && lt::run(kBackwardOp, dw_gemm(p, dz, lddz, true), device_index, p.workspace, stream))
       dbias_done = true;
     else if (!lt::run(kBackwardOp, dw_gemm(p, dz, lddz, false), device_index, p.workspace, stream))
       no_algorithm("dW", p);
