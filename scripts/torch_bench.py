@@ -252,7 +252,7 @@ ATTENTION_HEAD_DIMS = (64, 128)
 
 
 def attention_shape(b, s, h, d, causal):
-    return f"B{b} S{s} H{h} D{d}" + (" causal" if causal else "")
+    return f"(B={b}, S={s}, H={h}, D={d})" + (" causal" if causal else "")
 
 
 def attention_rows(rows):
@@ -295,7 +295,7 @@ def attention_rows(rows):
     with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
         t = bench(lambda: torch.autograd.grad(out, (q, k, v, bias), dout, retain_graph=True))
-    rows.append(dict(op="attention", direction="bwd", shape=f"B{b} S{s} H{h} D{d} bias+dbias",
+    rows.append(dict(op="attention", direction="bwd", shape=f"(B={b}, S={s}, H={h}, D={d}) bias+dbias",
                      impl="efficient", time_us=t, flops=2.5 * flops, tflops=2.5 * flops / t / 1e6))
     print(rows[-1], flush=True)
     return {}
