@@ -32,6 +32,15 @@ DEVICE_DTYPES = [("cpu", "f64"), ("cpu", "f32")] + [
 DEVICES = ["cpu", pytest.param("cuda", marks=cuda_only)]
 
 
+def torch_sdpa(q, k, v, attn_mask=None, enable_gqa=False, **kw):
+    """PyTorch's SDPA with grouped-query attention written out (key/value heads repeated, as
+    enable_gqa does), so that PyTorch versions before 2.5 serve as the reference too."""
+    if k.shape[-3] != q.shape[-3]:
+        g = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(g, dim=-3), v.repeat_interleave(g, dim=-3)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask, **kw)
+
+
 def gpu_dtype(device):
     return torch.bfloat16 if device == "cuda" else torch.float32
 
@@ -154,9 +163,9 @@ def test_matches_pytorch(device, dtype_name, case, path, seed):
     kw = sdpa_kwargs(c)
     mask_grad = c.get("mask_grad", False)
     out, grads = run(fk.scaled_dot_product_attention, q, k, v, mask, dout, mask_grad, **kw)
-    out_t, grads_t = run(F.scaled_dot_product_attention, q, k, v, mask, dout, mask_grad, **kw)
+    out_t, grads_t = run(torch_sdpa, q, k, v, mask, dout, mask_grad, **kw)
     to64 = (lambda t: t if t is None or t.dtype == torch.bool else t.double())
-    out_64, grads_64 = run(F.scaled_dot_product_attention, *(to64(t) for t in (q, k, v, mask, dout)),
+    out_64, grads_64 = run(torch_sdpa, *(to64(t) for t in (q, k, v, mask, dout)),
                            mask_grad, **kw)
     assert out.dtype == dtype and out.shape == out_64.shape
     check_vs_pytorch("out", out, out_t, out_64, dtype_name)
@@ -203,8 +212,7 @@ def test_windows_and_bottom_right_causal(device, dtype_name, mask, window, path,
         return bshd(fk.attention(bshd(q), bshd(k), bshd(v), b[None], mask=mask, window=window))
 
     def torch_fn(q, k, v, b):
-        return F.scaled_dot_product_attention(q, k, v, b.masked_fill(~vis, float("-inf")),
-                                              enable_gqa=True)
+        return torch_sdpa(q, k, v, b.masked_fill(~vis, float("-inf")))
 
     out, grads = run(fusekit_fn, q, k, v, bias, dout, True)
     out_t, grads_t = run(torch_fn, q, k, v, bias, dout, True)
@@ -253,8 +261,7 @@ def test_dropout_uses_the_documented_mask(device, dtype_name, p, path, seed):
     ref_grads = torch.autograd.grad(ref, leaves64, dout.double())
 
     def torch_fn(q, k, v, b):  # PyTorch refuses attn_mask with is_causal: the mask goes in b
-        return F.scaled_dot_product_attention(q, k, v, b.masked_fill(~vis, float("-inf")),
-                                              enable_gqa=True)
+        return torch_sdpa(q, k, v, b.masked_fill(~vis, float("-inf")))
 
     base_t = run(torch_fn, q, k, v, bias, dout, True)
     base_64 = run(torch_fn, *(t.double() for t in (q, k, v, bias, dout)), True)
@@ -307,8 +314,7 @@ def test_variable_lengths_match_separate_sequences(device, dtype_name, path, see
             sq = slice(int(cu_q[b]), int(cu_q[b + 1]))
             sk = slice(int(cu_k[b]), int(cu_k[b + 1]))
             vis = visible_keys(lens_q[b], lens_k[b], "causal_bottom_right", (-1, -1), device)
-            o = F.scaled_dot_product_attention(bshd(q[None, sq]), bshd(k[None, sk]),
-                                               bshd(v[None, sk]), vis, enable_gqa=True)
+            o = torch_sdpa(bshd(q[None, sq]), bshd(k[None, sk]), bshd(v[None, sk]), vis)
             outs.append(bshd(o)[0])
         return torch.cat(outs)
 

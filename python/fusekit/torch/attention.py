@@ -182,7 +182,8 @@ def _sizes(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], max_
 
 
 def _workspace(kind: str, q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
-               max_seqlen_q: int, max_seqlen_k: int, deterministic: bool) -> Optional[Tensor]:
+               max_seqlen_q: int, max_seqlen_k: int, deterministic: bool,
+               bias_gradient: bool = False) -> Optional[Tensor]:
     # The CPU needs none; a dtype or shape the kernels refuse is reported by the op itself.
     if q.device.type != "cuda" or q.dtype not in _GPU_DTYPES:
         return None
@@ -195,7 +196,8 @@ def _workspace(kind: str, q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optiona
         nbytes = _C.attention_forward_workspace_size(*sizes, dtype, device)
     else:
         nbytes = _C.attention_backward_workspace_size(*sizes, dtype, device,
-                                                      deterministic=deterministic)
+                                                      deterministic=deterministic,
+                                                      bias_gradient=bias_gradient)
     return workspace(nbytes, q.device)
 
 
@@ -234,7 +236,8 @@ def _backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: T
     dbias = _new_bias_grad(bias) if need_dbias else None
     if dq is None and dk is None and dv is None and dbias is None:
         return None, None, None, None
-    ws = _workspace("backward", q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, deterministic)
+    ws = _workspace("backward", q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, deterministic,
+                    dbias is not None)
     # dout may be anything autograd made, e.g. the stride-0 gradient of out.sum().
     dout, q, k, v, out = _readable(dout), _readable(q), _readable(k), _readable(v), _readable(out)
     bias = _readable_bias(bias)
