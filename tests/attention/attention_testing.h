@@ -1,17 +1,21 @@
-// Attention test support shared by the CPU suite (test_attention.cpp) and the GPU suite
-// (test_attention_gpu.cpp), no GoogleTest here: a problem description (Spec) and every tensor of
-// one problem on either device (Problem), laid out as the alignment rule of fusekit/attention.h
-// asks (bias rows padded to 16 bytes, optional (B, H, S, D) memory layout, packed variable
-// lengths).
+// Attention test support shared by the CPU suite (test_attention.cpp), the GPU suite
+// (test_attention_gpu.cpp) and `fusekit check attention`, no GoogleTest here: a problem
+// description (Spec), every tensor of one problem on either device (Problem), laid out as the
+// alignment rule of fusekit/attention.h asks (bias rows padded to 16 bytes, optional (B, H, S, D)
+// memory layout, packed variable lengths), a GPU problem with its float64 CPU twin (Pair), the
+// FlashAttention-style baseline (typical_forward / typical_backward) and the comparison rule.
 #pragma once
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <cstdint>
 #include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "core/convert.h"
 #include "fusekit/attention.h"
 #include "tests/harness/harness.h"
 
@@ -190,5 +194,236 @@ inline std::vector<double> lse_by_token(const Problem& pr) {
     }
   return r;
 }
+
+// ---- a GPU problem and its float64 CPU twin -----------------------------------------------------
+
+inline Spec reference_spec(const Spec& s) {
+  Spec r = s;
+  r.dtype = DType::f64;
+  r.bias_dtype = DType::f64;
+  return r;
+}
+
+// The GPU problem and its float64 CPU twin holding the same (rounded) input values.
+struct Pair {
+  Problem gpu, cpu;
+  explicit Pair(const Spec& s) : gpu(s, Device::cuda(0)), cpu(reference_spec(s)) {}
+  void fill(std::mt19937_64& rng, double qk_std = 1.0) {
+    gpu.fill(rng, qk_std);
+    sync_inputs();
+  }
+  // Copies the GPU problem's inputs (already rounded to their dtypes) into the reference.
+  void sync_inputs() {
+    cpu.q->set_values(gpu.q->values());
+    cpu.k->set_values(gpu.k->values());
+    cpu.v->set_values(gpu.v->values());
+    cpu.dout->set_values(gpu.dout->values());
+    if (gpu.bias) cpu.bias->set_values(gpu.bias->values());
+  }
+  void forward() {
+    cpu.forward();
+    gpu.out->poison();
+    gpu.lse->poison();
+    gpu.forward();
+  }
+  // Both backwards start from the reference's saved tensors: out rounded to the GPU dtype, lse.
+  void share_saved_tensors() {
+    gpu.out->set_values(cpu.out->values());
+    cpu.out->set_values(gpu.out->values());
+    gpu.lse->set_values(cpu.lse->values());
+  }
+};
+
+// ---- the FlashAttention-style baseline ------------------------------------------------------------
+
+inline double round_to(DType dtype, double x) { return detail::round_to(dtype, x); }
+
+// Everything the simulation needs from a float64 reference problem, with index helpers.
+struct Values {
+  const Problem& pr;
+  const Spec& s;
+  std::vector<double> q, k, v, dout, out, bias, lse;
+  double scale;
+  explicit Values(const Problem& p) : pr(p), s(p.s) {
+    q = p.q->values(), k = p.k->values(), v = p.v->values(), dout = p.dout->values(), out = p.out->values();
+    if (p.bias) bias = p.bias->values();
+    lse = lse_by_token(p);
+    scale = s.cfg.scale ? *s.cfg.scale : 1.0 / std::sqrt(static_cast<double>(s.D));
+  }
+  std::int64_t qrow(std::int64_t b, std::int64_t i, std::int64_t h) const { return (pr.q0[b] + i) * s.Hq + h; }
+  std::int64_t krow(std::int64_t b, std::int64_t j, std::int64_t hk) const { return (pr.k0[b] + j) * s.Hkv + hk; }
+  bool visible(std::int64_t b, std::int64_t i, std::int64_t j) const {
+    const std::int64_t sq = pr.lq[b], sk = pr.lk[b];
+    const std::int64_t diag = s.cfg.mask == AttentionMask::causal_top_left ? i : i + sk - sq;
+    if (s.cfg.mask != AttentionMask::none && j > diag) return false;
+    if (s.cfg.window_left >= 0 && j < diag - s.cfg.window_left) return false;
+    if (s.cfg.window_right >= 0 && j > diag + s.cfg.window_right) return false;
+    return true;
+  }
+  // S[i, j] (-inf where masked).
+  double score(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
+    if (!visible(b, i, j)) return -std::numeric_limits<double>::infinity();
+    const std::int64_t hk = h / (s.Hq / s.Hkv);
+    double x = 0;
+    for (std::int64_t d = 0; d < s.D; ++d) x += q[qrow(b, i, h) * s.D + d] * k[krow(b, j, hk) * s.D + d];
+    return scale * x + (pr.bias ? bias[pr.bias_index(b, h, i, j)] : 0.0);
+  }
+  double dropout(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
+    if (s.cfg.dropout_p == 0.0f) return 1.0;
+    const bool keep = attention_dropout_keeps(s.cfg.seed, s.cfg.offset, b, h, s.Hq, i, j,
+                                              dropout_keep_threshold(s.cfg.dropout_p));
+    return keep ? static_cast<double>(1.0f / (1.0f - s.cfg.dropout_p)) : 0.0;
+  }
+};
+
+// The forward with P~ = exp(S - rowmax) rounded to `dtype` before P V; out rounded.
+inline std::vector<double> typical_forward(const Problem& ref, DType dtype) {
+  const Values x(ref);
+  const Spec& s = ref.s;
+  std::vector<double> out(x.out.size(), 0.0);
+  for (std::int64_t b = 0; b < ref.batch; ++b)
+    for (std::int64_t h = 0; h < s.Hq; ++h)
+      for (std::int64_t i = 0; i < ref.lq[b]; ++i) {
+        std::vector<double> S(static_cast<std::size_t>(ref.lk[b]));
+        double m = -std::numeric_limits<double>::infinity();
+        for (std::int64_t j = 0; j < ref.lk[b]; ++j) m = std::max(m, S[j] = x.score(b, h, i, j));
+        if (m == -std::numeric_limits<double>::infinity()) continue;
+        double l = 0;
+        for (double sj : S) l += std::exp(sj - m);
+        const std::int64_t hk = h / (s.Hq / s.Hkv);
+        for (std::int64_t j = 0; j < ref.lk[b]; ++j) {
+          const double w = round_to(dtype, std::exp(S[j] - m)) * x.dropout(b, h, i, j) / l;
+          if (w == 0.0) continue;
+          for (std::int64_t d = 0; d < s.Dv; ++d) out[x.qrow(b, i, h) * s.Dv + d] += w * x.v[x.krow(b, j, hk) * s.Dv + d];
+        }
+      }
+  for (double& o : out) o = round_to(dtype, o);
+  return out;
+}
+
+// The backward from the reference's saved out and lse with P Z and dS rounded to `dtype` before
+// their products (dS also before the dbias reduction), outputs rounded; and the cancellation
+// floors (quadrature norms of the terms of dq, dk, dbias).
+struct TypicalBackward {
+  std::vector<double> dq, dk, dv, dbias;
+  double dq_terms = 0, dk_terms = 0, dbias_terms = 0;
+};
+
+inline TypicalBackward typical_backward(const Problem& ref, DType dtype, DType dbias_dtype) {
+  const Values x(ref);
+  const Spec& s = ref.s;
+  TypicalBackward t;
+  t.dq.assign(x.q.size(), 0.0), t.dk.assign(x.k.size(), 0.0), t.dv.assign(x.v.size(), 0.0);
+  if (ref.dbias) t.dbias.assign(static_cast<std::size_t>(ref.dbias->numel()), 0.0);
+  for (std::int64_t b = 0; b < ref.batch; ++b)
+    for (std::int64_t h = 0; h < s.Hq; ++h) {
+      const std::int64_t hk = h / (s.Hq / s.Hkv);
+      for (std::int64_t i = 0; i < ref.lq[b]; ++i) {
+        const std::int64_t qr = x.qrow(b, i, h);
+        const double lse = x.lse[qr];
+        if (lse == -std::numeric_limits<double>::infinity()) continue;
+        double delta = 0;
+        for (std::int64_t d = 0; d < s.Dv; ++d) delta += x.dout[qr * s.Dv + d] * x.out[qr * s.Dv + d];
+        for (std::int64_t j = 0; j < ref.lk[b]; ++j) {
+          const double S = x.score(b, h, i, j);
+          if (S == -std::numeric_limits<double>::infinity()) continue;
+          const std::int64_t kr = x.krow(b, j, hk);
+          const double P = std::exp(S - lse), z = x.dropout(b, h, i, j);
+          double dp = 0;
+          for (std::int64_t d = 0; d < s.Dv; ++d) dp += x.dout[qr * s.Dv + d] * x.v[kr * s.Dv + d];
+          const double ds = P * (dp * z - delta), mag = P * (std::abs(dp * z) + std::abs(delta));
+          const double pz = round_to(dtype, P * z), dsr = round_to(dtype, ds);
+          for (std::int64_t d = 0; d < s.Dv; ++d) t.dv[kr * s.Dv + d] += pz * x.dout[qr * s.Dv + d];
+          for (std::int64_t d = 0; d < s.D; ++d) {
+            const double kd = x.k[kr * s.D + d], qd = x.q[qr * s.D + d];
+            t.dq[qr * s.D + d] += x.scale * dsr * kd;
+            t.dk[kr * s.D + d] += x.scale * dsr * qd;
+            t.dq_terms += std::pow(x.scale * mag * kd, 2);
+            t.dk_terms += std::pow(x.scale * mag * qd, 2);
+          }
+          if (ref.dbias) {
+            t.dbias[ref.bias_index(b, h, i, j)] += dsr;
+            t.dbias_terms += mag * mag;
+          }
+        }
+      }
+    }
+  for (double& g : t.dq) g = round_to(dtype, g);
+  for (double& g : t.dk) g = round_to(dtype, g);
+  for (double& g : t.dv) g = round_to(dtype, g);
+  for (double& g : t.dbias) g = round_to(dbias_dtype, g);
+  t.dq_terms = std::sqrt(t.dq_terms), t.dk_terms = std::sqrt(t.dk_terms), t.dbias_terms = std::sqrt(t.dbias_terms);
+  return t;
+}
+
+// ---- comparison with the float64 reference ---------------------------------------------------
+
+struct Comparison {
+  ErrorStats stats;  // rel_l2 already measured against the scale floor, if any
+  double tolerance = 0, rounding = 0, typical = 0;
+  bool pass = false;
+  std::string message;
+};
+
+// `got` against `ref`: no non-finite values, and rel_l2 (measured against max(||ref||,
+// 0.1 scale_floor) where scale_floor is the norm of the terms an output is a difference of)
+// within 2 x max(rounding baseline, the FlashAttention-style evaluation's error (`typical`),
+// accumulation floor). See test_attention_gpu.cpp for why each part is there.
+inline Comparison compare_to_reference(const std::vector<double>& got, const std::vector<double>& ref, DType dtype,
+                                       const std::vector<double>& typical, const std::string& what,
+                                       double scale_floor = 0.0) {
+  Comparison c;
+  if (got.size() != ref.size() || typical.size() != ref.size()) {
+    c.message = what + ": size " + std::to_string(got.size()) + " vs reference " + std::to_string(ref.size());
+    return c;
+  }
+  c.stats = compare(got, ref);
+  c.typical = compare(typical, ref).rel_l2;
+  double ref_norm = 0.0;
+  for (double r : ref) ref_norm += r * r;
+  ref_norm = std::sqrt(ref_norm);
+  if (scale_floor > 0.0 && ref_norm < 0.1 * scale_floor) {
+    const double f = ref_norm / (0.1 * scale_floor);
+    c.stats.rel_l2 *= f, c.typical *= f;
+  }
+  c.rounding = rounding_error(dtype, ref);
+  c.tolerance = 2.0 * std::max({c.rounding, c.typical, accumulation_floor(dtype)});
+  c.pass = c.stats.non_finite == 0 && c.stats.rel_l2 <= c.tolerance;
+  c.message = what + " [" + dtype_name(dtype) + "]: rel_l2 " + std::to_string(c.stats.rel_l2) + " (tolerance " +
+              std::to_string(c.tolerance) + ", rounding baseline " + std::to_string(c.rounding) +
+              ", FlashAttention-style baseline " + std::to_string(c.typical) + "), max_abs " +
+              std::to_string(c.stats.max_abs) + ", non-finite " + std::to_string(c.stats.non_finite) + " of " +
+              std::to_string(c.stats.count);
+  return c;
+}
+
+// lse: rows the reference masks fully must be exactly -inf; the rest within the float32 bar.
+inline Comparison compare_lse(const Problem& got, const Problem& ref, const std::string& what) {
+  const auto g = lse_by_token(got), r = lse_by_token(ref);
+  std::vector<double> gv, rv;
+  std::int64_t masked_mismatch = 0;
+  for (std::size_t i = 0; i < r.size(); ++i) {
+    if (r[i] == -std::numeric_limits<double>::infinity()) {
+      masked_mismatch += g[i] != r[i];
+    } else {
+      gv.push_back(g[i]);
+      rv.push_back(r[i]);
+    }
+  }
+  Comparison c;
+  c.stats = compare(gv, rv);
+  c.rounding = rounding_error(DType::f32, rv);
+  c.tolerance = tolerance(DType::f32, rv);
+  c.pass = masked_mismatch == 0 && c.stats.non_finite == 0 && c.stats.rel_l2 <= c.tolerance;
+  c.message = what + ": rel_l2 " + std::to_string(c.stats.rel_l2) + " (tolerance " + std::to_string(c.tolerance) +
+              "), fully masked rows without -inf: " + std::to_string(masked_mismatch) + ", non-finite " +
+              std::to_string(c.stats.non_finite);
+  return c;
+}
+
+// The dtype whose bar a dbias is held to: its own, or the op's for a float32 dbias (dS rounded to
+// the op's dtype, then reduced, is what a typical implementation gets).
+inline DType dbias_bar_dtype(const Spec& s) { return s.bias_dtype == DType::f32 ? s.dtype : s.bias_dtype; }
+
 
 }  // namespace fusekit::testing::attn

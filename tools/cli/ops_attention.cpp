@@ -1,14 +1,18 @@
-// CLI entry for the attention family. Only the float64 CPU reference exists so far: `fusekit
-// check` checks its gradients (dq, dk, dv, dbias) against central differences of
-// L = sum(out * dout) on one small case with every feature on (GQA, bottom-right causal mask,
-// window, broadcast bias, dropout), whatever device is present; `fusekit bench attention` says
-// that there is no CUDA kernel to time yet.
+// CLI entry for the attention family. `fusekit check attention`: on a GPU, the CUDA kernels
+// against the float64 CPU reference on three representative problems (GQA with a bias reduced
+// over the batch and dropout; variable lengths with an empty sequence and a window; MQA at head
+// dim 256), every output in both backward modes, with the GPU test suite's rule (twice the larger
+// of the rounding and the FlashAttention-style baselines, see tests/attention/attention_testing.h);
+// without a GPU, the reference's gradients against central differences of L = sum(out * dout).
+// `fusekit bench attention` runs bench/attention.
 #include <cmath>
 #include <cstdio>
 #include <fmt/format.h>
 #include <optional>
 
+#include "bench/attention/bench_attention.h"
 #include "fusekit/attention.h"
+#include "tests/attention/attention_testing.h"
 #include "tests/harness/harness.h"
 #include "tools/cli/ops.h"
 
@@ -74,20 +78,81 @@ std::vector<CheckLine> check_cpu_reference() {
   return lines;
 }
 
+CheckLine line(const testing::attn::Comparison& c, const std::string& what) {
+  return {kOp, "cuda", what, c.stats.rel_l2, c.tolerance, c.pass};
+}
+
+std::vector<CheckLine> check_gpu() {
+  using testing::attn::Spec;
+  std::vector<Spec> specs;
+  {
+    Spec s;  // GQA 4:1, bias (1, H, S, S) reduced over the batch, dropout, bottom-right causal
+    s.dtype = DType::bf16, s.B = 2, s.Sq = 200, s.Sk = 230, s.Hq = 8, s.Hkv = 2, s.D = 128, s.Dv = 128;
+    s.cfg.mask = AttentionMask::causal_bottom_right;
+    s.cfg.dropout_p = 0.1f, s.cfg.seed = 1234, s.cfg.offset = 7;
+    s.bias = true, s.bias_dtype = DType::f32, s.bias_full[0] = false;
+    specs.push_back(s);
+  }
+  {
+    Spec s;  // variable lengths (one empty), sliding window, full padded bias written directly
+    s.dtype = DType::f16, s.Hq = 4, s.Hkv = 4, s.D = 64, s.Dv = 64;
+    s.seqlens_q = {130, 0, 77}, s.seqlens_k = {100, 33, 250};
+    s.cfg.window_left = 64, s.cfg.window_right = 0;
+    s.bias = true, s.bias_dtype = DType::bf16;
+    specs.push_back(s);
+  }
+  {
+    Spec s;  // MQA at head dim 256, D != Dv
+    s.dtype = DType::bf16, s.B = 1, s.Sq = 96, s.Sk = 96, s.Hq = 4, s.Hkv = 1, s.D = 256, s.Dv = 192;
+    s.cfg.mask = AttentionMask::causal_top_left;
+    specs.push_back(s);
+  }
+  std::vector<CheckLine> out;
+  auto rng = testing::make_rng(51);
+  for (const Spec& s : specs) {
+    const std::string lengths = s.varlen() ? std::string("varlen") : fmt::format("{}x{}", s.Sq, s.Sk);
+    const std::string tag = fmt::format("{} {} H{}/{} D{}/{}{}", dtype_name(s.dtype), lengths, s.Hq, s.Hkv, s.D, s.Dv,
+                                        s.bias ? " bias" : "");
+    testing::attn::Pair p(s);
+    p.fill(rng);
+    p.forward();
+    out.push_back(line(testing::attn::compare_to_reference(p.gpu.out->values(), p.cpu.out->values(), s.dtype,
+                                                           testing::attn::typical_forward(p.cpu, s.dtype), "out"),
+                       "out " + tag));
+    out.push_back(line(testing::attn::compare_lse(p.gpu, p.cpu, "lse"), "lse " + tag));
+    p.share_saved_tensors();
+    p.cpu.backward(true, true, true, s.bias, true);
+    const DType db_dtype = testing::attn::dbias_bar_dtype(s);
+    const auto t = testing::attn::typical_backward(p.cpu, s.dtype, db_dtype);
+    for (bool deterministic : {true, false}) {
+      p.gpu.poison_gradients();
+      p.gpu.backward(true, true, true, s.bias, deterministic);
+      const std::string mode = deterministic ? " det" : "";
+      using testing::attn::compare_to_reference;
+      out.push_back(line(compare_to_reference(p.gpu.dq->values(), p.cpu.dq->values(), s.dtype, t.dq, "dq", t.dq_terms),
+                         "dq " + tag + mode));
+      out.push_back(line(compare_to_reference(p.gpu.dk->values(), p.cpu.dk->values(), s.dtype, t.dk, "dk", t.dk_terms),
+                         "dk " + tag + mode));
+      out.push_back(
+          line(compare_to_reference(p.gpu.dv->values(), p.cpu.dv->values(), s.dtype, t.dv, "dv"), "dv " + tag + mode));
+      if (s.bias)
+        out.push_back(line(compare_to_reference(p.gpu.dbias->values(), p.cpu.dbias->values(), db_dtype, t.dbias,
+                                                "dbias", t.dbias_terms),
+                           "dbias " + tag + mode));
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 void add_attention_ops(std::vector<OpEntry>& ops) {
   ops.push_back({kOp,
-                 "softmax(q k^T * scale + bias) v fwd/bwd: causal/window masks, bias + dbias, Philox dropout, "
-                 "varlen, GQA. CPU float64 reference only; CUDA kernels not written yet",
-                 "f64, f32, f16, bf16 (CPU)", {"cpu"},
-                 // No CUDA kernel to compare: whatever the device, the CPU reference is what is checked.
-                 [](Device) { return check_cpu_reference(); },
-                 [](bench::Report&, const std::string&) {
-                   std::fprintf(stderr,
-                                "fusekit bench attention: no CUDA attention kernel exists yet; nothing is "
-                                "timed (the CPU reference is not a benchmark)\n");
-                 }});
+                 "softmax(q k^T * scale + bias) v fwd/bwd, flash-style (S x S never stored): causal/window masks, "
+                 "bias + dbias, Philox dropout, varlen, GQA; deterministic or atomic dq",
+                 "f16, bf16 (CUDA); f64, f32, f16, bf16 (CPU)", {"cpu", "cuda"},
+                 [](Device d) { return d.is_cuda() ? check_gpu() : check_cpu_reference(); },
+                 [](bench::Report& r, const std::string&) { bench::bench_attention(r); }});
 }
 
 }  // namespace fusekit::cli
