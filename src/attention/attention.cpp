@@ -369,9 +369,10 @@ void attention_backward(const TensorView& dout, const TensorView& q, const Tenso
     if (!bias) check.fail("dbias", "no dbias (the attention was called without a bias)", "a tensor");
     p.dbias = bias_layout(check, *dbias, "dbias", p, true);
     // dbias has the bias's shape, except that a dimension the bias broadcasts through stride 0
-    // may (and, being written, must) be 1 in dbias: the gradient is summed over it.
+    // may (and, being written, must) be 1 in dbias: the gradient is summed over it. That includes
+    // an expanded dimension of size 0 (e.g. every query length 0): the sum is empty, dbias is 0.
     for (int d = 0; d < 4; ++d) {
-      const bool broadcast = d < 3 && p.bias.shape[d] > 1 &&
+      const bool broadcast = d < 3 && p.bias.shape[d] != 1 &&
                              (d == 0 ? p.bias.b_stride : d == 1 ? p.bias.h_stride : p.bias.i_stride) == 0;
       if (p.dbias.shape[d] != p.bias.shape[d] && !(broadcast && p.dbias.shape[d] == 1))
         check.fail("dbias",

@@ -466,6 +466,22 @@ TEST(AttentionCpu, EmptyShapes) {
   }
 }
 
+TEST(AttentionCpu, ExpandedBiasOverAnEmptyDim) {
+  // Every query length 0 (max_seqlen_q = 0) with a bias expanded over heads and queries: dbias
+  // keeps size 1 there and gets the empty sum, 0.
+  Spec s = base();
+  s.seqlens_q = {0, 0}, s.seqlens_k = {5, 3};
+  s.bias = true, s.bias_full[1] = false, s.bias_full[2] = false, s.bias_expand = true;
+  auto rng = testing::make_rng(512);
+  Problem pr(s);
+  pr.fill(rng);
+  ASSERT_EQ(pr.bias_view()->shape[2], 0);
+  EXPECT_NO_THROW(pr.forward());
+  EXPECT_NO_THROW(pr.backward());
+  for (double x : pr.dbias->values()) EXPECT_EQ(x, 0.0);
+  for (double x : pr.dk->values()) EXPECT_EQ(x, 0.0);
+}
+
 TEST(AttentionCpu, LargeLogitsStayFinite) {
   Spec s = base(AttentionMask::causal_top_left);
   s.dtype = DType::f32, s.D = 8, s.Dv = 8, s.Sq = 6, s.Sk = 6;
