@@ -59,6 +59,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "fusekit/attention.h"
 #include "fusekit/dropout.h"
@@ -457,16 +458,87 @@ __device__ __forceinline__ bool kept(const std::uint8_t* keep, int il, int jl) {
 
 // ---- the forward ----------------------------------------------------------------------------------
 
+// 2^x in one MUFU instruction (exp2f adds a denormal-range fix-up the softmax does not need:
+// its arguments are <= 0 and results below 2^-126 are negligible against the row sum >= 1).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+// kMT m-tiles of 16 query rows per warp: two for head dims up to 128, so that every K / V
+// fragment read from shared memory feeds two mma (shared-memory bandwidth, not the tensor
+// cores, limits a one-tile warp); one for 256, where the O accumulator would not fit twice.
 template <int kD, int kBN>
 struct ForwardShape {
-  static constexpr int kWarps = 4, kThreads = 128, kBM = 64, kLd = kD + 8;
+  static constexpr int kMT = kD <= 128 ? 2 : 1;
+  static constexpr int kWarps = 4, kThreads = 128, kBM = 16 * kMT * kWarps, kLd = kD + 8;
   static constexpr int smem_bytes() { return (kBM + 2 * kBN) * kLd * 2 + kBM * kBN / 8; }
 };
 
+// The score accumulators start at bias / scale, so that after S += Q K^T they hold
+// (Q K^T + bias / scale) and one multiply by scale * log2(e) gives the log2-unit logits: the bias
+// costs no registers beyond the accumulators. Elements past the sequence ends stay 0 (masked later).
+template <typename BT, int kMT, int kNT>
+__device__ __forceinline__ void scores_from_bias(float (&sc)[kMT][kNT][4], const BiasArg& bias, float inv_scale,
+                                                 int b, int h, int row0, int j0, int sq, int sk) {
+  const int t = threadIdx.x % 4;
+  const BT* base = static_cast<const BT*>(bias.data) + static_cast<std::int64_t>(b) * bias.b +
+                   static_cast<std::int64_t>(h) * bias.h;
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = row0 + mt * 16 + 8 * r;
+      const BT* row = base + static_cast<std::int64_t>(i) * bias.i;
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int j = j0 + nt * 8 + 2 * t + c;
+          float x = 0.0f;
+          if (i < sq && j < sk) {
+            if constexpr (std::is_same_v<BT, float>) x = __ldg(row + j);
+            else x = static_cast<float>(row[j]);
+          }
+          sc[mt][nt][2 * r + c] = x * inv_scale;
+        }
+    }
+}
+
+// Scores -> log2-unit logits with the mask and the sequence ends applied (-inf where hidden).
+template <int kMT, int kNT>
+__device__ __forceinline__ void mask_scores(float (&sc)[kMT][kNT][4], const MaskRule& rule, int row0, int j0,
+                                            float mult) {
+  const int t = threadIdx.x % 4;
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      int lo, hi;
+      rule.range(row0 + mt * 16 + 8 * r, lo, hi);
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int j = j0 + nt * 8 + 2 * t + c;
+          float& x = sc[mt][nt][2 * r + c];
+          x = (j >= lo && j < hi) ? x * mult : neg_inf();
+        }
+    }
+}
+
+// One CTA per (query block of kBM rows, query head, batch), 4 warps of kMT x 16 rows. K and V
+// have one shared-memory buffer each and are software-pipelined: V(j) is in flight while S =
+// Q K(j)^T and the softmax run, K(j + 1) while O += P V(j) runs. Tiles are zero-filled up to the
+// bucket's head dim, so the mma loops run branch-free (a head dim below the bucket's pays for
+// its padding in mma, not in a branch per k-step that would stop the fragment prefetching).
 template <typename T, int kD, int kBN>
 __global__ void __launch_bounds__(128) forward_kernel(const KernelParams p) {
   using Shape = ForwardShape<kD, kBN>;
-  constexpr int kBM = Shape::kBM, kLd = Shape::kLd, kThreads = Shape::kThreads;
+  constexpr int kBM = Shape::kBM, kLd = Shape::kLd, kThreads = Shape::kThreads, kMT = Shape::kMT;
   constexpr int kNT = kBN / 8, kDT = kD / 8;
   extern __shared__ __align__(16) unsigned char smem[];
   T* qs = reinterpret_cast<T*>(smem);
@@ -479,15 +551,12 @@ __global__ void __launch_bounds__(128) forward_kernel(const KernelParams p) {
   if (i0 >= s.sq) return;
   const int hk = h / p.group;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-
-  load_tile<T, kBM, kD, kLd, kThreads>(qs, row_ptr<const T>(p.q, b, s.q_base + i0, h), p.q.s, s.sq - i0, p.d,
-                                       p.dp);
+  const int wrow = warp * 16 * kMT;  // the warp's first row in the block
+  const int row0 = i0 + wrow + g;    // the thread's row of m-tile 0, r = 0
 
   const MaskRule rule = mask_rule(p, s);
-  int lo[2], hi[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) rule.range(i0 + warp * 16 + g + 8 * r, lo[r], hi[r]);
-  int jb_begin = 0, jb_end = 0;
+  // Key blocks any row sees, and the keys every row sees (lo and hi never decrease with the row).
+  int jb_begin = 0, jb_end = 0, all_lo = 0, all_hi = 0;
   {
     int lo0, hi0, lo1, hi1;
     rule.range(i0, lo0, hi0);
@@ -496,96 +565,169 @@ __global__ void __launch_bounds__(128) forward_kernel(const KernelParams p) {
       jb_begin = lo0 / kBN;
       jb_end = (hi1 + kBN - 1) / kBN;
     }
+    all_lo = lo1;
+    all_hi = hi0;
   }
+  // logits = (S + bias / scale) * mult. scale = 0 (allowed, if odd) skips Q K^T: logits = bias.
+  const bool has_qk = p.scale != 0.0f;
+  const float mult0 = has_qk ? p.scale_log2 : kLog2e;
+  const float inv_scale = has_qk ? 1.0f / p.scale : 1.0f;
 
-  float o[kDT][4];
-  zero(o);
-  float m[2] = {neg_inf(), neg_inf()}, l[2] = {0.0f, 0.0f};
+  float o[kMT][kDT][4];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) zero(o[mt]);
+  float m[kMT][2], l[kMT][2];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      m[mt][r] = neg_inf();
+      l[mt][r] = 0.0f;
+    }
+
+  if (jb_begin < jb_end) {
+    load_tile<T, kBM, kD, kLd, kThreads>(qs, row_ptr<const T>(p.q, b, s.q_base + i0, h), p.q.s, s.sq - i0, p.d, kD);
+    const int j0 = jb_begin * kBN;
+    load_tile<T, kBN, kD, kLd, kThreads>(ks, row_ptr<const T>(p.k, b, s.k_base + j0, hk), p.k.s, s.sk - j0, p.d, kD);
+    cp_async_commit();
+  }
 
   for (int jb = jb_begin; jb < jb_end; ++jb) {
     const int j0 = jb * kBN;
-    __syncthreads();  // the previous block's K, V and keep bits are consumed
-    load_tile<T, kBN, kD, kLd, kThreads>(ks, row_ptr<const T>(p.k, b, s.k_base + j0, hk), p.k.s, s.sk - j0, p.d,
-                                         p.dp);
-    load_tile<T, kBN, kD, kLd, kThreads>(vs, row_ptr<const T>(p.v, b, s.k_base + j0, hk), p.v.s, s.sk - j0, p.dv,
-                                         p.dvp);
-    if (p.dropout) compute_keep_bits<kBM, kBN, kThreads>(keep, p, b, h, i0, j0);
     cp_async_wait_all();
-    __syncthreads();
+    __syncthreads();  // K(j) landed; every warp is done with V(j - 1) and the keep bits
+    load_tile<T, kBN, kD, kLd, kThreads>(vs, row_ptr<const T>(p.v, b, s.k_base + j0, hk), p.v.s, s.sk - j0, p.dv, kD);
+    cp_async_commit();
+    if (p.dropout) compute_keep_bits<kBM, kBN, kThreads>(keep, p, b, h, i0, j0);
 
-    float sc[kNT][4];
-    zero(sc);
-    mma_abt<T, kNT, kD>(sc, qs, kLd, warp * 16, ks, kLd, 0, p.dp);
-
-    // Scores in log2 units; masked (or past the end) = -inf.
+    float sc[kMT][kNT][4];
+    if (p.bias.data == nullptr) {
 #pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
+      for (int mt = 0; mt < kMT; ++mt) zero(sc[mt]);
+    } else if (p.bias.dtype == kBiasF32) {
+      scores_from_bias<float>(sc, p.bias, inv_scale, b, h, row0, j0, s.sq, s.sk);
+    } else if (p.bias.dtype == kBiasF16) {
+      scores_from_bias<__half>(sc, p.bias, inv_scale, b, h, row0, j0, s.sq, s.sk);
+    } else {
+      scores_from_bias<__nv_bfloat16>(sc, p.bias, inv_scale, b, h, row0, j0, s.sq, s.sk);
+    }
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e / 2, j = j0 + nt * 8 + 2 * t + (e & 1);
-        float x = neg_inf();
-        if (j >= lo[r] && j < hi[r]) {
-          x = sc[nt][e] * p.scale_log2;
-          if (p.bias.data != nullptr) x += kLog2e * load_bias(p.bias, b, h, i0 + warp * 16 + g + 8 * r, j);
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      if (has_qk) {
+        std::uint32_t a[kMT][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) load_a(a[mt], qs, kLd, wrow + mt * 16, kk * 16);
+#pragma unroll
+        for (int np = 0; np < kNT / 2; ++np) {
+          std::uint32_t bf[4];
+          load_b_nk(bf, ks, kLd, np * 16, kk * 16);
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            mma16816<T>(sc[mt][2 * np], a[mt], bf[0], bf[1]);
+            mma16816<T>(sc[mt][2 * np + 1], a[mt], bf[2], bf[3]);
+          }
         }
-        sc[nt][e] = x;
+      }
+    }
+
+    // Scores -> probabilities. A block inside every row's visible range keeps the raw scores and
+    // folds the multiplier into the exponent's FMA (valid for mult > 0: the max commutes with it);
+    // other blocks are scaled and masked first.
+    float mult = mult0;
+    if (!(mult > 0.0f && j0 >= all_lo && j0 + kBN <= all_hi)) {
+      mask_scores<kMT, kNT>(sc, rule, row0, j0, mult);
+      mult = 1.0f;
+    }
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mx = neg_inf();
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(sc[mt][nt][2 * r], sc[mt][nt][2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m[mt][r], mx * mult);
+        const float m_use = m_new == neg_inf() ? 0.0f : m_new;  // a row with nothing visible yet
+        const float alpha = fast_exp2(m[mt][r] - m_use);        // 0 when m = -inf
+        m[mt][r] = m_new;
+        float sum = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const float pv = fast_exp2(fmaf(sc[mt][nt][2 * r + c], mult, -m_use));
+            sc[mt][nt][2 * r + c] = pv;
+            sum += pv;
+          }
+        l[mt][r] = l[mt][r] * alpha + sum;
+#pragma unroll
+        for (int nt = 0; nt < kDT; ++nt) {
+          o[mt][nt][2 * r] *= alpha;
+          o[mt][nt][2 * r + 1] *= alpha;
+        }
       }
 
-    // Online softmax: rows g (r = 0) and g + 8 (r = 1) of the warp; a quad shares a row.
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = m[r];
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(sc[nt][2 * r], sc[nt][2 * r + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_use = mx == neg_inf() ? 0.0f : mx;  // a row with nothing visible yet
-      const float alpha = exp2f(m[r] - m_use);          // 0 when m[r] = -inf
-      m[r] = mx;
-      float sum = 0.0f;
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const float pv = exp2f(sc[nt][2 * r + c] - m_use);
-          sc[nt][2 * r + c] = pv;
-          sum += pv;
-        }
-      l[r] = l[r] * alpha + sum;
-#pragma unroll
-      for (int nt = 0; nt < kDT; ++nt) {
-        o[nt][2 * r] *= alpha;
-        o[nt][2 * r + 1] *= alpha;
-      }
+    cp_async_wait_all();
+    __syncthreads();  // V(j) and the keep bits landed; every warp is done with K(j)
+    if (jb + 1 < jb_end) {
+      const int jn = j0 + kBN;
+      load_tile<T, kBN, kD, kLd, kThreads>(ks, row_ptr<const T>(p.k, b, s.k_base + jn, hk), p.k.s, s.sk - jn, p.d, kD);
+      cp_async_commit();
     }
     if (p.dropout) {
 #pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
+      for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (!kept<kBN>(keep, warp * 16 + g + 8 * (e / 2), nt * 8 + 2 * t + (e & 1))) sc[nt][e] = 0.0f;
+        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (!kept<kBN>(keep, wrow + mt * 16 + g + 8 * (e / 2), nt * 8 + 2 * t + (e & 1))) sc[mt][nt][e] = 0.0f;
     }
-    mma_regs_b<T, kDT, kBN>(o, sc, vs, kLd, 0, p.dvp);
+#pragma unroll
+    for (int ks_ = 0; ks_ < kBN / 16; ++ks_) {
+      std::uint32_t a[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        a[mt][0] = pack2<T>(sc[mt][2 * ks_][0], sc[mt][2 * ks_][1]);
+        a[mt][1] = pack2<T>(sc[mt][2 * ks_][2], sc[mt][2 * ks_][3]);
+        a[mt][2] = pack2<T>(sc[mt][2 * ks_ + 1][0], sc[mt][2 * ks_ + 1][1]);
+        a[mt][3] = pack2<T>(sc[mt][2 * ks_ + 1][2], sc[mt][2 * ks_ + 1][3]);
+      }
+#pragma unroll
+      for (int np = 0; np < kDT / 2; ++np) {
+        std::uint32_t bf[4];
+        load_b_kn(bf, vs, kLd, np * 16, ks_ * 16);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma16816<T>(o[mt][2 * np], a[mt], bf[0], bf[1]);
+          mma16816<T>(o[mt][2 * np + 1], a[mt], bf[2], bf[3]);
+        }
+      }
+    }
   }
-  cp_async_wait_all();  // nothing may stay in flight (no key block: the Q copy)
+  cp_async_wait_all();  // nothing may stay in flight
 
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float sum = l[r] + __shfl_xor_sync(0xffffffffu, l[r], 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const int i = i0 + warp * 16 + g + 8 * r;
-    const float inv = sum > 0.0f ? p.keep_scale / sum : 0.0f;
-    if (i < s.sq) {
-      T* out = row_ptr<T>(p.out, b, s.q_base + i, h);
+  for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-      for (int nt = 0; nt < kDT; ++nt) {
-        const int c = nt * 8 + 2 * t;
-        if (c < p.dv)
-          *reinterpret_cast<std::uint32_t*>(out + c) = pack2<T>(o[nt][2 * r] * inv, o[nt][2 * r + 1] * inv);
+    for (int r = 0; r < 2; ++r) {
+      float sum = l[mt][r] + __shfl_xor_sync(0xffffffffu, l[mt][r], 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int i = row0 + mt * 16 + 8 * r;
+      const float inv = sum > 0.0f ? p.keep_scale / sum : 0.0f;
+      if (i < s.sq) {
+        T* out = row_ptr<T>(p.out, b, s.q_base + i, h);
+#pragma unroll
+        for (int nt = 0; nt < kDT; ++nt) {
+          const int c = nt * 8 + 2 * t;
+          if (c < p.dv)
+            *reinterpret_cast<std::uint32_t*>(out + c) =
+                pack2<T>(o[mt][nt][2 * r] * inv, o[mt][nt][2 * r + 1] * inv);
+        }
+        if (t == 0) p.lse[lse_index(p, s, b, h, i)] = sum > 0.0f ? m[mt][r] * kLn2 + logf(sum) : neg_inf();
       }
-      if (t == 0) p.lse[lse_index(p, s, b, h, i)] = sum > 0.0f ? m[r] * kLn2 + logf(sum) : neg_inf();
     }
-  }
 }
 
 // ---- backward: delta = rowsum(dout * out), dq accumulator zeroing ----------------------------------
