@@ -298,6 +298,25 @@ def attention_rows(rows):
     rows.append(dict(op="attention", direction="bwd", shape=f"(B={b}, S={s}, H={h}, D={d}) bias+dbias",
                      impl="efficient", time_us=t, flops=2.5 * flops, tflops=2.5 * flops / t / 1e6))
     print(rows[-1], flush=True)
+    del q, k, v, bias, dout, out
+    # Dropout 0.1 on the probabilities (training mode): flash and efficient both support it.
+    b, h, s, d = 4, 16, 4096, 128
+    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16).requires_grad_(True) for _ in range(3))
+    dout = torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16)
+    flops = 4.0 * b * h * s * s * d
+    for impl in ("flash", "efficient"):
+        with sdpa_kernel(backends[impl]):
+            with torch.no_grad():
+                t = bench(lambda: F.scaled_dot_product_attention(q, k, v, dropout_p=0.1))
+            shape = f"(B={b}, S={s}, H={h}, D={d}) dropout=0.1"
+            rows.append(dict(op="attention", direction="fwd", shape=shape, impl=impl,
+                             time_us=t, flops=flops, tflops=flops / t / 1e6))
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=0.1)
+            t = bench(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
+            rows.append(dict(op="attention", direction="bwd", shape=shape, impl=impl,
+                             time_us=t, flops=2.5 * flops, tflops=2.5 * flops / t / 1e6))
+            del out
+        print(rows[-2], rows[-1], flush=True)
     return {}
 
 

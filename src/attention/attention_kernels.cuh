@@ -1048,10 +1048,38 @@ __global__ void __launch_bounds__(128) dbias_kernel(const KernelParams p) {
 // kWarps warps; phase 1 splits the kBN keys into kBN / 16 warp rows and the kBM queries into
 // kWD = kWarps / (kBN / 16) parts; phase 2 the kBN keys likewise and the head dim into kWD parts;
 // phase 3 the kBM queries into kBM / 16 warp rows and the head dim into the remaining factor.
+// The S^T-layout counterpart of scores_from_bias: acc rows are 16 keys at jw (g, g + 8), columns
+// kNT x 8 queries at iw (2t, 2t + 1 within each n-tile).
+template <typename BT, int kNT>
+__device__ __forceinline__ void scores_t_from_bias(float (&st)[kNT][4], const BiasArg& bias, float inv_scale, int b,
+                                                   int h, int iw, int jw, int sq, int sk) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const BT* base = static_cast<const BT*>(bias.data) + static_cast<std::int64_t>(b) * bias.b +
+                   static_cast<std::int64_t>(h) * bias.h;
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = iw + nt * 8 + 2 * t + (e & 1), j = jw + g + 8 * (e / 2);
+      float x = 0.0f;
+      if (i < sq && j < sk) {
+        const BT* at = base + static_cast<std::int64_t>(i) * bias.i + j;
+        if constexpr (std::is_same_v<BT, float>) x = __ldg(at);
+        else x = static_cast<float>(*at);
+      }
+      st[nt][e] = x * inv_scale;
+    }
+}
+
 template <int kD, int kWarps_, int kBM_, int kBN_>
 struct DkdvShape {
   static constexpr int kWarps = kWarps_, kThreads = kWarps * 32, kBM = kBM_, kBN = kBN_;
   static constexpr int kLd = kD + 8, kLdp = kBM + 8;
+  // Resident CTAs per SM the register allocation must allow. D = 128: two 8-warp CTAs (128
+  // registers, no spill) hide each other's load and barrier waits: H200, S=4096, backward 103.5
+  // TFLOP/s with one CTA per SM (192 registers), 131 with two. D = 256 spills at 128 registers
+  // and its shared memory admits one CTA anyway; D = 64 (4 warps) fits two at its natural count.
+  static constexpr int kMinBlocks = kD == 128 ? 2 : 1;
   static constexpr int kWN = kBN / 16, kWD = kWarps / kWN, kQW = kBM / kWD, kDW = kD / kWD;
   static constexpr int kRG = kBM / 16, kWD3 = kWarps / kRG, kDW3 = kD / kWD3;
   static_assert(kWarps % kWN == 0 && kQW % 16 == 0 && kDW % 16 == 0, "phase 1 / 2 split");
@@ -1061,8 +1089,9 @@ struct DkdvShape {
   }
 };
 
+
 template <typename T, int kD, int kWarps, int kBM, int kBN>
-__global__ void __launch_bounds__(kWarps * 32) dkdv_kernel(const KernelParams p) {
+__global__ void __launch_bounds__(kWarps * 32, (DkdvShape<kD, kWarps, kBM, kBN>::kMinBlocks)) dkdv_kernel(const KernelParams p) {
   using Shape = DkdvShape<kD, kWarps, kBM, kBN>;
   constexpr int kThreads = Shape::kThreads, kLd = Shape::kLd, kLdp = Shape::kLdp;
   constexpr int kWN = Shape::kWN, kQW = Shape::kQW, kDW = Shape::kDW, kRG = Shape::kRG, kDW3 = Shape::kDW3;
@@ -1087,10 +1116,13 @@ __global__ void __launch_bounds__(kWarps * 32) dkdv_kernel(const KernelParams p)
   const int wm = warp % kRG, wd3 = warp / kRG;  // phase 3
   const int j1 = min(j0 + kBN, s.sk);
 
-  load_tile<T, kBN, kD, kLd, kThreads>(ks, row_ptr<const T>(p.k, b, s.k_base + j0, hk), p.k.s, s.sk - j0, p.d, p.dp);
-  load_tile<T, kBN, kD, kLd, kThreads>(vs, row_ptr<const T>(p.v, b, s.k_base + j0, hk), p.v.s, s.sk - j0, p.dv,
-                                       p.dvp);
+  load_tile<T, kBN, kD, kLd, kThreads>(ks, row_ptr<const T>(p.k, b, s.k_base + j0, hk), p.k.s, s.sk - j0, p.d, kD);
+  load_tile<T, kBN, kD, kLd, kThreads>(vs, row_ptr<const T>(p.v, b, s.k_base + j0, hk), p.v.s, s.sk - j0, p.dv, kD);
   const MaskRule rule = mask_rule(p, s);
+  // logits = (S + bias / scale) * mult, as in the forward.
+  const bool has_qk = p.scale != 0.0f;
+  const float mult0 = has_qk ? p.scale_log2 : kLog2e;
+  const float inv_scale = has_qk ? 1.0f / p.scale : 1.0f;
 
   float dk[kDW / 8][4], dv[kDW / 8][4];
   zero(dk);
@@ -1101,10 +1133,9 @@ __global__ void __launch_bounds__(kWarps * 32) dkdv_kernel(const KernelParams p)
       const int i0 = ib * kBM;
       if (!rule.block_visible(i0, min(i0 + kBM, s.sq), j0, j1)) continue;
       __syncthreads();  // the previous block's tiles are consumed
-      load_tile<T, kBM, kD, kLd, kThreads>(qs, row_ptr<const T>(p.q, b, s.q_base + i0, h), p.q.s, s.sq - i0, p.d,
-                                           p.dp);
+      load_tile<T, kBM, kD, kLd, kThreads>(qs, row_ptr<const T>(p.q, b, s.q_base + i0, h), p.q.s, s.sq - i0, p.d, kD);
       load_tile<T, kBM, kD, kLd, kThreads>(dos, row_ptr<const T>(p.dout, b, s.q_base + i0, h), p.dout.s,
-                                           s.sq - i0, p.dv, p.dvp);
+                                           s.sq - i0, p.dv, kD);
       for (int il = threadIdx.x; il < kBM; il += kThreads) {
         const int i = i0 + il;
         float lse2 = pos_inf(), delta = 0.0f;
@@ -1121,33 +1152,72 @@ __global__ void __launch_bounds__(kWarps * 32) dkdv_kernel(const KernelParams p)
       if (p.dropout) compute_keep_bits<kBM, kBN, kThreads>(keep, p, b, h, i0, j0);
       cp_async_wait_all();
       __syncthreads();
+      // Keys every query row of the block sees (lo and hi never decrease with the row).
+      int blk_lo, blk_hi, unused_lo, unused_hi;
+      rule.range(min(i0 + kBM, s.sq) - 1, blk_lo, unused_hi);
+      rule.range(i0, unused_lo, blk_hi);
 
       // Phase 1: S^T and dP^T for keys 16 wn .. (rows), queries q0w .. q0w + kQW (columns).
       const int q0w = wq * kQW;
       float st[kQW / 8][4], dpt[kQW / 8][4];
-      zero(st);
+      if (p.bias.data == nullptr) {
+        zero(st);
+      } else if (p.bias.dtype == kBiasF32) {
+        scores_t_from_bias<float, kQW / 8>(st, p.bias, inv_scale, b, h, i0 + q0w, j0 + wn * 16, s.sq, s.sk);
+      } else if (p.bias.dtype == kBiasF16) {
+        scores_t_from_bias<__half, kQW / 8>(st, p.bias, inv_scale, b, h, i0 + q0w, j0 + wn * 16, s.sq, s.sk);
+      } else {
+        scores_t_from_bias<__nv_bfloat16, kQW / 8>(st, p.bias, inv_scale, b, h, i0 + q0w, j0 + wn * 16, s.sq, s.sk);
+      }
       zero(dpt);
-      mma_abt<T, kQW / 8, kD>(st, ks, kLd, wn * 16, qs, kLd, q0w, p.dp);
-      mma_abt<T, kQW / 8, kD>(dpt, vs, kLd, wn * 16, dos, kLd, q0w, p.dvp);
+      if (has_qk) mma_abt<T, kQW / 8, kD>(st, ks, kLd, wn * 16, qs, kLd, q0w, kD);
+      mma_abt<T, kQW / 8, kD>(dpt, vs, kLd, wn * 16, dos, kLd, q0w, kD);
+      // The thread's query columns: lse (log2 units) and delta from shared memory once.
+      float lse2[kQW / 8][2], dlt[kQW / 8][2];
+#pragma unroll
+      for (int nt = 0; nt < kQW / 8; ++nt)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          lse2[nt][c] = lse_s[q0w + nt * 8 + 2 * t + c];
+          dlt[nt][c] = delta_s[q0w + nt * 8 + 2 * t + c];
+        }
+      // As in the forward: a block every query row sees in full keeps the raw scores and folds
+      // the multiplier into the exponent's FMA; other blocks scale and mask first.
+      float mult = mult0;
+      if (!(mult > 0.0f && j0 >= blk_lo && j0 + kBN <= blk_hi)) {
+#pragma unroll
+        for (int nt = 0; nt < kQW / 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int jl = wn * 16 + g + 8 * (e / 2), il = q0w + nt * 8 + 2 * t + (e & 1);
+            const int j = j0 + jl;
+            st[nt][e] = (j >= lo_s[il] && j < hi_s[il]) ? st[nt][e] * mult : neg_inf();
+          }
+        mult = 1.0f;
+      }
 #pragma unroll
       for (int nt = 0; nt < kQW / 8; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int jl = wn * 16 + g + 8 * (e / 2), il = q0w + nt * 8 + 2 * t + (e & 1);
-          const int i = i0 + il, j = j0 + jl;
-          float x = neg_inf();
-          if (j >= lo_s[il] && j < hi_s[il]) {
-            x = st[nt][e] * p.scale_log2;
-            if (p.bias.data != nullptr) x += kLog2e * load_bias(p.bias, b, h, i, j);
-          }
-          const float prob = exp2f(x - lse_s[il]);
+          const int c = e & 1;
+          const float prob = fast_exp2(fmaf(st[nt][e], mult, -lse2[nt][c]));
           float z = 1.0f;
-          if (p.dropout) z = kept<kBN>(keep, il, jl) ? p.keep_scale : 0.0f;
-          const float ds = prob * (dpt[nt][e] * z - delta_s[il]);
+          if (p.dropout) {
+            const int jl = wn * 16 + g + 8 * (e / 2), il = q0w + nt * 8 + 2 * t + c;
+            z = kept<kBN>(keep, il, jl) ? p.keep_scale : 0.0f;
+          }
           st[nt][e] = prob * z;
-          dpt[nt][e] = ds;
-          if (p.dbias_direct && i < s.sq && j < s.sk) store_bias(p.dbias, b, h, i, j, ds);
+          dpt[nt][e] = prob * (dpt[nt][e] * z - dlt[nt][c]);
         }
+      if (p.dbias_direct) {
+#pragma unroll
+        for (int nt = 0; nt < kQW / 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int i = i0 + q0w + nt * 8 + 2 * t + (e & 1), j = j0 + wn * 16 + g + 8 * (e / 2);
+            if (i < s.sq && j < s.sk) store_bias(p.dbias, b, h, i, j, dpt[nt][e]);
+          }
+      }
 #pragma unroll
       for (int nt = 0; nt < kQW / 8; ++nt)
 #pragma unroll
@@ -1159,8 +1229,8 @@ __global__ void __launch_bounds__(kWarps * 32) dkdv_kernel(const KernelParams p)
       __syncthreads();
 
       // Phase 2: dV += (P Z)^T dO, dK += dS^T Q for keys 16 wn .., head-dim columns wq * kDW ..
-      if (p.want_dv) mma_ab<T, kDW / 8, kBM>(dv, ps, kLdp, wn * 16, dos, kLd, wq * kDW, p.dvp);
-      if (p.want_dk) mma_ab<T, kDW / 8, kBM>(dk, dss, kLdp, wn * 16, qs, kLd, wq * kDW, p.dp);
+      if (p.want_dv) mma_ab<T, kDW / 8, kBM>(dv, ps, kLdp, wn * 16, dos, kLd, wq * kDW, kD);
+      if (p.want_dk) mma_ab<T, kDW / 8, kBM>(dk, dss, kLdp, wn * 16, qs, kLd, wq * kDW, kD);
 
       // Phase 3: dQ part = dS K for queries 16 wm .., head-dim columns wd3 * kDW3 ..; float atomics.
       if (p.atomic_dq) {
@@ -1172,13 +1242,10 @@ __global__ void __launch_bounds__(kWarps * 32) dkdv_kernel(const KernelParams p)
           load_a_trans(a, dss, kLdp, wm * 16, kk * 16);
 #pragma unroll
           for (int np = 0; np < kDW3 / 16; ++np) {
-            const int n0 = wd3 * kDW3 + np * 16;
-            if (n0 < p.dp) {
-              std::uint32_t bf[4];
-              load_b_kn(bf, ks, kLd, n0, kk * 16);
-              mma16816<T>(dq[2 * np], a, bf[0], bf[1]);
-              mma16816<T>(dq[2 * np + 1], a, bf[2], bf[3]);
-            }
+            std::uint32_t bf[4];
+            load_b_kn(bf, ks, kLd, wd3 * kDW3 + np * 16, kk * 16);
+            mma16816<T>(dq[2 * np], a, bf[0], bf[1]);
+            mma16816<T>(dq[2 * np + 1], a, bf[2], bf[3]);
           }
         }
 #pragma unroll
