@@ -83,6 +83,14 @@ void check_limits(const char* op, const Problem& p) {
 
 kernels::OperandArg operand(const Operand& op) { return {op.data, op.b_stride, op.s_stride, op.h_stride}; }
 
+// Whether a bias (or dbias) can move in 16-byte pieces: pointer and every stride (in bytes)
+// multiples of 16 (key offsets of tiles are multiples of 8 elements).
+bool bias_is_16b_aligned(const kernels::BiasArg& a) {
+  const std::int64_t elt = a.dtype == kernels::kBiasF32 ? 4 : 2;
+  return a.data != nullptr && reinterpret_cast<std::uintptr_t>(a.data) % 16 == 0 && (a.b * elt) % 16 == 0 &&
+         (a.h * elt) % 16 == 0 && (a.i * elt) % 16 == 0;
+}
+
 kernels::BiasArg bias_arg(const BiasOperand& b) {
   kernels::BiasArg a;
   a.data = b.data;
@@ -128,6 +136,7 @@ KernelParams make_params(const Problem& p) {
   k.v = operand(p.v);
   k.out = operand(p.out);
   k.bias = bias_arg(p.bias);
+  k.bias_tile = bias_is_16b_aligned(k.bias);
   k.lse = p.lse;
   return k;
 }
@@ -221,8 +230,13 @@ void backward_cuda(const BackwardProblem& p, int device_index, Stream stream) {
   k.want_dv = want_dv;
   k.atomic_dq = want_dq && !p.deterministic;
   k.dbias_direct = want_dbias && !dbias_reduce;
+  const int input_bias_dtype = p.dtype == DType::bf16 ? kernels::kBiasBf16 : kernels::kBiasF16;
+  k.dbias_tile = k.dbias_direct && k.dbias.dtype == input_bias_dtype && bias_is_16b_aligned(k.dbias);
+  // Without a mask or variable lengths the direct path writes every element of dbias itself;
+  // otherwise elements no visited block produces (masked blocks, padding) are zeroed first.
+  const bool every_element_written = !k.causal && k.window_left < 0 && k.window_right < 0 && k.cu_q == nullptr;
 
-  if (k.dbias_direct && dbias_numel > 0) {
+  if (k.dbias_direct && dbias_numel > 0 && !every_element_written) {
     const std::int64_t rows = p.dbias.shape[0] * p.dbias.shape[1] * p.dbias.shape[2];
     const unsigned grid = static_cast<unsigned>(rows < 65536 * 8 ? rows : 65536 * 8);
     kernels::zero_dbias_kernel<<<grid, 256, 0, s>>>(k.dbias);

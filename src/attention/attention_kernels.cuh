@@ -106,6 +106,10 @@ struct KernelParams {
   float* dq_accum = nullptr;  // non-deterministic backward: (token, h, d) float32
   // Backward: what the dkdv kernel does.
   int want_dk = 0, want_dv = 0, atomic_dq = 0, dbias_direct = 0;
+  // Bias tiles staged in shared memory with 16-byte copies (bias pointer and strides 16-byte
+  // aligned), and dbias written from the dS tile in 16-byte rows (dbias in the input dtype, same
+  // alignment, direct path); otherwise element by element.
+  int bias_tile = 0, dbias_tile = 0;
 };
 
 constexpr float kLog2e = 1.4426950408889634f;
@@ -456,6 +460,45 @@ __device__ __forceinline__ bool kept(const std::uint8_t* keep, int il, int jl) {
   return (keep[il * (kBN / 8) + jl / 8] >> (jl % 8)) & 1u;
 }
 
+// ---- bias tiles in shared memory ------------------------------------------------------------------
+
+// A (rows x kCols) tile of bias rows [i0, ..) x keys [j0, j0 + kCols) of (b, h), any bias dtype,
+// rows kBiasPitch bytes apart. 16-byte pieces fully inside the valid rows and keys go by cp.async;
+// pieces straddling the key end are copied element by element; the rest is zero (masked later).
+template <int kCols>
+struct BiasTile {
+  static constexpr int kPitch = kCols * 4 + 16;  // bytes; room for f32, +16 bytes of bank skew
+};
+
+__device__ __forceinline__ int bias_elt_bytes(int dtype) { return dtype == kBiasF32 ? 4 : 2; }
+
+template <int kRows, int kCols, int kThreads>
+__device__ __forceinline__ void load_bias_tile(unsigned char* tile, const BiasArg& a, int b, int h, int i0, int j0,
+                                               int valid_rows, int valid_cols) {
+  constexpr int kPitch = BiasTile<kCols>::kPitch;
+  const int elt = bias_elt_bytes(a.dtype), per_chunk = 16 / elt, chunks = kCols / per_chunk;
+  const unsigned char* base = static_cast<const unsigned char*>(a.data) +
+                              (static_cast<std::int64_t>(b) * a.b + static_cast<std::int64_t>(h) * a.h +
+                               static_cast<std::int64_t>(i0) * a.i + j0) * elt;
+  for (int idx = threadIdx.x; idx < kRows * chunks; idx += kThreads) {
+    const int r = idx / chunks, c = idx % chunks, jc = c * per_chunk;
+    unsigned char* dst = tile + r * kPitch + c * 16;
+    const unsigned char* src = base + (static_cast<std::int64_t>(r) * a.i + jc) * elt;
+    if (r < valid_rows && jc + per_chunk <= valid_cols) {
+      cp_async16(dst, src);
+    } else {
+      for (int e = 0; e < 16; ++e) dst[e] = (r < valid_rows && jc + e / elt < valid_cols) ? src[e] : 0;
+    }
+  }
+}
+
+__device__ __forceinline__ float bias_from_tile(const unsigned char* tile, int pitch, int dtype, int r, int c) {
+  const unsigned char* at = tile + r * pitch;
+  if (dtype == kBiasF32) return reinterpret_cast<const float*>(at)[c];
+  if (dtype == kBiasF16) return __half2float(reinterpret_cast<const __half*>(at)[c]);
+  return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(at)[c]);
+}
+
 // ---- the forward ----------------------------------------------------------------------------------
 
 // 2^x in one MUFU instruction (exp2f adds a denormal-range fix-up the softmax does not need:
@@ -475,7 +518,7 @@ template <int kD, int kBN>
 struct ForwardShape {
   static constexpr int kMT = kD <= 128 ? 2 : 1;
   static constexpr int kWarps = 4, kThreads = 128, kBM = 16 * kMT * kWarps, kLd = kD + 8;
-  static constexpr int smem_bytes() { return (kBM + 2 * kBN) * kLd * 2 + kBM * kBN / 8; }
+  static constexpr int smem_bytes() { return (kBM + 2 * kBN) * kLd * 2 + kBM * BiasTile<kBN>::kPitch + kBM * kBN / 8; }
 };
 
 // The score accumulators start at bias / scale, so that after S += Q K^T they hold
@@ -532,7 +575,7 @@ __device__ __forceinline__ void mask_scores(float (&sc)[kMT][kNT][4], const Mask
 
 // One CTA per (query block of kBM rows, query head, batch), 4 warps of kMT x 16 rows. K and V
 // have one shared-memory buffer each and are software-pipelined: V(j) is in flight while S =
-// Q K(j)^T and the softmax run, K(j + 1) while O += P V(j) runs. Tiles are zero-filled up to the
+// Q K(j)^T and the softmax run, K(j + 1) (and bias tile j + 1) while O += P V(j) runs. Tiles are zero-filled up to the
 // bucket's head dim, so the mma loops run branch-free (a head dim below the bucket's pays for
 // its padding in mma, not in a branch per k-step that would stop the fragment prefetching).
 template <typename T, int kD, int kBN>
@@ -544,7 +587,8 @@ __global__ void __launch_bounds__(128) forward_kernel(const KernelParams p) {
   T* qs = reinterpret_cast<T*>(smem);
   T* ks = qs + kBM * kLd;
   T* vs = ks + kBN * kLd;
-  std::uint8_t* keep = reinterpret_cast<std::uint8_t*>(vs + kBN * kLd);
+  unsigned char* bias_s = reinterpret_cast<unsigned char*>(vs + kBN * kLd);
+  std::uint8_t* keep = bias_s + kBM * BiasTile<kBN>::kPitch;
 
   const int b = blockIdx.z, h = blockIdx.y, i0 = blockIdx.x * kBM;
   const Seq s = seq_of(p, b);
@@ -589,6 +633,7 @@ __global__ void __launch_bounds__(128) forward_kernel(const KernelParams p) {
     load_tile<T, kBM, kD, kLd, kThreads>(qs, row_ptr<const T>(p.q, b, s.q_base + i0, h), p.q.s, s.sq - i0, p.d, kD);
     const int j0 = jb_begin * kBN;
     load_tile<T, kBN, kD, kLd, kThreads>(ks, row_ptr<const T>(p.k, b, s.k_base + j0, hk), p.k.s, s.sk - j0, p.d, kD);
+    if (p.bias_tile) load_bias_tile<kBM, kBN, kThreads>(bias_s, p.bias, b, h, i0, j0, s.sq - i0, s.sk - j0);
     cp_async_commit();
   }
 
@@ -604,6 +649,15 @@ __global__ void __launch_bounds__(128) forward_kernel(const KernelParams p) {
     if (p.bias.data == nullptr) {
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) zero(sc[mt]);
+    } else if (p.bias_tile) {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            sc[mt][nt][e] = inv_scale * bias_from_tile(bias_s, BiasTile<kBN>::kPitch, p.bias.dtype,
+                                                       wrow + mt * 16 + g + 8 * (e / 2), nt * 8 + 2 * t + (e & 1));
     } else if (p.bias.dtype == kBiasF32) {
       scores_from_bias<float>(sc, p.bias, inv_scale, b, h, row0, j0, s.sq, s.sk);
     } else if (p.bias.dtype == kBiasF16) {
@@ -673,6 +727,7 @@ __global__ void __launch_bounds__(128) forward_kernel(const KernelParams p) {
     if (jb + 1 < jb_end) {
       const int jn = j0 + kBN;
       load_tile<T, kBN, kD, kLd, kThreads>(ks, row_ptr<const T>(p.k, b, s.k_base + jn, hk), p.k.s, s.sk - jn, p.d, kD);
+      if (p.bias_tile) load_bias_tile<kBM, kBN, kThreads>(bias_s, p.bias, b, h, i0, jn, s.sq - i0, s.sk - jn);
       cp_async_commit();
     }
     if (p.dropout) {
@@ -1085,7 +1140,8 @@ struct DkdvShape {
   static_assert(kWarps % kWN == 0 && kQW % 16 == 0 && kDW % 16 == 0, "phase 1 / 2 split");
   static_assert(kWarps % kRG == 0 && kDW3 % 16 == 0, "phase 3 split");
   static constexpr int smem_bytes() {
-    return (2 * kBN + 2 * kBM) * kLd * 2 + 2 * kBN * kLdp * 2 + 4 * kBM * 4 + kBM * kBN / 8;
+    return (2 * kBN + 2 * kBM) * kLd * 2 + 2 * kBN * kLdp * 2 + kBM * BiasTile<kBN>::kPitch + 4 * kBM * 4 +
+           kBM * kBN / 8;
   }
 };
 
@@ -1102,7 +1158,8 @@ __global__ void __launch_bounds__(kWarps * 32, (DkdvShape<kD, kWarps, kBM, kBN>:
   T* dos = qs + kBM * kLd;
   T* ps = dos + kBM * kLd;   // (P Z)^T: [key][query]
   T* dss = ps + kBN * kLdp;  // dS^T: [key][query]
-  float* lse_s = reinterpret_cast<float*>(dss + kBN * kLdp);
+  unsigned char* bias_s = reinterpret_cast<unsigned char*>(dss + kBN * kLdp);  // [query][key]
+  float* lse_s = reinterpret_cast<float*>(bias_s + kBM * BiasTile<kBN>::kPitch);
   float* delta_s = lse_s + kBM;
   int* lo_s = reinterpret_cast<int*>(delta_s + kBM);
   int* hi_s = lo_s + kBM;
@@ -1127,15 +1184,27 @@ __global__ void __launch_bounds__(kWarps * 32, (DkdvShape<kD, kWarps, kBM, kBN>:
   float dk[kDW / 8][4], dv[kDW / 8][4];
   zero(dk);
   zero(dv);
+  // The query blocks that see this key block form one interval (lo and hi never decrease).
   const int n_query_blocks = (s.sq + kBM - 1) / kBM;
+  int ib_first = n_query_blocks, ib_last = -1;
+  for (int ib = 0; ib < n_query_blocks; ++ib)
+    if (rule.block_visible(ib * kBM, min(ib * kBM + kBM, s.sq), j0, j1)) {
+      ib_first = min(ib_first, ib);
+      ib_last = ib;
+    }
+  // Q, dO (and the bias tile) of query block i0 of head h. Issued one block ahead, while the
+  // previous block's phase 3 runs.
+  auto issue_loads = [&](int h, int i0) {
+    load_tile<T, kBM, kD, kLd, kThreads>(qs, row_ptr<const T>(p.q, b, s.q_base + i0, h), p.q.s, s.sq - i0, p.d, kD);
+    load_tile<T, kBM, kD, kLd, kThreads>(dos, row_ptr<const T>(p.dout, b, s.q_base + i0, h), p.dout.s, s.sq - i0,
+                                         p.dv, kD);
+    if (p.bias_tile) load_bias_tile<kBM, kBN, kThreads>(bias_s, p.bias, b, h, i0, j0, s.sq - i0, s.sk - j0);
+    cp_async_commit();
+  };
+  if (ib_first <= ib_last) issue_loads(hk * p.group, ib_first * kBM);
   for (int h = hk * p.group; h < (hk + 1) * p.group; ++h) {
-    for (int ib = 0; ib < n_query_blocks; ++ib) {
+    for (int ib = ib_first; ib <= ib_last; ++ib) {
       const int i0 = ib * kBM;
-      if (!rule.block_visible(i0, min(i0 + kBM, s.sq), j0, j1)) continue;
-      __syncthreads();  // the previous block's tiles are consumed
-      load_tile<T, kBM, kD, kLd, kThreads>(qs, row_ptr<const T>(p.q, b, s.q_base + i0, h), p.q.s, s.sq - i0, p.d, kD);
-      load_tile<T, kBM, kD, kLd, kThreads>(dos, row_ptr<const T>(p.dout, b, s.q_base + i0, h), p.dout.s,
-                                           s.sq - i0, p.dv, kD);
       for (int il = threadIdx.x; il < kBM; il += kThreads) {
         const int i = i0 + il;
         float lse2 = pos_inf(), delta = 0.0f;
@@ -1151,7 +1220,7 @@ __global__ void __launch_bounds__(kWarps * 32, (DkdvShape<kD, kWarps, kBM, kBN>:
       }
       if (p.dropout) compute_keep_bits<kBM, kBN, kThreads>(keep, p, b, h, i0, j0);
       cp_async_wait_all();
-      __syncthreads();
+      __syncthreads();  // this block's tiles landed; every warp is done with the previous dS
       // Keys every query row of the block sees (lo and hi never decrease with the row).
       int blk_lo, blk_hi, unused_lo, unused_hi;
       rule.range(min(i0 + kBM, s.sq) - 1, blk_lo, unused_hi);
@@ -1162,6 +1231,13 @@ __global__ void __launch_bounds__(kWarps * 32, (DkdvShape<kD, kWarps, kBM, kBN>:
       float st[kQW / 8][4], dpt[kQW / 8][4];
       if (p.bias.data == nullptr) {
         zero(st);
+      } else if (p.bias_tile) {
+#pragma unroll
+        for (int nt = 0; nt < kQW / 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            st[nt][e] = inv_scale * bias_from_tile(bias_s, BiasTile<kBN>::kPitch, p.bias.dtype,
+                                                   q0w + nt * 8 + 2 * t + (e & 1), wn * 16 + g + 8 * (e / 2));
       } else if (p.bias.dtype == kBiasF32) {
         scores_t_from_bias<float, kQW / 8>(st, p.bias, inv_scale, b, h, i0 + q0w, j0 + wn * 16, s.sq, s.sk);
       } else if (p.bias.dtype == kBiasF16) {
@@ -1209,7 +1285,7 @@ __global__ void __launch_bounds__(kWarps * 32, (DkdvShape<kD, kWarps, kBM, kBN>:
           st[nt][e] = prob * z;
           dpt[nt][e] = prob * (dpt[nt][e] * z - dlt[nt][c]);
         }
-      if (p.dbias_direct) {
+      if (p.dbias_direct && !p.dbias_tile) {
 #pragma unroll
         for (int nt = 0; nt < kQW / 8; ++nt)
 #pragma unroll
@@ -1228,9 +1304,39 @@ __global__ void __launch_bounds__(kWarps * 32, (DkdvShape<kD, kWarps, kBM, kBN>:
         }
       __syncthreads();
 
+      // dbias = dS (every element has exactly this producer): 16-byte rows out of the dS^T tile.
+      // Lanes pair up on the two 8-key halves of a 32-byte sector; 16 query rows per warp.
+      if (p.dbias_tile) {
+        constexpr int kPieces = kBN / 8;
+        const std::uint16_t* d16 = reinterpret_cast<const std::uint16_t*>(dss);
+        for (int idx = threadIdx.x; idx < kBM * kPieces; idx += kThreads) {
+          const int il = (idx >> 1) % kBM, c = 2 * ((idx >> 1) / kBM) + (idx & 1), jc = c * 8, i = i0 + il;
+          if (i >= s.sq) continue;
+          std::uint32_t w[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            w[e] = d16[(jc + 2 * e) * kLdp + il] | (static_cast<std::uint32_t>(d16[(jc + 2 * e + 1) * kLdp + il]) << 16);
+          std::uint16_t* dst = static_cast<std::uint16_t*>(p.dbias.data) + static_cast<std::int64_t>(b) * p.dbias.b +
+                               static_cast<std::int64_t>(h) * p.dbias.h + static_cast<std::int64_t>(i) * p.dbias.i +
+                               j0 + jc;
+          if (j0 + jc + 8 <= s.sk) {
+            *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+          } else {
+            for (int e = 0; e < 8 && j0 + jc + e < s.sk; ++e)
+              dst[e] = static_cast<std::uint16_t>(w[e / 2] >> (16 * (e % 2)));
+          }
+        }
+      }
+
       // Phase 2: dV += (P Z)^T dO, dK += dS^T Q for keys 16 wn .., head-dim columns wq * kDW ..
       if (p.want_dv) mma_ab<T, kDW / 8, kBM>(dv, ps, kLdp, wn * 16, dos, kLd, wq * kDW, kD);
       if (p.want_dk) mma_ab<T, kDW / 8, kBM>(dk, dss, kLdp, wn * 16, qs, kLd, wq * kDW, kD);
+      __syncthreads();  // Q, dO and the bias tile are consumed: the next block's loads may start
+      {
+        const bool more_here = ib < ib_last;
+        const int hn = more_here ? h : h + 1, ibn = more_here ? ib + 1 : ib_first;
+        if (hn < (hk + 1) * p.group) issue_loads(hn, ibn * kBM);
+      }
 
       // Phase 3: dQ part = dS K for queries 16 wm .., head-dim columns wd3 * kDW3 ..; float atomics.
       if (p.atomic_dq) {
