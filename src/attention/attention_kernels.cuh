@@ -21,18 +21,23 @@
 // (S or S^T) does not matter.
 //
 // ---- Forward (forward_kernel) ---------------------------------------------------------------------
-// One CTA per (query block of 64 rows, query head, batch); 4 warps, 16 query rows each. The Q
-// tile stays in shared memory; the CTA walks the visible key blocks (64 keys, 32 for head dims
-// above 128): S = Q K^T (fp32 registers), scale + bias + mask, online softmax (running max and
-// sum per row, in log2 units), dropout by the keep bits, P rounded to the input dtype, O += P V.
-// At the end O is divided by the row sum (times 1 / (1 - p)) and lse = max + log(sum) is stored.
-// A row with no visible key (or only -inf bias) has sum 0: out = 0, lse = -inf.
+// One CTA per (query block, query head, batch); 4 warps of 32 query rows (two m16 tiles, so each
+// K / V fragment read from shared memory feeds two mma; 16 rows for head dims above 128). The Q
+// tile stays in shared memory; K and V are pipelined (V(j) loads during S = Q K(j)^T and the
+// softmax, K(j + 1) during O += P V(j)). Scores start at bias / scale (bias tiles come through
+// shared memory), so one multiply gives the log2-unit logits. Blocks every row sees in full take
+// a cheap path (max over raw scores, scale folded into the exponent's FMA, ex2.approx); others
+// are scaled and masked per element. Online softmax (running max and sum per row), dropout by
+// the keep bits, P rounded to the input dtype, O += P V. At the end O is divided by the row sum
+// (times 1 / (1 - p)) and lse = max + log(sum) is stored. A row with no visible key (or only
+// -inf bias) has sum 0: out = 0, lse = -inf.
 //
 // ---- Backward -------------------------------------------------------------------------------------
 // preprocess_kernel: delta = rowsum(dout * out) (float32, workspace, laid out like lse); in the
 // non-deterministic mode it also zeroes the float32 dq accumulator.
 // dkdv_kernel: one CTA per (key block of 64, kv head, batch). K and V stay in shared memory; the
-//   CTA walks every query head of its GQA group and every query block that sees its keys:
+//   CTA walks every query head of its GQA group and every query block that sees its keys (one
+//   interval of blocks; the next block's Q, dO and bias tile load during phase 3):
 //   phase 1 computes S^T = K Q^T and dP^T = V dO^T (warps own 16 keys x a share of the queries),
 //   recomputes P = exp(S - lse) and dS = P * (dP * Z - delta), and stores P * Z and dS (rounded
 //   to the input dtype) to shared memory; phase 2 accumulates dV += (P Z)^T dO and dK += dS^T Q in
