@@ -1361,18 +1361,20 @@ __global__ void __launch_bounds__(kWarps * 32, (DkdvShape<kD, kWarps, kBM, kBN>:
             mma16816<T>(dq[2 * np + 1], a, bf[2], bf[3]);
           }
         }
+        // 16-byte vector atomics (sm_90): lanes t and t ^ 1 swap halves so that the even lane
+        // holds four consecutive columns of row g and the odd lane four of row g + 8 (a quarter
+        // of the scalar atomics).
+        const bool odd = t & 1;
+        const int i = i0 + wm * 16 + g + (odd ? 8 : 0);
+        float* row = i < s.sq ? p.dq_accum + (q_token(p, s, b, i) * p.heads_q + h) * p.d : nullptr;
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int i = i0 + wm * 16 + g + 8 * r;
-          if (i >= s.sq) continue;
-          float* row = p.dq_accum + (q_token(p, s, b, i) * p.heads_q + h) * p.d;
-#pragma unroll
-          for (int nt = 0; nt < kDW3 / 8; ++nt) {
-            const int c = wd3 * kDW3 + nt * 8 + 2 * t;
-            if (c < p.d) {
-              atomicAdd(row + c, dq[nt][2 * r]);
-              atomicAdd(row + c + 1, dq[nt][2 * r + 1]);
-            }
+        for (int nt = 0; nt < kDW3 / 8; ++nt) {
+          const float r0 = __shfl_xor_sync(0xffffffffu, odd ? dq[nt][0] : dq[nt][2], 1);
+          const float r1 = __shfl_xor_sync(0xffffffffu, odd ? dq[nt][1] : dq[nt][3], 1);
+          const int c = wd3 * kDW3 + nt * 8 + 2 * (t & ~1);
+          if (row != nullptr && c < p.d) {
+            const float4 v = odd ? make_float4(r0, r1, dq[nt][2], dq[nt][3]) : make_float4(dq[nt][0], dq[nt][1], r0, r1);
+            atomicAdd(reinterpret_cast<float4*>(row + c), v);
           }
         }
       }
