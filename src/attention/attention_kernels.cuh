@@ -596,7 +596,9 @@ __global__ void __launch_bounds__(128) forward_kernel(const KernelParams p) {
   unsigned char* bias_s = reinterpret_cast<unsigned char*>(vs + kBN * kLd);
   std::uint8_t* keep = bias_s + kBM * BiasTile<kBN>::kPitch;
 
-  const int b = blockIdx.z, h = blockIdx.y, i0 = blockIdx.x * kBM;
+  // Query blocks in reverse order: under a causal mask the last blocks see the most keys, and
+  // starting them first shortens the tail of the grid.
+  const int b = blockIdx.z, h = blockIdx.y, i0 = (gridDim.x - 1 - blockIdx.x) * kBM;
   const Seq s = seq_of(p, b);
   if (i0 >= s.sq) return;
   const int hk = h / p.group;
