@@ -72,18 +72,22 @@ void dispatch_activation(Activation a, F&& f) {
   }
 }
 
+// The vector path's tuning (see performance-notes.md for the variants measured).
+using VectorTuning = Tuning<2, false, 2, false>;
+
 int sm_count(const char* op, int device_index) {
   return detail::device_info(op, device_index).sm_count;
 }
 
 template <typename T, typename W, typename Chunk>
 void forward_with(const ForwardParams& p, int sms, cudaStream_t stream) {
-  const TileGrid g = make_grid(p.rows, p.cols, sms, Chunk::kBlocksPerSm);
+  const TileGrid g = make_grid(p.rows, p.cols, sms, Chunk::Tune::kBlocksPerSm);
   RowSteps steps;
   steps.in0 = g.ty * p.x_row_stride;
   steps.out0 = g.ty * p.y_row_stride;
   steps.out1 = g.ty * p.pre_activation_row_stride;
-  steps.index = static_cast<std::uint64_t>(g.ty * p.cols);
+  steps.index = static_cast<std::uint64_t>(g.ty * p.cols) >> Chunk::kIndexShift;
+  steps.philox = philox_prefix(p.s);
   dispatch_activation(p.s.activation, [&](auto act) {
     forward_kernel<T, W, Chunk, decltype(act)><<<dim3(g.gx, g.gy), dim3(g.tx, g.ty), 0, stream>>>(p, g, steps);
   });
@@ -95,7 +99,7 @@ void launch_forward(const ForwardParams& p, int device_index, cudaStream_t strea
   const int sms = sm_count(op, device_index);
   if (vector_path_ok(p.cols, {p.x_row_stride, p.y_row_stride, p.pre_activation ? p.pre_activation_row_stride : 0},
                      {p.x, p.y, p.bias, p.pre_activation})) {
-    forward_with<T, W, VectorChunk<T>>(p, sms, stream);
+    forward_with<T, W, VectorChunk<T, VectorTuning>>(p, sms, stream);
   } else {
     forward_with<T, W, ScalarChunk<T>>(p, sms, stream);
   }
@@ -110,7 +114,7 @@ bool backward_vector_path(const BackwardParams& p) {
 template <typename D>
 void launch_reduce(const float* partial, int partial_rows, std::int64_t cols, void* dbias,
                    cudaStream_t stream, const char* op) {
-  const dim3 grid(static_cast<unsigned>((cols + 31) / 32)), block(32, 16);
+  const dim3 grid(static_cast<unsigned>((cols + 31) / 32)), block(32, kReduceLanes);
   // Programmatic dependent launch: this kernel is launched while the backward kernel drains and
   // waits for its results inside (griddepcontrol.wait), hiding the launch gap. Where that launch
   // is refused, a plain launch (stream order) does the same work.
@@ -135,12 +139,13 @@ void launch_reduce(const float* partial, int partial_rows, std::int64_t cols, vo
 // Launches the backward kernel on the Chunk's grid; returns the grid (its gy partial rows).
 template <typename T, typename W, typename Chunk>
 TileGrid backward_with(const BackwardParams& p, int sms, cudaStream_t stream, const char* op) {
-  const TileGrid g = make_grid(p.rows, p.cols, sms, Chunk::kBlocksPerSm);
+  const TileGrid g = make_grid(p.rows, p.cols, sms, Chunk::Tune::kBlocksPerSm);
   RowSteps steps;
   steps.in0 = g.ty * p.dy_row_stride;
   steps.in1 = g.ty * p.x_row_stride;
   steps.out0 = g.ty * p.dx_row_stride;
-  steps.index = static_cast<std::uint64_t>(g.ty * p.cols);
+  steps.index = static_cast<std::uint64_t>(g.ty * p.cols) >> Chunk::kIndexShift;
+  steps.philox = philox_prefix(p.s);
   float* partial = nullptr;
   if (p.dbias) {
     const std::size_t need = partial_bytes(g, p.cols);
@@ -161,7 +166,7 @@ template <typename T, typename W>
 void launch_backward(const BackwardParams& p, int device_index, cudaStream_t stream) {
   const char* op = "bias_act_dropout_backward";
   const int sms = sm_count(op, device_index);
-  const TileGrid g = backward_vector_path(p) ? backward_with<T, W, VectorChunk<T>>(p, sms, stream, op)
+  const TileGrid g = backward_vector_path(p) ? backward_with<T, W, VectorChunk<T, VectorTuning>>(p, sms, stream, op)
                                              : backward_with<T, W, ScalarChunk<T>>(p, sms, stream, op);
   if (p.dbias) {
     const float* partial = static_cast<const float*>(p.workspace);
@@ -201,8 +206,8 @@ std::size_t backward_workspace_cuda(std::int64_t rows, std::int64_t cols, DType 
   // The grid depends on the path (alignment decides it at launch time), not on the dtype: size
   // for the larger of the two.
   (void)dtype;
-  return std::max(partial_bytes(make_grid(rows, cols, sms, kVectorBlocksPerSm), cols),
-                  partial_bytes(make_grid(rows, cols, sms, kGenericBlocksPerSm), cols));
+  return std::max(partial_bytes(make_grid(rows, cols, sms, VectorTuning::kBlocksPerSm), cols),
+                  partial_bytes(make_grid(rows, cols, sms, GenericTuning::kBlocksPerSm), cols));
 }
 
 }  // namespace fusekit::dropout
