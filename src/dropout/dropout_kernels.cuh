@@ -36,15 +36,14 @@ namespace fusekit::dropout::kernels {
 
 using Math = detail::ActivationMath<float>;
 
-// How a path runs: rows a thread has loaded ahead, whether the next rows' loads are issued before
-// the current rows' math (software pipelining), the occupancy the grid is sized for, and whether
-// streaming cache hints are used.
-template <int Rows, bool Pipelined, int BlocksPerSm, bool Hints>
+// How a path runs: rows a thread loads together, whether the next rows' loads are issued before
+// the current rows' math (software pipelining, one more set of registers), and the occupancy the
+// grid is sized for (<= 64 registers for 2 blocks of 512 threads per SM).
+template <int Rows, bool Pipelined, int BlocksPerSm>
 struct Tuning {
   static constexpr int kRows = Rows;
   static constexpr bool kPipelined = Pipelined;
   static constexpr int kBlocksPerSm = BlocksPerSm;
-  static constexpr bool kHints = Hints;
 };
 
 // ---- element conversions ------------------------------------------------------------------
@@ -118,31 +117,6 @@ __device__ __forceinline__ uint4 pack16(const float (&in)[16 / sizeof(T)]) {
   return raw;
 }
 
-// Streamed data is touched once: loads skip L1 allocation, stores are marked evict-first.
-template <bool Hints>
-__device__ __forceinline__ uint4 load16(const void* p) {
-  if constexpr (Hints) {
-    uint4 r;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-        : "l"(p));
-    return r;
-  } else {
-    return *reinterpret_cast<const uint4*>(p);
-  }
-}
-
-template <bool Hints>
-__device__ __forceinline__ void store16(void* p, const uint4& v) {
-  if constexpr (Hints) {
-    asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z),
-                 "r"(v.w)
-                 : "memory");
-  } else {
-    *reinterpret_cast<uint4*>(p) = v;
-  }
-}
-
 // VEC values of W starting at a 16-byte aligned address, as floats.
 template <typename W, int VEC>
 __device__ __forceinline__ void load_aligned(const W* p, float (&out)[VEC]) {
@@ -199,7 +173,7 @@ struct VectorChunk {
   uint4 raw[kAccesses];
   __device__ __forceinline__ void load(const T* at, int /*valid*/) {
 #pragma unroll
-    for (int a = 0; a < kAccesses; ++a) raw[a] = load16<Tn::kHints>(at + a * kPerAccess);
+    for (int a = 0; a < kAccesses; ++a) raw[a] = *reinterpret_cast<const uint4*>(at + a * kPerAccess);
   }
   __device__ __forceinline__ void to_floats(float (&out)[kChunk]) const {
 #pragma unroll
@@ -216,7 +190,7 @@ struct VectorChunk {
       float part[kPerAccess];
 #pragma unroll
       for (int i = 0; i < kPerAccess; ++i) part[i] = v[a * kPerAccess + i];
-      store16<Tn::kHints>(at + a * kPerAccess, pack16<T>(part));
+      *reinterpret_cast<uint4*>(at + a * kPerAccess) = pack16<T>(part);
     }
   }
   template <typename W>
@@ -232,7 +206,7 @@ struct VectorChunk {
 
 // Generic path: `valid` (1..8) columns inside the row, element by element; the unaligned Philox
 // pairs need more registers (one block per SM) and one row at a time.
-using GenericTuning = Tuning<1, false, 1, false>;
+using GenericTuning = Tuning<1, false, 1>;
 
 template <typename T>
 struct ScalarChunk {
