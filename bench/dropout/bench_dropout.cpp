@@ -2,6 +2,7 @@
 // backward. Bytes counted as the issue asks, each tensor that must move once: forward reads x and
 // the bias and writes y; backward reads dy, x and the bias and writes dx and dbias. The dbias
 // partial rows (a few MB of scratch) are not counted: they are fusekit's overhead.
+#include <cuda_runtime.h>
 #include <fmt/format.h>
 
 #include <vector>
@@ -46,6 +47,16 @@ void bench_dropout(Report& report) {
     auto t2 = [&](const DeviceBuffer& buf) { return TensorView(buf.get(), DType::bf16, gpu, {rows, cols}); };
     auto vec = [&](const DeviceBuffer& buf) { return TensorView(buf.get(), DType::bf16, gpu, {cols}); };
 
+    // A device-to-device copy of the forward's bytes at this size (impl "copy"): what a plain
+    // memcpy reaches against the 1 GiB ceiling when launch and ramp costs are not amortized.
+    const Timing tc = time_kernel(
+        [&](int r) {
+          cuda_check(cudaMemcpyAsync(sets[r].y.get(), sets[r].x.get(), bytes, cudaMemcpyDeviceToDevice),
+                     "copy");
+        },
+        rotations);
+    report.add({"bias_act_dropout", "fwd", fmt::format("({}, {})", rows, cols), "copy", tc.median_us,
+                2.0 * bytes});
     for (Activation act : {Activation::gelu_tanh, Activation::relu}) {
       const BiasActDropoutConfig config{act, 0.0f, kP, 0x5eed, 17};
       const std::string shape = fmt::format("({}, {}) {}", rows, cols, activation_name(act));

@@ -43,7 +43,9 @@ dropout::Scalars check_config(const ArgCheck& check, const BiasActDropoutConfig&
   s.p = c.p;
   s.keep_threshold = dropout_keep_threshold(c.p);
   s.keep_threshold_high = s.keep_threshold << 16;
-  s.scale = 1.0f / (1.0f - c.p);
+  s.keep_threshold2 = s.keep_threshold | (s.keep_threshold << 16);
+  s.keep = 1.0f - c.p;
+  s.scale = 1.0f / s.keep;
   s.set_seed(c.seed);
   s.offset = c.offset;
   return s;

@@ -72,33 +72,51 @@ void dispatch_activation(Activation a, F&& f) {
   }
 }
 
+// The vector path's tunings, measured on the H200 (performance-notes.md). The forward of the
+// activations that go through the special-function unit (exp, reciprocal, erf) is issue-bound:
+// one row in flight with the next row's loads issued before the math keeps memory busy during it.
+// The cheap activations' forward runs best with two rows loaded together and no prefetch (the
+// prefetch there costs 5-8%). The backward reads two tensors per row and always prefetches.
+using ForwardTuningCheap = Tuning<2, false, 2>;
+using ForwardTuningTranscendental = Tuning<1, true, 2>;
+using BackwardTuning = Tuning<1, true, 2>;
+static_assert(ForwardTuningCheap::kBlocksPerSm == BackwardTuning::kBlocksPerSm &&
+                  ForwardTuningTranscendental::kBlocksPerSm == BackwardTuning::kBlocksPerSm,
+              "one grid size for the vector path");
+
+template <Activation A>
+using ForwardTuning = std::conditional_t<A == Activation::gelu_erf || A == Activation::gelu_tanh ||
+                                             A == Activation::silu,
+                                         ForwardTuningTranscendental, ForwardTuningCheap>;
+
 int sm_count(const char* op, int device_index) {
   return detail::device_info(op, device_index).sm_count;
 }
 
-template <typename T, typename W, typename Chunk>
+template <typename T, typename W, typename Chunk, typename Act>
 void forward_with(const ForwardParams& p, int sms, cudaStream_t stream) {
-  const TileGrid g = make_grid(p.rows, p.cols, sms, Chunk::kBlocksPerSm);
+  const TileGrid g = make_grid(p.rows, p.cols, sms, Chunk::Tune::kBlocksPerSm);
   RowSteps steps;
   steps.in0 = g.ty * p.x_row_stride;
   steps.out0 = g.ty * p.y_row_stride;
   steps.out1 = g.ty * p.pre_activation_row_stride;
-  steps.index = static_cast<std::uint64_t>(g.ty * p.cols);
-  dispatch_activation(p.s.activation, [&](auto act) {
-    forward_kernel<T, W, Chunk, decltype(act)><<<dim3(g.gx, g.gy), dim3(g.tx, g.ty), 0, stream>>>(p, g, steps);
-  });
+  steps.index = static_cast<std::uint64_t>(g.ty * p.cols) >> Chunk::kIndexShift;
+  steps.philox = philox_prefix(p.s);
+  forward_kernel<T, W, Chunk, Act><<<dim3(g.gx, g.gy), dim3(g.tx, g.ty), 0, stream>>>(p, g, steps);
 }
 
 template <typename T, typename W>
 void launch_forward(const ForwardParams& p, int device_index, cudaStream_t stream) {
   const char* op = "bias_act_dropout_forward";
   const int sms = sm_count(op, device_index);
-  if (vector_path_ok(p.cols, {p.x_row_stride, p.y_row_stride, p.pre_activation ? p.pre_activation_row_stride : 0},
-                     {p.x, p.y, p.bias, p.pre_activation})) {
-    forward_with<T, W, VectorChunk<T>>(p, sms, stream);
-  } else {
-    forward_with<T, W, ScalarChunk<T>>(p, sms, stream);
-  }
+  const bool vector =
+      vector_path_ok(p.cols, {p.x_row_stride, p.y_row_stride, p.pre_activation ? p.pre_activation_row_stride : 0},
+                     {p.x, p.y, p.bias, p.pre_activation});
+  dispatch_activation(p.s.activation, [&](auto act) {
+    using Act = decltype(act);
+    if (vector) forward_with<T, W, VectorChunk<T, ForwardTuning<Act::kAct>>, Act>(p, sms, stream);
+    else forward_with<T, W, ScalarChunk<T>, Act>(p, sms, stream);
+  });
   detail::check_launch(op, "bias_act_dropout forward kernel");
 }
 
@@ -110,7 +128,7 @@ bool backward_vector_path(const BackwardParams& p) {
 template <typename D>
 void launch_reduce(const float* partial, int partial_rows, std::int64_t cols, void* dbias,
                    cudaStream_t stream, const char* op) {
-  const dim3 grid(static_cast<unsigned>((cols + 31) / 32)), block(32, 16);
+  const dim3 grid(static_cast<unsigned>((cols + 31) / 32)), block(32, kReduceLanes);
   // Programmatic dependent launch: this kernel is launched while the backward kernel drains and
   // waits for its results inside (griddepcontrol.wait), hiding the launch gap. Where that launch
   // is refused, a plain launch (stream order) does the same work.
@@ -135,12 +153,13 @@ void launch_reduce(const float* partial, int partial_rows, std::int64_t cols, vo
 // Launches the backward kernel on the Chunk's grid; returns the grid (its gy partial rows).
 template <typename T, typename W, typename Chunk>
 TileGrid backward_with(const BackwardParams& p, int sms, cudaStream_t stream, const char* op) {
-  const TileGrid g = make_grid(p.rows, p.cols, sms, Chunk::kBlocksPerSm);
+  const TileGrid g = make_grid(p.rows, p.cols, sms, Chunk::Tune::kBlocksPerSm);
   RowSteps steps;
   steps.in0 = g.ty * p.dy_row_stride;
   steps.in1 = g.ty * p.x_row_stride;
   steps.out0 = g.ty * p.dx_row_stride;
-  steps.index = static_cast<std::uint64_t>(g.ty * p.cols);
+  steps.index = static_cast<std::uint64_t>(g.ty * p.cols) >> Chunk::kIndexShift;
+  steps.philox = philox_prefix(p.s);
   float* partial = nullptr;
   if (p.dbias) {
     const std::size_t need = partial_bytes(g, p.cols);
@@ -161,7 +180,7 @@ template <typename T, typename W>
 void launch_backward(const BackwardParams& p, int device_index, cudaStream_t stream) {
   const char* op = "bias_act_dropout_backward";
   const int sms = sm_count(op, device_index);
-  const TileGrid g = backward_vector_path(p) ? backward_with<T, W, VectorChunk<T>>(p, sms, stream, op)
+  const TileGrid g = backward_vector_path(p) ? backward_with<T, W, VectorChunk<T, BackwardTuning>>(p, sms, stream, op)
                                              : backward_with<T, W, ScalarChunk<T>>(p, sms, stream, op);
   if (p.dbias) {
     const float* partial = static_cast<const float*>(p.workspace);
@@ -201,8 +220,8 @@ std::size_t backward_workspace_cuda(std::int64_t rows, std::int64_t cols, DType 
   // The grid depends on the path (alignment decides it at launch time), not on the dtype: size
   // for the larger of the two.
   (void)dtype;
-  return std::max(partial_bytes(make_grid(rows, cols, sms, kVectorBlocksPerSm), cols),
-                  partial_bytes(make_grid(rows, cols, sms, kGenericBlocksPerSm), cols));
+  return std::max(partial_bytes(make_grid(rows, cols, sms, BackwardTuning::kBlocksPerSm), cols),
+                  partial_bytes(make_grid(rows, cols, sms, GenericTuning::kBlocksPerSm), cols));
 }
 
 }  // namespace fusekit::dropout

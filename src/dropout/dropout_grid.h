@@ -69,8 +69,8 @@ FUSEKIT_HOST_DEVICE ThreadRows thread_rows(const TileGrid& g, int block_y, int t
   const std::int64_t end = begin + g.rows_per_block + (block_y < g.extra_rows ? 1 : 0);
   ThreadRows t;
   t.first = begin + thread_y;
-  // Fewer than 2^31 rows per block (M itself is limited to 2^31 - 1).
-  t.count = t.first < end ? static_cast<int>((end - t.first + g.ty - 1) / g.ty) : 0;
+  // Fewer than 2^31 rows per block (M itself is limited to 2^31 - 1): a 32-bit division.
+  t.count = t.first < end ? (static_cast<int>(end - t.first) - 1) / g.ty + 1 : 0;
   return t;
 }
 

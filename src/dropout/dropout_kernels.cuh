@@ -8,18 +8,17 @@
 // Work layout (both directions): blocks of (TX, TY) = 512 threads tile the (M, N) tensor. Each
 // thread owns a fixed chunk of 8 consecutive columns (so it loads its bias slice once and
 // accumulates its dbias slice in registers) and walks a contiguous, balanced range of rows given
-// to its block row (blockIdx.y), TY rows apart, a few rows at a time (loads first, then math, so
-// that several 16-byte loads per thread are in flight).
+// to its block row (blockIdx.y), TY rows apart, a few rows at a time.
 //  * Vector path (N and the row strides multiples of 8, pointers 16-byte aligned): 16-byte loads
 //    and stores; every chunk starts at a linear index that is a multiple of 8, so exactly one
 //    Philox call serves it.
 //  * Generic path (any N, any alignment): element accesses; a chunk can straddle two Philox
 //    groups (when N is not a multiple of 8), costing a second call.
 // Philox runs from a key schedule precomputed on the host (Scalars::random4), read from the
-// parameter bank. Grids are one wave of blocks (Chunk::kBlocksPerSm per SM). In the backward each block
-// sums its threads' dbias over TY in a fixed order and writes one partial row; a second small
-// kernel (programmatic dependent launch) sums the partial rows in a fixed order: dbias is bitwise
-// reproducible for a given GPU and shape.
+// parameter bank. Grids are one wave of blocks (Tuning::kBlocksPerSm per SM). In the backward
+// each block sums its threads' dbias over TY in a fixed order and writes one partial row; a
+// second small kernel (programmatic dependent launch) sums the partial rows in a fixed order:
+// dbias is bitwise reproducible for a given GPU and shape.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -37,12 +36,15 @@ namespace fusekit::dropout::kernels {
 
 using Math = detail::ActivationMath<float>;
 
-// The occupancy the grids are sized for: 2 blocks per SM (<= 64 registers) on the vector path; the
-// generic path's unaligned Philox pairs need more registers and run 1 block per SM.
-inline constexpr int kVectorBlocksPerSm = 2;
-inline constexpr int kGenericBlocksPerSm = 1;
-inline constexpr int kForwardRowsInFlight = 2;   // rows a thread loads before computing
-inline constexpr int kBackwardRowsInFlight = 1;  // (each backward row is two 16-byte loads: dy and x)
+// How a path runs: rows a thread loads together, whether the next rows' loads are issued before
+// the current rows' math (software pipelining, one more set of registers), and the occupancy the
+// grid is sized for (<= 64 registers for 2 blocks of 512 threads per SM).
+template <int Rows, bool Pipelined, int BlocksPerSm>
+struct Tuning {
+  static constexpr int kRows = Rows;
+  static constexpr bool kPipelined = Pipelined;
+  static constexpr int kBlocksPerSm = BlocksPerSm;
+};
 
 // ---- element conversions ------------------------------------------------------------------
 
@@ -81,9 +83,25 @@ __device__ __forceinline__ std::uint32_t pack2<__nv_bfloat16>(float a, float b) 
 // 16 bytes of T <-> 16 / sizeof(T) floats.
 template <typename T>
 __device__ __forceinline__ void unpack16(const uint4& raw, float (&out)[16 / sizeof(T)]) {
-  const T* e = reinterpret_cast<const T*>(&raw);
+  if constexpr (sizeof(T) == 4) {
+    out[0] = __uint_as_float(raw.x);
+    out[1] = __uint_as_float(raw.y);
+    out[2] = __uint_as_float(raw.z);
+    out[3] = __uint_as_float(raw.w);
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    // bf16 is the high half of a float: one shift or one mask per element (the generic
+    // conversion of a high half costs a byte permute and a shift).
+    const std::uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
-  for (int i = 0; i < int(16 / sizeof(T)); ++i) out[i] = to_float(e[i]);
+    for (int j = 0; j < 4; ++j) {
+      out[2 * j] = __uint_as_float(w[j] << 16);
+      out[2 * j + 1] = __uint_as_float(w[j] & 0xFFFF0000u);
+    }
+  } else {
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < int(16 / sizeof(T)); ++i) out[i] = to_float(e[i]);
+  }
 }
 
 template <typename T>
@@ -118,6 +136,22 @@ __device__ __forceinline__ void load_aligned(const W* p, float (&out)[VEC]) {
 // The activation fixed at compile time: the switch in ActivationMath folds away.
 template <Activation A>
 struct StaticActivation {
+  static constexpr Activation kAct = A;
+  // act(h) / (1 - p), the value of a kept element. For the x * sigmoid(t) activations (gelu_tanh,
+  // silu) the dropout scale goes into the reciprocal: x / ((1 + e) (1 - p)) with e = exp(-t),
+  // one FMA in place of an add and a multiply. An overflowing e gives 1 / inf = 0, the limit, so
+  // the forward needs no cap on the exponent (the derivative does: it also forms e * s).
+  static __device__ __forceinline__ float forward_scaled(float h, const Scalars& s) {
+#if defined(__CUDA_ARCH__)
+    if constexpr (A == Activation::gelu_tanh || A == Activation::silu) {
+      const float t = A == Activation::gelu_tanh ? Math::gelu_tanh_exponent(h, h * h)
+                                                 : h * static_cast<float>(-Math::kLog2e);
+      const float e = detail::ex2_approx(t);
+      return h * detail::rcp_approx(fmaf(e, s.keep, s.keep));
+    }
+#endif
+    return Math::forward(A, h, s.slope) * s.scale;
+  }
   static __device__ __forceinline__ float forward(float h, const Scalars& s) {
     return Math::forward(A, h, s.slope);
   }
@@ -128,11 +162,12 @@ struct StaticActivation {
 
 // ---- chunk access: 8 consecutive columns of one row ---------------------------------------
 
-// Vector path: the chunk as one (16-bit types) or two (f32) 16-byte accesses.
-template <typename T>
+// Vector path: the chunk as one (16-bit types) or two (f32) 16-byte accesses. Its linear index
+// is carried in Philox groups (index / 8).
+template <typename T, typename Tn>
 struct VectorChunk {
-  static constexpr bool kVectorized = true;
-  static constexpr int kBlocksPerSm = kVectorBlocksPerSm;
+  using Tune = Tn;
+  static constexpr int kIndexShift = 3;
   static constexpr int kPerAccess = 16 / sizeof(T);
   static constexpr int kAccesses = kChunk / kPerAccess;
   uint4 raw[kAccesses];
@@ -163,16 +198,20 @@ struct VectorChunk {
                                                    float (&out)[kChunk]) {
     load_aligned<W, kChunk>(bias + col, out);
   }
-  static __device__ __forceinline__ MaskWords mask(const Scalars& s, std::uint64_t first) {
-    return aligned_mask(s, first);
+  static __device__ __forceinline__ MaskWords mask(const Scalars& s, const PhiloxPrefix& pre,
+                                                   std::uint64_t group) {
+    return aligned_mask(s, pre, group);
   }
 };
 
-// Generic path: `valid` (1..8) columns inside the row, element by element.
+// Generic path: `valid` (1..8) columns inside the row, element by element; the unaligned Philox
+// pairs need more registers (one block per SM) and one row at a time.
+using GenericTuning = Tuning<1, false, 1>;
+
 template <typename T>
 struct ScalarChunk {
-  static constexpr bool kVectorized = false;  // and one row in flight
-  static constexpr int kBlocksPerSm = kGenericBlocksPerSm;
+  using Tune = GenericTuning;
+  static constexpr int kIndexShift = 0;
   T v[kChunk];
   __device__ __forceinline__ void load(const T* at, int valid) {
 #pragma unroll
@@ -193,18 +232,21 @@ struct ScalarChunk {
 #pragma unroll
     for (int i = 0; i < kChunk; ++i) out[i] = i < valid ? to_float(bias[col + i]) : 0.0f;
   }
-  static __device__ __forceinline__ MaskWords mask(const Scalars& s, std::uint64_t first) {
-    return unaligned_mask(s, first);
+  static __device__ __forceinline__ MaskWords mask(const Scalars& s, const PhiloxPrefix& pre,
+                                                   std::uint64_t first) {
+    return unaligned_mask(s, pre, first);
   }
 };
 
 // ---- forward -------------------------------------------------------------------------------
 
 // How far a thread's pointers (in elements) and linear index move from one of its rows to the
-// next (TY rows down), computed on the host so the loop only adds.
+// next (TY rows down), computed on the host so the loop only adds; and the launch's Philox
+// prefix.
 struct RowSteps {
   std::int64_t in0 = 0, in1 = 0, out0 = 0, out1 = 0;
-  std::uint64_t index = 0;
+  std::uint64_t index = 0;  // in the chunk's index unit (elements or Philox groups)
+  PhiloxPrefix philox;
 };
 
 // An optional output: its base pointer and the thread's running element offset, so that a null
@@ -219,14 +261,24 @@ struct OptionalOut {
 
 // Forward steps: in0 = x, out0 = y, out1 = pre_activation.
 template <typename T, typename W, typename Chunk, typename Act>
-__global__ void __launch_bounds__(kThreads, Chunk::kBlocksPerSm)
+__global__ void __launch_bounds__(kThreads, Chunk::Tune::kBlocksPerSm)
     forward_kernel(const ForwardParams p, const TileGrid g, const RowSteps steps) {
-  constexpr int VEC = kChunk, U = Chunk::kVectorized ? kForwardRowsInFlight : 1;
+  using Tn = typename Chunk::Tune;
+  constexpr int VEC = kChunk, U = Tn::kRows;
   const Scalars& s = p.s;
   const std::int64_t col = (std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * VEC;
   if (col >= p.cols) return;
   const int valid = p.cols - col < VEC ? static_cast<int>(p.cols - col) : VEC;
   const ThreadRows rows = thread_rows(g, blockIdx.y, threadIdx.y);
+  if (rows.count == 0) return;
+
+  const T* __restrict__ x = static_cast<const T*>(p.x) + rows.first * p.x_row_stride + col;
+  // The first rows' loads go out before anything else.
+  Chunk cur[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+    if (u < rows.count) cur[u].load(x + u * steps.in0, valid);
+  x += U * steps.in0;
 
   float bias[VEC];
   if (p.bias) {
@@ -236,32 +288,46 @@ __global__ void __launch_bounds__(kThreads, Chunk::kBlocksPerSm)
     for (int i = 0; i < VEC; ++i) bias[i] = 0.0f;
   }
   const bool keep_pre = p.pre_activation != nullptr;
-  const T* __restrict__ x = static_cast<const T*>(p.x) + rows.first * p.x_row_stride + col;
   T* __restrict__ y = static_cast<T*>(p.y) + rows.first * p.y_row_stride + col;
   OptionalOut<T> pre{static_cast<T*>(p.pre_activation), rows.first * p.pre_activation_row_stride + col};
-  std::uint64_t index = static_cast<std::uint64_t>(rows.first * p.cols + col);
+  std::uint64_t index = static_cast<std::uint64_t>(rows.first * p.cols + col) >> Chunk::kIndexShift;
 
   for (int k = 0; k < rows.count; k += U) {
-    Chunk in[U];
+    Chunk next[U];
+    if constexpr (Tn::kPipelined) {
 #pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (k + u < rows.count) in[u].load(x + u * steps.in0, valid);
+      for (int u = 0; u < U; ++u)
+        if (k + U + u < rows.count) next[u].load(x + u * steps.in0, valid);
+      x += U * steps.in0;
+    }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (k + u >= rows.count) break;
       float h[VEC], out[VEC];
-      in[u].to_floats(h);
-      const MaskWords mask = Chunk::mask(s, index + u * steps.index);
+      cur[u].to_floats(h);
+      const MaskWords mask = Chunk::mask(s, steps.philox, index + u * steps.index);
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) {
-        h[i] += bias[i];
-        const float a = Act::forward(h[i], s);
-        out[i] = mask.kept(i, s) ? a * s.scale : 0.0f;
+      for (int j = 0; j < VEC / 2; ++j) {
+        bool keep_lo, keep_hi;
+        mask.kept_pair(j, s.keep_threshold2, keep_lo, keep_hi);
+        h[2 * j] += bias[2 * j];
+        h[2 * j + 1] += bias[2 * j + 1];
+        const float a0 = Act::forward_scaled(h[2 * j], s), a1 = Act::forward_scaled(h[2 * j + 1], s);
+        out[2 * j] = keep_lo ? a0 : 0.0f;
+        out[2 * j + 1] = keep_hi ? a1 : 0.0f;
       }
       Chunk::store(y + u * steps.out0, valid, out);
       if (keep_pre) Chunk::store(pre.at(u * steps.out1), valid, h);
     }
-    x += U * steps.in0;
+    if constexpr (Tn::kPipelined) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) cur[u] = next[u];
+    } else if (k + U < rows.count) {
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (k + U + u < rows.count) cur[u].load(x + u * steps.in0, valid);
+      x += U * steps.in0;
+    }
     y += U * steps.out0;
     pre.offset += U * steps.out1;
     index += U * steps.index;
@@ -279,10 +345,11 @@ __device__ __forceinline__ void allow_dependent_launch() {
 
 // Backward steps: in0 = dy, in1 = x, out0 = dx.
 template <typename T, typename W, typename Chunk, typename Act>
-__global__ void __launch_bounds__(kThreads, Chunk::kBlocksPerSm)
+__global__ void __launch_bounds__(kThreads, Chunk::Tune::kBlocksPerSm)
     backward_kernel(const BackwardParams p, const TileGrid g, const RowSteps steps,
                     float* __restrict__ partial) {
-  constexpr int VEC = kChunk, U = kBackwardRowsInFlight;
+  using Tn = typename Chunk::Tune;
+  constexpr int VEC = kChunk, U = Tn::kRows;
   // Threads ty > 0 hand their dbias sums to ty = 0 through here (added in ty order).
   __shared__ float4 handoff[kThreads * VEC / 4];
   const Scalars& s = p.s;
@@ -291,44 +358,82 @@ __global__ void __launch_bounds__(kThreads, Chunk::kBlocksPerSm)
   const int valid = !active ? 0 : (p.cols - col < VEC ? static_cast<int>(p.cols - col) : VEC);
   const ThreadRows rows = thread_rows(g, blockIdx.y, threadIdx.y);
 
-  float bias[VEC], acc[VEC];
+  float acc[VEC];
 #pragma unroll
-  for (int i = 0; i < VEC; ++i) bias[i] = acc[i] = 0.0f;
-  if (active && p.bias) Chunk::template load_bias<W>(static_cast<const W*>(p.bias), col, valid, bias);
+  for (int i = 0; i < VEC; ++i) acc[i] = 0.0f;
 
-  if (active) {
-    const bool store_dx = p.dx != nullptr;
+  if (active && rows.count > 0) {
     const T* __restrict__ dy = static_cast<const T*>(p.dy) + rows.first * p.dy_row_stride + col;
     const T* __restrict__ x = static_cast<const T*>(p.x) + rows.first * p.x_row_stride + col;
+    Chunk cur_dy[U], cur_x[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (u < rows.count) {
+        cur_dy[u].load(dy + u * steps.in0, valid);
+        cur_x[u].load(x + u * steps.in1, valid);
+      }
+    }
+    dy += U * steps.in0;
+    x += U * steps.in1;
+
+    float bias[VEC];
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) bias[i] = 0.0f;
+    if (p.bias) Chunk::template load_bias<W>(static_cast<const W*>(p.bias), col, valid, bias);
+    const bool store_dx = p.dx != nullptr;
     OptionalOut<T> dx{static_cast<T*>(p.dx), rows.first * p.dx_row_stride + col};
-    std::uint64_t index = static_cast<std::uint64_t>(rows.first * p.cols + col);
+    std::uint64_t index = static_cast<std::uint64_t>(rows.first * p.cols + col) >> Chunk::kIndexShift;
 
     for (int k = 0; k < rows.count; k += U) {
-      Chunk in_dy[U], in_x[U];
+      Chunk next_dy[U], next_x[U];
+      if constexpr (Tn::kPipelined) {
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        if (k + u < rows.count) {
-          in_dy[u].load(dy + u * steps.in0, valid);
-          in_x[u].load(x + u * steps.in1, valid);
+        for (int u = 0; u < U; ++u) {
+          if (k + U + u < rows.count) {
+            next_dy[u].load(dy + u * steps.in0, valid);
+            next_x[u].load(x + u * steps.in1, valid);
+          }
         }
+        dy += U * steps.in0;
+        x += U * steps.in1;
       }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         if (k + u >= rows.count) break;
         float h[VEC], d[VEC], out[VEC];
-        in_x[u].to_floats(h);
-        in_dy[u].to_floats(d);
-        const MaskWords mask = Chunk::mask(s, index + u * steps.index);
+        cur_x[u].to_floats(h);
+        cur_dy[u].to_floats(d);
+        const MaskWords mask = Chunk::mask(s, steps.philox, index + u * steps.index);
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) {
-          const float grad = d[i] * s.scale * Act::derivative(h[i] + bias[i], s);
-          out[i] = mask.kept(i, s) ? grad : 0.0f;
-          acc[i] += out[i];
+        for (int j = 0; j < VEC / 2; ++j) {
+          bool keep_lo, keep_hi;
+          mask.kept_pair(j, s.keep_threshold2, keep_lo, keep_hi);
+          const float g0 = d[2 * j] * s.scale * Act::derivative(h[2 * j] + bias[2 * j], s);
+          const float g1 = d[2 * j + 1] * s.scale * Act::derivative(h[2 * j + 1] + bias[2 * j + 1], s);
+          out[2 * j] = keep_lo ? g0 : 0.0f;
+          out[2 * j + 1] = keep_hi ? g1 : 0.0f;
         }
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) acc[i] += out[i];
         if (store_dx) Chunk::store(dx.at(u * steps.out0), valid, out);
       }
-      dy += U * steps.in0;
-      x += U * steps.in1;
+      if constexpr (Tn::kPipelined) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          cur_dy[u] = next_dy[u];
+          cur_x[u] = next_x[u];
+        }
+      } else if (k + U < rows.count) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          if (k + U + u < rows.count) {
+            cur_dy[u].load(dy + u * steps.in0, valid);
+            cur_x[u].load(x + u * steps.in1, valid);
+          }
+        }
+        dy += U * steps.in0;
+        x += U * steps.in1;
+      }
       dx.offset += U * steps.out0;
       index += U * steps.index;
     }
@@ -358,33 +463,53 @@ __global__ void __launch_bounds__(kThreads, Chunk::kBlocksPerSm)
     }
   }
   float* out = partial + std::int64_t(blockIdx.y) * p.cols + col;
+  if (valid == VEC && p.cols % 4 == 0) {
+    // Whole chunk, 16-byte aligned (the workspace is 256-byte aligned and col, N are multiples of 4).
 #pragma unroll
-  for (int i = 0; i < VEC; ++i)
-    if (i < valid) out[i] = acc[i];
+    for (int q = 0; q < kQuads; ++q)
+      reinterpret_cast<float4*>(out)[q] = make_float4(acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i)
+      if (i < valid) out[i] = acc[i];
+  }
 }
 
-// dbias[c] = sum over b of partial[b][c], b in increasing order. Block (32, 16): threadIdx.x picks
-// the column (coalesced), threadIdx.y strides over the partial rows; the 16 per-column sums are
-// then added in y order.
+// dbias[c] = sum over b of partial[b][c] in a fixed order. Block (32, kReduceLanes): threadIdx.x
+// picks the column (coalesced), threadIdx.y strides over the partial rows with its loads unrolled
+// so that several are in flight (the kernel is a chain of L2 latencies, not bandwidth); the
+// per-lane sums are then added by a fixed shared-memory tree.
+inline constexpr int kReduceLanes = 32;
+
 template <typename D>
-__global__ void __launch_bounds__(512)
+__global__ void __launch_bounds__(32 * kReduceLanes)
     reduce_partials_kernel(const float* __restrict__ partial, int partial_rows, std::int64_t cols,
                            D* __restrict__ dbias) {
   asm volatile("griddepcontrol.wait;" ::: "memory");  // the backward kernel's partial rows
-  __shared__ float sums[16][33];
+  __shared__ float sums[kReduceLanes][33];
   const std::int64_t col = std::int64_t(blockIdx.x) * 32 + threadIdx.x;
   float s = 0.0f;
   if (col < cols) {
-    for (int b = threadIdx.y; b < partial_rows; b += 16) s += partial[std::int64_t(b) * cols + col];
+    const float* at = partial + col;
+    int b = threadIdx.y;
+    constexpr int kAhead = 4;
+    for (; b + (kAhead - 1) * kReduceLanes < partial_rows; b += kAhead * kReduceLanes) {
+      float v[kAhead];
+#pragma unroll
+      for (int a = 0; a < kAhead; ++a) v[a] = at[std::int64_t(b + a * kReduceLanes) * cols];
+#pragma unroll
+      for (int a = 0; a < kAhead; ++a) s += v[a];
+    }
+    for (; b < partial_rows; b += kReduceLanes) s += at[std::int64_t(b) * cols];
   }
   sums[threadIdx.y][threadIdx.x] = s;
   __syncthreads();
-  if (threadIdx.y == 0 && col < cols) {
-    float total = 0.0f;
 #pragma unroll
-    for (int k = 0; k < 16; ++k) total += sums[k][threadIdx.x];
-    dbias[col] = from_float<D>(total);
+  for (int half = kReduceLanes / 2; half > 0; half /= 2) {
+    if (threadIdx.y < half) sums[threadIdx.y][threadIdx.x] += sums[threadIdx.y + half][threadIdx.x];
+    __syncthreads();
   }
+  if (threadIdx.y == 0 && col < cols) dbias[col] = from_float<D>(sums[0][threadIdx.x]);
 }
 
 }  // namespace fusekit::dropout::kernels

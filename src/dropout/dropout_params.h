@@ -20,7 +20,9 @@ struct Scalars {
   float p = 0.0f;
   std::uint32_t keep_threshold = 0;       // dropout_keep_threshold(p), 0..65535
   std::uint32_t keep_threshold_high = 0;  // keep_threshold << 16: compares a high half in place
+  std::uint32_t keep_threshold2 = 0;      // keep_threshold in both 16-bit halves (packed compares)
   float scale = 1.0f;                     // 1 / (1 - p) in float32 (the kernels' value)
+  float keep = 1.0f;                      // 1 - p in float32
   std::uint64_t seed = 0, offset = 0;
   // Philox4x32-10's key schedule for `seed`, computed once on the host: round i uses
   // (key0[i], key1[i]). Kernels read it from the parameter bank instead of re-deriving 20 keys

@@ -207,6 +207,9 @@ TEST(DropoutMask, KernelKeyScheduleMatchesPhilox) {
     const std::uint64_t n = rng() >> (trial % 64);
     const philox::Words4 a = s.random4(n), b = philox::random4(s.seed, s.offset, n);
     ASSERT_TRUE(a.x == b.x && a.y == b.y && a.z == b.z && a.w == b.w) << "n " << n;
+    // And with the first round's offset terms precomputed (the kernels' path).
+    const philox::Words4 c = dropout::random4_from(s, dropout::philox_prefix(s), n);
+    ASSERT_TRUE(c.x == b.x && c.y == b.y && c.z == b.z && c.w == b.w) << "prefix, n " << n;
   }
 }
 
@@ -220,20 +223,28 @@ TEST(DropoutMask, KernelChunkMasksMatchTheDefinition) {
     s.set_seed(rng());
     s.offset = rng() >> (trial % 60);
     s.keep_threshold = dropout_keep_threshold(p);
-    s.keep_threshold_high = s.keep_threshold << 16;
+    s.keep_threshold2 = s.keep_threshold | (s.keep_threshold << 16);
+    const dropout::PhiloxPrefix pre = dropout::philox_prefix(s);
     const std::uint64_t first = (rng() >> (trial % 50)) + trial % 8;
-    const dropout::MaskWords u = dropout::unaligned_mask(s, first);
+    const dropout::MaskWords u = dropout::unaligned_mask(s, pre, first);
     for (int i = 0; i < 8; ++i)
-      ASSERT_EQ(u.kept(i, s), dropout_keeps(s.seed, s.offset, first + i, s.keep_threshold))
+      ASSERT_EQ(u.kept(i, s.keep_threshold), dropout_keeps(s.seed, s.offset, first + i, s.keep_threshold))
           << "unaligned, first " << first << " element " << i << " p " << p;
     const std::uint64_t aligned = first / 8 * 8;
-    const dropout::MaskWords a = dropout::aligned_mask(s, aligned);
+    const dropout::MaskWords a = dropout::aligned_mask(s, pre, aligned / 8);
     for (int i = 0; i < 8; ++i)
-      ASSERT_EQ(a.kept(i, s), dropout_keeps(s.seed, s.offset, aligned + i, s.keep_threshold))
+      ASSERT_EQ(a.kept(i, s.keep_threshold), dropout_keeps(s.seed, s.offset, aligned + i, s.keep_threshold))
           << "aligned, first " << aligned << " element " << i;
+    for (int j = 0; j < 4; ++j) {  // the pairwise form the kernels use
+      bool lo = false, hi = false;
+      a.kept_pair(j, s.keep_threshold2, lo, hi);
+      ASSERT_EQ(lo, a.kept(2 * j, s.keep_threshold)) << "pair " << j;
+      ASSERT_EQ(hi, a.kept(2 * j + 1, s.keep_threshold)) << "pair " << j;
+    }
   }
   dropout::Scalars none;  // p = 0: every element kept, no Philox
-  for (int i = 0; i < 8; ++i) EXPECT_TRUE(dropout::unaligned_mask(none, 13).kept(i, none));
+  const dropout::MaskWords all = dropout::unaligned_mask(none, dropout::philox_prefix(none), 13);
+  for (int i = 0; i < 8; ++i) EXPECT_TRUE(all.kept(i, none.keep_threshold));
 }
 
 TEST(DropoutGrid, EveryRowOfEveryColumnTileIsVisitedOnce) {
