@@ -16,7 +16,11 @@ struct Ceilings {
   double gemm_tflops = 0;   // cuBLAS bf16 8192^3, fp32 accumulation
 };
 
-Ceilings measure_ceilings();
+// The copy ceiling is measured before the benchmarks, the GEMM ceiling after them: a power-hungry
+// GEMM run first left the memory-bound kernels timed right after it 10-14% slower (H200, the
+// first dropout shape), as if at a lower clock.
+Ceilings measure_copy_ceiling();
+double measure_gemm_ceiling();
 
 struct Timing {
   double median_us = 0, min_us = 0, max_us = 0;
@@ -51,6 +55,7 @@ class Report {
   void print() const;
   std::string json() const;
   const Ceilings& ceilings() const { return ceilings_; }
+  void set_gemm_ceiling(double tflops) { ceilings_.gemm_tflops = tflops; }
 
  private:
   Ceilings ceilings_;

@@ -53,7 +53,7 @@ int cmd_bench(const std::vector<std::string>& only, const std::string& json_path
     return 2;
   }
   fusekit::require_supported_gpu("bench", 0);
-  fusekit::bench::Report report(fusekit::bench::measure_ceilings());
+  fusekit::bench::Report report(fusekit::bench::measure_copy_ceiling());
   for (const std::string& name : only) {
     const bool known = std::any_of(registry().begin(), registry().end(),
                                    [&](const auto& op) { return op.name == name; });
@@ -66,6 +66,7 @@ int cmd_bench(const std::vector<std::string>& only, const std::string& json_path
     if (!only.empty() && std::find(only.begin(), only.end(), op.name) == only.end()) continue;
     op.bench(report, op.name);
   }
+  report.set_gemm_ceiling(fusekit::bench::measure_gemm_ceiling());
   report.print();
   if (!json_path.empty()) std::ofstream(json_path) << report.json() << "\n";
   return 0;
