@@ -5,7 +5,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstdint>
 #include <string>
 
@@ -93,35 +92,11 @@ int persistent_grid(std::int64_t work_items, std::int64_t cap) {
   return static_cast<int>(std::max<std::int64_t>(1, std::min(work_items, cap)));
 }
 
-// A persistent grid of at most `cap` blocks that gives every block the same number of work
-// items, give or take one: no block starts a last round that most others do not have.
-int balanced_grid(std::int64_t work_items, std::int64_t cap) {
-  const std::int64_t rounds = std::max<std::int64_t>(1, (work_items + cap - 1) / std::max<std::int64_t>(1, cap));
-  return persistent_grid((work_items + rounds - 1) / rounds, cap);
-}
-
 // ---- forward ---------------------------------------------------------------------------------
-
-// EXPERIMENT (to be removed): tile order and store policy of the quantize kernel from the
-// environment, to compare variants in one device run.
-int quant_band() {
-  static const int v = [] {
-    const char* e = std::getenv("FUSEKIT_FP8_BAND");
-    return e ? std::max(1, std::atoi(e)) : 1;
-  }();
-  return v;
-}
-bool quant_evict_first() {
-  static const bool v = [] {
-    const char* e = std::getenv("FUSEKIT_FP8_STCS");
-    return e ? std::atoi(e) != 0 : true;
-  }();
-  return v;
-}
 
 bool forward_vector_ok(const ForwardParams& p) {
   const std::int64_t tiles = ((p.rows + kTile - 1) / kTile) * ((p.cols + kTile - 1) / kTile);
-  return tiles < (std::int64_t(1) << 30) && p.group_size >= 16 && p.x_row_stride % 16 == 0 && aligned16(p.x) && aligned16(p.weight) &&
+  return tiles < (std::int64_t(1) << 31) && p.group_size >= 16 && p.x_row_stride % 16 == 0 && aligned16(p.x) && aligned16(p.weight) &&
          p.qy_row_stride % 16 == 0 && aligned16(p.qy) &&
          (p.y == nullptr || (p.y_row_stride % 8 == 0 && aligned16(p.y)));
 }
@@ -144,7 +119,7 @@ int launch_stats(const ForwardParams& p, bool vector, int sms, int device_index,
     auto run = [&](auto kernel, std::size_t smem) {
       allow_smem(op, device_index, kernel, smem);
       const int per_sm = std::min(kStatsBlocksPerSm, occupancy(op, kernel, kStatsThreads, smem));
-      grid = balanced_grid((p.rows + rows_per_block - 1) / rows_per_block, std::int64_t(sms) * per_sm);
+      grid = persistent_grid((p.rows + rows_per_block - 1) / rows_per_block, std::int64_t(sms) * per_sm);
       check_capacity(grid);
       kernel<<<grid, kStatsThreads, smem, stream>>>(p, log2_tpr, block_amax);
     };
@@ -173,11 +148,13 @@ void launch_quantize(const ForwardParams& p, bool vector, int sms, int device_in
     const std::size_t smem = kQuantSmemBytes;
     allow_smem(op, device_index, kernel, smem);
     const std::int64_t tiles = ((p.rows + kTile - 1) / kTile) * ((p.cols + kTile - 1) / kTile);
-    // Persistent: at most as many blocks as fit at once.
-    const int grid = balanced_grid(tiles, std::int64_t(sms) * occupancy(op, kernel, kQuantThreads, smem));
+    // Persistent, as many blocks as fit at once, and sized so that every block gets the same
+    // number of tiles give or take one (no block starts a last round that others do not).
+    const std::int64_t capacity = std::int64_t(sms) * occupancy(op, kernel, kQuantThreads, smem);
+    const std::int64_t per_block = std::max<std::int64_t>(1, (tiles + capacity - 1) / capacity);
+    const int grid = persistent_grid((tiles + per_block - 1) / per_block, capacity);
     const bool t_vector = aligned16(p.qy_t) && p.qy_t_row_stride % 16 == 0;
-    launch_dependent(kernel, dim3(grid), dim3(kQuantThreads), smem, stream, p, block_amax, block_count, t_vector,
-                     quant_band(), quant_evict_first());
+    launch_dependent(kernel, dim3(grid), dim3(kQuantThreads), smem, stream, p, block_amax, block_count, t_vector);
   } else {
     auto kernel = quantize_generic_kernel<XF, QF, SC, W>;
     const std::int64_t tiles =
@@ -204,10 +181,11 @@ BackwardConfig choose_backward(const BackwardParams& p) {
                        (p.dx == nullptr || (p.dx_row_stride % 8 == 0 && aligned16(p.dx)));
   const std::int64_t nocts = p.cols / 8;
   if (!aligned) return c;
-  // Row groups of 32 to 256 threads with 4 octs each (32 columns: the per-row work, row sum and
-  // addresses, is shared by that many elements), or 256 threads with 8 octs: up to 2048 octs
-  // (N = 16384). Longer rows take the generic kernel.
-  if (nocts <= 1024) c.octs = 4;
+  // Row groups of up to 256 threads with 2, 4 or 8 octs each: up to 2048 octs (N = 16384).
+  // Longer rows take the generic kernel. Four octs (32 columns) per thread from N = 1024 on:
+  // the per-row work (row sum, addresses) is shared by more elements.
+  if (nocts <= 128) c.octs = 2;
+  else if (nocts <= 1024) c.octs = 4;
   else if (nocts <= 2048) c.octs = 8;
   else return c;
   c.log2_tpr = std::max(5, log2_ceil((nocts + c.octs - 1) / c.octs));
@@ -231,16 +209,14 @@ int launch_backward_main(const BackwardParams& p, const BackwardConfig& c, int s
     auto run = [&](auto kernel, std::size_t smem) {
       allow_smem(op, device_index, kernel, smem);
       const int per_sm = std::min(kBwdBlocksPerSm, occupancy(op, kernel, kBwdThreads, smem));
-      grid = balanced_grid((p.rows + c.rows_per_block - 1) / c.rows_per_block, std::int64_t(sms) * per_sm);
+      grid = persistent_grid((p.rows + c.rows_per_block - 1) / c.rows_per_block, std::int64_t(sms) * per_sm);
       check_capacity(grid);
-      kernel<<<grid, kBwdThreads, smem, stream>>>(p, partial);
+      kernel<<<grid, kBwdThreads, smem, stream>>>(p, c.log2_tpr, partial);
     };
     const int tpr = 1 << c.log2_tpr;
-    if (c.octs == 8) run(backward_vector_kernel<XF, SC, W, 8, 8>, backward_smem_bytes<8>(tpr));
-    else if (c.log2_tpr == 5) run(backward_vector_kernel<XF, SC, W, 4, 5>, backward_smem_bytes<4>(tpr));
-    else if (c.log2_tpr == 6) run(backward_vector_kernel<XF, SC, W, 4, 6>, backward_smem_bytes<4>(tpr));
-    else if (c.log2_tpr == 7) run(backward_vector_kernel<XF, SC, W, 4, 7>, backward_smem_bytes<4>(tpr));
-    else run(backward_vector_kernel<XF, SC, W, 4, 8>, backward_smem_bytes<4>(tpr));
+    if (c.octs == 2) run(backward_vector_kernel<XF, SC, W, 2>, backward_smem_bytes<2>(tpr));
+    else if (c.octs == 4) run(backward_vector_kernel<XF, SC, W, 4>, backward_smem_bytes<4>(tpr));
+    else run(backward_vector_kernel<XF, SC, W, 8>, backward_smem_bytes<8>(tpr));
   } else {
     auto kernel = backward_generic_kernel<XF, SC, W>;
     const int per_sm = std::min(kBwdBlocksPerSm, occupancy(op, kernel, kGenericBwdThreads));

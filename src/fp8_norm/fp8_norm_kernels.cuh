@@ -269,7 +269,7 @@ inline constexpr bool kExactProducts = std::is_same_v<SC, __nv_bfloat16> && std:
 // Row groups of 2^log2_tpr threads (1..32) stride over the row's 16-element vectors. With
 // kSmemWeights the block first stages the weights (dynamic shared memory, 4 N bytes).
 template <class XF, typename SC, typename W, bool kSmemWeights>
-__global__ void __launch_bounds__(kStatsThreads, 5)
+__global__ void __launch_bounds__(kStatsThreads, 4)
     stats_vector_kernel(ForwardParams p, int log2_tpr, float* __restrict__ block_amax_out) {
   extern __shared__ float4 stats_w4[];
   __shared__ float scratch[32];
@@ -466,22 +466,30 @@ struct TileRows {
   float sc[4], rstd[4];
 };
 
-// Origin (first row and column) of a tile.
-struct TileOrigin {
-  std::int64_t row0, col0;
+// Walks a block's tiles b, b + G, b + 2 G, ... (G = gridDim.x) of a tiles_m x tiles_n grid
+// without dividing per step: (q, r) = divmod(index, tiles_n). Tile rows are taken from the last
+// to the first.
+struct TileCursor {
+  int q, r;
+  __device__ __forceinline__ void advance(int step_q, int step_r, int tiles_n) {
+    q += step_q;
+    r += step_r;
+    if (r >= tiles_n) {
+      r -= tiles_n;
+      ++q;
+    }
+  }
+  __device__ __forceinline__ std::int64_t row0(int tiles_m) const { return std::int64_t(tiles_m - 1 - q) * kTile; }
+  __device__ __forceinline__ std::int64_t col0() const { return std::int64_t(r) * kTile; }
 };
 
-// Persistent: block b takes the tiles of linear index b, b + gridDim.x, ... Linear indices walk
-// bands of `band` tile rows from the last band to the first; within a band they go down a tile
-// column, then to the next column. The blocks working at the same time thus cover a region about
-// band tiles tall, so that both qy and qy_t receive runs of several 128-byte segments per row,
-// and the rows are visited from the last to the first (see the file comment). Launched with
-// programmatic stream serialization after the stats kernel. The launcher guarantees
-// tiles_m * tiles_n < 2^30.
+// Persistent: block b takes tiles b, b + gridDim.x, ... in an order that walks the rows from the
+// last tile row to the first. Launched with programmatic stream serialization after the stats
+// kernel (see the file comment). The launcher guarantees tiles_m * tiles_n < 2^31.
 template <class XF, class QF, typename SC, typename W>
 __global__ void __launch_bounds__(kQuantThreads, 3)
     quantize_vector_kernel(ForwardParams p, const float* __restrict__ block_amax, int block_count,
-                           bool qy_t_vector_stores, int band, bool evict_first) {
+                           bool qy_t_vector_stores) {
   extern __shared__ uint4 quant_smem[];
   uint4* staged = quant_smem;  // [stage][k][thread]: row rb + 32 k of the tile, 16 bytes
   std::uint32_t* tile = reinterpret_cast<std::uint32_t*>(quant_smem + kQuantStages * 4 * kQuantThreads);
@@ -499,50 +507,33 @@ __global__ void __launch_bounds__(kQuantThreads, 3)
   const int tiles = tiles_m * tiles_n;
   const int block = static_cast<int>(blockIdx.x), grid = static_cast<int>(gridDim.x);
   const int my_tiles = tiles > block ? (tiles - block + grid - 1) / grid : 0;
-  const int band_tiles = band * tiles_n;
+  const int step_q = grid / tiles_n, step_r = grid - step_q * tiles_n;
   // Phase 1 roles: 8 threads per row cover its 128 columns (16 each), 32 rows at a time.
   const int vec = threadIdx.x & 7, row_base = threadIdx.x >> 3;
   // Phase 2 roles: a warp owns 4 words (16 columns); its lanes take 8 segments of 16 rows.
   const int lane = threadIdx.x & 31;
   const int word = (threadIdx.x >> 5) * 4 + (lane & 3), segment = lane >> 2;
 
-  // Origin of this block's j-th tile (j < my_tiles).
-  auto origin_of = [&](int j) {
-    TileOrigin o{0, 0};
-    if (j < my_tiles) {
-      const int i = block + j * grid;
-      const int b = i / band_tiles, w = i - b * band_tiles;
-      const int rows_in_band = min(band, tiles_m - b * band);
-      const int tc = w / rows_in_band, tr = b * band + (w - tc * rows_in_band);
-      o.row0 = std::int64_t(tiles_m - 1 - tr) * kTile;
-      o.col0 = std::int64_t(tc) * kTile;
-    }
-    return o;
-  };
-  auto store16 = [&](std::uint8_t* dst, const uint4& v) {
-    if (evict_first) __stcs(reinterpret_cast<uint4*>(dst), v);
-    else *reinterpret_cast<uint4*>(dst) = v;
-  };
-  // Copies this thread's x bytes of the tile at `o` (the block's j-th) into its slots of stage
+  // Copies this thread's x bytes of the tile at `c` (the block's j-th) into its slots of stage
   // j % kQuantStages (one commit group per tile, empty past the last one: the wait counts stay
   // uniform).
-  auto issue = [&](int j, const TileOrigin& o) {
+  auto issue = [&](int j, const TileCursor& c) {
     if (j < my_tiles) {
-      const std::int64_t col = o.col0 + vec * 16;
+      const std::int64_t row0 = c.row0(tiles_m), col = c.col0() + vec * 16;
       if (col < p.cols) {
         uint4* slot = staged + (j % kQuantStages) * 4 * kQuantThreads + threadIdx.x;
-        const std::uint8_t* src = x + (o.row0 + row_base) * p.x_row_stride + col;
+        const std::uint8_t* src = x + (row0 + row_base) * p.x_row_stride + col;
         const std::int64_t step = 32 * p.x_row_stride;
 #pragma unroll
         for (int k = 0; k < 4; ++k)
-          if (o.row0 + row_base + 32 * k < p.rows) cp_async16(slot + k * kQuantThreads, src + k * step);
+          if (row0 + row_base + 32 * k < p.rows) cp_async16(slot + k * kQuantThreads, src + k * step);
       }
     }
     cp_async_commit();
   };
-  // Weights, scales and rstd of the tile at `o` (rstd: only after the stats grid has completed).
-  auto load_rows = [&](const TileOrigin& o, TileRows<W>& d) {
-    const std::int64_t row0 = o.row0, col = o.col0 + vec * 16;
+  // Weights, scales and rstd of the tile at `c` (rstd: only after the stats grid has completed).
+  auto load_rows = [&](const TileCursor& c, TileRows<W>& d) {
+    const std::int64_t row0 = c.row0(tiles_m), col = c.col0() + vec * 16;
     if (col >= p.cols) return;
     d.w.load(weight + col);
     const SC* sc = scales + (row0 + row_base) * p.scale_row_stride + (col >> p.log2_group);
@@ -558,13 +549,17 @@ __global__ void __launch_bounds__(kQuantThreads, 3)
     }
   };
 
-  // Origins of this block's tiles j (processed), j + 1 (scalars loaded) and j + 2 (x copied).
-  TileOrigin at = origin_of(0), at1 = origin_of(1), at2 = origin_of(2);
+  // Cursors at this block's tiles j (processed), j + 1 (scalars loaded) and j + 2 (x copied).
+  TileCursor at{block / tiles_n, block % tiles_n};
+  TileCursor at1 = at, at2 = at;
+  at1.advance(step_q, step_r, tiles_n);
+  at2 = at1;
+  at2.advance(step_q, step_r, tiles_n);
 
   // x does not depend on the stats kernel: start copying before waiting for it.
   issue(0, at);
   issue(1, at1);
-  static_assert(kQuantStages == 3, "the origins cover the current tile and two ahead");
+  static_assert(kQuantStages == 3, "the cursors cover the current tile and two ahead");
   wait_for_prerequisite_grid();
   const float multiplier = scale_from_partials<QF>(p, block_amax, block_count, scratch);
 
@@ -575,7 +570,7 @@ __global__ void __launch_bounds__(kQuantThreads, 3)
     if (j + 1 < my_tiles) load_rows(at1, next);
     cp_async_wait<kQuantStages - 1>();  // this thread's copies of tile j have landed
 
-    const std::int64_t row0 = at.row0, col0 = at.col0;
+    const std::int64_t row0 = at.row0(tiles_m), col0 = at.col0();
     const std::int64_t col = col0 + vec * 16;
     if (col < p.cols) {
       float w[16];
@@ -598,7 +593,7 @@ __global__ void __launch_bounds__(kQuantThreads, 3)
 #pragma unroll
         for (int i = 0; i < 16; ++i) v[i] *= multiplier;
         const uint4 packed = encode16<QF>(v);
-        store16(qy + row * p.qy_row_stride + col, packed);
+        __stcs(reinterpret_cast<uint4*>(qy + row * p.qy_row_stride + col), packed);
         *reinterpret_cast<uint4*>(&tile[tile_word(r, vec * 4)]) = packed;
       }
     }
@@ -627,7 +622,7 @@ __global__ void __launch_bounds__(kQuantThreads, 3)
       for (int c = 0; c < 4; ++c) {
         std::uint8_t* dst = qy_t + (t_row + c) * p.qy_t_row_stride + t_col;
         if (full) {
-          store16(dst, make_uint4(out[c][0], out[c][1], out[c][2], out[c][3]));
+          __stcs(reinterpret_cast<uint4*>(dst), make_uint4(out[c][0], out[c][1], out[c][2], out[c][3]));
         } else {
           for (int b = 0; b < 16 && t_col + b < p.rows; ++b)
             dst[b] = static_cast<std::uint8_t>(out[c][b >> 2] >> (8 * (b & 3)));
@@ -638,7 +633,7 @@ __global__ void __launch_bounds__(kQuantThreads, 3)
     cur = next;
     at = at1;
     at1 = at2;
-    at2 = origin_of(j + 3);
+    at2.advance(step_q, step_r, tiles_n);
   }
   cp_async_wait<0>();
 }
@@ -707,24 +702,21 @@ constexpr std::size_t backward_smem_bytes(int tpr) {
 // dweight += dy * x_hat. Per element: u = dy * q; dweight += u * (scale rstd); the row sum
 // gathers u * w per oct and multiplies by scale rstd once.
 //
-// Row groups of tpr = 2^LOG2_TPR threads (32..256); thread t of a group owns octs kk * tpr + t
-// (kk < K): columns 8 (kk tpr + t) .. + 7. Both are compile-time constants: with a run-time
-// group size the per-row index arithmetic cost about as many instructions as the math.
-template <class XF, typename SC, typename W, int K, int LOG2_TPR>
+// Row groups of tpr = 2^log2_tpr threads (32..256); thread t of a group owns octs kk * tpr + t
+// (kk < K): columns 8 (kk tpr + t) .. + 7.
+template <class XF, typename SC, typename W, int K>
 __global__ void __launch_bounds__(kBwdThreads, 2)
-    backward_vector_kernel(BackwardParams p, float* __restrict__ partial_dw) {
+    backward_vector_kernel(BackwardParams p, int log2_tpr, float* __restrict__ partial_dw) {
   constexpr int S = kBwdStages<K>;
-  constexpr int log2_tpr = LOG2_TPR;
-  constexpr int tpr = 1 << log2_tpr;
-  constexpr int rows_per_block = kBwdThreads >> log2_tpr;
-  constexpr int count = K * tpr;  // oct slots of a row (>= nocts)
-  static_assert(tpr >= 32 && tpr <= kBwdThreads, "row groups of 32 to 256 threads");
   extern __shared__ uint4 bwd_smem[];
   __shared__ float scratch[2][kBwdThreads / 32];
   // The dweight reduction may start launching now; it waits for our partial rows.
   allow_dependent_launch();
+  const int tpr = 1 << log2_tpr;
+  const int rows_per_block = kBwdThreads >> log2_tpr;
   const int group = threadIdx.x >> log2_tpr, t = threadIdx.x & (tpr - 1);
   const int nocts = static_cast<int>(p.cols >> 3);
+  const int count = K * tpr;  // oct slots of a row (>= nocts)
   float4* w4 = reinterpret_cast<float4*>(bwd_smem);                         // [2][count]
   uint2* x_stage = reinterpret_cast<uint2*>(bwd_smem + 2 * count);          // [S][K][threads]
   uint4* dy_stage = bwd_smem + 2 * count + S * K * kBwdThreads / 2;         // [S][K][threads]
