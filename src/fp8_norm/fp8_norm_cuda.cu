@@ -45,11 +45,47 @@ void dispatch_real(DType dtype, F&& f) {
 }
 
 template <typename Kernel>
-int occupancy(const char* op, Kernel kernel, int threads) {
+int occupancy(const char* op, Kernel kernel, int threads, std::size_t smem = 0) {
   int blocks = 0;
-  detail::check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, 0), op,
+  detail::check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem), op,
                      "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
   return std::max(1, blocks);
+}
+
+// Opts a kernel in to more than 48 KB of dynamic shared memory.
+template <typename Kernel>
+void allow_smem(const char* op, int device_index, Kernel kernel, std::size_t smem) {
+  if (smem <= 48 * 1024) return;
+  const std::size_t optin = detail::device_info(op, device_index).max_smem_per_block_optin;
+  if (smem > optin)
+    throw Error(ErrorKind::unsupported, op,
+                "a kernel needs " + std::to_string(smem) + " bytes of shared memory per block; the GPU allows " +
+                    std::to_string(optin));
+  FUSEKIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              static_cast<int>(smem)));
+}
+
+// Programmatic dependent launch: the kernel is launched while the previous one in the stream
+// drains and waits for its results inside (griddepcontrol.wait), hiding the launch gap and the
+// previous grid's tail. Where that launch is refused, a plain launch (stream order) does the
+// same work.
+template <typename... Params, typename... Args>
+void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream,
+                      Args... args) {
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  if (cudaLaunchKernelEx(&config, kernel, args...) != cudaSuccess) {
+    cudaGetLastError();  // clear the refusal; a real launch error shows up in check_launch
+    kernel<<<grid, block, smem, stream>>>(args...);
+  }
 }
 
 int persistent_grid(std::int64_t work_items, std::int64_t cap) {
@@ -59,14 +95,16 @@ int persistent_grid(std::int64_t work_items, std::int64_t cap) {
 // ---- forward ---------------------------------------------------------------------------------
 
 bool forward_vector_ok(const ForwardParams& p) {
-  return p.group_size >= 16 && p.x_row_stride % 16 == 0 && aligned16(p.x) && aligned16(p.weight) &&
+  const std::int64_t tiles = ((p.rows + kTile - 1) / kTile) * ((p.cols + kTile - 1) / kTile);
+  return tiles < (std::int64_t(1) << 31) && p.group_size >= 16 && p.x_row_stride % 16 == 0 && aligned16(p.x) && aligned16(p.weight) &&
          p.qy_row_stride % 16 == 0 && aligned16(p.qy) &&
          (p.y == nullptr || (p.y_row_stride % 8 == 0 && aligned16(p.y)));
 }
 
 // Launches the statistics kernel; returns its grid (the number of per-block maxima).
 template <class XF, typename SC, typename W>
-int launch_stats(const ForwardParams& p, bool vector, int sms, float* block_amax, cudaStream_t stream) {
+int launch_stats(const ForwardParams& p, bool vector, int sms, int device_index, float* block_amax,
+                 cudaStream_t stream) {
   const char* op = "fp8_rms_norm_forward";
   auto check_capacity = [&](int grid) {
     const std::size_t need = static_cast<std::size_t>(grid) * sizeof(float);
@@ -78,11 +116,17 @@ int launch_stats(const ForwardParams& p, bool vector, int sms, float* block_amax
   if (vector) {
     const int log2_tpr = std::min(5, log2_ceil(p.cols / 16));
     const int rows_per_block = kStatsThreads >> log2_tpr;
-    auto kernel = stats_vector_kernel<XF, SC, W>;
-    const int per_sm = std::min(kStatsBlocksPerSm, occupancy(op, kernel, kStatsThreads));
-    grid = persistent_grid((p.rows + rows_per_block - 1) / rows_per_block, std::int64_t(sms) * per_sm);
-    check_capacity(grid);
-    kernel<<<grid, kStatsThreads, 0, stream>>>(p, log2_tpr, block_amax);
+    auto run = [&](auto kernel, std::size_t smem) {
+      allow_smem(op, device_index, kernel, smem);
+      const int per_sm = std::min(kStatsBlocksPerSm, occupancy(op, kernel, kStatsThreads, smem));
+      grid = persistent_grid((p.rows + rows_per_block - 1) / rows_per_block, std::int64_t(sms) * per_sm);
+      check_capacity(grid);
+      kernel<<<grid, kStatsThreads, smem, stream>>>(p, log2_tpr, block_amax);
+    };
+    if (p.cols <= kStatsSmemWeightCols)
+      run(stats_vector_kernel<XF, SC, W, true>, static_cast<std::size_t>(p.cols) * sizeof(float));
+    else
+      run(stats_vector_kernel<XF, SC, W, false>, 0);
   } else {
     auto kernel = stats_generic_kernel<XF, SC, W>;
     const int per_sm = std::min(kStatsBlocksPerSm, occupancy(op, kernel, kStatsThreads));
@@ -96,17 +140,21 @@ int launch_stats(const ForwardParams& p, bool vector, int sms, float* block_amax
 }
 
 template <class XF, class QF, typename SC, typename W>
-void launch_quantize(const ForwardParams& p, bool vector, int sms, const float* block_amax,
+void launch_quantize(const ForwardParams& p, bool vector, int sms, int device_index, const float* block_amax,
                      int block_count, cudaStream_t stream) {
   const char* op = "fp8_rms_norm_forward";
   if (vector) {
     auto kernel = quantize_vector_kernel<XF, QF, SC, W>;
+    const std::size_t smem = kQuantSmemBytes;
+    allow_smem(op, device_index, kernel, smem);
     const std::int64_t tiles = ((p.rows + kTile - 1) / kTile) * ((p.cols + kTile - 1) / kTile);
-    // One block per tile (the hardware balances them; the stats maxima each block re-reads
-    // are a few KB from L2), capped only to keep the grid small for enormous tensors.
-    const int grid = persistent_grid(tiles, std::int64_t(sms) * occupancy(op, kernel, kQuantThreads) * 64);
+    // Persistent, as many blocks as fit at once, and sized so that every block gets the same
+    // number of tiles give or take one (no block starts a last round that others do not).
+    const std::int64_t capacity = std::int64_t(sms) * occupancy(op, kernel, kQuantThreads, smem);
+    const std::int64_t per_block = std::max<std::int64_t>(1, (tiles + capacity - 1) / capacity);
+    const int grid = persistent_grid((tiles + per_block - 1) / per_block, capacity);
     const bool t_vector = aligned16(p.qy_t) && p.qy_t_row_stride % 16 == 0;
-    kernel<<<grid, kQuantThreads, 0, stream>>>(p, block_amax, block_count, t_vector);
+    launch_dependent(kernel, dim3(grid), dim3(kQuantThreads), smem, stream, p, block_amax, block_count, t_vector);
   } else {
     auto kernel = quantize_generic_kernel<XF, QF, SC, W>;
     const std::int64_t tiles =
@@ -121,10 +169,9 @@ void launch_quantize(const ForwardParams& p, bool vector, int sms, const float* 
 
 struct BackwardConfig {
   bool vector = false;
-  int iters = 1;     // 16-element vectors per thread and row
+  int octs = 2;      // 8-column runs per thread and row (vector path): 2, 4 or 8
   int log2_tpr = 0;  // threads per row group (vector path)
   int rows_per_block = 1;
-  int threads = kGenericBwdThreads;
 };
 
 BackwardConfig choose_backward(const BackwardParams& p) {
@@ -132,24 +179,24 @@ BackwardConfig choose_backward(const BackwardParams& p) {
   const bool aligned = p.group_size >= 16 && p.x_row_stride % 16 == 0 && aligned16(p.x) &&
                        p.dy_row_stride % 8 == 0 && aligned16(p.dy) && aligned16(p.weight) &&
                        (p.dx == nullptr || (p.dx_row_stride % 8 == 0 && aligned16(p.dx)));
-  const std::int64_t nvec = p.cols / 16;
+  const std::int64_t nocts = p.cols / 8;
   if (!aligned) return c;
-  // Two vectors per thread (twice the bytes in flight per thread; at 512 threads and one block
-  // per SM that is what keeps HBM busy) once the row has 64 of them; up to 1024 vectors
-  // (N = 16384). Longer rows take the generic kernel. A group of at most 256 threads holds at
-  // most 512 vector slots, which is what kCombineFloats is sized for.
-  c.iters = nvec >= 64 ? 2 : 1;
-  c.log2_tpr = std::max(5, log2_ceil((nvec + c.iters - 1) / c.iters));
-  if (c.log2_tpr > 9) return BackwardConfig{};
+  // Row groups of up to 256 threads with 2, 4 or 8 octs each: up to 2048 octs (N = 16384).
+  // Longer rows take the generic kernel. Four octs (32 columns) per thread from N = 1024 on:
+  // the per-row work (row sum, addresses) is shared by more elements.
+  if (nocts <= 128) c.octs = 2;
+  else if (nocts <= 1024) c.octs = 4;
+  else if (nocts <= 2048) c.octs = 8;
+  else return c;
+  c.log2_tpr = std::max(5, log2_ceil((nocts + c.octs - 1) / c.octs));
   c.vector = true;
   c.rows_per_block = kBwdThreads >> c.log2_tpr;
-  c.threads = kBwdThreads;
   return c;
 }
 
 template <class XF, typename SC, typename W>
-int launch_backward_main(const BackwardParams& p, const BackwardConfig& c, int sms, float* partial,
-                         std::size_t partial_capacity_bytes, cudaStream_t stream) {
+int launch_backward_main(const BackwardParams& p, const BackwardConfig& c, int sms, int device_index,
+                         float* partial, std::size_t partial_capacity_bytes, cudaStream_t stream) {
   const char* op = "fp8_rms_norm_backward";
   auto check_capacity = [&](int grid) {
     const std::size_t need = static_cast<std::size_t>(grid) * p.cols * sizeof(float);
@@ -159,14 +206,17 @@ int launch_backward_main(const BackwardParams& p, const BackwardConfig& c, int s
   };
   int grid = 0;
   if (c.vector) {
-    auto run = [&](auto kernel) {
-      const int per_sm = std::min(kBwdBlocksPerSm, occupancy(op, kernel, kBwdThreads));
+    auto run = [&](auto kernel, std::size_t smem) {
+      allow_smem(op, device_index, kernel, smem);
+      const int per_sm = std::min(kBwdBlocksPerSm, occupancy(op, kernel, kBwdThreads, smem));
       grid = persistent_grid((p.rows + c.rows_per_block - 1) / c.rows_per_block, std::int64_t(sms) * per_sm);
       check_capacity(grid);
-      kernel<<<grid, kBwdThreads, 0, stream>>>(p, c.log2_tpr, partial);
+      kernel<<<grid, kBwdThreads, smem, stream>>>(p, c.log2_tpr, partial);
     };
-    if (c.iters == 1) run(backward_vector_kernel<XF, SC, W, 1>);
-    else run(backward_vector_kernel<XF, SC, W, 2>);
+    const int tpr = 1 << c.log2_tpr;
+    if (c.octs == 2) run(backward_vector_kernel<XF, SC, W, 2>, backward_smem_bytes<2>(tpr));
+    else if (c.octs == 4) run(backward_vector_kernel<XF, SC, W, 4>, backward_smem_bytes<4>(tpr));
+    else run(backward_vector_kernel<XF, SC, W, 8>, backward_smem_bytes<8>(tpr));
   } else {
     auto kernel = backward_generic_kernel<XF, SC, W>;
     const int per_sm = std::min(kBwdBlocksPerSm, occupancy(op, kernel, kGenericBwdThreads));
@@ -206,10 +256,10 @@ void forward_cuda(const ForwardParams& p, int device_index, Stream stream) {
         using XF = decltype(xf);
         using SC = decltype(sc);
         using W = decltype(w);
-        if (p.rows > 0) block_count = launch_stats<XF, SC, W>(p, vector, sms, block_amax, s);
+        if (p.rows > 0) block_count = launch_stats<XF, SC, W>(p, vector, sms, device_index, block_amax, s);
         // Launched even for M = 0: it writes the scale of the empty tensor.
         dispatch_fp8(p.q_dtype, [&](auto qf) {
-          launch_quantize<XF, decltype(qf), SC, W>(p, vector, sms, block_amax, block_count, s);
+          launch_quantize<XF, decltype(qf), SC, W>(p, vector, sms, device_index, block_amax, block_count, s);
         });
       });
     });
@@ -234,12 +284,13 @@ void backward_cuda(const BackwardParams& p, int device_index, Stream stream) {
     dispatch_real(p.scale_dtype, [&](auto sc) {
       dispatch_real(p.weight_dtype, [&](auto w) {
         using W = decltype(w);
-        const int grid = launch_backward_main<decltype(xf), decltype(sc), W>(p, config, sms, partial,
-                                                                            p.workspace_bytes, s);
+        const int grid = launch_backward_main<decltype(xf), decltype(sc), W>(p, config, sms, device_index,
+                                                                            partial, p.workspace_bytes, s);
         if (partial) {
           const dim3 reduce_grid(static_cast<unsigned>((p.cols + 31) / 32));
-          reduce_dweight_kernel<W><<<reduce_grid, dim3(32, 32), 0, s>>>(partial, grid, p.cols,
-                                                                        static_cast<W*>(p.dweight));
+          const float* partial_rows = partial;
+          launch_dependent(reduce_dweight_kernel<W>, reduce_grid, dim3(32, 32), 0, s, partial_rows, grid, p.cols,
+                           static_cast<W*>(p.dweight));
           detail::check_launch(op, "fp8 rms norm dweight reduction kernel");
         }
       });

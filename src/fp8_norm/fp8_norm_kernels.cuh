@@ -4,18 +4,31 @@
 //  1. stats: one pass over fp8 x and its scales. Each row group reduces the row's sum of squares
 //     (-> rstd, written out) and max |xd * w|; since y = (xd * w) * rstd, the row's max |y| is
 //     that max times rstd (monotone rounding), so the pass needs neither rstd in advance nor a
-//     second sweep. Each block writes the max over its rows to the workspace.
-//  2. quantize: every block first reduces the stats blocks' maxima (max is order-independent, so
-//     the result is exact and deterministic) into the scale; block 0 writes it. Then it walks
-//     128 x 128 tiles: recomputes y from x (second read of x), writes qy row-major with 16-byte
-//     stores, and keeps the tile's fp8 bytes in shared memory (XOR-swizzled 4-byte words, no bank
-//     conflicts either way) to write qy_t with 16-byte stores along its rows.
-//  Bytes moved: x and scales twice, qy and qy_t once (plus rstd, w and a few KB of maxima).
+//     second sweep. Each block writes the max over its rows to the workspace. The weights are
+//     staged once per block in shared memory as floats (N <= 16384), which keeps the pass at
+//     about five instructions per element: with one byte per element it is otherwise bound by
+//     instruction issue rather than by memory.
+//  2. quantize: a persistent grid launched as a programmatic dependent of the stats kernel. Its
+//     blocks start while the stats grid drains, copy their first x tiles (which do not depend on
+//     the statistics) with cp.async, and only then wait (griddepcontrol.wait) for the stats
+//     results: the maxima (max is order-independent: exact and deterministic) give the scale,
+//     block 0 writes it. Each block walks 128 x 128 tiles with x staged three tiles deep in
+//     shared memory, recomputes y from x (second read of x), writes qy row-major with 16-byte
+//     stores and keeps the tile's fp8 bytes in shared memory (XOR-swizzled 4-byte words, no bank
+//     conflicts either way) to write qy_t with 16-byte stores along its rows. Tiles are taken
+//     from the last rows to the first: the stats pass read those last, so part of the second
+//     read of x is served by L2; the outputs are stored evict-first so that they do not push
+//     that x out.
+//  Bytes moved: x and scales twice (less what L2 serves), qy and qy_t once (plus rstd, w and a
+//  few KB of maxima).
 //
-// Backward: a persistent grid; row groups hold a row's fp8 x, bf16 dy and scales in registers
-// (the next row's are prefetched while the current one is reduced), accumulate dweight partial
-// sums in registers, combine the row groups of a block in a fixed order through shared memory,
-// and write one partial row per block; a second kernel sums those rows in a fixed order.
+// Backward: a persistent grid; row groups of threads share a row. A thread owns fixed runs of 8
+// columns ("octs": 8 fp8 bytes of x, 16 bytes of dy and dx, so that every warp-wide access is
+// contiguous) and copies its own x and dy bytes of the rows ahead into shared memory with
+// cp.async (2 to 4 rows deep: no registers held for prefetching, no barrier needed for them).
+// It accumulates dweight partial sums in registers, the row groups of a block are combined in a
+// fixed order through shared memory, and each block writes one partial row; a second kernel,
+// launched as a programmatic dependent, sums those rows in a fixed order.
 //
 // "vector" kernels need 16-element vectors that lie in one scale group (group_size >= 16) and
 // 16-byte aligned rows; the "generic" kernels handle any group size and alignment, element by
@@ -26,6 +39,7 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
@@ -155,7 +169,7 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
 // gets the bitwise-same total (xor butterfly, then warps added in index order). `scratch` holds
 // one float per warp of the block and must not be rewritten before the next __syncthreads()
 // (callers alternate two buffers). Contains __syncthreads() when the group spans warps: every
-// thread of the block must call it.
+// thread of the block must call it. Groups of at most 256 threads.
 __device__ __forceinline__ float row_sum(float v, int log2_tpr, float* scratch) {
   const int tpr = 1 << log2_tpr;
   const int width = tpr < 32 ? tpr : 32;
@@ -165,10 +179,77 @@ __device__ __forceinline__ float row_sum(float v, int log2_tpr, float* scratch) 
     __syncthreads();
     const int warps = tpr >> 5, first = (threadIdx.x >> log2_tpr) * warps;
     float s = 0.0f;
-    for (int w = 0; w < warps; ++w) s += scratch[first + w];
+#pragma unroll
+    for (int w = 0; w < 8; ++w)  // groups of at most 256 threads
+      if (w < warps) s += scratch[first + w];
     v = s;
   }
   return v;
+}
+
+
+// ---- asynchronous copies and programmatic dependent launch ------------------------------------
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+// Streaming data read once: 16 bytes bypass L1.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(smem)), "l"(gmem) : "memory");
+}
+// 8-byte copies must go through L1 (.ca); a warp's 32 of them cover 256 contiguous bytes.
+__device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_addr(smem)), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Lets the next kernel in the stream, when launched with programmatic stream serialization,
+// begin launching now; it still waits for this grid's results in griddepcontrol.wait.
+__device__ __forceinline__ void allow_dependent_launch() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+// Waits for the grid this one depends on to complete and its writes to be visible (a no-op when
+// the kernel was launched without programmatic stream serialization).
+__device__ __forceinline__ void wait_for_prerequisite_grid() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+// 8 fp8 values (one 8-byte word pair).
+template <class F>
+__device__ __forceinline__ void decode8(const uint2& raw, float (&q)[8]) {
+  const std::uint32_t words[2] = {raw.x, raw.y};
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const __half2_raw pair = __nv_cvt_fp8x2_to_halfraw2(
+          static_cast<__nv_fp8x2_storage_t>(words[k] >> (16 * h)), F::kKind);
+      const float2 f = __half22float2(__half2(pair));
+      q[4 * k + 2 * h] = f.x;
+      q[4 * k + 2 * h + 1] = f.y;
+    }
+  }
+}
+
+// Stages the weights in shared memory as floats, in runs of 4 * quads weights ("units"):
+// w4[k * count + u] holds weights 4 (quads u + k) .. + 3, so that consecutive threads reading
+// consecutive units touch consecutive 16-byte words (no bank conflicts). Units u in
+// [units, count) are zero. All threads of the block take part; the caller synchronizes.
+template <typename W>
+__device__ __forceinline__ void stage_weights(const W* __restrict__ weight, int units, int quads, int count,
+                                              float4* w4) {
+  for (int idx = threadIdx.x; idx < count * quads; idx += blockDim.x) {
+    const int u = idx / quads, k = idx - u * quads;
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (u < units) {
+      const W* src = weight + std::int64_t(idx) * 4;
+      v = make_float4(to_float(src[0]), to_float(src[1]), to_float(src[2]), to_float(src[3]));
+    }
+    w4[k * count + u] = v;
+  }
 }
 
 // =============================================================================================
@@ -176,6 +257,8 @@ __device__ __forceinline__ float row_sum(float v, int log2_tpr, float* scratch) 
 
 inline constexpr int kStatsThreads = 256;
 inline constexpr int kStatsUnroll = 4;  // 16-byte vectors in flight per thread
+// Rows up to this long stage their weights in shared memory (64 KB of floats).
+inline constexpr std::int64_t kStatsSmemWeightCols = 16384;
 
 // bf16 scales and bf16 weights: products of an fp8 value, a scale and a weight are exact in
 // float32 as long as they stay in its normal range (|q * w| >= 2^-126), so the stats pass can
@@ -183,11 +266,15 @@ inline constexpr int kStatsUnroll = 4;  // 16-byte vectors in flight per thread
 template <typename SC, typename W>
 inline constexpr bool kExactProducts = std::is_same_v<SC, __nv_bfloat16> && std::is_same_v<W, __nv_bfloat16>;
 
-// Row groups of 2^log2_tpr threads (1..32) stride over the row's 16-element vectors.
-template <class XF, typename SC, typename W>
+// Row groups of 2^log2_tpr threads (1..32) stride over the row's 16-element vectors. With
+// kSmemWeights the block first stages the weights (dynamic shared memory, 4 N bytes).
+template <class XF, typename SC, typename W, bool kSmemWeights>
 __global__ void __launch_bounds__(kStatsThreads, 4)
     stats_vector_kernel(ForwardParams p, int log2_tpr, float* __restrict__ block_amax_out) {
+  extern __shared__ float4 stats_w4[];
   __shared__ float scratch[32];
+  // The quantize kernel may start launching now: it copies x tiles until it needs our results.
+  allow_dependent_launch();
   const int tpr = 1 << log2_tpr;
   const int rows_per_block = kStatsThreads >> log2_tpr;
   const int group = threadIdx.x >> log2_tpr, t = threadIdx.x & (tpr - 1);
@@ -196,6 +283,10 @@ __global__ void __launch_bounds__(kStatsThreads, 4)
   const std::uint8_t* __restrict__ x = static_cast<const std::uint8_t*>(p.x);
   const SC* __restrict__ scales = static_cast<const SC*>(p.scales);
   const W* __restrict__ weight = static_cast<const W*>(p.weight);
+  if constexpr (kSmemWeights) {
+    stage_weights(weight, nvec, 4, nvec, stats_w4);
+    __syncthreads();
+  }
   float amax = 0.0f;
 
   for (std::int64_t base = std::int64_t(blockIdx.x) * rows_per_block; base < p.rows;
@@ -204,20 +295,17 @@ __global__ void __launch_bounds__(kStatsThreads, 4)
     double sum_squares = 0.0;
     float max_xw = 0.0f;
     if (row < p.rows) {
-      const std::uint8_t* xr = x + row * p.x_row_stride;
+      const uint4* xr = reinterpret_cast<const uint4*>(x + row * p.x_row_stride);
       const SC* sr = scales + row * p.scale_row_stride;
       for (int v0 = t; v0 < nvec; v0 += tpr * kStatsUnroll) {
         uint4 raw[kStatsUnroll];
         float sc[kStatsUnroll];
+        // Past the row's end the loads repeat its last vector (never used): no branches.
 #pragma unroll
         for (int u = 0; u < kStatsUnroll; ++u) {
-          const int v = v0 + u * tpr;
-          raw[u] = make_uint4(0, 0, 0, 0);
-          sc[u] = 0.0f;
-          if (v < nvec) {
-            raw[u] = load16(xr + std::int64_t(v) * 16);
-            sc[u] = to_float(sr[v >> scale_shift]);
-          }
+          const int v = min(v0 + u * tpr, nvec - 1);
+          raw[u] = __ldg(xr + v);
+          sc[u] = to_float(sr[v >> scale_shift]);
         }
 #pragma unroll
         for (int u = 0; u < kStatsUnroll; ++u) {
@@ -225,7 +313,18 @@ __global__ void __launch_bounds__(kStatsThreads, 4)
           if (v >= nvec) continue;
           float q[16], w[16];
           decode16<XF>(raw[u], q);
-          load_w16(weight + std::int64_t(v) * 16, w);
+          if constexpr (kSmemWeights) {
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+              const float4 f = stats_w4[k * nvec + v];
+              w[4 * k] = f.x;
+              w[4 * k + 1] = f.y;
+              w[4 * k + 2] = f.z;
+              w[4 * k + 3] = f.w;
+            }
+          } else {
+            load_w16(weight + std::int64_t(v) * 16, w);
+          }
           // q^2 is exact in float32 (at most 8 significant bits); the 16 squares are summed in
           // float32 (four chains of four, then a pairwise tree: at most 5 roundings on any
           // path), then scaled by scale^2 and accumulated in float64 (no overflow or underflow
@@ -304,12 +403,16 @@ __global__ void __launch_bounds__(kStatsThreads)
   if (threadIdx.x == 0) block_amax_out[blockIdx.x] = amax;
 }
 
+
 // =============================================================================================
 // Forward 2: quantize + transpose.
 
 inline constexpr int kQuantThreads = 256;
 inline constexpr int kTile = 128;  // rows and columns of a vector-path tile
 inline constexpr int kGenericTile = 64;
+inline constexpr int kQuantStages = 3;  // x tiles in shared memory: the current one and two ahead
+// Dynamic shared memory of the vector quantize kernel: the staged x tiles and the fp8 tile.
+inline constexpr int kQuantSmemBytes = (kQuantStages + 1) * kTile * kTile;
 
 // The global max from the stats blocks' maxima; writes y_scale once (block 0) and returns the
 // multiplier applied before the fp8 conversion.
@@ -330,13 +433,67 @@ __device__ __forceinline__ float scale_from_partials(const ForwardParams& p,
 // 4-byte loads (8 row segments x 4 words per warp) then both hit 32 distinct banks.
 __device__ __forceinline__ int tile_word(int r, int w) { return r * 32 + (w ^ (((r >> 4) & 7) << 2)); }
 
+// 16 weights as raw 16-byte words (2 for bf16, 4 for float), so that they can be loaded a tile
+// ahead and converted only when used.
+template <typename W>
+struct RawWeights16 {
+  static constexpr int kWords = static_cast<int>(sizeof(W));
+  uint4 word[kWords];
+  __device__ __forceinline__ void load(const W* w) {
+#pragma unroll
+    for (int r = 0; r < kWords; ++r) word[r] = __ldg(reinterpret_cast<const uint4*>(w) + r);
+  }
+  __device__ __forceinline__ void unpack(float (&out)[16]) const {
+    if constexpr (std::is_same_v<W, float>) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        out[4 * r] = __uint_as_float(word[r].x);
+        out[4 * r + 1] = __uint_as_float(word[r].y);
+        out[4 * r + 2] = __uint_as_float(word[r].z);
+        out[4 * r + 3] = __uint_as_float(word[r].w);
+      }
+    } else {
+      unpack_bf16x8(word[0], out);
+      unpack_bf16x8(word[1], out + 8);
+    }
+  }
+};
+
+// What a thread needs of one tile besides x: its 16 weights, and the scale and rstd of its 4 rows.
+template <typename W>
+struct TileRows {
+  RawWeights16<W> w;
+  float sc[4], rstd[4];
+};
+
+// Walks a block's tiles b, b + G, b + 2 G, ... (G = gridDim.x) of a tiles_m x tiles_n grid
+// without dividing per step: (q, r) = divmod(index, tiles_n). Tile rows are taken from the last
+// to the first.
+struct TileCursor {
+  int q, r;
+  __device__ __forceinline__ void advance(int step_q, int step_r, int tiles_n) {
+    q += step_q;
+    r += step_r;
+    if (r >= tiles_n) {
+      r -= tiles_n;
+      ++q;
+    }
+  }
+  __device__ __forceinline__ std::int64_t row0(int tiles_m) const { return std::int64_t(tiles_m - 1 - q) * kTile; }
+  __device__ __forceinline__ std::int64_t col0() const { return std::int64_t(r) * kTile; }
+};
+
+// Persistent: block b takes tiles b, b + gridDim.x, ... in an order that walks the rows from the
+// last tile row to the first. Launched with programmatic stream serialization after the stats
+// kernel (see the file comment). The launcher guarantees tiles_m * tiles_n < 2^31.
 template <class XF, class QF, typename SC, typename W>
 __global__ void __launch_bounds__(kQuantThreads, 3)
     quantize_vector_kernel(ForwardParams p, const float* __restrict__ block_amax, int block_count,
                            bool qy_t_vector_stores) {
-  __shared__ __align__(16) std::uint32_t tile[kTile * kTile / 4];
+  extern __shared__ uint4 quant_smem[];
+  uint4* staged = quant_smem;  // [stage][k][thread]: row rb + 32 k of the tile, 16 bytes
+  std::uint32_t* tile = reinterpret_cast<std::uint32_t*>(quant_smem + kQuantStages * 4 * kQuantThreads);
   __shared__ float scratch[32];
-  const float multiplier = scale_from_partials<QF>(p, block_amax, block_count, scratch);
 
   const std::uint8_t* __restrict__ x = static_cast<const std::uint8_t*>(p.x);
   const SC* __restrict__ scales = static_cast<const SC*>(p.scales);
@@ -345,43 +502,89 @@ __global__ void __launch_bounds__(kQuantThreads, 3)
   std::uint8_t* __restrict__ qy_t = static_cast<std::uint8_t*>(p.qy_t);
   __nv_bfloat16* __restrict__ y = static_cast<__nv_bfloat16*>(p.y);
 
-  const std::int64_t tiles_n = (p.cols + kTile - 1) / kTile;
-  const std::int64_t tiles = (p.rows + kTile - 1) / kTile * tiles_n;
+  const int tiles_m = static_cast<int>((p.rows + kTile - 1) / kTile);
+  const int tiles_n = static_cast<int>((p.cols + kTile - 1) / kTile);
+  const int tiles = tiles_m * tiles_n;
+  const int block = static_cast<int>(blockIdx.x), grid = static_cast<int>(gridDim.x);
+  const int my_tiles = tiles > block ? (tiles - block + grid - 1) / grid : 0;
+  const int step_q = grid / tiles_n, step_r = grid - step_q * tiles_n;
   // Phase 1 roles: 8 threads per row cover its 128 columns (16 each), 32 rows at a time.
   const int vec = threadIdx.x & 7, row_base = threadIdx.x >> 3;
   // Phase 2 roles: a warp owns 4 words (16 columns); its lanes take 8 segments of 16 rows.
   const int lane = threadIdx.x & 31;
   const int word = (threadIdx.x >> 5) * 4 + (lane & 3), segment = lane >> 2;
 
-  for (std::int64_t tile_id = blockIdx.x; tile_id < tiles; tile_id += gridDim.x) {
-    const std::int64_t row0 = tile_id / tiles_n * kTile, col0 = tile_id % tiles_n * kTile;
+  // Copies this thread's x bytes of the tile at `c` (the block's j-th) into its slots of stage
+  // j % kQuantStages (one commit group per tile, empty past the last one: the wait counts stay
+  // uniform).
+  auto issue = [&](int j, const TileCursor& c) {
+    if (j < my_tiles) {
+      const std::int64_t row0 = c.row0(tiles_m), col = c.col0() + vec * 16;
+      if (col < p.cols) {
+        uint4* slot = staged + (j % kQuantStages) * 4 * kQuantThreads + threadIdx.x;
+        const std::uint8_t* src = x + (row0 + row_base) * p.x_row_stride + col;
+        const std::int64_t step = 32 * p.x_row_stride;
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          if (row0 + row_base + 32 * k < p.rows) cp_async16(slot + k * kQuantThreads, src + k * step);
+      }
+    }
+    cp_async_commit();
+  };
+  // Weights, scales and rstd of the tile at `c` (rstd: only after the stats grid has completed).
+  auto load_rows = [&](const TileCursor& c, TileRows<W>& d) {
+    const std::int64_t row0 = c.row0(tiles_m), col = c.col0() + vec * 16;
+    if (col >= p.cols) return;
+    d.w.load(weight + col);
+    const SC* sc = scales + (row0 + row_base) * p.scale_row_stride + (col >> p.log2_group);
+    const std::int64_t step = 32 * p.scale_row_stride;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const std::int64_t row = row0 + row_base + 32 * k;
+      d.sc[k] = d.rstd[k] = 0.0f;
+      if (row < p.rows) {
+        d.sc[k] = to_float(sc[k * step]);
+        d.rstd[k] = p.rstd[row];
+      }
+    }
+  };
 
+  // Cursors at this block's tiles j (processed), j + 1 (scalars loaded) and j + 2 (x copied).
+  TileCursor at{block / tiles_n, block % tiles_n};
+  TileCursor at1 = at, at2 = at;
+  at1.advance(step_q, step_r, tiles_n);
+  at2 = at1;
+  at2.advance(step_q, step_r, tiles_n);
+
+  // x does not depend on the stats kernel: start copying before waiting for it.
+  issue(0, at);
+  issue(1, at1);
+  static_assert(kQuantStages == 3, "the cursors cover the current tile and two ahead");
+  wait_for_prerequisite_grid();
+  const float multiplier = scale_from_partials<QF>(p, block_amax, block_count, scratch);
+
+  TileRows<W> cur, next;
+  if (my_tiles > 0) load_rows(at, cur);
+  for (int j = 0; j < my_tiles; ++j) {
+    issue(j + 2, at2);
+    if (j + 1 < my_tiles) load_rows(at1, next);
+    cp_async_wait<kQuantStages - 1>();  // this thread's copies of tile j have landed
+
+    const std::int64_t row0 = at.row0(tiles_m), col0 = at.col0();
     const std::int64_t col = col0 + vec * 16;
     if (col < p.cols) {
       float w[16];
-      load_w16(weight + col, w);
-      uint4 raw[4];
-      float sc[4], rstd[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const std::int64_t row = row0 + row_base + 32 * k;
-        raw[k] = make_uint4(0, 0, 0, 0);
-        sc[k] = rstd[k] = 0.0f;
-        if (row < p.rows) {
-          raw[k] = load16(x + row * p.x_row_stride + col);
-          sc[k] = to_float(scales[row * p.scale_row_stride + (col >> p.log2_group)]);
-          rstd[k] = p.rstd[row];
-        }
-      }
+      cur.w.unpack(w);
+      const uint4* slot = staged + (j % kQuantStages) * 4 * kQuantThreads + threadIdx.x;
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const int r = row_base + 32 * k;
         const std::int64_t row = row0 + r;
         if (row >= p.rows) continue;
         float v[16];
-        decode16<XF>(raw[k], v);
+        decode16<XF>(slot[k * kQuantThreads], v);
 #pragma unroll
-        for (int i = 0; i < 16; ++i) v[i] = normalized(weighted(dequantize(v[i], sc[k]), w[i]), rstd[k]);
+        for (int i = 0; i < 16; ++i) v[i] = normalized(weighted(dequantize(v[i], cur.sc[k]), w[i]), cur.rstd[k]);
         if (y) {
           uint4* dst = reinterpret_cast<uint4*>(y + row * p.y_row_stride + col);
           dst[0] = pack_bf16x8(v);
@@ -390,7 +593,7 @@ __global__ void __launch_bounds__(kQuantThreads, 3)
 #pragma unroll
         for (int i = 0; i < 16; ++i) v[i] *= multiplier;
         const uint4 packed = encode16<QF>(v);
-        *reinterpret_cast<uint4*>(qy + row * p.qy_row_stride + col) = packed;
+        __stcs(reinterpret_cast<uint4*>(qy + row * p.qy_row_stride + col), packed);
         *reinterpret_cast<uint4*>(&tile[tile_word(r, vec * 4)]) = packed;
       }
     }
@@ -402,7 +605,7 @@ __global__ void __launch_bounds__(kQuantThreads, 3)
       std::uint32_t in[16];
 #pragma unroll
       for (int i = 0; i < 16; ++i) in[i] = tile[tile_word(16 * segment + i, word)];
-      // 4x4 byte transposes: out[j][k] holds column j's bytes of rows 4k .. 4k + 3.
+      // 4x4 byte transposes: out[c][k] holds column c's bytes of rows 4k .. 4k + 3.
       std::uint32_t out[4][4];
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
@@ -416,18 +619,23 @@ __global__ void __launch_bounds__(kQuantThreads, 3)
       }
       const bool full = qy_t_vector_stores && t_col + 16 <= p.rows;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        std::uint8_t* dst = qy_t + (t_row + j) * p.qy_t_row_stride + t_col;
+      for (int c = 0; c < 4; ++c) {
+        std::uint8_t* dst = qy_t + (t_row + c) * p.qy_t_row_stride + t_col;
         if (full) {
-          *reinterpret_cast<uint4*>(dst) = make_uint4(out[j][0], out[j][1], out[j][2], out[j][3]);
+          __stcs(reinterpret_cast<uint4*>(dst), make_uint4(out[c][0], out[c][1], out[c][2], out[c][3]));
         } else {
           for (int b = 0; b < 16 && t_col + b < p.rows; ++b)
-            dst[b] = static_cast<std::uint8_t>(out[j][b >> 2] >> (8 * (b & 3)));
+            dst[b] = static_cast<std::uint8_t>(out[c][b >> 2] >> (8 * (b & 3)));
         }
       }
     }
     __syncthreads();  // the tile is rewritten by the next iteration
+    cur = next;
+    at = at1;
+    at1 = at2;
+    at2.advance(step_q, step_r, tiles_n);
   }
+  cp_async_wait<0>();
 }
 
 // Element by element through a 64 x 64 byte tile (rows padded to 65 bytes).
@@ -471,31 +679,47 @@ __global__ void __launch_bounds__(kQuantThreads)
   }
 }
 
+
 // =============================================================================================
 // Backward.
 
-inline constexpr int kBwdThreads = 512;
-inline constexpr int kCombineFloats = 8192;  // row-group combine buffer (32 KB): 512 vector slots
+inline constexpr int kBwdThreads = 256;
 
-template <int ITERS>
-struct RowData {
-  uint4 x[ITERS];
-  uint4 dy[ITERS][2];
-  float scale[ITERS];
-  float rstd;
-};
+// Rows of x and dy staged in shared memory (the current one and STAGES - 1 ahead), by the number
+// K of octs a thread owns per row: deep enough to keep HBM busy at two blocks per SM while the
+// block's shared memory stays within half an SM.
+template <int K>
+inline constexpr int kBwdStages = K <= 2 ? 4 : (K == 4 ? 3 : 2);
 
-// Row groups of 2^log2_tpr threads (32..512); thread t of a group owns vectors it * tpr + t.
-template <class XF, typename SC, typename W, int ITERS>
-__global__ void __launch_bounds__(kBwdThreads, 1)
+// Dynamic shared memory of the vector backward: the staged float weights (2 float4 per oct slot)
+// and the staged rows (8 bytes of x and 16 of dy per thread and oct).
+template <int K>
+constexpr std::size_t backward_smem_bytes(int tpr) {
+  return std::size_t(tpr) * K * 32 + std::size_t(kBwdStages<K>) * K * kBwdThreads * 24;
+}
+
+// dx = rstd * (g - x_hat * mean(g * x_hat)) with g = dy * w and x_hat = q * (scale * rstd), and
+// dweight += dy * x_hat. Per element: u = dy * q; dweight += u * (scale rstd); the row sum
+// gathers u * w per oct and multiplies by scale rstd once.
+//
+// Row groups of tpr = 2^log2_tpr threads (32..256); thread t of a group owns octs kk * tpr + t
+// (kk < K): columns 8 (kk tpr + t) .. + 7.
+template <class XF, typename SC, typename W, int K>
+__global__ void __launch_bounds__(kBwdThreads, 2)
     backward_vector_kernel(BackwardParams p, int log2_tpr, float* __restrict__ partial_dw) {
+  constexpr int S = kBwdStages<K>;
+  extern __shared__ uint4 bwd_smem[];
   __shared__ float scratch[2][kBwdThreads / 32];
-  __shared__ float combine[kCombineFloats];
+  // The dweight reduction may start launching now; it waits for our partial rows.
+  allow_dependent_launch();
   const int tpr = 1 << log2_tpr;
   const int rows_per_block = kBwdThreads >> log2_tpr;
   const int group = threadIdx.x >> log2_tpr, t = threadIdx.x & (tpr - 1);
-  const int nvec = static_cast<int>(p.cols >> 4);
-  const int scale_shift = p.log2_group - 4;
+  const int nocts = static_cast<int>(p.cols >> 3);
+  const int count = K * tpr;  // oct slots of a row (>= nocts)
+  float4* w4 = reinterpret_cast<float4*>(bwd_smem);                         // [2][count]
+  uint2* x_stage = reinterpret_cast<uint2*>(bwd_smem + 2 * count);          // [S][K][threads]
+  uint4* dy_stage = bwd_smem + 2 * count + S * K * kBwdThreads / 2;         // [S][K][threads]
   const float inv_cols = 1.0f / static_cast<float>(p.cols);
   const std::uint8_t* __restrict__ x = static_cast<const std::uint8_t*>(p.x);
   const __nv_bfloat16* __restrict__ dy = static_cast<const __nv_bfloat16*>(p.dy);
@@ -503,61 +727,117 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   const W* __restrict__ weight = static_cast<const W*>(p.weight);
   __nv_bfloat16* __restrict__ dx = static_cast<__nv_bfloat16*>(p.dx);
 
-  float acc[ITERS][16];
+  const std::int64_t stride = std::int64_t(gridDim.x) * rows_per_block;
+  const std::int64_t first = std::int64_t(blockIdx.x) * rows_per_block + group;
+  // Iterations of this block (uniform across it: row_sum may synchronize the block).
+  const int iters = blockIdx.x * rows_per_block < p.rows
+                        ? static_cast<int>((p.rows - std::int64_t(blockIdx.x) * rows_per_block + stride - 1) / stride)
+                        : 0;
+  // This thread's octs: kk * tpr + t for kk < K; those past the row's end are skipped.
+  unsigned oct_valid = 0;
 #pragma unroll
-  for (int it = 0; it < ITERS; ++it)
-#pragma unroll
-    for (int i = 0; i < 16; ++i) acc[it][i] = 0.0f;
+  for (int kk = 0; kk < K; ++kk) oct_valid |= (kk * tpr + t < nocts ? 1u : 0u) << kk;
+  const int oct_col = 8 * t;            // first column of oct 0 (oct kk adds 8 kk tpr)
+  const int oct_step = 8 * tpr;
 
-  auto load_row = [&](std::int64_t row, RowData<ITERS>& d) {
-    if (row >= p.rows) return;
-    d.rstd = p.rstd[row];
+  // Rows are visited in increasing iteration order by three cursors: the copies (S - 1 rows
+  // ahead), the scalars (one row ahead) and the computation.
+  std::int64_t copy_row = first;
+  const std::uint8_t* copy_x = x + first * p.x_row_stride;
+  const __nv_bfloat16* copy_dy = dy + first * p.dy_row_stride;
+  const std::int64_t copy_x_step = stride * p.x_row_stride, copy_dy_step = stride * p.dy_row_stride;
+  int copy_stage = 0;
+  // Copies this thread's bytes of the next row (iteration k, in order) into its slots of stage
+  // k % S; one commit group per iteration, empty ones included, so that the wait counts stay
+  // uniform.
+  auto issue = [&](int k) {
+    if (k < iters && copy_row < p.rows) {
+      const int base = copy_stage * K * kBwdThreads + threadIdx.x;
 #pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
-      const int v = it * tpr + t;
-      if (v < nvec) {
-        d.x[it] = load16(x + row * p.x_row_stride + std::int64_t(v) * 16);
-        const __nv_bfloat16* dyp = dy + row * p.dy_row_stride + std::int64_t(v) * 16;
-        d.dy[it][0] = load16_stream(dyp);
-        d.dy[it][1] = load16_stream(dyp + 8);
-        d.scale[it] = to_float(scales[row * p.scale_row_stride + (v >> scale_shift)]);
+      for (int kk = 0; kk < K; ++kk) {
+        if (oct_valid & (1u << kk)) {
+          const int c = oct_col + kk * oct_step;
+          cp_async8(x_stage + base + kk * kBwdThreads, copy_x + c);
+          cp_async16(dy_stage + base + kk * kBwdThreads, copy_dy + c);
+        }
       }
     }
+    cp_async_commit();
+    copy_row += stride;
+    copy_x += copy_x_step;
+    copy_dy += copy_dy_step;
+    copy_stage = copy_stage == S - 1 ? 0 : copy_stage + 1;
   };
-  // x_hat, g = dy * w and dy of vector `it` of the current row.
-  auto prepare = [&](const RowData<ITERS>& d, int it, float (&xh)[16], float (&g)[16], float (&dv)[16]) {
-    float w[16];
-    decode16<XF>(d.x[it], xh);
-    load_w16(weight + std::int64_t(it * tpr + t) * 16, w);
-    unpack_bf16x8(d.dy[it][0], dv);
-    unpack_bf16x8(d.dy[it][1], dv + 8);
+  std::int64_t scalar_row = first;
+  const SC* scalar_sc = scales + first * p.scale_row_stride;
+  const std::int64_t scalar_sc_step = stride * p.scale_row_stride;
+  // Scales and rstd of the next row (iteration k, in order), loaded one iteration ahead.
+  auto load_row_scalars = [&](int k, float (&sc)[K], float& rstd) {
+    rstd = 0.0f;
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      xh[i] = dequantize(xh[i], d.scale[it]) * d.rstd;
-      g[i] = dv[i] * w[i];
+    for (int kk = 0; kk < K; ++kk) sc[kk] = 0.0f;
+    if (k < iters && scalar_row < p.rows) {
+      rstd = p.rstd[scalar_row];
+#pragma unroll
+      for (int kk = 0; kk < K; ++kk)
+        if (oct_valid & (1u << kk)) sc[kk] = to_float(scalar_sc[(oct_col + kk * oct_step) >> p.log2_group]);
     }
+    scalar_row += stride;
+    scalar_sc += scalar_sc_step;
+  };
+  // Oct kk of stage st: q, dy and w as floats.
+  auto read_oct = [&](int st, int kk, float (&q)[8], float (&d)[8], float (&w)[8]) {
+    const int slot = (st * K + kk) * kBwdThreads + threadIdx.x;
+    decode8<XF>(x_stage[slot], q);
+    unpack_bf16x8(dy_stage[slot], d);
+    const int j = kk * tpr + t;
+    const float4 lo = w4[j], hi = w4[count + j];
+    w[0] = lo.x, w[1] = lo.y, w[2] = lo.z, w[3] = lo.w;
+    w[4] = hi.x, w[5] = hi.y, w[6] = hi.z, w[7] = hi.w;
   };
 
-  const std::int64_t stride = std::int64_t(gridDim.x) * rows_per_block;
-  std::int64_t base = std::int64_t(blockIdx.x) * rows_per_block;
-  RowData<ITERS> cur, next;
-  load_row(base + group, cur);
+#pragma unroll
+  for (int s = 0; s < S - 1; ++s) issue(s);
+  stage_weights(weight, nocts, 2, count, w4);
+  __syncthreads();
+
+  float acc[K][8];
+#pragma unroll
+  for (int kk = 0; kk < K; ++kk)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[kk][i] = 0.0f;
+
+  float sc[K], rstd, next_sc[K], next_rstd;
+  load_row_scalars(0, sc, rstd);
+  std::int64_t row = first;
+  __nv_bfloat16* dx_row = dx ? dx + first * p.dx_row_stride : nullptr;
+  const std::int64_t dx_step = stride * p.dx_row_stride;
+  int st = 0;
   int phase = 0;
-  for (; base < p.rows; base += stride) {
-    const std::int64_t row = base + group;
+  for (int k = 0; k < iters; ++k) {
+    issue(k + S - 1);
+    load_row_scalars(k + 1, next_sc, next_rstd);
+    cp_async_wait<S - 1>();  // this thread's copies of row k have landed
     const bool valid = row < p.rows;
-    load_row(row + stride, next);  // in flight while this row is reduced
 
     float sum_gx = 0.0f;
+    if (valid) {
 #pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
-      if (!valid || it * tpr + t >= nvec) continue;
-      float xh[16], g[16], dv[16];
-      prepare(cur, it, xh, g, dv);
+      for (int kk = 0; kk < K; ++kk) {
+        if (!(oct_valid & (1u << kk))) continue;
+        float q[8], d[8], w[8];
+        read_oct(st, kk, q, d, w);
+        const float xs = sc[kk] * rstd;
+        float a0 = 0.0f, a1 = 0.0f;
 #pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        sum_gx += g[i] * xh[i];
-        acc[it][i] += dv[i] * xh[i];
+        for (int i = 0; i < 8; i += 2) {
+          const float u0 = d[i] * q[i], u1 = d[i + 1] * q[i + 1];
+          acc[kk][i] = fmaf(u0, xs, acc[kk][i]);
+          acc[kk][i + 1] = fmaf(u1, xs, acc[kk][i + 1]);
+          a0 = fmaf(u0, w[i], a0);
+          a1 = fmaf(u1, w[i + 1], a1);
+        }
+        sum_gx = fmaf(a0 + a1, xs, sum_gx);
       }
     }
     sum_gx = row_sum(sum_gx, log2_tpr, scratch[phase]);
@@ -565,53 +845,58 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     if (valid && dx) {
       const float mean_gx = sum_gx * inv_cols;
 #pragma unroll
-      for (int it = 0; it < ITERS; ++it) {
-        const int v = it * tpr + t;
-        if (v >= nvec) continue;
-        float xh[16], g[16], dv[16];
-        prepare(cur, it, xh, g, dv);
+      for (int kk = 0; kk < K; ++kk) {
+        if (!(oct_valid & (1u << kk))) continue;
+        float q[8], d[8], w[8];
+        read_oct(st, kk, q, d, w);
+        const float c = (sc[kk] * rstd) * mean_gx;  // x_hat * mean = q * c
 #pragma unroll
-        for (int i = 0; i < 16; ++i) dv[i] = cur.rstd * (g[i] - xh[i] * mean_gx);
-        uint4* dst = reinterpret_cast<uint4*>(dx + row * p.dx_row_stride + std::int64_t(v) * 16);
-        dst[0] = pack_bf16x8(dv);
-        dst[1] = pack_bf16x8(dv + 8);
+        for (int i = 0; i < 8; ++i) d[i] = fmaf(-q[i], c, d[i] * w[i]) * rstd;
+        *reinterpret_cast<uint4*>(dx_row + oct_col + kk * oct_step) = pack_bf16x8(d);
       }
     }
-    cur = next;
+#pragma unroll
+    for (int kk = 0; kk < K; ++kk) sc[kk] = next_sc[kk];
+    rstd = next_rstd;
+    row += stride;
+    if (dx) dx_row += dx_step;
+    st = st == S - 1 ? 0 : st + 1;
   }
+  cp_async_wait<0>();
   if (partial_dw == nullptr) return;
 
-  // Row groups 1.. hand their sums to group 0 through shared memory, highest group first (a
-  // fixed order). Element i of vector slot s sits at combine[i * slots + s]: conflict-free.
+  // Row groups 1.. hand their sums to group 0 through shared memory (the staging buffers, now
+  // idle), highest group first (a fixed order). Element i of oct slot s sits at
+  // combine[i * count + s]: conflict-free.
   if (rows_per_block > 1) {
-    const int slots = ITERS * tpr;  // <= kCombineFloats / 16: rows_per_block > 1 means tpr <= 256
+    float* combine = reinterpret_cast<float*>(x_stage);  // 8 * count floats <= the staging bytes
+    __syncthreads();
     for (int src = rows_per_block - 1; src >= 1; --src) {
       if (group == src) {
 #pragma unroll
-        for (int it = 0; it < ITERS; ++it)
+        for (int kk = 0; kk < K; ++kk)
 #pragma unroll
-          for (int i = 0; i < 16; ++i) {
-            float& cell = combine[i * slots + it * tpr + t];
-            cell = (src == rows_per_block - 1) ? acc[it][i] : cell + acc[it][i];
+          for (int i = 0; i < 8; ++i) {
+            float& cell = combine[i * count + kk * tpr + t];
+            cell = (src == rows_per_block - 1) ? acc[kk][i] : cell + acc[kk][i];
           }
       }
       __syncthreads();
     }
     if (group != 0) return;
 #pragma unroll
-    for (int it = 0; it < ITERS; ++it)
+    for (int kk = 0; kk < K; ++kk)
 #pragma unroll
-      for (int i = 0; i < 16; ++i) acc[it][i] += combine[i * slots + it * tpr + t];
+      for (int i = 0; i < 8; ++i) acc[kk][i] += combine[i * count + kk * tpr + t];
   }
   float* out = partial_dw + std::int64_t(blockIdx.x) * p.cols;
 #pragma unroll
-  for (int it = 0; it < ITERS; ++it) {
-    const int v = it * tpr + t;
-    if (v >= nvec) continue;
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-      reinterpret_cast<float4*>(out + std::int64_t(v) * 16)[k] =
-          make_float4(acc[it][4 * k], acc[it][4 * k + 1], acc[it][4 * k + 2], acc[it][4 * k + 3]);
+  for (int kk = 0; kk < K; ++kk) {
+    const int j = kk * tpr + t;
+    if (j >= nocts) continue;
+    float4* dst = reinterpret_cast<float4*>(out + std::int64_t(j) * 8);
+    dst[0] = make_float4(acc[kk][0], acc[kk][1], acc[kk][2], acc[kk][3]);
+    dst[1] = make_float4(acc[kk][4], acc[kk][5], acc[kk][6], acc[kk][7]);
   }
 }
 
@@ -662,11 +947,13 @@ __global__ void __launch_bounds__(kGenericBwdThreads)
 
 // Sums partial[slots][cols] over slots in a fixed order into dweight. Block (32, 32): x picks the
 // column (coalesced), y strides over slots; the 32 column partials are then added in y order.
+// Launched as a programmatic dependent of the backward kernel: waits for its partial rows.
 template <typename W>
 __global__ void __launch_bounds__(1024)
     reduce_dweight_kernel(const float* __restrict__ partial, int slots, std::int64_t cols,
                           W* __restrict__ dweight) {
   __shared__ float sums[32][33];
+  wait_for_prerequisite_grid();
   const std::int64_t col = std::int64_t(blockIdx.x) * 32 + threadIdx.x;
   float s = 0.0f;
   if (col < cols)
