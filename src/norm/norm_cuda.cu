@@ -54,11 +54,11 @@ void dispatch_types(DType dtype, DType weight_dtype, F&& f) {
 }
 
 // How a row is spread over threads: `iters` 16-byte vectors per thread (the kernel's template
-// parameter), `geometry.threads_per_row` threads. Short rows get one warp each (4 rows a block);
-// longer rows 4 vectors per thread and as many warps as that takes, so that N = 5120 or 12288
-// waste no thread. Both kernels hold ~2 floats per element in registers (the forward its row,
-// the backward its per-column sums), which caps them at 512 threads per row: N <= 16384 in
-// 16-bit types, 8192 in f32. Longer rows take the generic kernel.
+// parameter), `geometry.threads_per_row` threads. Short rows get one warp each; longer rows 4
+// vectors per thread and as many warps as that takes, so that N = 5120 or 12288 waste no thread.
+// The forward holds its row (packed) and the backward its per-column sums (~2 floats per element)
+// in registers, which caps both at 512 threads per row: N <= 16384 in 16-bit types, 8192 in f32.
+// Longer rows take the generic kernel.
 struct RowPlan {
   int iters = 0;  // 0: generic kernel
   RowGeometry geometry{};
@@ -66,49 +66,56 @@ struct RowPlan {
   int block_threads() const { return geometry.threads_per_row * geometry.rows_per_block; }
 };
 
-RowPlan plan_rows(std::int64_t vectors, bool backward) {
+int env_knob(const char* name, int lo, int hi, int fallback) {
+  const char* env = std::getenv(name);
+  const int v = env ? std::atoi(env) : fallback;
+  return (v >= lo && v <= hi) ? v : fallback;
+}
+
+// Forward and backward plans. For the backward, `elem_bytes` (sizeof T), `from_output` and the
+// shared-memory limit per block decide the ring depth and whether 1/w, -b/w fit beside it.
+RowPlan plan_rows(std::int64_t vectors, bool backward, int elem_bytes = 2, bool from_output = false,
+                  std::size_t smem_limit = 0) {
   RowPlan plan;
   if (vectors <= 128) {
     plan.iters = static_cast<int>((vectors + 31) / 32);
     plan.geometry.threads_per_row = 32;
   } else {
-    // FUSEKIT_NORM_BWD_ITERS (2 or 4) overrides the backward's vectors per thread (tuning knob).
-    static const int backward_iters = [] {
-      const char* env = std::getenv("FUSEKIT_NORM_BWD_ITERS");
-      const int v = env ? std::atoi(env) : 4;
-      return (v >= 1 && v <= 4) ? v : 4;
-    }();
-    // FUSEKIT_NORM_FWD_ITERS likewise for the forward (tuning knob).
-    static const int forward_iters = [] {
-      const char* env = std::getenv("FUSEKIT_NORM_FWD_ITERS");
-      const int v = env ? std::atoi(env) : 4;
-      return (v >= 1 && v <= 4) ? v : 4;
-    }();
+    // FUSEKIT_NORM_BWD_ITERS / FUSEKIT_NORM_FWD_ITERS (1..4) override the vectors per thread.
+    static const int backward_iters = env_knob("FUSEKIT_NORM_BWD_ITERS", 1, 4, 4);
+    static const int forward_iters = env_knob("FUSEKIT_NORM_FWD_ITERS", 1, 4, 4);
     plan.iters = backward ? backward_iters : forward_iters;
     plan.geometry.threads_per_row =
         static_cast<int>((vectors + plan.iters * 32 - 1) / (plan.iters * 32) * 32);
     if (plan.geometry.threads_per_row > 512) return RowPlan{};
   }
   const int tpr = plan.geometry.threads_per_row;
-  // Several row groups per block (each with its own barrier): the backward then writes fewer
-  // dweight/dbias partial rows (one per block), which the final reduction must read back.
-  // Measured on an H200 (bf16): 512-thread blocks for rows of one or two warps, 256 otherwise
-  // (512 leaves one block per SM at the backward's ~110-128 registers: every row group then waits
-  // at the block-wide steps together). FUSEKIT_NORM_BWD_BLOCK (128..512) overrides (tuning knob).
-  static const int backward_block = [] {
-    const char* env = std::getenv("FUSEKIT_NORM_BWD_BLOCK");
-    const int v = env ? std::atoi(env) : 0;
-    return (v >= 128 && v <= 512) ? v : 0;
-  }();
-  const int target = !backward ? 128 : backward_block ? backward_block : tpr <= 64 ? 512 : 256;
-  // Groups wider than a warp use hardware barriers 1..15, one each.
-  plan.geometry.rows_per_block = std::max(1, std::min(target / tpr, tpr > 32 ? 15 : 16));
-  const int threads = plan.block_threads();
-  const std::size_t stage_bytes =
-      std::size_t(threads) * plan.iters * 16 * (backward ? 2 : 1) + (backward ? threads * 8 : 0);
-  // Three rows in flight when the ring stays modest, else two (long rows already carry many bytes).
-  plan.geometry.stages = 3 * stage_bytes <= 96 * 1024 ? 3 : 2;
-  plan.smem_bytes = backward ? plan.geometry.stages * stage_bytes : 0;  // the forward has no ring
+  if (!backward) {
+    // Forward: 128-thread blocks (several one-warp or two-warp rows), one row for longer rows.
+    plan.geometry.rows_per_block = std::max(1, 128 / tpr);
+    plan.geometry.stages = 0;
+    return plan;
+  }
+  // Backward: several row groups per block (each with its own barrier) so that the block writes
+  // one dweight/dbias partial row and keeps one float copy of the weight columns. 512 threads (one
+  // block per SM at ~128 registers); FUSEKIT_NORM_BWD_BLOCK (128..512) overrides (tuning knob).
+  static const int backward_block = env_knob("FUSEKIT_NORM_BWD_BLOCK", 128, 512, 512);
+  plan.geometry.rows_per_block = std::max(1, std::min(backward_block / tpr, tpr > 32 ? kMaxGroups - 1 : kMaxGroups));
+  const int groups = plan.geometry.rows_per_block;
+  const std::size_t cols = static_cast<std::size_t>(vectors) * (16 / elem_bytes);
+  // Blocks expected per SM share its shared memory (about the opt-in limit plus 1 KB per SM).
+  const int blocks = std::max(1, 512 / plan.block_threads());
+  const std::size_t budget = std::min(smem_limit, (smem_limit + 1024) / blocks - 1024);
+  const std::size_t stage_bytes = std::size_t(groups) * 2 * cols * elem_bytes;
+  static const int max_stages = env_knob("FUSEKIT_NORM_BWD_STAGES", 2, kMaxStages, kMaxStages);
+  auto fits = [&](int arrays, int stages) { return arrays * cols * 4 + stages * stage_bytes <= budget; };
+  const int arrays = from_output && fits(3, 2) ? 3 : 1;
+  plan.geometry.cached_columns = arrays == 3;
+  int stages = max_stages;
+  while (stages > 2 && !fits(arrays, stages)) --stages;
+  if (!fits(arrays, stages)) return RowPlan{};
+  plan.geometry.stages = stages;
+  plan.smem_bytes = arrays * cols * 4 + stages * stage_bytes;
   return plan;
 }
 
@@ -180,25 +187,46 @@ int persistent_grid(const char* op, Kernel kernel, int block_threads, std::size_
   return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(needed, std::int64_t(sms) * per_sm)));
 }
 
+// The backward plans (from x, from y) of the vector path for N = cols, or none (generic kernel).
+struct BackwardPlans {
+  RowPlan from_x, from_y;
+  const RowPlan& operator()(bool from_output) const { return from_output ? from_y : from_x; }
+};
+template <typename T>
+BackwardPlans backward_plans(const char* op, std::int64_t cols, int device_index) {
+  constexpr int kVec = 16 / sizeof(T);
+  if (cols % kVec != 0) return {};
+  // Static shared memory of the kernel (scratch, mbarriers) comes off the opt-in limit.
+  const std::size_t limit = detail::device_info(op, device_index).max_smem_per_block_optin - 2048;
+  BackwardPlans plans{plan_rows(cols / kVec, true, sizeof(T), false, limit),
+                      plan_rows(cols / kVec, true, sizeof(T), true, limit)};
+  if (plans.from_x.iters == 0 || plans.from_y.iters == 0) return {};
+  return plans;
+}
+
 // The backward grid for a problem: the same answer for the workspace query and the launch, so
 // the workspace always holds one partial row per block.
 template <typename T, typename W>
-int backward_grid(const char* op, const RowPlan& plan, std::int64_t rows, int device_index) {
+int backward_grid(const char* op, const BackwardPlans& plans, std::int64_t rows, int device_index) {
   int grid = 0;
-  if (plan.iters == 0) {
+  if (plans.from_x.iters == 0) {
     return persistent_grid(op, backward_generic_kernel<T, W>, kGenericThreads, 0, 1, rows, device_index);
   }
-  dispatch_iters(plan.iters, [&](auto iters) {
+  dispatch_iters(plans.from_x.iters, [&](auto iters) {
     // Every specialization (from x or y, with or without dbias) gets the same grid, so that the
     // workspace query needs no more than the shape: take the smallest occupancy.
-    auto grid_of = [&](auto kernel) {
+    auto grid_of = [&](auto kernel, const RowPlan& plan) {
       return persistent_grid(op, kernel, plan.block_threads(), plan.smem_bytes,
                              plan.geometry.rows_per_block, rows, device_index);
     };
-    grid = std::min({grid_of(backward_streaming_kernel<T, W, iters.value, false, false>),
-                     grid_of(backward_streaming_kernel<T, W, iters.value, false, true>),
-                     grid_of(backward_streaming_kernel<T, W, iters.value, true, false>),
-                     grid_of(backward_streaming_kernel<T, W, iters.value, true, true>)});
+    constexpr int I = iters.value;
+    const bool cached = plans.from_y.geometry.cached_columns;
+    grid = std::min({grid_of(backward_streaming_kernel<T, W, I, kFromX, false>, plans.from_x),
+                     grid_of(backward_streaming_kernel<T, W, I, kFromX, true>, plans.from_x),
+                     cached ? grid_of(backward_streaming_kernel<T, W, I, kFromY, false>, plans.from_y)
+                            : grid_of(backward_streaming_kernel<T, W, I, kFromYUncached, false>, plans.from_y),
+                     cached ? grid_of(backward_streaming_kernel<T, W, I, kFromY, true>, plans.from_y)
+                            : grid_of(backward_streaming_kernel<T, W, I, kFromYUncached, true>, plans.from_y)});
   });
   return grid;
 }
@@ -233,14 +261,14 @@ void launch_forward(const ForwardParams& p, int device_index, cudaStream_t strea
 template <typename T, typename W>
 void launch_backward(const BackwardParams& p, int device_index, cudaStream_t stream) {
   const char* op = "norm_backward";
-  constexpr int kVec = 16 / sizeof(T);
   const bool partials = p.dweight != nullptr || p.dbias != nullptr;
-  const RowPlan plan =
+  const BackwardPlans plans =
       vector_path_ok<T>(p.cols, {p.dy_row_stride, p.input_row_stride, p.dx_row_stride},
                         {p.dy, p.input, p.dx, p.weight, p.bias})
-          ? plan_rows(p.cols / kVec, true)
-          : RowPlan{};
-  const int grid = backward_grid<T, W>(op, plan, p.rows, device_index);
+          ? backward_plans<T>(op, p.cols, device_index)
+          : BackwardPlans{};
+  const RowPlan& plan = plans(p.from_output);
+  const int grid = backward_grid<T, W>(op, plans, p.rows, device_index);
 
   float* partial_dw = nullptr;
   float* partial_db = nullptr;
@@ -256,10 +284,16 @@ void launch_backward(const BackwardParams& p, int device_index, cudaStream_t str
   if (plan.iters > 0) {
     dispatch_iters(plan.iters, [&](auto iters) {
       constexpr int I = iters.value;
-      auto kernel = p.from_output ? (p.dbias ? backward_streaming_kernel<T, W, I, true, true>
-                                             : backward_streaming_kernel<T, W, I, true, false>)
-                                  : (p.dbias ? backward_streaming_kernel<T, W, I, false, true>
-                                             : backward_streaming_kernel<T, W, I, false, false>);
+      auto kernel = p.dbias ? backward_streaming_kernel<T, W, I, kFromX, true>
+                            : backward_streaming_kernel<T, W, I, kFromX, false>;
+      if (p.from_output) {
+        if (plan.geometry.cached_columns)
+          kernel = p.dbias ? backward_streaming_kernel<T, W, I, kFromY, true>
+                           : backward_streaming_kernel<T, W, I, kFromY, false>;
+        else
+          kernel = p.dbias ? backward_streaming_kernel<T, W, I, kFromYUncached, true>
+                           : backward_streaming_kernel<T, W, I, kFromYUncached, false>;
+      }
       kernel<<<grid, plan.block_threads(), plan.smem_bytes, stream>>>(p, plan.geometry, partial_dw, partial_db);
     });
   } else {
@@ -323,11 +357,9 @@ std::size_t backward_workspace_cuda(std::int64_t rows, std::int64_t cols, DType 
     dispatch_types(dtype, weight_dtype, [&](auto t, auto w) {
       using T = decltype(t);
       using W = decltype(w);
-      slots = std::max(slots, backward_grid<T, W>(op, RowPlan{}, rows, device_index));
-      if (cols % (16 / sizeof(T)) == 0) {
-        const RowPlan plan = plan_rows(cols / (16 / sizeof(T)), true);
-        if (plan.iters > 0) slots = std::max(slots, backward_grid<T, W>(op, plan, rows, device_index));
-      }
+      slots = std::max(slots, backward_grid<T, W>(op, BackwardPlans{}, rows, device_index));
+      const BackwardPlans plans = backward_plans<T>(op, cols, device_index);
+      if (plans.from_x.iters > 0) slots = std::max(slots, backward_grid<T, W>(op, plans, rows, device_index));
     });
   }
   const std::size_t bytes = partial_bytes(slots, cols);
