@@ -58,7 +58,8 @@ void dispatch_types(DType dtype, DType weight_dtype, F&& f) {
 // vectors per thread and as many warps as that takes, so that N = 5120 or 12288 waste no thread.
 // The forward holds its row (packed) and the backward its per-column sums (~2 floats per element)
 // in registers, which caps both at 512 threads per row: N <= 16384 in 16-bit types, 8192 in f32.
-// Longer rows take the generic kernel.
+// Longer rows take the generic kernel. The ring depth (stages) and shared memory are sized per
+// kernel afterwards (size_ring), from the blocks per SM its registers allow.
 struct RowPlan {
   int iters = 0;  // 0: generic kernel
   RowGeometry geometry{};
@@ -72,10 +73,7 @@ int env_knob(const char* name, int lo, int hi, int fallback) {
   return (v >= lo && v <= hi) ? v : fallback;
 }
 
-// Forward and backward plans. For the backward, `elem_bytes` (sizeof T), `from_output` and the
-// shared-memory limit per block decide the ring depth and whether 1/w, -b/w fit beside it.
-RowPlan plan_rows(std::int64_t vectors, bool backward, int elem_bytes = 2, bool from_output = false,
-                  std::size_t smem_limit = 0) {
+RowPlan plan_rows(std::int64_t vectors, bool backward) {
   RowPlan plan;
   if (vectors <= 128) {
     plan.iters = static_cast<int>((vectors + 31) / 32);
@@ -93,29 +91,14 @@ RowPlan plan_rows(std::int64_t vectors, bool backward, int elem_bytes = 2, bool 
   if (!backward) {
     // Forward: 128-thread blocks (several one-warp or two-warp rows), one row for longer rows.
     plan.geometry.rows_per_block = std::max(1, 128 / tpr);
-    plan.geometry.stages = 0;
     return plan;
   }
   // Backward: several row groups per block (each with its own barrier) so that the block writes
   // one dweight/dbias partial row and keeps one float copy of the weight columns. 512 threads (one
   // block per SM at ~128 registers); FUSEKIT_NORM_BWD_BLOCK (128..512) overrides (tuning knob).
   static const int backward_block = env_knob("FUSEKIT_NORM_BWD_BLOCK", 128, 512, 512);
-  plan.geometry.rows_per_block = std::max(1, std::min(backward_block / tpr, tpr > 32 ? kMaxGroups - 1 : kMaxGroups));
-  const int groups = plan.geometry.rows_per_block;
-  const std::size_t cols = static_cast<std::size_t>(vectors) * (16 / elem_bytes);
-  // Blocks expected per SM share its shared memory (about the opt-in limit plus 1 KB per SM).
-  const int blocks = std::max(1, 512 / plan.block_threads());
-  const std::size_t budget = std::min(smem_limit, (smem_limit + 1024) / blocks - 1024);
-  const std::size_t stage_bytes = std::size_t(groups) * 2 * cols * elem_bytes;
-  static const int max_stages = env_knob("FUSEKIT_NORM_BWD_STAGES", 2, kMaxStages, kMaxStages);
-  auto fits = [&](int arrays, int stages) { return arrays * cols * 4 + stages * stage_bytes <= budget; };
-  const int arrays = from_output && fits(3, 2) ? 3 : 1;
-  plan.geometry.cached_columns = arrays == 3;
-  int stages = max_stages;
-  while (stages > 2 && !fits(arrays, stages)) --stages;
-  if (!fits(arrays, stages)) return RowPlan{};
-  plan.geometry.stages = stages;
-  plan.smem_bytes = arrays * cols * 4 + stages * stage_bytes;
+  plan.geometry.rows_per_block =
+      std::max(1, std::min(backward_block / tpr, tpr > 32 ? kMaxGroups - 1 : kMaxGroups));
   return plan;
 }
 
@@ -187,47 +170,109 @@ int persistent_grid(const char* op, Kernel kernel, int block_threads, std::size_
   return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(needed, std::int64_t(sms) * per_sm)));
 }
 
-// The backward plans (from x, from y) of the vector path for N = cols, or none (generic kernel).
-struct BackwardPlans {
-  RowPlan from_x, from_y;
-  const RowPlan& operator()(bool from_output) const { return from_output ? from_y : from_x; }
+// Shared memory one block of `kernel` may use for its ring without lowering the blocks per SM
+// that its registers and threads allow (an SM holds about the opt-in limit plus 1 KB, and 1 KB of
+// it is reserved per block).
+template <typename Kernel>
+std::size_t ring_budget(const char* op, Kernel kernel, int block_threads, int device_index) {
+  struct Key {
+    const void* kernel;
+    int block, device;
+    bool operator==(const Key& o) const { return kernel == o.kernel && block == o.block && device == o.device; }
+  };
+  static std::mutex mutex;
+  static std::vector<std::pair<Key, std::size_t>> cache;
+  const Key key{reinterpret_cast<const void*>(kernel), block_threads, device_index};
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (const auto& [k, v] : cache)
+      if (k == key) return v;
+  }
+  const int blocks = blocks_per_sm(op, kernel, block_threads, 0, device_index);
+  cudaFuncAttributes attributes{};
+  detail::check_cuda(cudaFuncGetAttributes(&attributes, kernel), op, "cudaFuncGetAttributes");
+  const std::size_t optin = detail::device_info(op, device_index).max_smem_per_block_optin;
+  const std::size_t per_block = (optin + 1024) / std::max(1, blocks) - 1024;
+  const std::size_t limit = std::min(per_block, optin);
+  const std::size_t budget = limit - std::min(limit, std::size_t(attributes.sharedSizeBytes));
+  std::lock_guard<std::mutex> lock(mutex);
+  cache.push_back({key, budget});
+  return budget;
+}
+
+// Ring depth for `row_slot_bytes` per stage plus `fixed_bytes` within `budget`: the deepest of
+// 2..kMaxStages that fits (FUSEKIT_NORM_STAGES caps it, a tuning knob), or 0.
+int ring_stages(std::size_t row_slot_bytes, std::size_t fixed_bytes, std::size_t budget) {
+  static const int max_stages = env_knob("FUSEKIT_NORM_STAGES", 2, kMaxStages, kMaxStages);
+  for (int stages = max_stages; stages >= 2; --stages)
+    if (fixed_bytes + stages * row_slot_bytes <= budget) return stages;
+  return 0;
+}
+
+using BackwardKernel = void (*)(BackwardParams, RowGeometry, float*, float*);
+
+// One backward specialization with its launch shape; kernel == nullptr: the generic kernel.
+struct BackwardVariant {
+  BackwardKernel kernel = nullptr;
+  RowPlan plan;
 };
-template <typename T>
-BackwardPlans backward_plans(const char* op, std::int64_t cols, int device_index) {
+
+// The backward kernel for (from x or y, with or without dbias) at N = cols on the vector path,
+// with its ring sized for its own occupancy. From y, 1/w and -b/w go to shared memory when they
+// fit beside a two-row ring (kFromY), else they are recomputed per use (kFromYUncached).
+template <typename T, typename W>
+BackwardVariant backward_variant(const char* op, std::int64_t cols, bool from_output, bool bias_grad,
+                                 int device_index) {
   constexpr int kVec = 16 / sizeof(T);
-  if (cols % kVec != 0) return {};
-  // Static shared memory of the kernel (scratch, mbarriers) comes off the opt-in limit.
-  const std::size_t limit = detail::device_info(op, device_index).max_smem_per_block_optin - 2048;
-  BackwardPlans plans{plan_rows(cols / kVec, true, sizeof(T), false, limit),
-                      plan_rows(cols / kVec, true, sizeof(T), true, limit)};
-  if (plans.from_x.iters == 0 || plans.from_y.iters == 0) return {};
-  return plans;
+  BackwardVariant v;
+  if (cols % kVec != 0) return v;
+  RowPlan plan = plan_rows(cols / kVec, true);
+  if (plan.iters == 0) return v;
+  dispatch_iters(plan.iters, [&](auto iters) {
+    constexpr int I = iters.value;
+    auto pick = [&](auto source) -> BackwardKernel {
+      return bias_grad ? backward_streaming_kernel<T, W, I, decltype(source)::value, true>
+                       : backward_streaming_kernel<T, W, I, decltype(source)::value, false>;
+    };
+    const std::size_t slot = std::size_t(plan.geometry.rows_per_block) * 2 * cols * sizeof(T);
+    const std::size_t column = std::size_t(cols) * sizeof(float);
+    BackwardKernel kernel = pick(std::integral_constant<int, kFromX>{});
+    int arrays = 1;
+    if (from_output) {
+      kernel = pick(std::integral_constant<int, kFromY>{});
+      arrays = 3;
+      if (ring_stages(slot, 3 * column, ring_budget(op, kernel, plan.block_threads(), device_index)) == 0) {
+        kernel = pick(std::integral_constant<int, kFromYUncached>{});
+        arrays = 1;
+      }
+    }
+    plan.geometry.cached_columns = arrays == 3;
+    plan.geometry.stages =
+        ring_stages(slot, arrays * column, ring_budget(op, kernel, plan.block_threads(), device_index));
+    plan.smem_bytes = arrays * column + plan.geometry.stages * slot;
+    if (plan.geometry.stages >= 2) v = {kernel, plan};
+  });
+  return v;
 }
 
 // The backward grid for a problem: the same answer for the workspace query and the launch, so
-// the workspace always holds one partial row per block.
+// the workspace always holds one partial row per block. Every specialization (from x or y, with
+// or without dbias) gets the same grid, so that the query needs no more than the shape: the
+// smallest persistent grid of the four.
 template <typename T, typename W>
-int backward_grid(const char* op, const BackwardPlans& plans, std::int64_t rows, int device_index) {
+int backward_grid(const char* op, std::int64_t cols, bool vector_path, std::int64_t rows, int device_index) {
+  const int generic = persistent_grid(op, backward_generic_kernel<T, W>, kGenericThreads, 0, 1, rows, device_index);
+  if (!vector_path) return generic;
   int grid = 0;
-  if (plans.from_x.iters == 0) {
-    return persistent_grid(op, backward_generic_kernel<T, W>, kGenericThreads, 0, 1, rows, device_index);
+  for (bool from_output : {false, true}) {
+    for (bool bias_grad : {false, true}) {
+      const BackwardVariant v = backward_variant<T, W>(op, cols, from_output, bias_grad, device_index);
+      const int g = v.kernel ? persistent_grid(op, v.kernel, v.plan.block_threads(), v.plan.smem_bytes,
+                                               v.plan.geometry.rows_per_block, rows, device_index)
+                             : generic;
+      grid = grid == 0 ? g : std::min(grid, g);
+    }
   }
-  dispatch_iters(plans.from_x.iters, [&](auto iters) {
-    // Every specialization (from x or y, with or without dbias) gets the same grid, so that the
-    // workspace query needs no more than the shape: take the smallest occupancy.
-    auto grid_of = [&](auto kernel, const RowPlan& plan) {
-      return persistent_grid(op, kernel, plan.block_threads(), plan.smem_bytes,
-                             plan.geometry.rows_per_block, rows, device_index);
-    };
-    constexpr int I = iters.value;
-    const bool cached = plans.from_y.geometry.cached_columns;
-    grid = std::min({grid_of(backward_streaming_kernel<T, W, I, kFromX, false>, plans.from_x),
-                     grid_of(backward_streaming_kernel<T, W, I, kFromX, true>, plans.from_x),
-                     cached ? grid_of(backward_streaming_kernel<T, W, I, kFromY, false>, plans.from_y)
-                            : grid_of(backward_streaming_kernel<T, W, I, kFromYUncached, false>, plans.from_y),
-                     cached ? grid_of(backward_streaming_kernel<T, W, I, kFromY, true>, plans.from_y)
-                            : grid_of(backward_streaming_kernel<T, W, I, kFromYUncached, true>, plans.from_y)});
-  });
   return grid;
 }
 
@@ -240,16 +285,33 @@ template <typename T, typename W>
 void launch_forward(const ForwardParams& p, int device_index, cudaStream_t stream) {
   const char* op = "norm_forward";
   constexpr int kVec = 16 / sizeof(T);
-  const RowPlan plan = vector_path_ok<T>(p.cols, {p.x_row_stride, p.y_row_stride}, {p.x, p.y, p.weight, p.bias})
-                           ? plan_rows(p.cols / kVec, false)
-                           : RowPlan{};
+  RowPlan plan = vector_path_ok<T>(p.cols, {p.x_row_stride, p.y_row_stride}, {p.x, p.y, p.weight, p.bias})
+                     ? plan_rows(p.cols / kVec, false)
+                     : RowPlan{};
+  // FUSEKIT_NORM_FWD_STREAM=0 selects the non-persistent kernel (tuning knob).
+  static const bool streaming = env_knob("FUSEKIT_NORM_FWD_STREAM", 0, 1, 1) == 1;
   if (plan.iters > 0) {
     dispatch_iters(plan.iters, [&](auto iters) {
+      constexpr int I = iters.value;
+      const int rpb = plan.geometry.rows_per_block;
+      const std::int64_t needed = (p.rows + rpb - 1) / rpb;
+      if (streaming) {
+        // Persistent, rows streamed through shared memory: as deep a ring as keeps the blocks per
+        // SM that the registers allow.
+        auto kernel = forward_streaming_kernel<T, W, I>;
+        const std::size_t slot = std::size_t(rpb) * p.cols * sizeof(T);
+        plan.geometry.stages = ring_stages(slot, 0, ring_budget(op, kernel, plan.block_threads(), device_index));
+        if (plan.geometry.stages >= 2) {
+          plan.smem_bytes = plan.geometry.stages * slot;
+          const int grid = persistent_grid(op, kernel, plan.block_threads(), plan.smem_bytes, rpb, p.rows, device_index);
+          kernel<<<grid, plan.block_threads(), plan.smem_bytes, stream>>>(p, plan.geometry);
+          return;
+        }
+      }
       // Not persistent: one row group per block slot, the block scheduler hides the latency.
-      const std::int64_t needed = (p.rows + plan.geometry.rows_per_block - 1) / plan.geometry.rows_per_block;
       const int grid = static_cast<int>(std::min<std::int64_t>(
           needed, std::int64_t(detail::device_info(op, device_index).sm_count) * 64));
-      forward_registers_kernel<T, W, iters.value><<<grid, plan.block_threads(), 0, stream>>>(p, plan.geometry);
+      forward_registers_kernel<T, W, I><<<grid, plan.block_threads(), 0, stream>>>(p, plan.geometry);
     });
   } else {
     const int grid = persistent_grid(op, forward_generic_kernel<T, W>, kGenericThreads, 0, 1, p.rows, device_index);
@@ -262,13 +324,12 @@ template <typename T, typename W>
 void launch_backward(const BackwardParams& p, int device_index, cudaStream_t stream) {
   const char* op = "norm_backward";
   const bool partials = p.dweight != nullptr || p.dbias != nullptr;
-  const BackwardPlans plans =
-      vector_path_ok<T>(p.cols, {p.dy_row_stride, p.input_row_stride, p.dx_row_stride},
-                        {p.dy, p.input, p.dx, p.weight, p.bias})
-          ? backward_plans<T>(op, p.cols, device_index)
-          : BackwardPlans{};
-  const RowPlan& plan = plans(p.from_output);
-  const int grid = backward_grid<T, W>(op, plans, p.rows, device_index);
+  const bool vector_path = vector_path_ok<T>(p.cols, {p.dy_row_stride, p.input_row_stride, p.dx_row_stride},
+                                             {p.dy, p.input, p.dx, p.weight, p.bias});
+  const BackwardVariant variant =
+      vector_path ? backward_variant<T, W>(op, p.cols, p.from_output, p.dbias != nullptr, device_index)
+                  : BackwardVariant{};
+  const int grid = backward_grid<T, W>(op, p.cols, vector_path, p.rows, device_index);
 
   float* partial_dw = nullptr;
   float* partial_db = nullptr;
@@ -281,21 +342,9 @@ void launch_backward(const BackwardParams& p, int device_index, cudaStream_t str
     partial_dw = static_cast<float*>(p.workspace);
     partial_db = partial_dw + std::int64_t(grid) * p.cols;
   }
-  if (plan.iters > 0) {
-    dispatch_iters(plan.iters, [&](auto iters) {
-      constexpr int I = iters.value;
-      auto kernel = p.dbias ? backward_streaming_kernel<T, W, I, kFromX, true>
-                            : backward_streaming_kernel<T, W, I, kFromX, false>;
-      if (p.from_output) {
-        if (plan.geometry.cached_columns)
-          kernel = p.dbias ? backward_streaming_kernel<T, W, I, kFromY, true>
-                           : backward_streaming_kernel<T, W, I, kFromY, false>;
-        else
-          kernel = p.dbias ? backward_streaming_kernel<T, W, I, kFromYUncached, true>
-                           : backward_streaming_kernel<T, W, I, kFromYUncached, false>;
-      }
-      kernel<<<grid, plan.block_threads(), plan.smem_bytes, stream>>>(p, plan.geometry, partial_dw, partial_db);
-    });
+  if (variant.kernel) {
+    variant.kernel<<<grid, variant.plan.block_threads(), variant.plan.smem_bytes, stream>>>(
+        p, variant.plan.geometry, partial_dw, partial_db);
   } else {
     backward_generic_kernel<T, W><<<grid, kGenericThreads, 0, stream>>>(p, partial_dw, partial_db);
   }
@@ -357,9 +406,8 @@ std::size_t backward_workspace_cuda(std::int64_t rows, std::int64_t cols, DType 
     dispatch_types(dtype, weight_dtype, [&](auto t, auto w) {
       using T = decltype(t);
       using W = decltype(w);
-      slots = std::max(slots, backward_grid<T, W>(op, BackwardPlans{}, rows, device_index));
-      const BackwardPlans plans = backward_plans<T>(op, cols, device_index);
-      if (plans.from_x.iters > 0) slots = std::max(slots, backward_grid<T, W>(op, plans, rows, device_index));
+      slots = std::max(slots, backward_grid<T, W>(op, cols, false, rows, device_index));
+      if (cols % (16 / sizeof(T)) == 0) slots = std::max(slots, backward_grid<T, W>(op, cols, true, rows, device_index));
     });
   }
   const std::size_t bytes = partial_bytes(slots, cols);
