@@ -285,29 +285,14 @@ template <typename T, typename W>
 void launch_forward(const ForwardParams& p, int device_index, cudaStream_t stream) {
   const char* op = "norm_forward";
   constexpr int kVec = 16 / sizeof(T);
-  RowPlan plan = vector_path_ok<T>(p.cols, {p.x_row_stride, p.y_row_stride}, {p.x, p.y, p.weight, p.bias})
-                     ? plan_rows(p.cols / kVec, false)
-                     : RowPlan{};
-  // FUSEKIT_NORM_FWD_STREAM=0 selects the non-persistent kernel (tuning knob).
-  static const bool streaming = env_knob("FUSEKIT_NORM_FWD_STREAM", 0, 1, 1) == 1;
+  const RowPlan plan = vector_path_ok<T>(p.cols, {p.x_row_stride, p.y_row_stride}, {p.x, p.y, p.weight, p.bias})
+                           ? plan_rows(p.cols / kVec, false)
+                           : RowPlan{};
   if (plan.iters > 0) {
     dispatch_iters(plan.iters, [&](auto iters) {
       constexpr int I = iters.value;
       const int rpb = plan.geometry.rows_per_block;
       const std::int64_t needed = (p.rows + rpb - 1) / rpb;
-      if (streaming) {
-        // Persistent, rows streamed through shared memory: as deep a ring as keeps the blocks per
-        // SM that the registers allow.
-        auto kernel = forward_streaming_kernel<T, W, I>;
-        const std::size_t slot = std::size_t(rpb) * p.cols * sizeof(T);
-        plan.geometry.stages = ring_stages(slot, 0, ring_budget(op, kernel, plan.block_threads(), device_index));
-        if (plan.geometry.stages >= 2) {
-          plan.smem_bytes = plan.geometry.stages * slot;
-          const int grid = persistent_grid(op, kernel, plan.block_threads(), plan.smem_bytes, rpb, p.rows, device_index);
-          kernel<<<grid, plan.block_threads(), plan.smem_bytes, stream>>>(p, plan.geometry);
-          return;
-        }
-      }
       // Not persistent: one row group per block slot, the block scheduler hides the latency.
       const int grid = static_cast<int>(std::min<std::int64_t>(
           needed, std::int64_t(detail::device_info(op, device_index).sm_count) * 64));

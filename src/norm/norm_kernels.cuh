@@ -217,110 +217,16 @@ __device__ __forceinline__ void row_allreduce(float (&v)[K], float* scratch, con
 inline constexpr int kMaxWarpsPerBlock = 32;
 
 // ---------------------------------------------------------------------------------------------
-// Forward. A group of threads_per_row threads owns one row at a time: each thread holds ITERS
-// 16-byte vectors of it, packed (4 registers per vector), and unpacks them in each of its two
-// passes.
+// Forward, row in registers. A group of threads_per_row threads owns one row at a time: each
+// thread loads ITERS 16-byte vectors (all loads in flight together) and keeps them packed (4
+// registers per vector), unpacking in each of its two passes. Latency is hidden by many
+// resident blocks (the grid covers all rows; a block takes further rows only when the grid is
+// capped).
 //
 // LayerNorm's statistics come from one reduction of (sum d, sum d^2) with d = x - K, K the row's
 // first element: var = E[d^2] - E[d]^2. Any element of the row lies within sqrt(N) standard
 // deviations of the mean, so the cancellation costs at most log2(N) / 2 bits of the float
 // mantissa (typically none) and a barrier round per row is saved over the two-pass form.
-//
-// forward_row: statistics, output and saved mean/rstd of one row whose vectors are in `raw`
-// (vectors past the row end, if any, are skipped). Every thread of the group must call it (it
-// contains the group's reduction); `scratch` alternates between calls.
-// FULL: every vector of every thread lies inside the row (no per-vector bounds checks).
-template <typename T, typename W, int ITERS, bool FULL>
-__device__ __forceinline__ void forward_row(const ForwardParams& p, const uint4 (&raw)[ITERS], float shift_k,
-                                            std::int64_t row, bool valid_row, const RowTeam& team, int t,
-                                            float* scratch) {
-  constexpr int kVec = 16 / sizeof(T);
-  const bool layer_norm = p.kind == Kind::layer_norm;
-  const int cols = static_cast<int>(p.cols);
-  const float inv_cols = 1.0f / static_cast<float>(cols);
-  const W* __restrict__ weight = static_cast<const W*>(p.weight);
-  const W* __restrict__ bias = static_cast<const W*>(p.bias);
-  const int step = team.tpr * kVec;  // elements between a thread's vectors
-  const int col0 = t * kVec;
-  auto in_row = [&](int it) { return FULL || col0 + it * step < cols; };
-
-  float s[ITERS], q[ITERS];
-#pragma unroll
-  for (int it = 0; it < ITERS; ++it) {
-    s[it] = q[it] = 0.0f;
-    if (!in_row(it)) continue;
-    float v[kVec];
-    unpack16<T>(raw[it], v);
-    if (layer_norm) {
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) {
-        const float d = v[i] - shift_k;
-        s[it] += d;
-        q[it] = fmaf(d, d, q[it]);
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) q[it] = fmaf(v[i], v[i], q[it]);
-    }
-  }
-  float sums[2] = {s[0], q[0]};
-#pragma unroll
-  for (int it = 1; it < ITERS; ++it) {
-    sums[0] += s[it];
-    sums[1] += q[it];
-  }
-  float mean = 0.0f, rstd;
-  if (layer_norm) {
-    row_allreduce<2, false>(sums, scratch, team);
-    const float mean_d = sums[0] * inv_cols;
-    const float var = fmaxf(fmaf(-mean_d, mean_d, sums[1] * inv_cols), 0.0f);
-    mean = shift_k + mean_d;
-    rstd = rsqrtf(var + p.eps);
-  } else {
-    float sq[1] = {sums[1]};
-    row_allreduce<1, false>(sq, scratch, team);
-    rstd = rsqrtf(sq[0] * inv_cols + p.eps);
-  }
-  if (!valid_row) return;
-  const float shift = -mean * rstd;
-  T* __restrict__ y = static_cast<T*>(p.y) + row * p.y_row_stride + col0;
-#pragma unroll
-  for (int it = 0; it < ITERS; ++it) {
-    if (!in_row(it)) continue;
-    const int col = col0 + it * step;
-    float v[kVec], out[kVec];
-    unpack16<T>(raw[it], v);
-    if (weight) {
-      float w[kVec];
-      load_floats<W, kVec>(weight + col, w);
-      if (bias) {
-        float b[kVec];
-        load_floats<W, kVec>(bias + col, b);
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) out[i] = fmaf(fmaf(v[i], rstd, shift), w[i], b[i]);
-      } else {
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) out[i] = fmaf(v[i], rstd, shift) * w[i];
-      }
-    } else if (bias) {
-      float b[kVec];
-      load_floats<W, kVec>(bias + col, b);
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) out[i] = fmaf(v[i], rstd, shift) + b[i];
-    } else {
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) out[i] = fmaf(v[i], rstd, shift);
-    }
-    *reinterpret_cast<uint4*>(y + it * step) = pack16<T>(out);
-  }
-  if (t == 0) {
-    if (p.mean) p.mean[row] = mean;
-    if (p.rstd) p.rstd[row] = rstd;
-  }
-}
-
-// Non-persistent: the grid covers the rows (a block takes further rows only when the grid is
-// capped); latency is hidden by many resident blocks.
 #ifndef FUSEKIT_NORM_FORWARD_MIN_BLOCKS
 #define FUSEKIT_NORM_FORWARD_MIN_BLOCKS 2
 #endif
@@ -332,104 +238,103 @@ __global__ void __launch_bounds__(512, FUSEKIT_NORM_FORWARD_MIN_BLOCKS)
   const int tpr = geo.threads_per_row, rpb = geo.rows_per_block;
   const int group = threadIdx.x / tpr, t = threadIdx.x - group * tpr;
   const RowTeam team(tpr, group, t);
+  const bool layer_norm = p.kind == Kind::layer_norm;
   const int cols = static_cast<int>(p.cols);
-  const int step = tpr * kVec, col0 = t * kVec;
+  const float inv_cols = 1.0f / static_cast<float>(cols);
+  const W* __restrict__ weight = static_cast<const W*>(p.weight);
+  const W* __restrict__ bias = static_cast<const W*>(p.bias);
+  const int step = tpr * kVec;  // elements between a thread's vectors
+  const int col0 = t * kVec;
+  // Vectors past the row end (only the last may be) hold zeros and are skipped by the passes.
+  auto in_row = [&](int it) { return col0 + it * step < cols; };
   int phase = 0;
+
   for (std::int64_t base = std::int64_t(blockIdx.x) * rpb; base < p.rows; base += std::int64_t(gridDim.x) * rpb) {
     const std::int64_t row = base + group;
     const bool valid_row = row < p.rows;
     const T* __restrict__ x = static_cast<const T*>(p.x) + row * p.x_row_stride;
     uint4 raw[ITERS];
+    float shift_k = 0.0f;
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
       raw[it] = make_uint4(0, 0, 0, 0);
-      if (valid_row && col0 + it * step < cols) raw[it] = *reinterpret_cast<const uint4*>(x + col0 + it * step);
+      if (valid_row && in_row(it)) raw[it] = *reinterpret_cast<const uint4*>(x + col0 + it * step);
     }
-    const float shift_k = (p.kind == Kind::layer_norm && valid_row) ? to_float(x[0]) : 0.0f;
-    float* my_scratch = &scratch[phase][group * (tpr / 32) * 2];
-    if (cols == ITERS * step) forward_row<T, W, ITERS, true>(p, raw, shift_k, row, valid_row, team, t, my_scratch);
-    else forward_row<T, W, ITERS, false>(p, raw, shift_k, row, valid_row, team, t, my_scratch);
-    phase ^= 1;
-  }
-}
-
-// Persistent, rows streamed into shared memory: each row group keeps `stages` row slots filled by
-// bulk copies that one thread issues (full/empty mbarriers as in the backward). A thread copies its
-// vectors to registers and releases the slot at once, so the next rows' loads are in flight while
-// this row reduces and stores. All groups of a block step through rows together (the reduction
-// uses __syncthreads when a block holds one group of several warps; two-warp groups share it).
-template <typename T, typename W, int ITERS>
-__global__ void __launch_bounds__(512, FUSEKIT_NORM_FORWARD_MIN_BLOCKS)
-    forward_streaming_kernel(ForwardParams p, RowGeometry geo) {
-  constexpr int kVec = 16 / sizeof(T);
-  extern __shared__ uint4 smem[];
-  __shared__ float scratch[2][kMaxWarpsPerBlock * 2];
-  __shared__ std::uint64_t full_bar[kMaxGroups * kMaxStages], empty_bar[kMaxGroups * kMaxStages];
-  const int tpr = geo.threads_per_row, rpb = geo.rows_per_block, stages = geo.stages;
-  const int group = threadIdx.x / tpr, t = threadIdx.x - group * tpr;
-  const RowTeam team(tpr, group, t);
-  const int cols = static_cast<int>(p.cols);
-  const unsigned row_bytes = static_cast<unsigned>(cols * sizeof(T));
-  T* ring = reinterpret_cast<T*>(smem) + std::size_t(group) * stages * cols;
-  std::uint64_t* full = full_bar + group * kMaxStages;
-  std::uint64_t* empty = empty_bar + group * kMaxStages;
-  const T* __restrict__ x = static_cast<const T*>(p.x);
-  const std::int64_t rows = p.rows;
-  const std::int64_t stride_rows = std::int64_t(gridDim.x) * rpb;
-  const std::int64_t first_row = std::int64_t(blockIdx.x) * rpb + group;
-  const std::int64_t first_base = std::int64_t(blockIdx.x) * rpb;
-  const int step = tpr * kVec, col0 = t * kVec;
-
-  if (t < stages) {
-    mbarrier_init(&full[t], 1);
-    mbarrier_init(&empty[t], tpr);
-  }
-  mbarrier_init_fence();
-  __syncthreads();
-  auto issue = [&](int k) {
-    const std::int64_t row = first_row + k * stride_rows;
-    if (row >= rows) return;
-    const int slot = k % stages;
-    mbarrier_arrive_expect_tx(&full[slot], row_bytes);
-    bulk_copy_to_shared(ring + slot * cols, x + row * p.x_row_stride, row_bytes, &full[slot]);
-  };
-  if (t == 0) {
-    for (int k = 0; k < stages - 1; ++k) issue(k);
-  }
-  int slot = 0, parity = 0, prev_slot = stages - 1, prev_parity = 1, phase = 0;
-  for (int k = 0; first_base + k * stride_rows < rows; ++k) {
-    const std::int64_t row = first_row + k * stride_rows;
-    const bool valid_row = row < rows;
-    if (t == 0) {
-      // Row k + stages - 1 reuses the slot of row k - 1: wait until the group has left it.
-      if (k > 0 && row - stride_rows < rows) mbarrier_wait(&empty[prev_slot], prev_parity);
-      issue(k + stages - 1);
-    }
-    uint4 raw[ITERS];
-    float shift_k = 0.0f;
-    if (valid_row) {
-      mbarrier_wait(&full[slot], parity);
-      const T* r = ring + slot * cols;
+    if (layer_norm && valid_row) shift_k = to_float(x[0]);
+    float s[ITERS], q[ITERS];
 #pragma unroll
-      for (int it = 0; it < ITERS; ++it) {
-        raw[it] = make_uint4(0, 0, 0, 0);
-        if (col0 + it * step < cols) raw[it] = *reinterpret_cast<const uint4*>(r + col0 + it * step);
+    for (int it = 0; it < ITERS; ++it) {
+      s[it] = q[it] = 0.0f;
+      if (!in_row(it)) continue;
+      float v[kVec];
+      unpack16<T>(raw[it], v);
+      if (layer_norm) {
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) {
+          const float d = v[i] - shift_k;
+          s[it] += d;
+          q[it] = fmaf(d, d, q[it]);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) q[it] = fmaf(v[i], v[i], q[it]);
       }
-      if (p.kind == Kind::layer_norm) shift_k = to_float(r[0]);
-      mbarrier_arrive(&empty[slot]);
-    } else {
+    }
+    float sums[2] = {s[0], q[0]};
 #pragma unroll
-      for (int it = 0; it < ITERS; ++it) raw[it] = make_uint4(0, 0, 0, 0);
+    for (int it = 1; it < ITERS; ++it) {
+      sums[0] += s[it];
+      sums[1] += q[it];
     }
     float* my_scratch = &scratch[phase][group * (tpr / 32) * 2];
-    if (cols == ITERS * step) forward_row<T, W, ITERS, true>(p, raw, shift_k, row, valid_row, team, t, my_scratch);
-    else forward_row<T, W, ITERS, false>(p, raw, shift_k, row, valid_row, team, t, my_scratch);
     phase ^= 1;
-    prev_slot = slot;
-    prev_parity = parity;
-    if (++slot == stages) {
-      slot = 0;
-      parity ^= 1;
+    float mean = 0.0f, rstd;
+    if (layer_norm) {
+      row_allreduce<2, false>(sums, my_scratch, team);
+      const float mean_d = sums[0] * inv_cols;
+      const float var = fmaxf(fmaf(-mean_d, mean_d, sums[1] * inv_cols), 0.0f);
+      mean = shift_k + mean_d;
+      rstd = rsqrtf(var + p.eps);
+    } else {
+      float sq[1] = {sums[1]};
+      row_allreduce<1, false>(sq, my_scratch, team);
+      rstd = rsqrtf(sq[0] * inv_cols + p.eps);
+    }
+    if (!valid_row) continue;
+    const float shift = -mean * rstd;
+    T* __restrict__ y = static_cast<T*>(p.y) + row * p.y_row_stride;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      if (!in_row(it)) continue;
+      const int col = col0 + it * step;
+      float v[kVec], out[kVec];
+      unpack16<T>(raw[it], v);
+      if (weight) {
+        float w[kVec];
+        load_floats<W, kVec>(weight + col, w);
+        if (bias) {
+          float b[kVec];
+          load_floats<W, kVec>(bias + col, b);
+#pragma unroll
+          for (int i = 0; i < kVec; ++i) out[i] = fmaf(fmaf(v[i], rstd, shift), w[i], b[i]);
+        } else {
+#pragma unroll
+          for (int i = 0; i < kVec; ++i) out[i] = fmaf(v[i], rstd, shift) * w[i];
+        }
+      } else if (bias) {
+        float b[kVec];
+        load_floats<W, kVec>(bias + col, b);
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) out[i] = fmaf(v[i], rstd, shift) + b[i];
+      } else {
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) out[i] = fmaf(v[i], rstd, shift);
+      }
+      *reinterpret_cast<uint4*>(y + col) = pack16<T>(out);
+    }
+    if (t == 0) {
+      if (p.mean) p.mean[row] = mean;
+      if (p.rstd) p.rstd[row] = rstd;
     }
   }
 }
@@ -479,9 +384,6 @@ __global__ void __launch_bounds__(512)
   const std::int64_t stride_rows = std::int64_t(gridDim.x) * rpb;
   const std::int64_t first_row = std::int64_t(blockIdx.x) * rpb + group;
 
-  // The partial-sum reduction is launched as a programmatic dependent: letting it launch now
-  // hides its launch latency (it waits for this grid's completion before reading anything).
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   if (t < stages) {
     mbarrier_init(&full[t], 1);
     mbarrier_init(&empty[t], tpr);
@@ -530,7 +432,6 @@ __global__ void __launch_bounds__(512)
   const int step = tpr * kVec;
   const int col0 = t * kVec;
   auto in_row = [&](int it) { return col0 + it * step < cols; };
-  const bool all_full = cols == ITERS * step;
   // From y: x_hat = y * (1/w) + (-b/w), per column.
   auto from_y_factors = [&](int col, float (&inv_w)[kVec], float (&sh)[kVec]) {
     if constexpr (cached) {
@@ -569,79 +470,73 @@ __global__ void __launch_bounds__(512)
     const T* r_dy = ring + slot * 2 * cols;
     const T* r_in = r_dy + cols;
     const float shift = -mean * rstd;
-    // Passes over the row; FULL: every vector of every thread lies inside the row (no per-vector
-    // bounds checks, so the compiler can hoist all shared-memory loads of a pass).
-    auto process = [&](auto full) {
-      using FULL = decltype(full);
-      // sum(g) and sum(g * x_hat) with g = dy * w, one accumulator pair per vector.
-      float part_g[ITERS], part_gx[ITERS];
+
+    // sum(g) and sum(g * x_hat) with g = dy * w, one accumulator pair per vector.
+    float part_g[ITERS], part_gx[ITERS];
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      part_g[it] = part_gx[it] = 0.0f;
+      if (!in_row(it)) continue;
+      const int col = col0 + it * step;
+      float d[kVec], v[kVec], w[kVec];
+      unpack16<T>(*reinterpret_cast<const uint4*>(r_dy + col), d);
+      unpack16<T>(*reinterpret_cast<const uint4*>(r_in + col), v);
+      load_shared_floats<kVec>(col_w + col, w);
+      float xh[kVec];
+      if constexpr (FROM_OUTPUT) {
+        float inv_w[kVec], sh[kVec];
+        from_y_factors(col, inv_w, sh);
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) xh[i] = fmaf(v[i], inv_w[i], sh[i]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) xh[i] = fmaf(v[i], rstd, shift);
+      }
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        const float g = d[i] * w[i];
+        part_g[it] += g;
+        part_gx[it] = fmaf(g, xh[i], part_gx[it]);
+        acc_dw[it][i] = fmaf(d[i], xh[i], acc_dw[it][i]);
+        if constexpr (BIAS_GRAD) acc_db[it][i] += d[i];
+      }
+    }
+    float sums[2] = {part_g[0], part_gx[0]};
+#pragma unroll
+    for (int it = 1; it < ITERS; ++it) {
+      sums[0] += part_g[it];
+      sums[1] += part_gx[it];
+    }
+    row_allreduce<2, true>(sums, &scratch[phase][group * (tpr / 32) * 2], team);
+    phase ^= 1;
+
+    if (p.dx != nullptr) {
+      // dx = rstd * (g - mean(g) - x_hat * mean(g x_hat)) = g * rstd + (x_hat * a + c).
+      const float a = -rstd * sums[1] * inv_cols;
+      const float c = layer_norm ? -rstd * sums[0] * inv_cols : 0.0f;
+      // From x, x_hat * a + c = x * (a * rstd) + (shift * a + c).
+      [[maybe_unused]] const float a_x = a * rstd, c_x = fmaf(shift, a, c);
+      T* __restrict__ dx = static_cast<T*>(p.dx) + row * p.dx_row_stride + col0;
 #pragma unroll
       for (int it = 0; it < ITERS; ++it) {
-        part_g[it] = part_gx[it] = 0.0f;
-        if (!FULL::value && !in_row(it)) continue;
+        if (!in_row(it)) continue;
         const int col = col0 + it * step;
-        float d[kVec], v[kVec], w[kVec];
+        float d[kVec], v[kVec], w[kVec], out[kVec];
         unpack16<T>(*reinterpret_cast<const uint4*>(r_dy + col), d);
         unpack16<T>(*reinterpret_cast<const uint4*>(r_in + col), v);
         load_shared_floats<kVec>(col_w + col, w);
-        float xh[kVec];
         if constexpr (FROM_OUTPUT) {
           float inv_w[kVec], sh[kVec];
           from_y_factors(col, inv_w, sh);
 #pragma unroll
-          for (int i = 0; i < kVec; ++i) xh[i] = fmaf(v[i], inv_w[i], sh[i]);
+          for (int i = 0; i < kVec; ++i) out[i] = fmaf(d[i] * w[i], rstd, fmaf(fmaf(v[i], inv_w[i], sh[i]), a, c));
         } else {
 #pragma unroll
-          for (int i = 0; i < kVec; ++i) xh[i] = fmaf(v[i], rstd, shift);
+          for (int i = 0; i < kVec; ++i) out[i] = fmaf(d[i] * w[i], rstd, fmaf(v[i], a_x, c_x));
         }
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) {
-          const float g = d[i] * w[i];
-          part_g[it] += g;
-          part_gx[it] = fmaf(g, xh[i], part_gx[it]);
-          acc_dw[it][i] = fmaf(d[i], xh[i], acc_dw[it][i]);
-          if constexpr (BIAS_GRAD) acc_db[it][i] += d[i];
-        }
+        *reinterpret_cast<uint4*>(dx + it * step) = pack16<T>(out);
       }
-      float sums[2] = {part_g[0], part_gx[0]};
-#pragma unroll
-      for (int it = 1; it < ITERS; ++it) {
-        sums[0] += part_g[it];
-        sums[1] += part_gx[it];
-      }
-      row_allreduce<2, true>(sums, &scratch[phase][group * (tpr / 32) * 2], team);
-      phase ^= 1;
-
-      if (p.dx != nullptr) {
-        // dx = rstd * (g - mean(g) - x_hat * mean(g x_hat)) = g * rstd + (x_hat * a + c).
-        const float a = -rstd * sums[1] * inv_cols;
-        const float c = layer_norm ? -rstd * sums[0] * inv_cols : 0.0f;
-        // From x, x_hat * a + c = x * (a * rstd) + (shift * a + c).
-        [[maybe_unused]] const float a_x = a * rstd, c_x = fmaf(shift, a, c);
-        T* __restrict__ dx = static_cast<T*>(p.dx) + row * p.dx_row_stride + col0;
-#pragma unroll
-        for (int it = 0; it < ITERS; ++it) {
-          if (!FULL::value && !in_row(it)) continue;
-          const int col = col0 + it * step;
-          float d[kVec], v[kVec], w[kVec], out[kVec];
-          unpack16<T>(*reinterpret_cast<const uint4*>(r_dy + col), d);
-          unpack16<T>(*reinterpret_cast<const uint4*>(r_in + col), v);
-          load_shared_floats<kVec>(col_w + col, w);
-          if constexpr (FROM_OUTPUT) {
-            float inv_w[kVec], sh[kVec];
-            from_y_factors(col, inv_w, sh);
-#pragma unroll
-            for (int i = 0; i < kVec; ++i) out[i] = fmaf(d[i] * w[i], rstd, fmaf(fmaf(v[i], inv_w[i], sh[i]), a, c));
-          } else {
-#pragma unroll
-            for (int i = 0; i < kVec; ++i) out[i] = fmaf(d[i] * w[i], rstd, fmaf(v[i], a_x, c_x));
-          }
-          *reinterpret_cast<uint4*>(dx + it * step) = pack16<T>(out);
-        }
-      }
-    };
-    if (all_full) process(std::true_type{});
-    else process(std::false_type{});
+    }
     mbarrier_arrive(&empty[slot]);
     prev_slot = slot;
     prev_parity = parity;
