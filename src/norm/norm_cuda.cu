@@ -58,8 +58,8 @@ void dispatch_types(DType dtype, DType weight_dtype, F&& f) {
 // vectors per thread and as many warps as that takes, so that N = 5120 or 12288 waste no thread.
 // The forward holds its row (packed) and the backward its per-column sums (~2 floats per element)
 // in registers, which caps both at 512 threads per row: N <= 16384 in 16-bit types, 8192 in f32.
-// Longer rows take the generic kernel. The ring depth (stages) and shared memory are sized per
-// kernel afterwards (size_ring), from the blocks per SM its registers allow.
+// Longer rows take the generic kernel. The backward ring depth (stages) and shared memory are sized
+// per kernel afterwards (ring_budget, ring_stages), from the blocks per SM its registers allow.
 struct RowPlan {
   int iters = 0;  // 0: generic kernel
   RowGeometry geometry{};
