@@ -54,11 +54,12 @@ void dispatch_types(DType dtype, DType weight_dtype, F&& f) {
 }
 
 // How a row is spread over threads: `iters` 16-byte vectors per thread (the kernel's template
-// parameter), `geometry.threads_per_row` threads. Short rows get one warp each (4 rows a block);
-// longer rows 4 vectors per thread and as many warps as that takes, so that N = 5120 or 12288
-// waste no thread. Both kernels hold ~2 floats per element in registers (the forward its row,
-// the backward its per-column sums), which caps them at 512 threads per row: N <= 16384 in
-// 16-bit types, 8192 in f32. Longer rows take the generic kernel.
+// parameter), `geometry.threads_per_row` threads. Short rows get one warp each; longer rows 4
+// vectors per thread and as many warps as that takes, so that N = 5120 or 12288 waste no thread.
+// The forward holds its row (packed) and the backward its per-column sums (~2 floats per element)
+// in registers, which caps both at 512 threads per row: N <= 16384 in 16-bit types, 8192 in f32.
+// Longer rows take the generic kernel. The backward ring depth (stages) and shared memory are sized
+// per kernel afterwards (ring_budget, ring_stages), from the blocks per SM its registers allow.
 struct RowPlan {
   int iters = 0;  // 0: generic kernel
   RowGeometry geometry{};
@@ -66,49 +67,38 @@ struct RowPlan {
   int block_threads() const { return geometry.threads_per_row * geometry.rows_per_block; }
 };
 
+int env_knob(const char* name, int lo, int hi, int fallback) {
+  const char* env = std::getenv(name);
+  const int v = env ? std::atoi(env) : fallback;
+  return (v >= lo && v <= hi) ? v : fallback;
+}
+
 RowPlan plan_rows(std::int64_t vectors, bool backward) {
   RowPlan plan;
   if (vectors <= 128) {
     plan.iters = static_cast<int>((vectors + 31) / 32);
     plan.geometry.threads_per_row = 32;
   } else {
-    // FUSEKIT_NORM_BWD_ITERS (2 or 4) overrides the backward's vectors per thread (tuning knob).
-    static const int backward_iters = [] {
-      const char* env = std::getenv("FUSEKIT_NORM_BWD_ITERS");
-      const int v = env ? std::atoi(env) : 4;
-      return (v >= 1 && v <= 4) ? v : 4;
-    }();
-    // FUSEKIT_NORM_FWD_ITERS likewise for the forward (tuning knob).
-    static const int forward_iters = [] {
-      const char* env = std::getenv("FUSEKIT_NORM_FWD_ITERS");
-      const int v = env ? std::atoi(env) : 4;
-      return (v >= 1 && v <= 4) ? v : 4;
-    }();
+    // FUSEKIT_NORM_BWD_ITERS / FUSEKIT_NORM_FWD_ITERS (1..4) override the vectors per thread.
+    static const int backward_iters = env_knob("FUSEKIT_NORM_BWD_ITERS", 1, 4, 4);
+    static const int forward_iters = env_knob("FUSEKIT_NORM_FWD_ITERS", 1, 4, 4);
     plan.iters = backward ? backward_iters : forward_iters;
     plan.geometry.threads_per_row =
         static_cast<int>((vectors + plan.iters * 32 - 1) / (plan.iters * 32) * 32);
     if (plan.geometry.threads_per_row > 512) return RowPlan{};
   }
   const int tpr = plan.geometry.threads_per_row;
-  // Several row groups per block (each with its own barrier): the backward then writes fewer
-  // dweight/dbias partial rows (one per block), which the final reduction must read back.
-  // Measured on an H200 (bf16): 512-thread blocks for rows of one or two warps, 256 otherwise
-  // (512 leaves one block per SM at the backward's ~110-128 registers: every row group then waits
-  // at the block-wide steps together). FUSEKIT_NORM_BWD_BLOCK (128..512) overrides (tuning knob).
-  static const int backward_block = [] {
-    const char* env = std::getenv("FUSEKIT_NORM_BWD_BLOCK");
-    const int v = env ? std::atoi(env) : 0;
-    return (v >= 128 && v <= 512) ? v : 0;
-  }();
-  const int target = !backward ? 128 : backward_block ? backward_block : tpr <= 64 ? 512 : 256;
-  // Groups wider than a warp use hardware barriers 1..15, one each.
-  plan.geometry.rows_per_block = std::max(1, std::min(target / tpr, tpr > 32 ? 15 : 16));
-  const int threads = plan.block_threads();
-  const std::size_t stage_bytes =
-      std::size_t(threads) * plan.iters * 16 * (backward ? 2 : 1) + (backward ? threads * 8 : 0);
-  // Three rows in flight when the ring stays modest, else two (long rows already carry many bytes).
-  plan.geometry.stages = 3 * stage_bytes <= 96 * 1024 ? 3 : 2;
-  plan.smem_bytes = backward ? plan.geometry.stages * stage_bytes : 0;  // the forward has no ring
+  if (!backward) {
+    // Forward: 128-thread blocks (several one-warp or two-warp rows), one row for longer rows.
+    plan.geometry.rows_per_block = std::max(1, 128 / tpr);
+    return plan;
+  }
+  // Backward: several row groups per block (each with its own barrier) so that the block writes
+  // one dweight/dbias partial row and keeps one float copy of the weight columns. 512 threads (one
+  // block per SM at ~128 registers); FUSEKIT_NORM_BWD_BLOCK (128..512) overrides (tuning knob).
+  static const int backward_block = env_knob("FUSEKIT_NORM_BWD_BLOCK", 128, 512, 512);
+  plan.geometry.rows_per_block =
+      std::max(1, std::min(backward_block / tpr, tpr > 32 ? kMaxGroups - 1 : kMaxGroups));
   return plan;
 }
 
@@ -180,26 +170,109 @@ int persistent_grid(const char* op, Kernel kernel, int block_threads, std::size_
   return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(needed, std::int64_t(sms) * per_sm)));
 }
 
-// The backward grid for a problem: the same answer for the workspace query and the launch, so
-// the workspace always holds one partial row per block.
-template <typename T, typename W>
-int backward_grid(const char* op, const RowPlan& plan, std::int64_t rows, int device_index) {
-  int grid = 0;
-  if (plan.iters == 0) {
-    return persistent_grid(op, backward_generic_kernel<T, W>, kGenericThreads, 0, 1, rows, device_index);
+// Shared memory one block of `kernel` may use for its ring without lowering the blocks per SM
+// that its registers and threads allow (an SM holds about the opt-in limit plus 1 KB, and 1 KB of
+// it is reserved per block).
+template <typename Kernel>
+std::size_t ring_budget(const char* op, Kernel kernel, int block_threads, int device_index) {
+  struct Key {
+    const void* kernel;
+    int block, device;
+    bool operator==(const Key& o) const { return kernel == o.kernel && block == o.block && device == o.device; }
+  };
+  static std::mutex mutex;
+  static std::vector<std::pair<Key, std::size_t>> cache;
+  const Key key{reinterpret_cast<const void*>(kernel), block_threads, device_index};
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (const auto& [k, v] : cache)
+      if (k == key) return v;
   }
+  const int blocks = blocks_per_sm(op, kernel, block_threads, 0, device_index);
+  cudaFuncAttributes attributes{};
+  detail::check_cuda(cudaFuncGetAttributes(&attributes, kernel), op, "cudaFuncGetAttributes");
+  const std::size_t optin = detail::device_info(op, device_index).max_smem_per_block_optin;
+  const std::size_t per_block = (optin + 1024) / std::max(1, blocks) - 1024;
+  const std::size_t limit = std::min(per_block, optin);
+  const std::size_t budget = limit - std::min(limit, std::size_t(attributes.sharedSizeBytes));
+  std::lock_guard<std::mutex> lock(mutex);
+  cache.push_back({key, budget});
+  return budget;
+}
+
+// Ring depth for `row_slot_bytes` per stage plus `fixed_bytes` within `budget`: the deepest of
+// 2..kMaxStages that fits (FUSEKIT_NORM_STAGES caps it, a tuning knob), or 0.
+int ring_stages(std::size_t row_slot_bytes, std::size_t fixed_bytes, std::size_t budget) {
+  static const int max_stages = env_knob("FUSEKIT_NORM_STAGES", 2, kMaxStages, kMaxStages);
+  for (int stages = max_stages; stages >= 2; --stages)
+    if (fixed_bytes + stages * row_slot_bytes <= budget) return stages;
+  return 0;
+}
+
+using BackwardKernel = void (*)(BackwardParams, RowGeometry, float*, float*);
+
+// One backward specialization with its launch shape; kernel == nullptr: the generic kernel.
+struct BackwardVariant {
+  BackwardKernel kernel = nullptr;
+  RowPlan plan;
+};
+
+// The backward kernel for (from x or y, with or without dbias) at N = cols on the vector path,
+// with its ring sized for its own occupancy. From y, 1/w and -b/w go to shared memory when they
+// fit beside a two-row ring (kFromY), else they are recomputed per use (kFromYUncached).
+template <typename T, typename W>
+BackwardVariant backward_variant(const char* op, std::int64_t cols, bool from_output, bool bias_grad,
+                                 int device_index) {
+  constexpr int kVec = 16 / sizeof(T);
+  BackwardVariant v;
+  if (cols % kVec != 0) return v;
+  RowPlan plan = plan_rows(cols / kVec, true);
+  if (plan.iters == 0) return v;
   dispatch_iters(plan.iters, [&](auto iters) {
-    // Every specialization (from x or y, with or without dbias) gets the same grid, so that the
-    // workspace query needs no more than the shape: take the smallest occupancy.
-    auto grid_of = [&](auto kernel) {
-      return persistent_grid(op, kernel, plan.block_threads(), plan.smem_bytes,
-                             plan.geometry.rows_per_block, rows, device_index);
+    constexpr int I = iters.value;
+    auto pick = [&](auto source) -> BackwardKernel {
+      return bias_grad ? backward_streaming_kernel<T, W, I, decltype(source)::value, true>
+                       : backward_streaming_kernel<T, W, I, decltype(source)::value, false>;
     };
-    grid = std::min({grid_of(backward_streaming_kernel<T, W, iters.value, false, false>),
-                     grid_of(backward_streaming_kernel<T, W, iters.value, false, true>),
-                     grid_of(backward_streaming_kernel<T, W, iters.value, true, false>),
-                     grid_of(backward_streaming_kernel<T, W, iters.value, true, true>)});
+    const std::size_t slot = std::size_t(plan.geometry.rows_per_block) * 2 * cols * sizeof(T);
+    const std::size_t column = std::size_t(cols) * sizeof(float);
+    BackwardKernel kernel = pick(std::integral_constant<int, kFromX>{});
+    int arrays = 1;
+    if (from_output) {
+      kernel = pick(std::integral_constant<int, kFromY>{});
+      arrays = 3;
+      if (ring_stages(slot, 3 * column, ring_budget(op, kernel, plan.block_threads(), device_index)) == 0) {
+        kernel = pick(std::integral_constant<int, kFromYUncached>{});
+        arrays = 1;
+      }
+    }
+    plan.geometry.cached_columns = arrays == 3;
+    plan.geometry.stages =
+        ring_stages(slot, arrays * column, ring_budget(op, kernel, plan.block_threads(), device_index));
+    plan.smem_bytes = arrays * column + plan.geometry.stages * slot;
+    if (plan.geometry.stages >= 2) v = {kernel, plan};
   });
+  return v;
+}
+
+// The backward grid for a problem: the same answer for the workspace query and the launch, so
+// the workspace always holds one partial row per block. Every specialization (from x or y, with
+// or without dbias) gets the same grid, so that the query needs no more than the shape: the
+// smallest persistent grid of the four.
+template <typename T, typename W>
+int backward_grid(const char* op, std::int64_t cols, bool vector_path, std::int64_t rows, int device_index) {
+  const int generic = persistent_grid(op, backward_generic_kernel<T, W>, kGenericThreads, 0, 1, rows, device_index);
+  if (!vector_path) return generic;
+  int grid = 0;
+  for (bool from_output : {false, true}) {
+    for (bool bias_grad : {false, true}) {
+      const BackwardVariant v = backward_variant<T, W>(op, cols, from_output, bias_grad, device_index);
+      const int g = v.kernel ? persistent_grid(op, v.kernel, v.plan.block_threads(), v.plan.smem_bytes,
+                                               v.plan.geometry.rows_per_block, rows, device_index)
+                             : generic;
+      grid = grid == 0 ? g : std::min(grid, g);
+    }
+  }
   return grid;
 }
 
@@ -217,11 +290,13 @@ void launch_forward(const ForwardParams& p, int device_index, cudaStream_t strea
                            : RowPlan{};
   if (plan.iters > 0) {
     dispatch_iters(plan.iters, [&](auto iters) {
+      constexpr int I = iters.value;
+      const int rpb = plan.geometry.rows_per_block;
+      const std::int64_t needed = (p.rows + rpb - 1) / rpb;
       // Not persistent: one row group per block slot, the block scheduler hides the latency.
-      const std::int64_t needed = (p.rows + plan.geometry.rows_per_block - 1) / plan.geometry.rows_per_block;
       const int grid = static_cast<int>(std::min<std::int64_t>(
           needed, std::int64_t(detail::device_info(op, device_index).sm_count) * 64));
-      forward_registers_kernel<T, W, iters.value><<<grid, plan.block_threads(), 0, stream>>>(p, plan.geometry);
+      forward_registers_kernel<T, W, I><<<grid, plan.block_threads(), 0, stream>>>(p, plan.geometry);
     });
   } else {
     const int grid = persistent_grid(op, forward_generic_kernel<T, W>, kGenericThreads, 0, 1, p.rows, device_index);
@@ -233,14 +308,13 @@ void launch_forward(const ForwardParams& p, int device_index, cudaStream_t strea
 template <typename T, typename W>
 void launch_backward(const BackwardParams& p, int device_index, cudaStream_t stream) {
   const char* op = "norm_backward";
-  constexpr int kVec = 16 / sizeof(T);
   const bool partials = p.dweight != nullptr || p.dbias != nullptr;
-  const RowPlan plan =
-      vector_path_ok<T>(p.cols, {p.dy_row_stride, p.input_row_stride, p.dx_row_stride},
-                        {p.dy, p.input, p.dx, p.weight, p.bias})
-          ? plan_rows(p.cols / kVec, true)
-          : RowPlan{};
-  const int grid = backward_grid<T, W>(op, plan, p.rows, device_index);
+  const bool vector_path = vector_path_ok<T>(p.cols, {p.dy_row_stride, p.input_row_stride, p.dx_row_stride},
+                                             {p.dy, p.input, p.dx, p.weight, p.bias});
+  const BackwardVariant variant =
+      vector_path ? backward_variant<T, W>(op, p.cols, p.from_output, p.dbias != nullptr, device_index)
+                  : BackwardVariant{};
+  const int grid = backward_grid<T, W>(op, p.cols, vector_path, p.rows, device_index);
 
   float* partial_dw = nullptr;
   float* partial_db = nullptr;
@@ -253,15 +327,9 @@ void launch_backward(const BackwardParams& p, int device_index, cudaStream_t str
     partial_dw = static_cast<float*>(p.workspace);
     partial_db = partial_dw + std::int64_t(grid) * p.cols;
   }
-  if (plan.iters > 0) {
-    dispatch_iters(plan.iters, [&](auto iters) {
-      constexpr int I = iters.value;
-      auto kernel = p.from_output ? (p.dbias ? backward_streaming_kernel<T, W, I, true, true>
-                                             : backward_streaming_kernel<T, W, I, true, false>)
-                                  : (p.dbias ? backward_streaming_kernel<T, W, I, false, true>
-                                             : backward_streaming_kernel<T, W, I, false, false>);
-      kernel<<<grid, plan.block_threads(), plan.smem_bytes, stream>>>(p, plan.geometry, partial_dw, partial_db);
-    });
+  if (variant.kernel) {
+    variant.kernel<<<grid, variant.plan.block_threads(), variant.plan.smem_bytes, stream>>>(
+        p, variant.plan.geometry, partial_dw, partial_db);
   } else {
     backward_generic_kernel<T, W><<<grid, kGenericThreads, 0, stream>>>(p, partial_dw, partial_db);
   }
@@ -323,11 +391,8 @@ std::size_t backward_workspace_cuda(std::int64_t rows, std::int64_t cols, DType 
     dispatch_types(dtype, weight_dtype, [&](auto t, auto w) {
       using T = decltype(t);
       using W = decltype(w);
-      slots = std::max(slots, backward_grid<T, W>(op, RowPlan{}, rows, device_index));
-      if (cols % (16 / sizeof(T)) == 0) {
-        const RowPlan plan = plan_rows(cols / (16 / sizeof(T)), true);
-        if (plan.iters > 0) slots = std::max(slots, backward_grid<T, W>(op, plan, rows, device_index));
-      }
+      slots = std::max(slots, backward_grid<T, W>(op, cols, false, rows, device_index));
+      if (cols % (16 / sizeof(T)) == 0) slots = std::max(slots, backward_grid<T, W>(op, cols, true, rows, device_index));
     });
   }
   const std::size_t bytes = partial_bytes(slots, cols);

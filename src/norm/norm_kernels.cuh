@@ -16,6 +16,8 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "norm/norm_params.h"
 
@@ -39,282 +41,383 @@ __device__ __forceinline__ __half from_float<__half>(float v) { return __float2h
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
-// VEC consecutive elements as floats, moved in 16-byte chunks (VEC * sizeof(T) is a multiple of
-// 16 on the vector path, 1 element on the scalar path).
-template <typename T, int VEC>
-__device__ __forceinline__ void load_vec(const T* p, float (&out)[VEC]) {
-  constexpr int kPerChunk = 16 / sizeof(T);
-  if constexpr (VEC % kPerChunk == 0) {
+// ---------------------------------------------------------------------------------------------
+// 16-byte vectors <-> floats. bf16 -> float is a shift or a mask of the 32-bit word (one
+// instruction per element; __bfloat162float on the high half costs a PRMT and a shift). Packing
+// uses the two-element converts (one F2FP per pair).
+template <typename T>
+__device__ __forceinline__ void unpack16(const uint4 raw, float (&out)[16 / sizeof(T)]) {
+  const unsigned word[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
-    for (int c = 0; c < VEC / kPerChunk; ++c) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(p + c * kPerChunk);
-      const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-      for (int i = 0; i < kPerChunk; ++i) out[c * kPerChunk + i] = to_float(e[i]);
+  for (int j = 0; j < 4; ++j) {
+    if constexpr (std::is_same_v<T, float>) {
+      out[j] = __uint_as_float(word[j]);
+    } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      out[2 * j] = __uint_as_float(word[j] << 16);
+      out[2 * j + 1] = __uint_as_float(word[j] & 0xffff0000u);
+    } else {
+      __half2 h;
+      memcpy(&h, &word[j], 4);
+      const float2 f = __half22float2(h);
+      out[2 * j] = f.x;
+      out[2 * j + 1] = f.y;
     }
-  } else {
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) out[i] = to_float(p[i]);
   }
 }
 
-template <typename T, int VEC>
-__device__ __forceinline__ void store_vec(T* p, const float (&in)[VEC]) {
-  constexpr int kPerChunk = 16 / sizeof(T);
-  if constexpr (VEC % kPerChunk == 0) {
+template <typename T>
+__device__ __forceinline__ uint4 pack16(const float (&in)[16 / sizeof(T)]) {
+  unsigned word[4];
 #pragma unroll
-    for (int c = 0; c < VEC / kPerChunk; ++c) {
-      uint4 raw;
-      T* e = reinterpret_cast<T*>(&raw);
-#pragma unroll
-      for (int i = 0; i < kPerChunk; ++i) e[i] = from_float<T>(in[c * kPerChunk + i]);
-      *reinterpret_cast<uint4*>(p + c * kPerChunk) = raw;
+  for (int j = 0; j < 4; ++j) {
+    if constexpr (std::is_same_v<T, float>) {
+      word[j] = __float_as_uint(in[j]);
+    } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      const __nv_bfloat162 h = __floats2bfloat162_rn(in[2 * j], in[2 * j + 1]);
+      memcpy(&word[j], &h, 4);
+    } else {
+      const __half2 h = __floats2half2_rn(in[2 * j], in[2 * j + 1]);
+      memcpy(&word[j], &h, 4);
     }
-  } else {
+  }
+  return make_uint4(word[0], word[1], word[2], word[3]);
+}
+
+// VEC consecutive elements of type W (VEC * sizeof(W) a multiple of 16) as floats.
+template <typename W, int VEC>
+__device__ __forceinline__ void load_floats(const W* p, float (&out)[VEC]) {
+  constexpr int kPer = 16 / sizeof(W);
+  static_assert(VEC % kPer == 0, "whole 16-byte chunks");
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) p[i] = from_float<T>(in[i]);
+  for (int c = 0; c < VEC / kPer; ++c) {
+    float part[kPer];
+    unpack16<W>(__ldg(reinterpret_cast<const uint4*>(p) + c), part);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) out[c * kPer + i] = part[i];
+  }
+}
+
+// VEC floats from shared memory (VEC a multiple of 4; 16-byte aligned).
+template <int VEC>
+__device__ __forceinline__ void load_shared_floats(const float* p, float (&out)[VEC]) {
+#pragma unroll
+  for (int c = 0; c < VEC / 4; ++c) {
+    const float4 v = reinterpret_cast<const float4*>(p)[c];
+    out[4 * c] = v.x;
+    out[4 * c + 1] = v.y;
+    out[4 * c + 2] = v.z;
+    out[4 * c + 3] = v.w;
   }
 }
 
 // ---------------------------------------------------------------------------------------------
-// Asynchronous global->shared copies (cp.async, sm_80+). Data in flight occupies shared memory,
-// not registers, so each thread can keep several rows in flight at any occupancy.
+// Bulk copies (TMA, sm_90) into shared memory with mbarrier completion. One thread moves a whole
+// row with one instruction: the other threads spend nothing on addresses or copy issue.
 __device__ __forceinline__ unsigned smem_address(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
-__device__ __forceinline__ void copy_async_16(void* smem, const void* gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_address(smem)), "l"(gmem) : "memory");
+__device__ __forceinline__ void mbarrier_init(std::uint64_t* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(count) : "memory");
 }
-__device__ __forceinline__ void copy_async_4(void* smem, const void* gmem) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_address(smem)), "l"(gmem) : "memory");
+__device__ __forceinline__ void mbarrier_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
-__device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void copy_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-__device__ __forceinline__ void copy_async_wait_dynamic(int pending) {
-  // wait_group takes an immediate: dispatch the few depths used.
-  if (pending >= 2) copy_async_wait<2>();
-  else if (pending == 1) copy_async_wait<1>();
-  else copy_async_wait<0>();
+__device__ __forceinline__ void mbarrier_arrive(std::uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_address(bar)) : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(std::uint64_t* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(bar)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbarrier_wait(std::uint64_t* bar, unsigned parity) {
+  const unsigned address = smem_address(bar);
+  unsigned done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred ready;\n"
+        " mbarrier.try_wait.parity.shared::cta.b64 ready, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, ready;\n}\n"
+        : "=r"(done)
+        : "r"(address), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+// `bytes` a multiple of 16, both addresses 16-byte aligned.
+__device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, unsigned bytes, std::uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          smem_address(dst)),
+      "l"(src), "r"(bytes), "r"(smem_address(bar))
+      : "memory");
 }
 
-// The launch shape of the row-streaming kernels, decided on the host (norm_cuda.cu).
+// The launch shape of the row kernels, decided on the host (norm_cuda.cu).
 struct RowGeometry {
   int threads_per_row;  // a multiple of 32
-  int rows_per_block;   // row groups per block (> 1 only for rows of one or two warps)
-  int stages;           // rows in flight per group in the shared-memory ring (2 or 3)
+  int rows_per_block;   // row groups per block (<= kMaxGroups)
+  int stages;           // backward: rows per group in the shared-memory ring (2..kMaxStages)
+  int cached_columns;   // backward from y: 1/w and -b/w fit in shared memory (kFromY, else kFromYUncached)
 };
+inline constexpr int kMaxGroups = 16;
+inline constexpr int kMaxStages = 4;
 
-// Sums K values over the `tpr` threads of a row group; every thread gets the total. The shuffle
-// butterfly gives all lanes bitwise-identical sums, and the cross-warp step adds warps in index
-// order, so the result does not depend on timing. `scratch` holds (tpr / 32) * K floats for this
-// row group and must not be reused before the group's next barrier (callers alternate buffers).
-// Contains the row group's barrier when tpr > 32: every thread of the group must call it.
 // Synchronizes the `threads` threads of one row group only (hardware barrier `id`, 1..15; 0 is
 // __syncthreads'). Row groups of one block then never wait on each other's reductions.
 __device__ __forceinline__ void row_group_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Sums K values over the `tpr` threads of a row group; every thread gets the total. The shuffle
+// butterfly gives all lanes bitwise-identical sums, and the cross-warp step adds warps in index
+// order, so the result does not depend on timing. `scratch` holds (tpr / 32) * K floats for this
+// row group and must not be reused before the group's next barrier (callers alternate buffers).
+// Contains the row group's barrier when tpr > 32: every thread of the group must call it.
 // kGroupBarrier: synchronize only the row group (backward: several groups per block that must not
-// wait on each other) or the whole block with __syncthreads (forward: one group per block for
-// rows of more than two warps; a block whose kernel names no other barrier keeps full occupancy,
-// while a run-time barrier id makes the compiler reserve barriers and caps resident blocks).
+// wait on each other) or the whole block with __syncthreads (forward: a block whose kernel names
+// no other barrier keeps full occupancy, while a run-time barrier id makes the compiler reserve
+// barriers and caps resident blocks).
+// A thread's place in its row group, computed once per kernel (the divisions by a run-time
+// group size cost ~40 instructions per call otherwise).
+struct RowTeam {
+  int tpr;          // threads per row (a multiple of 32)
+  int warp_in_row;  // this thread's warp within the row group
+  int barrier_id;   // hardware barrier of the row group (1 + group index)
+  __device__ RowTeam(int threads_per_row, int group, int t)
+      : tpr(threads_per_row), warp_in_row(t / 32), barrier_id(1 + group) {}
+};
+
 template <int K, bool kGroupBarrier>
-__device__ __forceinline__ void row_allreduce(float (&v)[K], float* scratch, int tpr) {
+__device__ __forceinline__ void row_allreduce(float (&v)[K], float* scratch, const RowTeam& team) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) {
 #pragma unroll
     for (int k = 0; k < K; ++k) v[k] += __shfl_xor_sync(0xffffffffu, v[k], offset);
   }
-  if (tpr > 32) {
-    const int lane = threadIdx.x % 32, warp_in_row = (threadIdx.x % tpr) / 32;
-    if (lane == 0) {
+  if (team.tpr > 32) {
+    if (threadIdx.x % 32 == 0) {
 #pragma unroll
-      for (int k = 0; k < K; ++k) scratch[warp_in_row * K + k] = v[k];
+      for (int k = 0; k < K; ++k) scratch[team.warp_in_row * K + k] = v[k];
     }
     if constexpr (kGroupBarrier) {
-      row_group_barrier(1 + static_cast<int>(threadIdx.x) / tpr, tpr);
+      row_group_barrier(team.barrier_id, team.tpr);
     } else {
       __syncthreads();
     }
-    const int warps = tpr / 32;
+    const int warps = team.tpr / 32;
 #pragma unroll
-    for (int k = 0; k < K; ++k) {
-      float s = 0.0f;
-      for (int w = 0; w < warps; ++w) s += scratch[w * K + k];
-      v[k] = s;
+    for (int k = 0; k < K; ++k) v[k] = scratch[k];
+#pragma unroll 1
+    for (int w = 1; w < warps; ++w) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) v[k] += scratch[w * K + k];
     }
   }
 }
 
 inline constexpr int kMaxWarpsPerBlock = 32;
 
-// Takes the vector by value on purpose: given a reference into shared memory, the compiler reads
-// each element with its own narrow, bank-conflicting load instead of one 128-bit load.
-template <typename T>
-__device__ __forceinline__ void unpack16(const uint4 raw, float (&out)[16 / sizeof(T)]) {
-  const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-  for (int i = 0; i < int(16 / sizeof(T)); ++i) out[i] = to_float(e[i]);
-}
-
-
 // ---------------------------------------------------------------------------------------------
-// Forward, row in registers. A group of threads_per_row threads owns one row at a time: each thread
-// loads ITERS 16-byte vectors (all loads in flight together), converts them to float once, and
-// makes three passes over its registers (sum, squared deviations, output). Latency is hidden by
-// many resident blocks (the grid covers all rows; a block takes further rows only when the grid
-// is capped). Sums use one accumulator per vector so the adds are ITERS independent chains.
+// Forward, row in registers. A group of threads_per_row threads owns one row at a time: each
+// thread loads ITERS 16-byte vectors (all loads in flight together) and keeps them packed (4
+// registers per vector), unpacking in each of its two passes. Latency is hidden by many
+// resident blocks (the grid covers all rows; a block takes further rows only when the grid is
+// capped).
+//
+// LayerNorm's statistics come from one reduction of (sum d, sum d^2) with d = x - K, K the row's
+// first element: var = E[d^2] - E[d]^2. Any element of the row lies within sqrt(N) standard
+// deviations of the mean, so the cancellation costs at most log2(N) / 2 bits of the float
+// mantissa (typically none) and a barrier round per row is saved over the two-pass form.
 #ifndef FUSEKIT_NORM_FORWARD_MIN_BLOCKS
-#define FUSEKIT_NORM_FORWARD_MIN_BLOCKS 2  // 64 registers: 2 blocks of 512 per SM (measured faster on 6 of 7 shapes)
+#define FUSEKIT_NORM_FORWARD_MIN_BLOCKS 2
 #endif
 template <typename T, typename W, int ITERS>
 __global__ void __launch_bounds__(512, FUSEKIT_NORM_FORWARD_MIN_BLOCKS)
     forward_registers_kernel(ForwardParams p, RowGeometry geo) {
   constexpr int kVec = 16 / sizeof(T);
-  __shared__ float scratch[2][kMaxWarpsPerBlock];
+  __shared__ float scratch[2][kMaxWarpsPerBlock * 2];
   const int tpr = geo.threads_per_row, rpb = geo.rows_per_block;
-  const int group = threadIdx.x / tpr, t = threadIdx.x % tpr;
-  auto my_scratch = [&](int phase) { return &scratch[phase][group * (tpr / 32)]; };
+  const int group = threadIdx.x / tpr, t = threadIdx.x - group * tpr;
+  const RowTeam team(tpr, group, t);
   const bool layer_norm = p.kind == Kind::layer_norm;
   const int cols = static_cast<int>(p.cols);
   const float inv_cols = 1.0f / static_cast<float>(cols);
   const W* __restrict__ weight = static_cast<const W*>(p.weight);
   const W* __restrict__ bias = static_cast<const W*>(p.bias);
-  // Element offset of this thread's vector `it` within a row (int: N <= 65536).
-  auto column = [&](int it) { return (it * tpr + t) * kVec; };
+  const int step = tpr * kVec;  // elements between a thread's vectors
+  const int col0 = t * kVec;
+  // Vectors past the row end (only the last may be) hold zeros and are skipped by the passes.
+  auto in_row = [&](int it) { return col0 + it * step < cols; };
+  int phase = 0;
 
   for (std::int64_t base = std::int64_t(blockIdx.x) * rpb; base < p.rows; base += std::int64_t(gridDim.x) * rpb) {
     const std::int64_t row = base + group;
     const bool valid_row = row < p.rows;
     const T* __restrict__ x = static_cast<const T*>(p.x) + row * p.x_row_stride;
-    float v[ITERS][kVec];
+    uint4 raw[ITERS];
+    float shift_k = 0.0f;
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
-      if (valid_row && column(it) < cols) {
-        unpack16<T>(*reinterpret_cast<const uint4*>(x + column(it)), v[it]);
+      raw[it] = make_uint4(0, 0, 0, 0);
+      if (valid_row && in_row(it)) raw[it] = *reinterpret_cast<const uint4*>(x + col0 + it * step);
+    }
+    if (layer_norm && valid_row) shift_k = to_float(x[0]);
+    float s[ITERS], q[ITERS];
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      s[it] = q[it] = 0.0f;
+      if (!in_row(it)) continue;
+      float v[kVec];
+      unpack16<T>(raw[it], v);
+      if (layer_norm) {
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) {
+          const float d = v[i] - shift_k;
+          s[it] += d;
+          q[it] = fmaf(d, d, q[it]);
+        }
       } else {
 #pragma unroll
-        for (int i = 0; i < kVec; ++i) v[it][i] = 0.0f;
+        for (int i = 0; i < kVec; ++i) q[it] = fmaf(v[i], v[i], q[it]);
       }
     }
-    float mean = 0.0f;
+    float sums[2] = {s[0], q[0]};
+#pragma unroll
+    for (int it = 1; it < ITERS; ++it) {
+      sums[0] += s[it];
+      sums[1] += q[it];
+    }
+    float* my_scratch = &scratch[phase][group * (tpr / 32) * 2];
+    phase ^= 1;
+    float mean = 0.0f, rstd;
     if (layer_norm) {
-      float partial[ITERS];
-#pragma unroll
-      for (int it = 0; it < ITERS; ++it) {
-        partial[it] = 0.0f;
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) partial[it] += v[it][i];
-      }
-      float s[1] = {0.0f};
-#pragma unroll
-      for (int it = 0; it < ITERS; ++it) s[0] += partial[it];
-      row_allreduce<1, false>(s, my_scratch(0), tpr);
-      mean = s[0] * inv_cols;
+      row_allreduce<2, false>(sums, my_scratch, team);
+      const float mean_d = sums[0] * inv_cols;
+      const float var = fmaxf(fmaf(-mean_d, mean_d, sums[1] * inv_cols), 0.0f);
+      mean = shift_k + mean_d;
+      rstd = rsqrtf(var + p.eps);
+    } else {
+      float sq[1] = {sums[1]};
+      row_allreduce<1, false>(sq, my_scratch, team);
+      rstd = rsqrtf(sq[0] * inv_cols + p.eps);
     }
-    // Squared deviations around the mean (padding lanes excluded: their (0 - mean)^2 is not 0).
-    float partial[ITERS];
+    if (!valid_row) continue;
+    const float shift = -mean * rstd;
+    T* __restrict__ y = static_cast<T*>(p.y) + row * p.y_row_stride;
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
-      partial[it] = 0.0f;
-      if (column(it) < cols) {
+      if (!in_row(it)) continue;
+      const int col = col0 + it * step;
+      float v[kVec], out[kVec];
+      unpack16<T>(raw[it], v);
+      if (weight) {
+        float w[kVec];
+        load_floats<W, kVec>(weight + col, w);
+        if (bias) {
+          float b[kVec];
+          load_floats<W, kVec>(bias + col, b);
 #pragma unroll
-        for (int i = 0; i < kVec; ++i) {
-          const float d = v[it][i] - mean;
-          partial[it] += d * d;
+          for (int i = 0; i < kVec; ++i) out[i] = fmaf(fmaf(v[i], rstd, shift), w[i], b[i]);
+        } else {
+#pragma unroll
+          for (int i = 0; i < kVec; ++i) out[i] = fmaf(v[i], rstd, shift) * w[i];
         }
+      } else if (bias) {
+        float b[kVec];
+        load_floats<W, kVec>(bias + col, b);
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) out[i] = fmaf(v[i], rstd, shift) + b[i];
+      } else {
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) out[i] = fmaf(v[i], rstd, shift);
       }
+      *reinterpret_cast<uint4*>(y + col) = pack16<T>(out);
     }
-    float q[1] = {0.0f};
-#pragma unroll
-    for (int it = 0; it < ITERS; ++it) q[0] += partial[it];
-    row_allreduce<1, false>(q, my_scratch(1), tpr);
-    const float rstd = rsqrtf(q[0] * inv_cols + p.eps);
-    if (valid_row) {
-      T* __restrict__ y = static_cast<T*>(p.y) + row * p.y_row_stride;
-#pragma unroll
-      for (int it = 0; it < ITERS; ++it) {
-        const int col = column(it);
-        if (col >= cols) continue;
-        float w[kVec], b[kVec], out[kVec];
-        if (weight) load_vec<W, kVec>(weight + col, w);
-        if (bias) load_vec<W, kVec>(bias + col, b);
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) {
-          float o = (v[it][i] - mean) * rstd;
-          if (weight) o *= w[i];
-          if (bias) o += b[i];
-          out[i] = o;
-        }
-        store_vec<T, kVec>(y + col, out);
-      }
-      if (t == 0) {
-        if (p.mean) p.mean[row] = mean;
-        if (p.rstd) p.rstd[row] = rstd;
-      }
+    if (t == 0) {
+      if (p.mean) p.mean[row] = mean;
+      if (p.rstd) p.rstd[row] = rstd;
     }
-    // LayerNorm's two reductions use buffers 0 then 1, so each buffer is rewritten only after a
-    // barrier every reader of it has passed. RMSNorm uses buffer 1 alone and needs this barrier
-    // before the next row rewrites it (uniform branch; no barrier exists for one-warp rows).
-    if (tpr > 32 && !layer_norm) __syncthreads();
   }
 }
 
 // ---------------------------------------------------------------------------------------------
-// Backward, dy and the input streamed through the same kind of ring (ring[stage][tensor][iter]
-// [thread]), with the row's mean/rstd copied beside them (stats[stage][thread][2]). Per-column
-// dweight/dbias sums stay in registers for the whole persistent loop; at the end the row groups of
-// a block are combined in a fixed order and one partial row per block goes to the workspace.
-template <typename T, typename W, int ITERS, bool FROM_OUTPUT, bool BIAS_GRAD>
+// Backward on a persistent grid. Each row group streams its rows of dy and the input (x, or y
+// when FROM_OUTPUT) through its own ring of `stages` row slots in shared memory, filled by bulk
+// copies that one thread issues (a "full" mbarrier per slot counts the bytes in, an "empty" one
+// counts the group's threads out). The weight (and, from y, 1/w and -b/w) is converted to float
+// once per block into shared memory. Per-column dweight/dbias sums stay in registers for the
+// whole loop; at the end the row groups of a block are combined in a fixed order and one partial
+// row per block goes to the workspace, summed over blocks by reduce_partials_kernel.
+// SOURCE: where x_hat comes from (Source below).
+enum Source : int { kFromX = 0, kFromY = 1, kFromYUncached = 2 };
+template <typename T, typename W, int ITERS, int SOURCE, bool BIAS_GRAD>
 __global__ void __launch_bounds__(512)
     backward_streaming_kernel(BackwardParams p, RowGeometry geo, float* __restrict__ partial_dw,
                               float* __restrict__ partial_db) {
   constexpr int kVec = 16 / sizeof(T);
-  extern __shared__ uint4 ring[];
+  extern __shared__ uint4 smem[];
   __shared__ float scratch[2][kMaxWarpsPerBlock * 2];
+  __shared__ std::uint64_t full_bar[kMaxGroups * kMaxStages], empty_bar[kMaxGroups * kMaxStages];
   const int tpr = geo.threads_per_row, rpb = geo.rows_per_block, stages = geo.stages;
-  const int group = threadIdx.x / tpr, t = threadIdx.x % tpr;
-  auto my_scratch = [&](int phase) { return &scratch[phase][group * (tpr / 32) * 2]; };
-  // Per-thread statistics slots after the data ring.
-  float* stats = reinterpret_cast<float*>(ring + std::size_t(stages) * 2 * ITERS * blockDim.x);
-  const T* __restrict__ dy = static_cast<const T*>(p.dy);
-  const T* __restrict__ in = static_cast<const T*>(p.input);
-  T* __restrict__ dx = static_cast<T*>(p.dx);
+  const int group = threadIdx.x / tpr, t = threadIdx.x - group * tpr;
+  const RowTeam team(tpr, group, t);
+  const int cols = static_cast<int>(p.cols);
+  const unsigned row_bytes = static_cast<unsigned>(cols * sizeof(T));
+  const bool layer_norm = p.kind == Kind::layer_norm;
+  constexpr bool FROM_OUTPUT = SOURCE != kFromX;
+  const bool needs_mean = layer_norm && !FROM_OUTPUT;
+  const float inv_cols = 1.0f / static_cast<float>(cols);
+  // From y, 1/w and -b/w are in shared memory when they fit (kFromY; kFromYUncached recomputes
+  // them per use: rows too long for both the ring and three float columns). w always is.
+  constexpr bool cached = SOURCE != kFromYUncached;
+  constexpr int arrays = SOURCE == kFromY ? 3 : 1;
+  float* col_w = reinterpret_cast<float*>(smem);
+  float* col_inv_w = col_w + cols;
+  float* col_shift = col_inv_w + cols;
+  T* ring = reinterpret_cast<T*>(col_w + arrays * cols) + std::size_t(group) * stages * 2 * cols;
+  std::uint64_t* full = full_bar + group * kMaxStages;
+  std::uint64_t* empty = empty_bar + group * kMaxStages;
   const W* __restrict__ weight = static_cast<const W*>(p.weight);
   const W* __restrict__ bias = static_cast<const W*>(p.bias);
-  const bool layer_norm = p.kind == Kind::layer_norm;
-  constexpr bool from_output = FROM_OUTPUT;
-  const bool needs_mean = layer_norm && !from_output;
-  const float inv_cols = 1.0f / static_cast<float>(p.cols);
+  const T* __restrict__ dy = static_cast<const T*>(p.dy);
+  const T* __restrict__ in = static_cast<const T*>(p.input);
+  const std::int64_t rows = p.rows;
   const std::int64_t stride_rows = std::int64_t(gridDim.x) * rpb;
   const std::int64_t first_row = std::int64_t(blockIdx.x) * rpb + group;
 
-  auto slot = [&](int stage, int tensor, int it) {
-    return &ring[((stage * 2 + tensor) * ITERS + it) * blockDim.x + threadIdx.x];
-  };
-  auto stat = [&](int stage, int which) { return &stats[(stage * blockDim.x + threadIdx.x) * 2 + which]; };
-  auto issue = [&](std::int64_t k) {
+  if (t < stages) {
+    mbarrier_init(&full[t], 1);
+    mbarrier_init(&empty[t], tpr);
+  }
+  mbarrier_init_fence();
+  __syncthreads();
+
+  // Row k of this group goes to slot k % stages.
+  auto issue = [&](int k) {
     const std::int64_t row = first_row + k * stride_rows;
-    if (row < p.rows) {
-      const int stage = static_cast<int>(k % stages);
-#pragma unroll
-      for (int it = 0; it < ITERS; ++it) {
-        const std::int64_t col = std::int64_t(it * tpr + t) * kVec;
-        if (col < p.cols) {
-          copy_async_16(slot(stage, 0, it), dy + row * p.dy_row_stride + col);
-          copy_async_16(slot(stage, 1, it), in + row * p.input_row_stride + col);
-        }
-      }
-      copy_async_4(stat(stage, 0), p.rstd + row);
-      if (needs_mean) copy_async_4(stat(stage, 1), p.mean + row);
-    }
-    copy_async_commit();
+    if (row >= rows) return;
+    const int slot = k % stages;
+    T* dst = ring + slot * 2 * cols;
+    mbarrier_arrive_expect_tx(&full[slot], 2 * row_bytes);
+    bulk_copy_to_shared(dst, dy + row * p.dy_row_stride, row_bytes, &full[slot]);
+    bulk_copy_to_shared(dst + cols, in + row * p.input_row_stride, row_bytes, &full[slot]);
   };
+  if (t == 0) {
+    for (int k = 0; k < stages - 1; ++k) issue(k);
+  }
+
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float w = weight ? to_float(weight[c]) : 1.0f;
+    col_w[c] = w;
+    if (FROM_OUTPUT && cached) {
+      const float inv_w = 1.0f / w;
+      col_inv_w[c] = inv_w;
+      col_shift[c] = bias ? -to_float(bias[c]) * inv_w : 0.0f;
+    }
+  }
+  __syncthreads();
 
   // The dbias sums exist only when asked for (never for RMSNorm): they would otherwise cost
-  // ITERS * kVec registers per thread and a second partial row per block.
+  // ITERS * kVec registers per thread.
   constexpr int kDbIters = BIAS_GRAD ? ITERS : 1, kDbVec = BIAS_GRAD ? kVec : 1;
   float acc_dw[ITERS][kVec], acc_db[kDbIters][kDbVec];
 #pragma unroll
@@ -326,116 +429,162 @@ __global__ void __launch_bounds__(512)
 #pragma unroll
     for (int i = 0; i < kDbVec; ++i) acc_db[it][i] = 0.0f;
 
-  // x_hat and g = dy * weight for the chunk `it` of the row in `stage`.
-  // From x: x_hat = x * rstd + shift with shift = -mean * rstd (one FMA).
-  auto prepare = [&](int stage, int it, std::int64_t col, float shift, float rstd, float (&d)[kVec],
-                     float (&xh)[kVec], float (&g)[kVec]) {
-    float v[kVec], w[kVec], b[kVec];
-    unpack16<T>(*slot(stage, 0, it), d);
-    unpack16<T>(*slot(stage, 1, it), v);
-    if (weight) load_vec<W, kVec>(weight + col, w);
-    if (from_output && bias) load_vec<W, kVec>(bias + col, b);
+  const int step = tpr * kVec;
+  const int col0 = t * kVec;
+  auto in_row = [&](int it) { return col0 + it * step < cols; };
+  // From y: x_hat = y * (1/w) + (-b/w), per column.
+  auto from_y_factors = [&](int col, float (&inv_w)[kVec], float (&sh)[kVec]) {
+    if constexpr (cached) {
+      load_shared_floats<kVec>(col_inv_w + col, inv_w);
+      load_shared_floats<kVec>(col_shift + col, sh);
+    } else {
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) {
-      if constexpr (from_output) {
-        float u = v[i];
-        if (bias) u -= b[i];
-        xh[i] = weight ? u / w[i] : u;
-      } else {
-        xh[i] = fmaf(v[i], rstd, shift);
+      for (int i = 0; i < kVec; ++i) {
+        const float w = weight ? to_float(weight[col + i]) : 1.0f;
+        inv_w[i] = 1.0f / w;
+        sh[i] = bias ? -to_float(bias[col + i]) * inv_w[i] : 0.0f;
       }
-      g[i] = weight ? d[i] * w[i] : d[i];
     }
   };
 
-  for (int k = 0; k < stages - 1; ++k) issue(k);
-  int phase = 0;
-  for (std::int64_t k = 0; first_row - group + k * stride_rows < p.rows; ++k) {
-    issue(k + stages - 1);
-    copy_async_wait_dynamic(stages - 1);
+  float rstd_next = 0.0f, mean_next = 0.0f;
+  if (first_row < rows) {
+    rstd_next = p.rstd[first_row];
+    if (needs_mean) mean_next = p.mean[first_row];
+  }
+  int slot = 0, parity = 0, prev_slot = stages - 1, prev_parity = 1, phase = 0;
+  for (int k = 0;; ++k) {
     const std::int64_t row = first_row + k * stride_rows;
-    const bool valid_row = row < p.rows;
-    const int stage = static_cast<int>(k % stages);
-    const float rstd = valid_row ? *stat(stage, 0) : 0.0f;
-    const float mean = (valid_row && needs_mean) ? *stat(stage, 1) : 0.0f;
+    if (row >= rows) break;
+    const float rstd = rstd_next, mean = mean_next;
+    if (row + stride_rows < rows) {
+      rstd_next = p.rstd[row + stride_rows];
+      if (needs_mean) mean_next = p.mean[row + stride_rows];
+    }
+    if (t == 0) {
+      // Row k + stages - 1 reuses the slot of row k - 1: wait until the group has left it.
+      if (k > 0) mbarrier_wait(&empty[prev_slot], prev_parity);
+      issue(k + stages - 1);
+    }
+    mbarrier_wait(&full[slot], parity);
+    const T* r_dy = ring + slot * 2 * cols;
+    const T* r_in = r_dy + cols;
     const float shift = -mean * rstd;
-    // sum(g) and sum(g * x_hat), one accumulator pair per vector (independent add chains).
+
+    // sum(g) and sum(g * x_hat) with g = dy * w, one accumulator pair per vector.
     float part_g[ITERS], part_gx[ITERS];
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
       part_g[it] = part_gx[it] = 0.0f;
-      const std::int64_t col = std::int64_t(it * tpr + t) * kVec;
-      if (!valid_row || col >= p.cols) continue;
-      float d[kVec], xh[kVec], g[kVec];
-      prepare(stage, it, col, shift, rstd, d, xh, g);
+      if (!in_row(it)) continue;
+      const int col = col0 + it * step;
+      float d[kVec], v[kVec], w[kVec];
+      unpack16<T>(*reinterpret_cast<const uint4*>(r_dy + col), d);
+      unpack16<T>(*reinterpret_cast<const uint4*>(r_in + col), v);
+      load_shared_floats<kVec>(col_w + col, w);
+      float xh[kVec];
+      if constexpr (FROM_OUTPUT) {
+        float inv_w[kVec], sh[kVec];
+        from_y_factors(col, inv_w, sh);
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) xh[i] = fmaf(v[i], inv_w[i], sh[i]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) xh[i] = fmaf(v[i], rstd, shift);
+      }
 #pragma unroll
       for (int i = 0; i < kVec; ++i) {
-        part_g[it] += g[i];
-        part_gx[it] = fmaf(g[i], xh[i], part_gx[it]);
+        const float g = d[i] * w[i];
+        part_g[it] += g;
+        part_gx[it] = fmaf(g, xh[i], part_gx[it]);
         acc_dw[it][i] = fmaf(d[i], xh[i], acc_dw[it][i]);
         if constexpr (BIAS_GRAD) acc_db[it][i] += d[i];
       }
     }
-    float sums[2] = {0.0f, 0.0f};
+    float sums[2] = {part_g[0], part_gx[0]};
 #pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
+    for (int it = 1; it < ITERS; ++it) {
       sums[0] += part_g[it];
       sums[1] += part_gx[it];
     }
-    row_allreduce<2, true>(sums, my_scratch(phase), tpr);
+    row_allreduce<2, true>(sums, &scratch[phase][group * (tpr / 32) * 2], team);
     phase ^= 1;
-    if (!valid_row || dx == nullptr) continue;
-    // dx = rstd * (g - mean(g) - x_hat * mean(g x_hat)) = g * rstd + (x_hat * a + c).
-    const float a = -rstd * sums[1] * inv_cols;
-    const float c = layer_norm ? -rstd * sums[0] * inv_cols : 0.0f;
+
+    if (p.dx != nullptr) {
+      // dx = rstd * (g - mean(g) - x_hat * mean(g x_hat)) = g * rstd + (x_hat * a + c).
+      const float a = -rstd * sums[1] * inv_cols;
+      const float c = layer_norm ? -rstd * sums[0] * inv_cols : 0.0f;
+      // From x, x_hat * a + c = x * (a * rstd) + (shift * a + c).
+      [[maybe_unused]] const float a_x = a * rstd, c_x = fmaf(shift, a, c);
+      T* __restrict__ dx = static_cast<T*>(p.dx) + row * p.dx_row_stride + col0;
 #pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
-      const std::int64_t col = std::int64_t(it * tpr + t) * kVec;
-      if (col >= p.cols) continue;
-      float d[kVec], xh[kVec], g[kVec], out[kVec];
-      prepare(stage, it, col, shift, rstd, d, xh, g);
+      for (int it = 0; it < ITERS; ++it) {
+        if (!in_row(it)) continue;
+        const int col = col0 + it * step;
+        float d[kVec], v[kVec], w[kVec], out[kVec];
+        unpack16<T>(*reinterpret_cast<const uint4*>(r_dy + col), d);
+        unpack16<T>(*reinterpret_cast<const uint4*>(r_in + col), v);
+        load_shared_floats<kVec>(col_w + col, w);
+        if constexpr (FROM_OUTPUT) {
+          float inv_w[kVec], sh[kVec];
+          from_y_factors(col, inv_w, sh);
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) out[i] = fmaf(g[i], rstd, fmaf(xh[i], a, c));
-      store_vec<T, kVec>(dx + row * p.dx_row_stride + col, out);
+          for (int i = 0; i < kVec; ++i) out[i] = fmaf(d[i] * w[i], rstd, fmaf(fmaf(v[i], inv_w[i], sh[i]), a, c));
+        } else {
+#pragma unroll
+          for (int i = 0; i < kVec; ++i) out[i] = fmaf(d[i] * w[i], rstd, fmaf(v[i], a_x, c_x));
+        }
+        *reinterpret_cast<uint4*>(dx + it * step) = pack16<T>(out);
+      }
+    }
+    mbarrier_arrive(&empty[slot]);
+    prev_slot = slot;
+    prev_parity = parity;
+    if (++slot == stages) {
+      slot = 0;
+      parity ^= 1;
     }
   }
-  copy_async_wait<0>();
   if (partial_dw == nullptr) return;
 
   if (rpb > 1) {
     // Row groups 1.. hand their sums to group 0 through the (now idle) ring, added in group order.
     __syncthreads();
-    float* combine = reinterpret_cast<float*>(ring);
-    const int cover = ITERS * tpr * kVec;
+    float* combine = reinterpret_cast<float*>(col_w + arrays * cols);
     if (group > 0) {
 #pragma unroll
-      for (int it = 0; it < ITERS; ++it)
+      for (int it = 0; it < ITERS; ++it) {
+        if (!in_row(it)) continue;
 #pragma unroll
         for (int i = 0; i < kVec; ++i) {
-          const int c = (it * tpr + t) * kVec + i;
-          combine[((group - 1) * 2 + 0) * cover + c] = acc_dw[it][i];
-          if constexpr (BIAS_GRAD) combine[((group - 1) * 2 + 1) * cover + c] = acc_db[it][i];
+          const int c = col0 + it * step + i;
+          combine[((group - 1) * 2 + 0) * cols + c] = acc_dw[it][i];
+          if constexpr (BIAS_GRAD) combine[((group - 1) * 2 + 1) * cols + c] = acc_db[it][i];
         }
+      }
     }
     __syncthreads();
     if (group > 0) return;
     for (int src = 1; src < rpb; ++src) {
 #pragma unroll
-      for (int it = 0; it < ITERS; ++it)
+      for (int it = 0; it < ITERS; ++it) {
+        if (!in_row(it)) continue;
 #pragma unroll
         for (int i = 0; i < kVec; ++i) {
-          const int c = (it * tpr + t) * kVec + i;
-          acc_dw[it][i] += combine[((src - 1) * 2 + 0) * cover + c];
-          if constexpr (BIAS_GRAD) acc_db[it][i] += combine[((src - 1) * 2 + 1) * cover + c];
+          const int c = col0 + it * step + i;
+          acc_dw[it][i] += combine[((src - 1) * 2 + 0) * cols + c];
+          if constexpr (BIAS_GRAD) acc_db[it][i] += combine[((src - 1) * 2 + 1) * cols + c];
         }
+      }
     }
   }
-  float* out_dw = partial_dw + std::int64_t(blockIdx.x) * p.cols;
-  float* out_db = partial_db + std::int64_t(blockIdx.x) * p.cols;
+  // From y the per-column x_hat factor 1/w is already inside acc_dw (x_hat = (y - b) / w).
+  float* out_dw = partial_dw + std::int64_t(blockIdx.x) * cols;
+  float* out_db = partial_db + std::int64_t(blockIdx.x) * cols;
 #pragma unroll
   for (int it = 0; it < ITERS; ++it) {
-    const std::int64_t col = std::int64_t(it * tpr + t) * kVec;
-    if (col >= p.cols) continue;
+    if (!in_row(it)) continue;
+    const int col = col0 + it * step;
 #pragma unroll
     for (int i = 0; i < kVec; i += 4) {
       *reinterpret_cast<float4*>(out_dw + col + i) =
@@ -454,6 +603,7 @@ inline constexpr int kGenericThreads = 512;
 template <typename T, typename W>
 __global__ void __launch_bounds__(kGenericThreads) forward_generic_kernel(ForwardParams p) {
   __shared__ float scratch[2][kGenericThreads / 32];
+  const RowTeam team(kGenericThreads, 0, threadIdx.x);
   const T* __restrict__ x = static_cast<const T*>(p.x);
   T* __restrict__ y = static_cast<T*>(p.y);
   const W* __restrict__ weight = static_cast<const W*>(p.weight);
@@ -465,7 +615,7 @@ __global__ void __launch_bounds__(kGenericThreads) forward_generic_kernel(Forwar
     if (p.kind == Kind::layer_norm) {
       float s[1] = {0.0f};
       for (std::int64_t c = threadIdx.x; c < p.cols; c += kGenericThreads) s[0] += to_float(xr[c]);
-      row_allreduce<1, false>(s, scratch[0], kGenericThreads);
+      row_allreduce<1, false>(s, scratch[0], team);
       mean = s[0] * inv_cols;
     }
     float q[1] = {0.0f};
@@ -473,7 +623,7 @@ __global__ void __launch_bounds__(kGenericThreads) forward_generic_kernel(Forwar
       const float d = to_float(xr[c]) - mean;
       q[0] += d * d;
     }
-    row_allreduce<1, false>(q, scratch[1], kGenericThreads);
+    row_allreduce<1, false>(q, scratch[1], team);
     const float rstd = rsqrtf(q[0] * inv_cols + p.eps);
     for (std::int64_t c = threadIdx.x; c < p.cols; c += kGenericThreads) {
       float o = (to_float(xr[c]) - mean) * rstd;
@@ -496,6 +646,7 @@ __global__ void __launch_bounds__(kGenericThreads)
     backward_generic_kernel(BackwardParams p, float* __restrict__ partial_dw,
                             float* __restrict__ partial_db) {
   __shared__ float scratch[2][kGenericThreads / 32 * 2];
+  const RowTeam team(kGenericThreads, 0, threadIdx.x);
   const T* __restrict__ dy = static_cast<const T*>(p.dy);
   const T* __restrict__ in = static_cast<const T*>(p.input);
   T* __restrict__ dx = static_cast<T*>(p.dx);
@@ -529,7 +680,7 @@ __global__ void __launch_bounds__(kGenericThreads)
       sums[0] += g;
       sums[1] += g * xh;
     }
-    row_allreduce<2, false>(sums, scratch[0], kGenericThreads);
+    row_allreduce<2, false>(sums, scratch[0], team);
     const float mean_g = layer_norm ? sums[0] * inv_cols : 0.0f;
     const float mean_gx = sums[1] * inv_cols;
     for (std::int64_t c = threadIdx.x; c < p.cols; c += kGenericThreads) {

@@ -169,8 +169,19 @@ void check_gpu_against_cpu(const Case& c, std::uint64_t salt, bool from_output) 
   const auto y_ref = cpu.y.values();
   EXPECT_TRUE(close_to_reference(gpu.y.values(), y_ref, c.dtype, "y"));
   EXPECT_TRUE(close_to_reference(gpu.rstd.values(), cpu.rstd.values(), DType::f32, "rstd"));
-  if (c.kind == Kind::layer)
-    EXPECT_TRUE(close_to_reference(gpu.mean.values(), cpu.mean.values(), DType::f32, "mean"));
+  if (c.kind == Kind::layer) {
+    // A float32 row mean is exact to about eps times the row's RMS, not to its own size: means that
+    // nearly cancel (one row of 65536 with mean 5e-5 and RMS 2.3 drew 1.5e-5 relative error from
+    // the unchanged generic kernel) are measured against a tenth of the rows' RMS norm.
+    const auto xv = cpu.x.values();
+    double rms_norm = 0.0;
+    for (std::int64_t r = 0; r < c.rows; ++r) {
+      double sq = 0.0;
+      for (std::int64_t k = 0; k < c.cols; ++k) sq += xv[r * c.cols + k] * xv[r * c.cols + k];
+      rms_norm += sq / static_cast<double>(c.cols);
+    }
+    EXPECT_TRUE(close_to_reference(gpu.mean.values(), cpu.mean.values(), DType::f32, "mean", std::sqrt(rms_norm)));
+  }
 
   // Backward from identical saved tensors on both sides (the CPU's y, mean, rstd).
   gpu.y.set_values(y_ref);
