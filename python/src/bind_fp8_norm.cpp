@@ -50,7 +50,10 @@ void bind_fp8_norm(nb::module_& m) {
         const TensorView ysv = c.tensor(y_scale, "y_scale", Access::write);
         const TensorView rv = c.tensor(rstd, "rstd", Access::write);
         const OptionalTensor yv = c.optional(y, "y", Access::write);
-        const OptionalTensor wsv = c.optional(workspace, "workspace", Access::write);
+        const OptionalTensor wsv = c.workspace(workspace, [&]() -> std::size_t {
+          const auto [rows, cols] = rows_cols(xv);
+          return fp8_rms_norm_forward_workspace_size(rows, cols, xv.device);
+        });
         c.run(stream, [&](Stream s) {
           fp8_rms_norm_forward(xv, sv, wv, eps, qv, qtv, ysv, rv, yv, wsv, group_size, s);
         });
@@ -75,7 +78,10 @@ void bind_fp8_norm(nb::module_& m) {
         const TensorView rv = c.tensor(rstd, "rstd", Access::read);
         const OptionalTensor dxv = c.optional(dx, "dx", Access::write);
         const OptionalTensor dwv = c.optional(dweight, "dweight", Access::write);
-        const OptionalTensor wsv = c.optional(workspace, "workspace", Access::write);
+        const OptionalTensor wsv = c.workspace(workspace, [&]() -> std::size_t {
+          const auto [rows, cols] = rows_cols(xv);
+          return fp8_rms_norm_backward_workspace_size(rows, cols, xv.device);
+        });
         c.run(stream, [&](Stream s) {
           fp8_rms_norm_backward(dyv, xv, sv, wv, rv, dxv, dwv, wsv, group_size, s);
         });
