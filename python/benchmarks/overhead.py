@@ -175,7 +175,7 @@ def fp8_norm_cases(dev, rows, cols):
     return [Case(
         "fp8_rms_norm", lambda: fusekit.fp8_rms_norm_forward(xq, sx, w, 1e-5, qy, qy_t, ys, rstd, y, ws_f),
         lambda: fusekit.fp8_rms_norm_backward(dy, xq, sx, w, rstd, dx, dw, ws_b),
-        lambda w: fk.fp8_rms_norm(xq, (cols,), w, 1e-5, x_scales=sx),
+        lambda w: fk.fp8_rms_norm(xq, (cols,), w, 1e-5, x_scales=sx).y,
         lambda w: F.rms_norm(xd, (cols,), w, 1e-5), (w,), [wg, dy])]
 
 
@@ -207,8 +207,8 @@ def main():
         cases += linear_cases(dev, dtype, 4, 256, 256)
     if "attention" in ops:
         cases += attention_cases(dev, dtype, 1, 64 if dev.type == "cuda" else 2, 2, 64)
-    if "fp8_norm" in ops and dev.type == "cuda" or "fp8_norm" in ops and args.device == "cpu":
-        cases += fp8_norm_cases(dev, 32, 256)
+    if "fp8_norm" in ops:
+        cases += fp8_norm_cases(dev, 32, 256) if dev.type == "cuda" else fp8_norm_cases(dev, 2, 32)
 
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU backend"
     print(f"fusekit host overhead per call: {dev} ({name}), {args.dtype}, torch {torch.__version__}, "

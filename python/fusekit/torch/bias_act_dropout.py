@@ -195,3 +195,46 @@ def bias_act_dropout(x: Tensor, bias: Optional[Tensor], activation="none", p: fl
     return bias_act_dropout_fwd(x, bias, name, p, seed, offset, slope)
 
 
+
+
+# ---- modules -----------------------------------------------------------------------------------
+class Dropout(torch.nn.Dropout):
+    """torch.nn.Dropout with fusekit's kernel: same constructor (p, inplace), no parameters or
+    state; active in training mode only. Each call draws a fresh seed from PyTorch's CPU generator
+    (torch.manual_seed makes runs reproducible); the mask is regenerated in the backward, never
+    stored. inplace=True is accepted for compatibility, but the result is always a new tensor.
+    Not registered with swap_modules: its masks differ from PyTorch's (same distribution)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return bias_act_dropout(x, None, "none", self.p, training=self.training)
+
+
+class BiasActDropout(torch.nn.Module):
+    """y = dropout_p(act(x + bias)) in one pass, with a learnable bias of num_features (x's last
+    dimension) initialized to zeros, or none (bias=False). activation: a fusekit.Activation or its
+    name ('none', 'relu', 'gelu_erf', 'gelu_tanh', 'squared_relu', 'leaky_relu', 'silu'); slope:
+    leaky_relu's negative slope. Dropout applies in training mode only, with a fresh seed per call
+    as in Dropout. state_dict: 'bias' (as the bias of a torch.nn.Linear it would follow)."""
+
+    def __init__(self, num_features: int, activation="gelu_tanh", p: float = 0.1,
+                 bias: bool = True, slope: float = 0.01, device=None, dtype=None) -> None:
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise invalid_argument("BiasActDropout", "p", "a drop probability in [0, 1)", str(p))
+        self.num_features = int(num_features)
+        self.activation = _activation_name(activation)
+        self.p = float(p)
+        self.slope = float(slope)
+        if bias:
+            self.bias = torch.nn.Parameter(torch.zeros(num_features, device=device, dtype=dtype))
+        else:
+            self.register_parameter("bias", None)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return bias_act_dropout(x, self.bias, self.activation, self.p, training=self.training,
+                                slope=self.slope)
+
+    def extra_repr(self) -> str:
+        return (f"{self.num_features}, activation={self.activation}, p={self.p}, "
+                f"bias={self.bias is not None}" + (f", slope={self.slope}"
+                                                   if self.activation == "leaky_relu" else ""))
