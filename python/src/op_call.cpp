@@ -263,6 +263,7 @@ OpCall::~OpCall() {
 }
 
 namespace {
+// What an exchange-table allocator reports through its set_error callback.
 struct AllocatorError {
   std::string text;
 };
@@ -270,9 +271,8 @@ void record_allocator_error(void* ctx, const char* kind, const char* message) {
   auto* e = static_cast<AllocatorError*>(ctx);
   e->text = std::string(kind ? kind : "error") + ": " + (message ? message : "");
 }
-}  // namespace
 
-namespace {
+// Capsules of new_f32_capsule: a framework tensor (DLManagedTensorVersioned) freed with the capsule.
 constexpr const char* kF32CapsuleName = "fusekit.f32_array";
 
 void free_f32_capsule(PyObject* capsule) {
@@ -342,7 +342,6 @@ bool OpCall::is_auto(nb::handle obj) {
   if (!obj.is_valid() || !PyUnicode_Check(obj.ptr())) return false;
   return PyUnicode_CompareWithASCIIString(obj.ptr(), "auto") == 0;
 }
-
 
 TensorView OpCall::framework_scratch(std::size_t bytes) {
   const auto* api = static_cast<const dl::ExchangeApi*>(stream_source_);

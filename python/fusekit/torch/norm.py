@@ -22,7 +22,6 @@ from torch import Tensor
 from .. import _C
 from ._common import (
     AUTO_WORKSPACE,
-    CUSTOM_OP,  # noqa: F401 (the third mode of eager_mode)
     FAST_EXCHANGE,
     NAMESPACE,
     NO_GRAD,
