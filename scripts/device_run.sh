@@ -3,12 +3,15 @@
 # check, the benchmarks and the PyTorch side-by-side timings, and leave logs + JSON in $OUT.
 #   device tool: run(command="bash scripts/device_run.sh", carry=[".deps"])
 # Stages can be narrowed: STAGES="build test bench torch sanitize" (default: all but sanitize).
+# python: the Python package built and its whole pytest suite run against CUDA PyTorch, plus the
+# example training script; overhead: host time of fusekit.torch over the direct C++ call per op
+# (python/benchmarks/overhead.py, 10 us budget; JSON in $OUT/overhead.json).
 # BENCH_OPS / TORCH_OPS narrow the ops benchmarked (default: all).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-STAGES=${STAGES:-"build test check bench torch report"}
+STAGES=${STAGES:-"build test check bench torch report python overhead"}
 BUILD=${BUILD:-build-device}
 export PATH=/usr/local/cuda/bin:$PATH
 status=0
@@ -68,6 +71,37 @@ if has torch; then
   PYTHONUNBUFFERED=1 python3 scripts/torch_bench.py --out "$OUT/torch_bench.json" ${TORCH_OPS:-norm dropout linear fp8_norm attention} >"$OUT/torch.log" 2>&1
   log "torch bench rc=$?"
   tail -5 "$OUT/torch.log"
+fi
+
+if has python || has overhead; then
+  # The package (build-python/site, its own CMake build directory), then its tests.
+  start=$(date +%s)
+  FUSEKIT_PY_BUILD_ONLY=1 bash scripts/python_test.sh >"$OUT/python_build.log" 2>&1
+  rc=$?
+  log "python package build rc=$rc in $(( $(date +%s) - start ))s"
+  [ $rc -eq 0 ] || { tail -30 "$OUT/python_build.log"; status=1; }
+fi
+
+if has python; then
+  start=$(date +%s)
+  PYTHONPATH="$PWD/build-python/site" timeout "${PYTEST_TIMEOUT:-600}" python3 -X faulthandler -m pytest \
+    tests/python -q -rf -p no:cacheprovider >"$OUT/python_tests.log" 2>&1
+  rc=$?
+  log "python tests rc=$rc in $(( $(date +%s) - start ))s: $(tail -1 "$OUT/python_tests.log")"
+  [ $rc -eq 0 ] || { grep -E "^FAILED|Error" "$OUT/python_tests.log" | head -20; status=1; }
+  PYTHONPATH="$PWD/build-python/site" timeout 300 python3 examples/train_block.py >"$OUT/train_block.log" 2>&1
+  rc=$?
+  log "examples/train_block.py rc=$rc: $(tail -1 "$OUT/train_block.log")"
+  [ $rc -eq 0 ] || status=1
+fi
+
+if has overhead; then
+  PYTHONPATH="$PWD/build-python/site" timeout 300 python3 python/benchmarks/overhead.py \
+    --json "$OUT/overhead.json" >"$OUT/overhead.log" 2>&1
+  rc=$?
+  log "fusekit.torch host overhead rc=$rc (0: every op within the 10 us budget)"
+  cat "$OUT/overhead.log"
+  [ $rc -eq 0 ] || status=1
 fi
 
 if has report; then

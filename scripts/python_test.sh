@@ -15,6 +15,8 @@
 #   PYTHON=python3.12 scripts/python_test.sh     # choose the interpreter
 #   scripts/python_test.sh -k numpy -x           # extra arguments go to pytest
 #   FUSEKIT_PY_DEBUG=1 scripts/python_test.sh    # unstripped -O2 -g extension (readable backtraces)
+#   FUSEKIT_PY_BUILD_ONLY=1 scripts/python_test.sh  # build and install only (then
+#                                                   # PYTHONPATH=build-python/site imports it)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -76,6 +78,7 @@ if ! "$PY" -m pip install --disable-pip-version-check --no-build-isolation --no-
   exit 1
 fi
 echo "python_test: package built and installed in $(( $(date +%s) - start ))s"
+[ "${FUSEKIT_PY_BUILD_ONLY:-0}" = 1 ] && exit 0
 
 # From the repository root the source folder python/fusekit is not on the path, so the installed
 # package (with its compiled _C) is what the tests import.

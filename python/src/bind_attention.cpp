@@ -72,6 +72,25 @@ AttentionConfig make_config(nb::handle scale, nb::handle mask, std::int64_t wind
   return config;
 }
 
+// The config tuple of fusekit.torch's fast path: (scale, mask, window_left, window_right,
+// dropout_p, seed, offset, max_seqlen_q, max_seqlen_k[, ...]).
+AttentionConfig config_from_tuple(const nb::tuple& cfg, const char* op) {
+  if (cfg.size() < 9)
+    throw Error(ErrorKind::invalid_argument, op, "cfg", "a tuple of at least 9 items",
+                std::to_string(cfg.size()) + " items");
+  auto integer = [&](std::size_t i, const char* name) {
+    std::int64_t value = 0;
+    if (!nb::try_cast<std::int64_t>(cfg[i], value, false))
+      throw Error(ErrorKind::invalid_argument, op, name, "an int", python_type(cfg[i]));
+    return value;
+  };
+  float dropout_p = 0.0f;
+  if (!nb::try_cast<float>(cfg[4], dropout_p, true))
+    throw Error(ErrorKind::invalid_argument, op, "dropout_p", "a real number", python_type(cfg[4]));
+  return make_config(cfg[0], cfg[1], integer(2, "window_left"), integer(3, "window_right"),
+                     dropout_p, cfg[5], cfg[6], op);
+}
+
 // Variable lengths when cu_seqlens_q and cu_seqlens_k are given (both or neither).
 std::optional<AttentionVarlen> varlen_arg(OpCall& c, nb::handle cu_seqlens_q,
                                           nb::handle cu_seqlens_k, std::int64_t max_seqlen_q,
@@ -108,6 +127,38 @@ AttentionShape make_shape(std::int64_t batch, std::int64_t seqlen_q, std::int64_
   s.dtype = dtype;
   s.bias_gradient = bias_gradient;
   return s;
+}
+
+// The problem sizes of the workspace queries from the arrays (for workspace='auto'); false when
+// q/k/v do not have the layout's number of dimensions (the op reports that).
+bool shape_from_arrays(const TensorView& q, const TensorView& k, const TensorView& v,
+                       const std::optional<AttentionVarlen>& varlen, bool bias_gradient,
+                       AttentionShape* s) {
+  const int want = varlen ? 3 : 4;
+  if (q.ndim != want || k.ndim != want || v.ndim != want) return false;
+  if (varlen) {
+    *s = make_shape(varlen->cu_seqlens_q.numel() - 1, varlen->max_seqlen_q, varlen->max_seqlen_k,
+                    q.shape[1], k.shape[1], q.shape[2], v.shape[2], q.dtype, bias_gradient);
+  } else {
+    *s = make_shape(q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3],
+                    v.shape[3], q.dtype, bias_gradient);
+  }
+  return true;
+}
+
+// fusekit.torch's eager fast path: whether fusekit reads an operand as it is (float dtype, the
+// head dim a multiple of 16 bytes and contiguous, the other strides of dims longer than 1
+// multiples of 16 bytes, 16-byte aligned data), so that no Python-side fix-up is needed.
+bool operand_ready(const TensorView& t, int dims) {
+  if (t.ndim != dims || t.dtype == DType::u8 || t.dtype == DType::i32 || t.dtype == DType::i64)
+    return false;
+  const std::int64_t e = 16 / static_cast<std::int64_t>(dtype_size(t.dtype));
+  if (e < 1 || t.shape[dims - 1] % e != 0 || reinterpret_cast<std::uintptr_t>(t.data) % 16 != 0)
+    return false;
+  if (t.shape[dims - 1] > 1 && t.strides[dims - 1] != 1) return false;
+  for (int d = 0; d < dims - 1; ++d)
+    if (t.shape[d] > 1 && t.strides[d] % e != 0) return false;
+  return true;
 }
 
 }  // namespace
@@ -174,7 +225,11 @@ void bind_attention(nb::module_& m) {
         const TensorView lv = c.tensor(lse, "lse", Access::write);
         const std::optional<AttentionVarlen> vl =
             varlen_arg(c, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
-        const OptionalTensor wsv = c.optional(workspace, "workspace", Access::write);
+        const OptionalTensor wsv = c.workspace(workspace, [&]() -> std::size_t {
+          AttentionShape shape;
+          if (!shape_from_arrays(qv, kv, vv, vl, false, &shape)) return 0;
+          return attention_forward_workspace_size(shape, config, qv.device);
+        });
         c.run(stream, [&](Stream s) {
           attention_forward(qv, kv, vv, bv, config, ov, lv, vl, wsv, s);
         });
@@ -217,7 +272,12 @@ void bind_attention(nb::module_& m) {
         const OptionalTensor dbv = c.optional(dbias, "dbias", Access::write);
         const std::optional<AttentionVarlen> vl =
             varlen_arg(c, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
-        const OptionalTensor wsv = c.optional(workspace, "workspace", Access::write);
+        const OptionalTensor wsv = c.workspace(workspace, [&]() -> std::size_t {
+          AttentionShape shape;
+          if (!(dqv || dkv || dvv || dbv) || !shape_from_arrays(qv, kv, vv, vl, dbv.has_value(), &shape))
+            return 0;
+          return attention_backward_workspace_size(shape, config, deterministic, qv.device);
+        });
         c.run(stream, [&](Stream s) {
           attention_backward(dov, qv, kv, vv, ov, lv, bv, config, dqv, dkv, dvv, dbv, vl,
                              deterministic, wsv, s);
@@ -235,6 +295,86 @@ void bind_attention(nb::module_& m) {
       "config and variable lengths as the forward. dk/dv are summed over the query heads of their "
       "group; dbias (the bias's shape, 1 where the bias broadcasts through stride 0) is summed "
       "over its broadcast dims. deterministic: bitwise reproducible dq on the GPU too.");
+
+  // fusekit.torch's eager fast path, one call per direction. cfg is the tuple (scale, mask,
+  // window_left, window_right, dropout_p, seed, offset, max_seqlen_q, max_seqlen_k, ...): one
+  // argument instead of nine keyword arguments. The forward returns None, having done nothing,
+  // when the operands do not suit fusekit as they are (see operand_ready; the caller then fixes
+  // them up), else lse as an opaque capsule allocated through q's framework, which the backward
+  // takes back. Both take the workspace from that framework too.
+  m.def(
+      "_attention_forward_cfg",
+      [](nb::handle q, nb::handle k, nb::handle v, nb::handle bias, nb::handle out,
+         nb::tuple cfg, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k) -> nb::object {
+        OpCall c("attention_forward");
+        const AttentionConfig config = config_from_tuple(cfg, c.op());
+        const TensorView qv = c.tensor(q, "q", Access::read);
+        const TensorView kv = c.tensor(k, "k", Access::read);
+        const TensorView vv = c.tensor(v, "v", Access::read);
+        const OptionalTensor bv = c.optional(bias, "bias", Access::read);
+        const std::optional<AttentionVarlen> vl = varlen_arg(
+            c, cu_seqlens_q, cu_seqlens_k, nb::cast<std::int64_t>(cfg[7]), nb::cast<std::int64_t>(cfg[8]));
+        const int dims = vl ? 3 : 4;
+        const std::int64_t keys = vl ? vl->max_seqlen_k : (kv.ndim == 4 ? kv.shape[1] : 0);
+        if (!operand_ready(qv, dims) || !operand_ready(kv, dims) || !operand_ready(vv, dims) ||
+            (bv && !(bv->ndim == 4 && bv->shape[3] == keys && bv->is_contiguous() &&
+                     operand_ready(*bv, 4))))
+          return nb::none();
+        const TensorView ov = c.tensor(out, "out", Access::write);
+        const std::int64_t lse_shape[3] = {vl ? qv.shape[1] : qv.shape[0],
+                                           vl ? qv.shape[0] : qv.shape[2], qv.shape[1]};
+        TensorView lv;
+        nb::object lse = c.new_f32_capsule(vl ? 2 : 3, lse_shape, &lv);
+        const OptionalTensor wsv = c.workspace(nb::str("auto"), [&]() -> std::size_t {
+          AttentionShape shape;
+          if (!shape_from_arrays(qv, kv, vv, vl, false, &shape)) return 0;
+          return attention_forward_workspace_size(shape, config, qv.device);
+        });
+        c.run(nb::none(), [&](Stream s) {
+          attention_forward(qv, kv, vv, bv, config, ov, lv, vl, wsv, s);
+        });
+        return lse;
+      },
+      arg("q"), arg("k"), arg("v"), arg("bias").none(), arg("out"), arg("cfg"),
+      arg("cu_seqlens_q").none(), arg("cu_seqlens_k").none(),
+      "attention_forward for fusekit.torch's eager fast path (see the source).");
+
+  m.def(
+      "_attention_backward_cfg",
+      [](nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::handle out,
+         nb::handle lse, nb::handle bias, nb::handle dq, nb::handle dk, nb::handle dv,
+         nb::handle dbias, nb::tuple cfg, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k,
+         bool deterministic) {
+        OpCall c("attention_backward");
+        const AttentionConfig config = config_from_tuple(cfg, c.op());
+        const TensorView dov = c.tensor(dout, "dout", Access::read);
+        const TensorView qv = c.tensor(q, "q", Access::read);
+        const TensorView kv = c.tensor(k, "k", Access::read);
+        const TensorView vv = c.tensor(v, "v", Access::read);
+        const TensorView ov = c.tensor(out, "out", Access::read);
+        const TensorView lv = c.tensor(lse, "lse", Access::read);
+        const OptionalTensor bv = c.optional(bias, "bias", Access::read);
+        const OptionalTensor dqv = c.optional(dq, "dq", Access::write);
+        const OptionalTensor dkv = c.optional(dk, "dk", Access::write);
+        const OptionalTensor dvv = c.optional(dv, "dv", Access::write);
+        const OptionalTensor dbv = c.optional(dbias, "dbias", Access::write);
+        const std::optional<AttentionVarlen> vl = varlen_arg(
+            c, cu_seqlens_q, cu_seqlens_k, nb::cast<std::int64_t>(cfg[7]), nb::cast<std::int64_t>(cfg[8]));
+        const OptionalTensor wsv = c.workspace(nb::str("auto"), [&]() -> std::size_t {
+          AttentionShape shape;
+          if (!(dqv || dkv || dvv || dbv) || !shape_from_arrays(qv, kv, vv, vl, dbv.has_value(), &shape))
+            return 0;
+          return attention_backward_workspace_size(shape, config, deterministic, qv.device);
+        });
+        c.run(nb::none(), [&](Stream s) {
+          attention_backward(dov, qv, kv, vv, ov, lv, bv, config, dqv, dkv, dvv, dbv, vl,
+                             deterministic, wsv, s);
+        });
+      },
+      arg("dout"), arg("q"), arg("k"), arg("v"), arg("out"), arg("lse"), arg("bias").none(),
+      arg("dq").none(), arg("dk").none(), arg("dv").none(), arg("dbias").none(), arg("cfg"),
+      arg("cu_seqlens_q").none(), arg("cu_seqlens_k").none(), arg("deterministic"),
+      "attention_backward for fusekit.torch's eager fast path (see _attention_forward_cfg).");
 
   // The documented dropout mask, for tests and for callers that want to inspect it.
   m.def(

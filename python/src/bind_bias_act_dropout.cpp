@@ -75,7 +75,11 @@ void bind_bias_act_dropout(nb::module_& m) {
         const OptionalTensor bv = c.optional(bias, "bias", Access::read);
         const OptionalTensor dxv = c.optional(dx, "dx", Access::write);
         const OptionalTensor dbv = c.optional(dbias, "dbias", Access::write);
-        const OptionalTensor wsv = c.optional(workspace, "workspace", Access::write);
+        const OptionalTensor wsv = c.workspace(workspace, [&]() -> std::size_t {
+          if (!dbv) return 0;  // only dbias's reduction needs scratch memory
+          const auto [rows, cols] = rows_cols(xv);
+          return bias_act_dropout_backward_workspace_size(rows, cols, xv.dtype, xv.device);
+        });
         c.run(stream, [&](Stream s) {
           bias_act_dropout_backward(dyv, xv, bv, config, dxv, dbv, wsv, s);
         });

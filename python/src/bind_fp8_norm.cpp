@@ -50,7 +50,10 @@ void bind_fp8_norm(nb::module_& m) {
         const TensorView ysv = c.tensor(y_scale, "y_scale", Access::write);
         const TensorView rv = c.tensor(rstd, "rstd", Access::write);
         const OptionalTensor yv = c.optional(y, "y", Access::write);
-        const OptionalTensor wsv = c.optional(workspace, "workspace", Access::write);
+        const OptionalTensor wsv = c.workspace(workspace, [&]() -> std::size_t {
+          const auto [rows, cols] = rows_cols(xv);
+          return fp8_rms_norm_forward_workspace_size(rows, cols, xv.device);
+        });
         c.run(stream, [&](Stream s) {
           fp8_rms_norm_forward(xv, sv, wv, eps, qv, qtv, ysv, rv, yv, wsv, group_size, s);
         });
@@ -61,6 +64,36 @@ void bind_fp8_norm(nb::module_& m) {
       arg("stream").none() = none,
       "RMSNorm of the group-scaled FP8 input x into the per-tensor-scaled FP8 qy, its transpose "
       "qy_t, the scale y_scale, the float32 rstd and optionally the bf16 y.");
+
+  // fusekit.torch's eager path: the forward with rstd allocated through x's framework (PyTorch
+  // >= 2.10) and returned as an opaque capsule that fp8_rms_norm_backward accepts as rstd; the
+  // workspace likewise.
+  m.def(
+      "_fp8_rms_norm_forward_stats",
+      [](nb::handle x, nb::handle x_scales, nb::handle weight, float eps, nb::handle qy,
+         nb::handle qy_t, nb::handle y_scale, nb::handle y, int group_size) {
+        OpCall c("fp8_rms_norm_forward");
+        const TensorView xv = c.tensor(x, "x", Access::read);
+        const TensorView sv = c.tensor(x_scales, "x_scales", Access::read);
+        const TensorView wv = c.tensor(weight, "weight", Access::read);
+        const TensorView qv = c.tensor(qy, "qy", Access::write);
+        const TensorView qtv = c.tensor(qy_t, "qy_t", Access::write);
+        const TensorView ysv = c.tensor(y_scale, "y_scale", Access::write);
+        const OptionalTensor yv = c.optional(y, "y", Access::write);
+        TensorView rv;
+        nb::object rstd = c.new_f32_capsule(rows_cols(xv).first, &rv);
+        const OptionalTensor wsv = c.workspace(nb::str("auto"), [&]() -> std::size_t {
+          const auto [rows, cols] = rows_cols(xv);
+          return fp8_rms_norm_forward_workspace_size(rows, cols, xv.device);
+        });
+        c.run(nb::none(), [&](Stream s) {
+          fp8_rms_norm_forward(xv, sv, wv, eps, qv, qtv, ysv, rv, yv, wsv, group_size, s);
+        });
+        return rstd;
+      },
+      arg("x").none(), arg("x_scales").none(), arg("weight").none(), arg("eps"), arg("qy").none(),
+      arg("qy_t").none(), arg("y_scale").none(), arg("y").none(), arg("group_size"),
+      "fp8_rms_norm_forward for fusekit.torch's eager path; returns rstd as an opaque capsule.");
 
   m.def(
       "fp8_rms_norm_backward",
@@ -75,7 +108,10 @@ void bind_fp8_norm(nb::module_& m) {
         const TensorView rv = c.tensor(rstd, "rstd", Access::read);
         const OptionalTensor dxv = c.optional(dx, "dx", Access::write);
         const OptionalTensor dwv = c.optional(dweight, "dweight", Access::write);
-        const OptionalTensor wsv = c.optional(workspace, "workspace", Access::write);
+        const OptionalTensor wsv = c.workspace(workspace, [&]() -> std::size_t {
+          const auto [rows, cols] = rows_cols(xv);
+          return fp8_rms_norm_backward_workspace_size(rows, cols, xv.device);
+        });
         c.run(stream, [&](Stream s) {
           fp8_rms_norm_backward(dyv, xv, sv, wv, rv, dxv, dwv, wsv, group_size, s);
         });

@@ -48,7 +48,11 @@ void bind_linear(nb::module_& m) {
         const OptionalTensor bv = c.optional(bias, "bias", Access::read);
         const TensorView yv = c.tensor(y, "y", Access::write);
         const OptionalTensor pv = c.optional(pre_activation, "pre_activation", Access::write);
-        const OptionalTensor wsv = c.optional(workspace, "workspace", Access::write);
+        const OptionalTensor wsv = c.workspace(workspace, [&]() -> std::size_t {
+          const auto [rows, k] = rows_cols(xv);
+          return linear_forward_workspace_size(rows, wv.ndim > 0 ? wv.shape[0] : 0, k, xv.dtype,
+                                               act, xv.device);
+        });
         c.run(stream, [&](Stream s) { linear_forward(xv, wv, bv, act, yv, pv, wsv, s); });
       },
       arg("x").none(), arg("weight").none(), arg("bias").none(), arg("activation").none(),
@@ -71,7 +75,11 @@ void bind_linear(nb::module_& m) {
         const OptionalTensor dxv = c.optional(dx, "dx", Access::write);
         const OptionalTensor dwv = c.optional(dweight, "dweight", Access::write);
         const OptionalTensor dbv = c.optional(dbias, "dbias", Access::write);
-        const OptionalTensor wsv = c.optional(workspace, "workspace", Access::write);
+        const OptionalTensor wsv = c.workspace(workspace, [&]() -> std::size_t {
+          const auto [rows, k] = rows_cols(xv);
+          return linear_backward_workspace_size(rows, wv.ndim > 0 ? wv.shape[0] : 0, k, xv.dtype,
+                                                act, xv.device);
+        });
         c.run(stream, [&](Stream s) {
           linear_backward(dov, xv, wv, pv, act, dxv, dwv, dbv, wsv, s);
         });

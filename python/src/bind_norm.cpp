@@ -28,6 +28,28 @@ Device parse_device(const std::string& device) {
               "'cpu', 'cuda' or 'cuda:N'", "'" + device + "'");
 }
 
+// The size query behind workspace='auto': only dweight/dbias need scratch memory.
+auto norm_workspace(const TensorView& x, bool param_grads) {
+  return [&x, param_grads]() -> std::size_t {
+    if (!param_grads) return 0;
+    const auto [rows, cols] = rows_cols(x);
+    return norm_backward_workspace_size(rows, cols, x.dtype, x.device);
+  };
+}
+
+// mean and rstd as the two halves of one float32 array `stats` (2 * rows values, [mean | rstd]):
+// fusekit.torch's eager path allocates and saves one tensor instead of two.
+std::pair<TensorView, TensorView> split_stats(OpCall& c, const TensorView& stats) {
+  if (stats.dtype != DType::f32 || !stats.is_contiguous() || stats.numel() % 2 != 0)
+    c.fail("stats", "a contiguous float32 array of 2 * rows values (mean, then rstd)",
+           std::string(dtype_name(stats.dtype)) + " of shape " + stats.shape_string() +
+               (stats.is_contiguous() ? "" : ", not contiguous"));
+  const std::int64_t rows[1] = {stats.numel() / 2};
+  auto* base = static_cast<float*>(stats.data);
+  return {TensorView::from_arrays(base, DType::f32, stats.device, 1, rows, nullptr),
+          TensorView::from_arrays(base + rows[0], DType::f32, stats.device, 1, rows, nullptr)};
+}
+
 }  // namespace
 
 void bind_norm(nb::module_& m) {
@@ -78,6 +100,71 @@ void bind_norm(nb::module_& m) {
       arg("mean").none(), arg("rstd").none(), arg("iterations"));
 
   m.def(
+      "_layer_norm_forward_stats",
+      [](nb::handle x, nb::handle weight, nb::handle bias, float eps, nb::handle y,
+         nb::handle stats, nb::handle stream) {
+        OpCall c("layer_norm_forward");
+        const TensorView xv = c.tensor(x, "x", Access::read);
+        const OptionalTensor wv = c.optional(weight, "weight", Access::read);
+        const OptionalTensor bv = c.optional(bias, "bias", Access::read);
+        const TensorView yv = c.tensor(y, "y", Access::write);
+        TensorView sv;
+        nb::object made = nb::none();
+        if (stats.is_none()) {
+          made = c.new_f32_capsule(2 * rows_cols(xv).first, &sv);
+        } else {
+          sv = c.tensor(stats, "stats", Access::write);
+        }
+        const auto [mv, rv] = split_stats(c, sv);
+        c.run(stream, [&](Stream s) { layer_norm_forward(xv, wv, bv, eps, yv, mv, rv, s); });
+        return made;
+      },
+      arg("x").none(), arg("weight").none(), arg("bias").none(), arg("eps"), arg("y").none(),
+      arg("stats").none() = none, arg("stream").none() = none,
+      "layer_norm_forward with mean and rstd as the halves of one float32 array `stats` "
+      "(fusekit.torch's eager path). stats=None allocates it through the framework of x (PyTorch "
+      ">= 2.10) and returns it as an opaque capsule that the backward accepts.");
+
+  m.def(
+      "_layer_norm_backward_stats",
+      [](nb::handle dy, nb::handle x, nb::handle weight, nb::handle stats, nb::handle dx,
+         nb::handle dweight, nb::handle dbias, nb::handle workspace, nb::handle stream) {
+        OpCall c("layer_norm_backward");
+        const TensorView dyv = c.tensor(dy, "dy", Access::read);
+        const TensorView xv = c.tensor(x, "x", Access::read);
+        const OptionalTensor wv = c.optional(weight, "weight", Access::read);
+        const auto [mv, rv] = split_stats(c, c.tensor(stats, "stats", Access::read));
+        const OptionalTensor dxv = c.optional(dx, "dx", Access::write);
+        const OptionalTensor dwv = c.optional(dweight, "dweight", Access::write);
+        const OptionalTensor dbv = c.optional(dbias, "dbias", Access::write);
+        const OptionalTensor wsv = c.workspace(workspace, norm_workspace(xv, dwv || dbv));
+        c.run(stream, [&](Stream s) {
+          layer_norm_backward(dyv, xv, wv, mv, rv, dxv, dwv, dbv, wsv, s);
+        });
+      },
+      arg("dy").none(), arg("x").none(), arg("weight").none(), arg("stats").none(),
+      arg("dx").none(), arg("dweight").none(), arg("dbias").none(), arg("workspace").none(),
+      arg("stream").none() = none,
+      "layer_norm_backward from _layer_norm_forward_stats' stats (fusekit.torch).");
+
+  m.def(
+      "_rms_norm_forward_stats",
+      [](nb::handle x, nb::handle weight, float eps, nb::handle y, nb::handle stream) {
+        OpCall c("rms_norm_forward");
+        const TensorView xv = c.tensor(x, "x", Access::read);
+        const OptionalTensor wv = c.optional(weight, "weight", Access::read);
+        const TensorView yv = c.tensor(y, "y", Access::write);
+        TensorView rv;
+        nb::object made = c.new_f32_capsule(rows_cols(xv).first, &rv);
+        c.run(stream, [&](Stream s) { rms_norm_forward(xv, wv, eps, yv, rv, s); });
+        return made;
+      },
+      arg("x").none(), arg("weight").none(), arg("eps"), arg("y").none(),
+      arg("stream").none() = none,
+      "rms_norm_forward saving rstd into a float32 array allocated through the framework of x "
+      "(PyTorch >= 2.10), returned as an opaque capsule that rms_norm_backward accepts.");
+
+  m.def(
       "rms_norm_forward",
       [](nb::handle x, nb::handle weight, float eps, nb::handle y, nb::handle rstd,
          nb::handle stream) {
@@ -115,7 +202,7 @@ void bind_norm(nb::module_& m) {
         const OptionalTensor dxv = c.optional(dx, "dx", Access::write);
         const OptionalTensor dwv = c.optional(dweight, "dweight", Access::write);
         const OptionalTensor dbv = c.optional(dbias, "dbias", Access::write);
-        const OptionalTensor wsv = c.optional(workspace, "workspace", Access::write);
+        const OptionalTensor wsv = c.workspace(workspace, norm_workspace(xv, dwv || dbv));
         c.run(stream, [&](Stream s) {
           layer_norm_backward(dyv, xv, wv, mv, rv, dxv, dwv, dbv, wsv, s);
         });
@@ -139,7 +226,7 @@ void bind_norm(nb::module_& m) {
         const OptionalTensor dxv = c.optional(dx, "dx", Access::write);
         const OptionalTensor dwv = c.optional(dweight, "dweight", Access::write);
         const OptionalTensor dbv = c.optional(dbias, "dbias", Access::write);
-        const OptionalTensor wsv = c.optional(workspace, "workspace", Access::write);
+        const OptionalTensor wsv = c.workspace(workspace, norm_workspace(yv, dwv || dbv));
         c.run(stream, [&](Stream s) {
           layer_norm_backward_from_output(dyv, yv, wv, bv, rv, dxv, dwv, dbv, wsv, s);
         });
@@ -160,7 +247,7 @@ void bind_norm(nb::module_& m) {
         const TensorView rv = c.tensor(rstd, "rstd", Access::read);
         const OptionalTensor dxv = c.optional(dx, "dx", Access::write);
         const OptionalTensor dwv = c.optional(dweight, "dweight", Access::write);
-        const OptionalTensor wsv = c.optional(workspace, "workspace", Access::write);
+        const OptionalTensor wsv = c.workspace(workspace, norm_workspace(xv, dwv.has_value()));
         c.run(stream, [&](Stream s) { rms_norm_backward(dyv, xv, wv, rv, dxv, dwv, wsv, s); });
       },
       arg("dy").none(), arg("x").none(), arg("weight").none(), arg("rstd").none(), arg("dx").none() = none,
@@ -178,7 +265,7 @@ void bind_norm(nb::module_& m) {
         const TensorView rv = c.tensor(rstd, "rstd", Access::read);
         const OptionalTensor dxv = c.optional(dx, "dx", Access::write);
         const OptionalTensor dwv = c.optional(dweight, "dweight", Access::write);
-        const OptionalTensor wsv = c.optional(workspace, "workspace", Access::write);
+        const OptionalTensor wsv = c.workspace(workspace, norm_workspace(yv, dwv.has_value()));
         c.run(stream, [&](Stream s) {
           rms_norm_backward_from_output(dyv, yv, wv, rv, dxv, dwv, wsv, s);
         });

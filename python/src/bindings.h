@@ -12,6 +12,7 @@
 #include <nanobind/ndarray.h>
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -34,6 +35,7 @@ enum class Access { read, write };
 class OpCall {
  public:
   explicit OpCall(const char* op) : op_(op) {}
+  ~OpCall();
   OpCall(const OpCall&) = delete;
   OpCall& operator=(const OpCall&) = delete;
 
@@ -43,6 +45,40 @@ class OpCall {
   TensorView tensor(nb::handle obj, const char* name, Access access);
   // None gives an empty OptionalTensor.
   OptionalTensor optional(nb::handle obj, const char* name, Access access);
+
+  // A `workspace` argument: an array, None, or the string 'auto'. 'auto' asks `size()` (the op's
+  // *_workspace_size query, from the converted arrays) and takes that many bytes from the
+  // allocator of the framework that owns the CUDA arrays (the DLPack exchange table's, PyTorch >=
+  // 2.10: its caching allocator on the current stream), held until the call returns. That is
+  // stream-ordered like any temporary of the framework's own ops, and CUDA-graph safe. Call it
+  // after every array argument has been converted. A query that throws gives no workspace: the
+  // op then reports the bad argument itself.
+  template <typename SizeFn>
+  OptionalTensor workspace(nb::handle obj, SizeFn&& size) {
+    if (!is_auto(obj)) {
+      if (obj.is_valid() && PyUnicode_Check(obj.ptr()))
+        fail("workspace", "an array, None or 'auto'", "the string '" + nb::cast<std::string>(obj) + "'");
+      return optional(obj, "workspace", Access::write);
+    }
+    std::size_t bytes = 0;
+    try {
+      bytes = std::forward<SizeFn>(size)();
+    } catch (const Error&) {
+      return std::nullopt;
+    }
+    if (bytes == 0) return std::nullopt;
+    return framework_scratch(bytes);
+  }
+
+  // A new float32 array of `count` values on the device of the first array argument, from the
+  // allocator of that array's framework (its DLPack exchange table), handed to Python as an opaque
+  // capsule rather than a tensor: fusekit.torch saves row statistics this way, which costs less
+  // host time than allocating a tensor from Python. tensor() accepts such capsules as arrays. The
+  // framework frees the memory when the capsule is released (stream-ordered, as its own
+  // temporaries). Raises when the first array came without an exchange table.
+  nb::object new_f32_capsule(std::int64_t count, TensorView* view);
+  // The same with a shape of 1..kMaxDims sizes.
+  nb::object new_f32_capsule(int ndim, const std::int64_t* shape, TensorView* view);
 
   // Runs `op(stream)` with the GIL released and, for CUDA tensors, their device made current.
   // `stream` is None (the current stream of the framework that owns the CUDA tensors when it
@@ -72,6 +108,9 @@ class OpCall {
     int previous_ = -1;
   };
 
+  static bool is_auto(nb::handle obj);
+  static bool capsule_view(nb::handle obj, TensorView* out);
+  TensorView framework_scratch(std::size_t bytes);
   Stream resolve_stream(nb::handle stream) const;
   bool import_exchange(nb::handle obj, const char* name, TensorView* out);
   bool import_ndarray(nb::handle obj, const char* name, Access access, TensorView* out,
@@ -86,9 +125,21 @@ class OpCall {
   const char* op_;
   int cuda_device_ = -1;                  // the first CUDA tensor's device, -1 when none
   const void* stream_source_ = nullptr;   // exchange table of the first CUDA tensor, if any
+  const void* first_api_ = nullptr;       // exchange table of the first array, if any
+  Device first_device_{};
   int imports_ = 0;
+  int imports_total_ = 0;
   std::array<nb::ndarray<nb::ro>, kMaxImports> keep_alive_;
+  void* scratch_ = nullptr;  // the framework tensor behind workspace='auto', freed by ~OpCall
+  bool auto_workspace_ = false;
 };
+
+// (rows, cols) of an array normalized or multiplied over its last dimension: the leading
+// dimensions flattened. For workspace queries (an empty or 0-d array gives zeros).
+inline std::pair<std::int64_t, std::int64_t> rows_cols(const TensorView& t) {
+  const std::int64_t cols = t.ndim > 0 ? t.shape[t.ndim - 1] : 1;
+  return {cols > 0 ? t.numel() / cols : 0, cols};
+}
 
 // An `activation` argument: a fusekit.Activation or its name as a string (bind_activation.cpp).
 // Anything else raises InvalidArgumentError naming `op` and 'activation'.

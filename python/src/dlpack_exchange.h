@@ -57,16 +57,30 @@ struct Version {
   std::uint32_t minor;
 };
 
+// DLManagedTensorVersioned: a tensor together with its owner's deleter.
+struct ManagedTensorVersioned {
+  Version version;
+  void* manager_ctx;
+  void (*deleter)(ManagedTensorVersioned* self);
+  std::uint64_t flags;
+  Tensor dl_tensor;
+};
+
 struct ExchangeApiHeader {
   Version version;
   ExchangeApiHeader* prev_api;
 };
 
-// Only the two entries fusekit calls are typed; the others are kept as opaque slots so that the
+// Only the entries fusekit calls are typed; the others are kept as opaque slots so that the
 // layout matches the specification.
 struct ExchangeApi {
   ExchangeApiHeader header;
-  void* managed_tensor_allocator;
+  // A new tensor of the prototype's dtype, shape and device from the framework's allocator
+  // (PyTorch: its caching allocator, on the device's current stream). 0 on success; on failure
+  // -1 after calling set_error(error_ctx, kind, message).
+  int (*managed_tensor_allocator)(Tensor* prototype, ManagedTensorVersioned** out, void* error_ctx,
+                                  void (*set_error)(void* error_ctx, const char* kind,
+                                                    const char* message));
   void* managed_tensor_from_py_object_no_sync;
   void* managed_tensor_to_py_object_no_sync;
   // Fills `out` for a tensor object of the publishing type; the shape/strides arrays stay valid

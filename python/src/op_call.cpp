@@ -155,6 +155,10 @@ TensorView OpCall::from_dlpack(const char* name, void* data, std::int32_t device
 }
 
 void OpCall::note_device(const TensorView& t, const void* exchange_api) {
+  if (imports_total_++ == 0) {
+    first_api_ = exchange_api;
+    first_device_ = t.device;
+  }
   if (t.device.is_cuda() && cuda_device_ < 0) {
     cuda_device_ = t.device.index;
     stream_source_ = exchange_api;
@@ -217,6 +221,7 @@ TensorView OpCall::tensor(nb::handle obj, const char* name, Access access) {
   if (!obj.is_valid() || obj.is_none()) fail(name, kExpected, "None");
   TensorView view;
   if (import_exchange(obj, name, &view)) return view;
+  if (capsule_view(obj, &view)) return view;
   // NumPy arrays of ml_dtypes' bfloat16 / float8 types: checked first, since their buffer export
   // claims plain unsigned integers.
   if (nb::hasattr(obj, "dtype") && nb::hasattr(obj, "view")) {
@@ -250,8 +255,128 @@ OptionalTensor OpCall::optional(nb::handle obj, const char* name, Access access)
   return tensor(obj, name, access);
 }
 
+OpCall::~OpCall() {
+  if (scratch_) {
+    auto* t = static_cast<dl::ManagedTensorVersioned*>(scratch_);
+    if (t->deleter) t->deleter(t);
+  }
+}
+
+namespace {
+// What an exchange-table allocator reports through its set_error callback.
+struct AllocatorError {
+  std::string text;
+};
+void record_allocator_error(void* ctx, const char* kind, const char* message) {
+  auto* e = static_cast<AllocatorError*>(ctx);
+  e->text = std::string(kind ? kind : "error") + ": " + (message ? message : "");
+}
+
+// Capsules of new_f32_capsule: a framework tensor (DLManagedTensorVersioned) freed with the capsule.
+constexpr const char* kF32CapsuleName = "fusekit.f32_array";
+
+void free_f32_capsule(PyObject* capsule) {
+  auto* t = static_cast<dl::ManagedTensorVersioned*>(PyCapsule_GetPointer(capsule, kF32CapsuleName));
+  if (!t) {
+    PyErr_Clear();
+    return;
+  }
+  if (t->deleter) t->deleter(t);
+}
+}  // namespace
+
+bool OpCall::capsule_view(nb::handle obj, TensorView* out) {
+  if (!PyCapsule_CheckExact(obj.ptr()) || !PyCapsule_IsValid(obj.ptr(), kF32CapsuleName)) return false;
+  auto* t = static_cast<dl::ManagedTensorVersioned*>(PyCapsule_GetPointer(obj.ptr(), kF32CapsuleName));
+  const dl::Tensor& d = t->dl_tensor;
+  const Device device = d.device.device_type == dl::kCUDA ? Device::cuda(d.device.device_id) : Device::cpu();
+  *out = TensorView::from_arrays(static_cast<char*>(d.data) + d.byte_offset, DType::f32, device,
+                                 d.ndim, d.shape, nullptr);
+  return true;
+}
+
+nb::object OpCall::new_f32_capsule(std::int64_t count, TensorView* view) {
+  return new_f32_capsule(1, &count, view);
+}
+
+nb::object OpCall::new_f32_capsule(int ndim, const std::int64_t* sizes, TensorView* view) {
+  const auto* api = static_cast<const dl::ExchangeApi*>(first_api_);
+  if (!api || !api->managed_tensor_allocator)
+    throw Error(ErrorKind::unsupported, op_,
+                "arrays allocated by fusekit need arrays from a framework whose DLPack exchange "
+                "table has an allocator (PyTorch 2.10 or later); pass preallocated arrays instead");
+  if (ndim < 1 || ndim > kMaxDims) fail("shape", "1 to " + std::to_string(kMaxDims) + " sizes", std::to_string(ndim));
+  std::int64_t shape[kMaxDims];
+  std::int64_t count = 1;
+  for (int d = 0; d < ndim; ++d) {
+    if (sizes[d] < 0) fail("shape", "non-negative sizes", std::to_string(sizes[d]));
+    shape[d] = sizes[d];
+    count *= sizes[d];
+  }
+  dl::Tensor prototype{};
+  prototype.device = first_device_.is_cuda() ? dl::Device{dl::kCUDA, first_device_.index}
+                                             : dl::Device{dl::kCPU, 0};
+  prototype.ndim = ndim;
+  prototype.dtype = {dl::kFloat, 32, 1};
+  prototype.shape = shape;
+  AllocatorError error;
+  dl::ManagedTensorVersioned* out = nullptr;
+  if (api->managed_tensor_allocator(&prototype, &out, &error, record_allocator_error) != 0 || !out) {
+    PyErr_Clear();  // an allocator may also have set a Python error: the message is in `error`
+    throw Error(ErrorKind::cuda, op_,
+                "could not allocate " + std::to_string(count) +
+                    " float32 values through the framework's allocator (" + error.text + ")");
+  }
+  PyObject* capsule = PyCapsule_New(out, kF32CapsuleName, free_f32_capsule);
+  if (!capsule) {
+    if (out->deleter) out->deleter(out);
+    throw nb::python_error();
+  }
+  const dl::Tensor& t = out->dl_tensor;
+  *view = TensorView::from_arrays(static_cast<char*>(t.data) + t.byte_offset, DType::f32,
+                                  first_device_, ndim, shape, nullptr);
+  return nb::steal(capsule);
+}
+
+bool OpCall::is_auto(nb::handle obj) {
+  if (!obj.is_valid() || !PyUnicode_Check(obj.ptr())) return false;
+  return PyUnicode_CompareWithASCIIString(obj.ptr(), "auto") == 0;
+}
+
+TensorView OpCall::framework_scratch(std::size_t bytes) {
+  const auto* api = static_cast<const dl::ExchangeApi*>(stream_source_);
+  if (cuda_device_ < 0 || !api || !api->managed_tensor_allocator)
+    fail("workspace", "an array, or 'auto' with CUDA arrays from a framework whose DLPack exchange "
+         "table has an allocator (PyTorch 2.10 or later)", "'auto'");
+  if (scratch_) throw Error(ErrorKind::unsupported, op_, "more than one workspace='auto' in one call");
+  std::int64_t shape[1] = {static_cast<std::int64_t>(bytes)};
+  dl::Tensor prototype{};
+  prototype.device = {dl::kCUDA, cuda_device_};
+  prototype.ndim = 1;
+  prototype.dtype = {dl::kUInt, 8, 1};
+  prototype.shape = shape;
+  AllocatorError error;
+  dl::ManagedTensorVersioned* out = nullptr;
+  if (api->managed_tensor_allocator(&prototype, &out, &error, record_allocator_error) != 0 || !out) {
+    PyErr_Clear();  // an allocator may also have set a Python error: the message is in `error`
+    throw Error(ErrorKind::cuda, op_,
+                "could not allocate the " + std::to_string(bytes) +
+                    "-byte workspace through the framework's allocator (" + error.text + ")");
+  }
+  scratch_ = out;
+  auto_workspace_ = true;
+  const dl::Tensor& t = out->dl_tensor;
+  return TensorView::from_arrays(static_cast<char*>(t.data) + t.byte_offset, DType::u8,
+                                 Device::cuda(cuda_device_), 1, shape, nullptr);
+}
+
 Stream OpCall::resolve_stream(nb::handle stream) const {
   if (stream.is_valid() && !stream.is_none()) {
+    // The framework ties the workspace it allocated to its current stream; another stream could
+    // reuse the memory while the op still runs.
+    if (auto_workspace_)
+      fail("stream", "None with workspace='auto' (the workspace belongs to the framework's current "
+           "stream)", "an explicit stream");
     if (!PyLong_Check(stream.ptr()))
       fail("stream", "None or an int holding a cudaStream_t (0 = legacy default stream)",
            python_type_name(stream));

@@ -309,3 +309,20 @@ def test_error_classes():
     for cls in (fusekit.UnsupportedError, fusekit.CudaError):
         assert issubclass(cls, RuntimeError) and issubclass(cls, fusekit.Error)
         assert not issubclass(cls, ValueError)
+
+
+def test_workspace_auto_and_bad_strings():
+    """workspace='auto' takes scratch memory from the arrays' framework when the op needs any:
+    the CPU backend needs none, so NumPy arrays run; any other string is refused clearly."""
+    x = np.random.default_rng(0).standard_normal((4, 32)).astype(np.float32)
+    w = np.ones(32, np.float32)
+    y, mean, rstd = np.empty_like(x), np.empty(4, np.float32), np.empty(4, np.float32)
+    fusekit.layer_norm_forward(x, w, None, 1e-5, y, mean, rstd)
+    dy = np.ones_like(x)
+    dx, dw = np.empty_like(x), np.empty_like(w)
+    fusekit.layer_norm_backward(dy, x, w, mean, rstd, dx, dw, None, "auto")
+    dx2, dw2 = np.empty_like(x), np.empty_like(w)
+    fusekit.layer_norm_backward(dy, x, w, mean, rstd, dx2, dw2, None, None)
+    assert np.array_equal(dx, dx2) and np.array_equal(dw, dw2)
+    with pytest.raises(fusekit.InvalidArgumentError, match="argument 'workspace'.*'auto'"):
+        fusekit.layer_norm_backward(dy, x, w, mean, rstd, dx, dw, None, "automatic")

@@ -337,13 +337,18 @@ def test_layouts_without_copies(device, seed, monkeypatch):
     qkv = torch.randn(N, L, 3, H, E, device=device, dtype=dtype)
     q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))  # (N, H, L, E) views
     seen = []
-    forward = fusekit._C.attention_forward
 
-    def spy(q_, k_, v_, *args, **kwargs):
-        seen.extend([q_.data_ptr(), k_.data_ptr(), v_.data_ptr()])
-        return forward(q_, k_, v_, *args, **kwargs)
+    def spy_on(name):  # the public entry point or the eager fast path's
+        forward = getattr(fusekit._C, name)
 
-    monkeypatch.setattr(fusekit._C, "attention_forward", spy)
+        def spy(q_, k_, v_, *args, **kwargs):
+            seen.extend([q_.data_ptr(), k_.data_ptr(), v_.data_ptr()])
+            return forward(q_, k_, v_, *args, **kwargs)
+
+        monkeypatch.setattr(fusekit._C, name, spy)
+
+    spy_on("attention_forward")
+    spy_on("_attention_forward_cfg")
     out = fk.scaled_dot_product_attention(q, k, v, is_causal=True)
     assert seen == [q.data_ptr(), k.data_ptr(), v.data_ptr()]
     assert out.shape == (N, H, L, E) and out.transpose(1, 2).is_contiguous()

@@ -158,3 +158,51 @@ def test_errors_surface_as_exceptions(device, path):
         fk.bias_act_dropout(x, None, "gelu", 0.1, seed=1)
     with pytest.raises(fusekit.InvalidArgumentError, match="argument 'bias'"):
         fk.bias_act_dropout(x, torch.randn(9, device=device), "relu", 0.1, seed=1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dropout_module(device, seed):
+    """fk.Dropout: torch.nn.Dropout's interface; in training each element is 0 or x / (1 - p),
+    about a fraction p dropped, the gradient through the same mask; identity in eval mode."""
+    torch.manual_seed(seed)
+    m = fk.Dropout(p=0.25)
+    assert isinstance(m, torch.nn.Dropout) and m.p == 0.25 and list(m.state_dict()) == []
+    x = (torch.rand(64, 256, device=device) + 0.5).requires_grad_(True)
+    y = m(x)
+    kept = y != 0
+    assert torch.allclose(y[kept], x.detach()[kept] / 0.75, rtol=1e-6)
+    assert abs(1.0 - kept.double().mean().item() - 0.25) < 0.02
+    (dx,) = torch.autograd.grad(y, (x,), torch.ones_like(y))
+    assert torch.equal(dx != 0, kept) and torch.allclose(dx[kept], torch.full_like(dx[kept], 1 / 0.75))
+    assert not torch.equal(m(x), y)  # a fresh mask per call
+    m.eval()
+    assert torch.equal(m(x), x)
+    torch.manual_seed(seed)
+    a = fk.Dropout(0.5)(x)
+    torch.manual_seed(seed)
+    assert torch.equal(fk.Dropout(0.5)(x), a)  # torch.manual_seed reproduces the masks
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("activation", ["relu", "gelu_tanh", "silu"])
+def test_bias_act_dropout_module(device, activation, seed):
+    torch.manual_seed(seed)
+    m = fk.BiasActDropout(128, activation, p=0.0, device=device, dtype=torch.float32)
+    assert list(m.state_dict()) == ["bias"] and m.bias.shape == (128,)
+    m.bias.data.normal_()
+    x = torch.randn(16, 128, device=device, requires_grad=True)
+    y = m(x)
+    x64, b64 = x.detach().double().requires_grad_(True), m.bias.detach().double().requires_grad_(True)
+    y64 = ACTIVATIONS[activation](x64 + b64)
+    check("y", y, y64, "f32")
+    dy = torch.randn_like(y)
+    dx, db = torch.autograd.grad(y, (x, m.bias), dy)
+    dx64, db64 = torch.autograd.grad(y64, (x64, b64), dy.double())
+    check("dx", dx, dx64, "f32")
+    check("dbias", db, db64, "f32")
+    nobias = fk.BiasActDropout(128, activation, p=0.1, bias=False, device=device)
+    assert nobias.bias is None and list(nobias.state_dict()) == []
+    nobias.eval()
+    check("y (no bias, eval)", nobias(x), ACTIVATIONS[activation](x64), "f32")
+    with pytest.raises(fusekit.InvalidArgumentError, match="'p'"):
+        fk.BiasActDropout(128, p=1.0)

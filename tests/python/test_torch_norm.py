@@ -288,6 +288,41 @@ def test_cuda_graph_captured_training_step(seed):
 
 
 @cuda_only
+def test_workspace_auto_and_saved_statistics_are_freed(seed):
+    """The eager path's C++-side allocations (workspace='auto', the mean/rstd capsules) come
+    from PyTorch's caching allocator and go back to it: the same results as explicit arrays, and
+    no memory left allocated after many steps. An explicit stream with 'auto' is refused (the
+    memory belongs to the current stream)."""
+    torch.manual_seed(seed)
+    x = torch.randn(512, 1024, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
+    y, mean, rstd = torch.empty_like(x), torch.empty(512, device="cuda"), torch.empty(512, device="cuda")
+    fusekit.layer_norm_forward(x, w, None, 1e-5, y, mean, rstd)
+    dy = torch.randn_like(x)
+    grads = [torch.empty_like(x), torch.empty_like(w)]
+    fusekit.layer_norm_backward(dy, x, w, mean, rstd, *grads, None, "auto")
+    ws = torch.empty(fusekit.norm_backward_workspace_size(512, 1024, fusekit.DType.bf16, "cuda"),
+                     dtype=torch.uint8, device="cuda")
+    explicit = [torch.empty_like(x), torch.empty_like(w)]
+    fusekit.layer_norm_backward(dy, x, w, mean, rstd, *explicit, None, ws)
+    assert torch.equal(grads[0], explicit[0]) and torch.equal(grads[1], explicit[1])
+    with pytest.raises(fusekit.InvalidArgumentError, match="argument 'stream'"):
+        fusekit.layer_norm_backward(dy, x, w, mean, rstd, *grads, None, "auto",
+                                    torch.cuda.current_stream().cuda_stream)
+    xg = x.clone().requires_grad_(True)
+    norm_ln, norm_rms = fk.LayerNorm(1024, device="cuda", dtype=torch.bfloat16), \
+        fk.RMSNorm(1024, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):  # warm the allocator's caches
+        (norm_ln(xg) + norm_rms(xg)).float().sum().backward()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    for _ in range(50):
+        (norm_ln(xg) + norm_rms(xg)).float().sum().backward()
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == before
+
+
+@cuda_only
 def test_runs_on_the_current_stream(seed):
     """Work queued on a side stream: fusekit must run there, after the producer of its input."""
     torch.manual_seed(seed)

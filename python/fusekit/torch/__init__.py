@@ -5,6 +5,12 @@
     norm = fk.LayerNorm(1024, device="cuda", dtype=torch.bfloat16)   # as torch.nn.LayerNorm
     fk.swap_modules(model)   # or retarget every nn.LayerNorm / nn.RMSNorm of a model in place
 
+Ops (functional form / module): layer_norm, rms_norm / LayerNorm, RMSNorm (drop-ins);
+bias_act_dropout / BiasActDropout, Dropout (as torch.nn.Dropout); linear / Linear (torch.nn.Linear
+plus a fused activation); attention (fusekit's layout, variable lengths) and
+scaled_dot_product_attention (torch.nn.functional's signature plus fusekit's extras);
+fp8_rms_norm / FP8RMSNorm (torch.nn.RMSNorm's constructor, FP8 in and out), fp8_quantize.
+
 Adding an op family: write fusekit/torch/<family>.py (custom ops with register_fake and
 register_autograd, functional forms, drop-ins decorated with @register_drop_in) and import its
 public names below (one line).
@@ -19,6 +25,7 @@ from ._common import (  # noqa: F401
 
 # One line per op family.
 from .norm import LayerNorm, RMSNorm, layer_norm, rms_norm  # noqa: F401
-from .bias_act_dropout import bias_act_dropout  # noqa: F401
+from .bias_act_dropout import BiasActDropout, Dropout, bias_act_dropout  # noqa: F401
 from .linear import Linear, linear  # noqa: F401
 from .attention import attention, scaled_dot_product_attention  # noqa: F401
+from .fp8_norm import FP8RMSNorm, Fp8RMSNormOutput, fp8_quantize, fp8_rms_norm  # noqa: F401

@@ -47,11 +47,24 @@ def exportable(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
 # gradients are recorded, the C++ call directly otherwise. Whenever anything may be tracing or
 # transforming (torch.compile/dynamo, torch.export/make_fx and other dispatch modes, FakeTensor and
 # other subclasses, torch.func transforms) they call the registered custom op instead, so the graph
-# sees torch.ops.fusekit.*. Both paths run the same implementation functions.
+# sees torch.ops.fusekit.*. Both paths compute the same thing with the same C++ entry points.
 # FUSEKIT_TORCH_EAGER=op (or set_eager_fast_path(False)) always takes the custom op.
+# python/benchmarks/overhead.py measures what each path costs over the bare C++ call.
 _eager_fast_path = os.environ.get("FUSEKIT_TORCH_EAGER", "fast") != "op"
 _PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 _functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+_dispatch_stack_len = torch._C._len_torch_dispatch_stack
+_is_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
+
+#: The modes eager_mode() returns.
+CUSTOM_OP, RECORD, NO_GRAD = 0, 1, 2
+
+#: The `workspace` argument of the C++ calls on real tensors: 'auto' lets fusekit._C take the
+#: scratch memory from PyTorch's caching allocator itself (query and allocation in C++, on the
+#: current stream, freed when the call returns), which the DLPack exchange table allows.
+#: Without the table, callers ask the *_workspace_size query and allocate (workspace()).
+AUTO_WORKSPACE = "auto" if FAST_EXCHANGE else None
 
 
 def set_eager_fast_path(enabled: bool) -> None:
@@ -62,10 +75,26 @@ def set_eager_fast_path(enabled: bool) -> None:
 
 def eager_fast_path(x: torch.Tensor) -> bool:
     """True when a call on `x` may skip the custom op (see above)."""
-    return (not torch.compiler.is_compiling() and _eager_fast_path
+    return (_eager_fast_path and not _is_compiling()
             and type(x) in _PLAIN_TENSOR_TYPES
-            and torch._C._len_torch_dispatch_stack() == 0
+            and _dispatch_stack_len() == 0
             and not _functorch_active())
+
+
+def eager_mode(x: torch.Tensor, a: Optional[torch.Tensor] = None,
+               b: Optional[torch.Tensor] = None, c: Optional[torch.Tensor] = None) -> int:
+    """How a call on x (and the optional tensors a, b, c) runs: CUSTOM_OP (tracing, transforms,
+    subclasses, or the fast path turned off), RECORD (eager, an input requires grad under grad
+    mode: the autograd.Function) or NO_GRAD (eager, nothing to record: the C++ call directly).
+    One function for the decision, as it is paid on every call."""
+    if not _eager_fast_path or _is_compiling() or type(x) not in _PLAIN_TENSOR_TYPES \
+            or _dispatch_stack_len() or _functorch_active():
+        return CUSTOM_OP
+    if _grad_enabled() and (x.requires_grad or (a is not None and a.requires_grad)
+                            or (b is not None and b.requires_grad)
+                            or (c is not None and c.requires_grad)):
+        return RECORD
+    return NO_GRAD
 
 
 def function_apply(function_class):

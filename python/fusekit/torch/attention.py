@@ -37,8 +37,10 @@ from ._common import (
     FAST_EXCHANGE,
     NAMESPACE,
     TORCH_TO_FUSEKIT_DTYPE,
+    CUSTOM_OP,
+    RECORD,
     device_string,
-    eager_fast_path,
+    eager_mode,
     exportable,
     function_apply,
     invalid_argument,
@@ -135,7 +137,69 @@ def _readable(t: Tensor) -> Tensor:
     """Implementation side (real tensors): q/k/v/out/dout as fusekit reads them."""
     if t.dim() == 0 or not t.is_floating_point() or t.shape[-1] % _elems16(t) != 0:
         return t  # fusekit reports it
-    return t if _strides_ok(t) and _aligned(t) else t.contiguous()
+    if not _aligned(t):  # contiguous() would return a contiguous but misaligned view as it is
+        return t.clone(memory_format=torch.contiguous_format)
+    return t if _strides_ok(t) else t.contiguous()
+
+
+# ---- the eager fast path ------------------------------------------------------------------------
+# Real tensors that already suit fusekit (the usual case: contiguous, or transposed views of
+# contiguous memory) skip every fix-up above. One C++ call per direction checks that
+# (_C._attention_forward_cfg returns None when a fix-up is needed, having done nothing), converts
+# the arguments (cfg: one tuple), allocates lse (an opaque capsule) and the workspace through
+# PyTorch's allocator, and runs the op. Needs the DLPack exchange table (FAST_EXCHANGE).
+# cfg = (scale, mask, window_left, window_right, dropout_p, seed, offset, max_seqlen_q,
+#        max_seqlen_k, deterministic); deterministic None: resolved when the backward runs.
+class _NotReady(Exception):
+    """The operands need fix-ups: the caller takes the general path."""
+
+
+def _ready(t: Tensor, dims: int) -> bool:
+    """fusekit reads the q/k/v/dout-like real tensor `t` (`dims` dimensions) as it is."""
+    e = _ELEMS16.get(t.dtype)
+    if e is None or t.dim() != dims or t.shape[-1] % e or t.data_ptr() % 16:
+        return False
+    return t.is_contiguous() or _strides_ok(t)
+
+
+_ELEMS16 = {torch.float16: 8, torch.bfloat16: 8, torch.float32: 4, torch.float64: 2}
+
+
+def _grad_for(t: Tensor) -> Tensor:
+    """dq/dk/dv for a q/k/v that suits fusekit: like it (contiguous where it is), see _grad_like."""
+    return torch.empty_like(t) if t.is_contiguous() else _grad_like(t)
+
+
+def _forward_fast(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], cfg: tuple,
+                  cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor]):
+    """(out, lse), or None when the operands need fix-ups."""
+    if v.shape[-1] == q.shape[-1] and q.is_contiguous():
+        out = torch.empty_like(q)
+    else:  # sizes as ints: new_empty parses them faster than a tuple
+        out = q.new_empty(*q.shape[:-1], v.shape[-1] if v.dim() else 0)
+    lse = _C._attention_forward_cfg(q, k, v, bias, out, cfg, cu_seqlens_q, cu_seqlens_k)
+    return None if lse is None else (out, lse)
+
+
+def _backward_fast(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse,
+                   bias: Optional[Tensor], cfg: tuple, cu_seqlens_q: Optional[Tensor],
+                   cu_seqlens_k: Optional[Tensor], need_dq: bool, need_dk: bool, need_dv: bool,
+                   need_dbias: bool):
+    """_backward for what _forward_fast ran on."""
+    dq = _grad_for(q) if need_dq else None
+    dk = _grad_for(k) if need_dk else None
+    dv = _grad_for(v) if need_dv else None
+    dbias = _new_bias_grad(bias) if need_dbias and bias is not None else None
+    if dq is None and dk is None and dv is None and dbias is None:
+        return None, None, None, None
+    if not _ready(dout, out.dim()):  # anything autograd made, e.g. the stride-0 grad of a sum
+        dout = _readable(dout)
+    deterministic = cfg[9]
+    if deterministic is None:
+        deterministic = torch.are_deterministic_algorithms_enabled()
+    _C._attention_backward_cfg(dout, q, k, v, out, lse, bias, dq, dk, dv, dbias, cfg,
+                               cu_seqlens_q, cu_seqlens_k, bool(deterministic))
+    return dq, dk, dv, dbias
 
 
 def _readable_bias(b: Optional[Tensor]) -> Optional[Tensor]:
@@ -330,25 +394,40 @@ attention_fwd.register_autograd(_autograd_backward, setup_context=_setup)
 
 
 class _AttentionFunction(torch.autograd.Function):
-    """The eager fast path with gradients: the same implementation functions as the custom ops."""
+    """The eager path with gradients. Every argument of apply() costs host time, so besides the
+    differentiable tensors there is one: extra = (cu_seqlens_q, cu_seqlens_k, cfg, fast). fast:
+    try _forward_fast (raising _NotReady, before anything is recorded, when the operands need
+    fix-ups); else the operands were fixed up already and the custom ops' implementation functions
+    run (cfg then has the typed values). cu_seqlens are int tensors that never need gradients:
+    kept as attributes."""
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, scale, mask, window_left, window_right, dropout_p, seed,
-                offset, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, deterministic):
-        out, lse = _forward(q, k, v, bias, scale, mask, window_left, window_right, dropout_p,
-                            seed, offset, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-        ctx.save_for_backward(q, k, v, bias, out, lse, cu_seqlens_q, cu_seqlens_k)
-        ctx.config = (scale, mask, window_left, window_right, dropout_p, seed, offset)
-        ctx.rest = (max_seqlen_q, max_seqlen_k, deterministic)
+    def forward(ctx, q, k, v, bias, extra):
+        cu_q, cu_k, cfg, fast = extra
+        if fast:
+            result = _forward_fast(q, k, v, bias, cfg, cu_q, cu_k)
+            if result is None:
+                raise _NotReady()
+            out, lse = result
+        else:
+            out, lse = _forward(q, k, v, bias, *cfg[:7], cu_q, cu_k, cfg[7], cfg[8])
+        ctx.save_for_backward(q, k, v, bias, out)
+        ctx.lse = lse  # an intermediate, not an input or output: a plain attribute suffices
+        ctx.extra = extra
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, bias, out, lse, cu_q, cu_k = ctx.saved_tensors
+        q, k, v, bias, out = ctx.saved_tensors
         need_dq, need_dk, need_dv, need_dbias = ctx.needs_input_grad[:4]
-        dq, dk, dv, dbias = _backward(dout, q, k, v, out, lse, bias, *ctx.config, cu_q, cu_k,
-                                      *ctx.rest, need_dq, need_dk, need_dv, need_dbias)
-        return (dq, dk, dv, dbias) + (None,) * 12
+        cu_q, cu_k, cfg, fast = ctx.extra
+        if fast:
+            dq, dk, dv, dbias = _backward_fast(dout, q, k, v, out, ctx.lse, bias, cfg, cu_q, cu_k,
+                                               need_dq, need_dk, need_dv, need_dbias)
+        else:
+            dq, dk, dv, dbias = _backward(dout, q, k, v, out, ctx.lse, bias, *cfg[:7], cu_q, cu_k,
+                                          *cfg[7:], need_dq, need_dk, need_dv, need_dbias)
+        return dq, dk, dv, dbias, None
 
 
 _apply = function_apply(_AttentionFunction)
@@ -396,7 +475,24 @@ def attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor] = None, *,
     Dtypes: float16 / bfloat16 on CUDA; float32 / float64 on the CPU (the float64 reference).
     """
     op = "attention"
-    mask = _mask_name(op, mask)
+    mode = eager_mode(q, k, v, bias)
+    if mode != CUSTOM_OP and FAST_EXCHANGE:
+        if seed is None:
+            seed = _draw_seed(float(dropout_p), None)
+        cfg = (scale, mask, window[0], window[1], dropout_p, int(seed) & _U64, offset,
+               max_seqlen_q, max_seqlen_k, deterministic)
+        if mode == RECORD:
+            try:
+                return _apply(q, k, v, bias, (cu_seqlens_q, cu_seqlens_k, cfg, True))
+            except _NotReady:
+                pass
+        else:
+            result = _forward_fast(q, k, v, bias, cfg, cu_seqlens_q, cu_seqlens_k)
+            if result is not None:
+                return result[0]
+    # The general path: fix-ups that tracing sees, then the custom op or the same eager paths.
+    if type(mask) is not str:
+        mask = _mask_name(op, mask)
     window_left, window_right = int(window[0]), int(window[1])
     dropout_p = float(dropout_p)
     seed = _draw_seed(dropout_p, seed)
@@ -413,11 +509,13 @@ def attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor] = None, *,
         bias = _bias_operand(bias, keys)
     args = (q, k, v, bias, scale, mask, window_left, window_right, dropout_p, seed, int(offset),
             cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), bool(deterministic))
-    if not eager_fast_path(q):
+    # The fix-ups above keep the eager mode (they keep requires_grad), except that they may hand
+    # over tensors tracing would see: decide again.
+    mode = eager_mode(q, k, v, bias)
+    if mode == CUSTOM_OP:
         out, _ = attention_fwd(*args)
-    elif torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or
-                                      (bias is not None and bias.requires_grad)):
-        out = _apply(*args)
+    elif mode == RECORD:
+        out = _apply(q, k, v, bias, (cu_seqlens_q, cu_seqlens_k, args[4:11] + args[13:], False))
     else:
         out, _ = _forward(*args[:15])
     return out if out.dim() == 0 or out.shape[-1] == dv_orig else out[..., :dv_orig]

@@ -21,8 +21,10 @@ from ._common import (
     FAST_EXCHANGE,
     NAMESPACE,
     TORCH_TO_FUSEKIT_DTYPE,
+    NO_GRAD,
+    RECORD,
     device_string,
-    eager_fast_path,
+    eager_mode,
     exportable,
     function_apply,
     invalid_argument,
@@ -35,6 +37,8 @@ _U64 = (1 << 64) - 1
 
 def _activation_name(activation) -> str:
     """A fusekit.Activation or its name -> the name (custom-op schemas carry it as a str)."""
+    if type(activation) is str:
+        return activation
     if isinstance(activation, _C.Activation):
         return activation.name
     if isinstance(activation, str):
@@ -51,10 +55,15 @@ def _empty(dtype: torch.dtype, device: torch.device) -> Tensor:
 def _forward(x: Tensor, bias: Optional[Tensor], activation: str, p: float, seed: int, offset: int,
              slope: float) -> Tensor:
     x = x.contiguous()
-    bias = None if bias is None else bias.contiguous()
+    if bias is not None:
+        bias = bias.contiguous()
     y = torch.empty_like(x)
-    _C.bias_act_dropout_forward(exportable(x), exportable(bias), activation, p, seed & _U64,
-                                offset & _U64, y, None, slope, stream_for(x))
+    if FAST_EXCHANGE:
+        _C.bias_act_dropout_forward(x, bias, activation, p, seed & _U64, offset & _U64, y, None,
+                                    slope)
+    else:
+        _C.bias_act_dropout_forward(exportable(x), exportable(bias), activation, p, seed & _U64,
+                                    offset & _U64, y, None, slope, stream_for(x))
     return y
 
 
@@ -62,23 +71,26 @@ def _backward(dy: Tensor, x: Tensor, bias: Optional[Tensor], activation: str, p:
               offset: int, slope: float, need_dx: bool,
               need_dbias: bool) -> Tuple[Optional[Tensor], Optional[Tensor]]:
     x, dy = x.contiguous(), dy.contiguous()
-    bias = None if bias is None else bias.contiguous()
     dx = torch.empty_like(x) if need_dx else None
     dbias = None
-    ws = None
-    if need_dbias and bias is not None:
-        cols = x.shape[-1]
-        dbias = torch.empty(cols, dtype=bias.dtype, device=x.device)
-        if x.device.type == "cuda":
-            rows = x.numel() // cols if cols else 0
-            ws = workspace(_C.bias_act_dropout_backward_workspace_size(
-                rows, cols, TORCH_TO_FUSEKIT_DTYPE[x.dtype], device_string(x.device)), x.device)
+    if bias is not None:
+        bias = bias.contiguous()
+        if need_dbias:
+            dbias = torch.empty_like(bias)
     if dx is None and dbias is None:
         return None, None
-    if not FAST_EXCHANGE:
-        dy, x, bias = exportable(dy), exportable(x), exportable(bias)
-    _C.bias_act_dropout_backward(dy, x, bias, activation, p, seed & _U64, offset & _U64, dx, dbias,
-                                 ws, slope, stream_for(x))
+    if FAST_EXCHANGE:
+        _C.bias_act_dropout_backward(dy, x, bias, activation, p, seed & _U64, offset & _U64, dx,
+                                     dbias, "auto", slope)
+        return dx, dbias
+    ws = None
+    if dbias is not None and x.device.type == "cuda":
+        cols = x.shape[-1]
+        rows = x.numel() // cols if cols else 0
+        ws = workspace(_C.bias_act_dropout_backward_workspace_size(
+            rows, cols, TORCH_TO_FUSEKIT_DTYPE[x.dtype], device_string(x.device)), x.device)
+    _C.bias_act_dropout_backward(exportable(dy), exportable(x), exportable(bias), activation, p,
+                                 seed & _U64, offset & _U64, dx, dbias, ws, slope, stream_for(x))
     return dx, dbias
 
 
@@ -175,10 +187,54 @@ def bias_act_dropout(x: Tensor, bias: Optional[Tensor], activation="none", p: fl
         # A fresh seed from PyTorch's CPU generator, so that torch.manual_seed reproduces runs.
         seed = int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64).item()) if p > 0.0 else 0
     seed, offset, slope = int(seed), int(offset), float(slope)
-    if not eager_fast_path(x):
-        return bias_act_dropout_fwd(x, bias, name, p, seed, offset, slope)
-    if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
+    mode = eager_mode(x, bias)
+    if mode == RECORD:
         return _apply(x, bias, name, p, seed, offset, slope)
-    return _forward(x, bias, name, p, seed, offset, slope)
+    if mode == NO_GRAD:
+        return _forward(x, bias, name, p, seed, offset, slope)
+    return bias_act_dropout_fwd(x, bias, name, p, seed, offset, slope)
 
 
+
+
+# ---- modules -----------------------------------------------------------------------------------
+class Dropout(torch.nn.Dropout):
+    """torch.nn.Dropout with fusekit's kernel: same constructor (p, inplace), no parameters or
+    state; active in training mode only. Each call draws a fresh seed from PyTorch's CPU generator
+    (torch.manual_seed makes runs reproducible); the mask is regenerated in the backward, never
+    stored. inplace=True is accepted for compatibility, but the result is always a new tensor.
+    Not registered with swap_modules: its masks differ from PyTorch's (same distribution)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return bias_act_dropout(x, None, "none", self.p, training=self.training)
+
+
+class BiasActDropout(torch.nn.Module):
+    """y = dropout_p(act(x + bias)) in one pass, with a learnable bias of num_features (x's last
+    dimension) initialized to zeros, or none (bias=False). activation: a fusekit.Activation or its
+    name ('none', 'relu', 'gelu_erf', 'gelu_tanh', 'squared_relu', 'leaky_relu', 'silu'); slope:
+    leaky_relu's negative slope. Dropout applies in training mode only, with a fresh seed per call
+    as in Dropout. state_dict: 'bias' (as the bias of a torch.nn.Linear it would follow)."""
+
+    def __init__(self, num_features: int, activation="gelu_tanh", p: float = 0.1,
+                 bias: bool = True, slope: float = 0.01, device=None, dtype=None) -> None:
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise invalid_argument("BiasActDropout", "p", "a drop probability in [0, 1)", str(p))
+        self.num_features = int(num_features)
+        self.activation = _activation_name(activation)
+        self.p = float(p)
+        self.slope = float(slope)
+        if bias:
+            self.bias = torch.nn.Parameter(torch.zeros(num_features, device=device, dtype=dtype))
+        else:
+            self.register_parameter("bias", None)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return bias_act_dropout(x, self.bias, self.activation, self.p, training=self.training,
+                                slope=self.slope)
+
+    def extra_repr(self) -> str:
+        return (f"{self.num_features}, activation={self.activation}, p={self.p}, "
+                f"bias={self.bias is not None}" + (f", slope={self.slope}"
+                                                   if self.activation == "leaky_relu" else ""))

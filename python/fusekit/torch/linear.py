@@ -19,11 +19,14 @@ from torch import Tensor
 
 from .. import _C
 from ._common import (
+    AUTO_WORKSPACE,
     FAST_EXCHANGE,
     NAMESPACE,
+    NO_GRAD,
+    RECORD,
     TORCH_TO_FUSEKIT_DTYPE,
     device_string,
-    eager_fast_path,
+    eager_mode,
     exportable,
     function_apply,
     invalid_argument,
@@ -34,6 +37,8 @@ from ._common import (
 
 def _activation_name(activation) -> str:
     """A fusekit.Activation or its name -> the name (custom-op schemas carry it as a str)."""
+    if type(activation) is str:
+        return activation
     if isinstance(activation, _C.Activation):
         return activation.name
     if isinstance(activation, str):
@@ -51,7 +56,11 @@ def _sizes(x: Tensor, weight: Tensor) -> Tuple[int, int, int]:
     return (x.numel() // k if k else 0), weight.shape[0], k
 
 
-def _workspace(kind: str, x: Tensor, weight: Tensor, activation: str) -> Optional[Tensor]:
+def _workspace(kind: str, x: Tensor, weight: Tensor, activation: str):
+    """The workspace argument: 'auto' (fusekit._C queries and allocates it from PyTorch's
+    allocator) with the DLPack exchange table, else a tensor of the queried size."""
+    if FAST_EXCHANGE:
+        return AUTO_WORKSPACE
     if x.device.type != "cuda" or x.dtype not in TORCH_TO_FUSEKIT_DTYPE:
         return None  # the CPU needs none; a bad dtype is reported by the op itself
     size = _C.linear_forward_workspace_size if kind == "forward" else \
@@ -65,13 +74,17 @@ def _workspace(kind: str, x: Tensor, weight: Tensor, activation: str) -> Optiona
 def _forward(x: Tensor, weight: Tensor, bias: Optional[Tensor], activation: str,
              save_pre: bool) -> Tuple[Tensor, Optional[Tensor]]:
     x, weight = x.contiguous(), weight.contiguous()
-    bias = None if bias is None else bias.contiguous()
-    out_shape = x.shape[:-1] + (weight.shape[0],)
-    y = torch.empty(out_shape, dtype=x.dtype, device=x.device)
-    pre = torch.empty(out_shape, dtype=x.dtype, device=x.device) if save_pre else None
-    ws = _workspace("forward", x, weight, activation)
-    _C.linear_forward(exportable(x), exportable(weight), exportable(bias), activation, y, pre, ws,
-                      stream_for(x))
+    if bias is not None:
+        bias = bias.contiguous()
+    # Sizes as separate ints: new_empty parses them faster than a tuple or torch.Size.
+    out_shape = (*x.shape[:-1], weight.shape[0] if weight.dim() else 0)
+    y = x.new_empty(*out_shape)
+    pre = x.new_empty(*out_shape) if save_pre else None
+    if FAST_EXCHANGE:
+        _C.linear_forward(x, weight, bias, activation, y, pre, "auto")
+    else:
+        _C.linear_forward(exportable(x), exportable(weight), exportable(bias), activation, y, pre,
+                          _workspace("forward", x, weight, activation), stream_for(x))
     return y, pre
 
 
@@ -81,13 +94,15 @@ def _backward(dout: Tensor, x: Tensor, weight: Tensor, pre: Optional[Tensor], ac
     dout, x, weight = dout.contiguous(), x.contiguous(), weight.contiguous()
     dx = torch.empty_like(x) if need_dx else None
     dweight = torch.empty_like(weight) if need_dweight else None
-    dbias = torch.empty(weight.shape[0], dtype=x.dtype, device=x.device) if need_dbias else None
+    dbias = x.new_empty(weight.shape[0]) if need_dbias else None
     if dx is None and dweight is None and dbias is None:
         return None, None, None
-    ws = _workspace("backward", x, weight, activation)
-    if not FAST_EXCHANGE:
-        dout, x, weight, pre = exportable(dout), exportable(x), exportable(weight), exportable(pre)
-    _C.linear_backward(dout, x, weight, pre, activation, dx, dweight, dbias, ws, stream_for(x))
+    if FAST_EXCHANGE:
+        _C.linear_backward(dout, x, weight, pre, activation, dx, dweight, dbias, "auto")
+    else:
+        _C.linear_backward(exportable(dout), exportable(x), exportable(weight), exportable(pre),
+                           activation, dx, dweight, dbias,
+                           _workspace("backward", x, weight, activation), stream_for(x))
     return dx, dweight, dbias
 
 
@@ -184,14 +199,14 @@ def _records_grad(*tensors: Optional[Tensor]) -> bool:
 def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activation="none") -> Tensor:
     """act(torch.nn.functional.linear(x, weight, bias)) through fusekit's fused kernels."""
     name = _activation_name(activation)
-    if not eager_fast_path(x):
-        # The pre-activation is only kept when a backward may need it.
-        save_pre = name != "none" and _records_grad(x, weight, bias)
-        y, _ = linear_fwd(x, weight, bias, name, save_pre)
-        return y
-    if _records_grad(x, weight, bias):
+    mode = eager_mode(x, weight, bias)
+    if mode == RECORD:
         return _apply(x, weight, bias, name)
-    y, _ = _forward(x, weight, bias, name, False)
+    if mode == NO_GRAD:
+        return _forward(x, weight, bias, name, False)[0]
+    # The pre-activation is only kept when a backward may need it.
+    save_pre = name != "none" and _records_grad(x, weight, bias)
+    y, _ = linear_fwd(x, weight, bias, name, save_pre)
     return y
 
 

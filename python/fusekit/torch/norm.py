@@ -21,11 +21,14 @@ from torch import Tensor
 
 from .. import _C
 from ._common import (
+    AUTO_WORKSPACE,
     FAST_EXCHANGE,
     NAMESPACE,
+    NO_GRAD,
+    RECORD,
     TORCH_TO_FUSEKIT_DTYPE,
     device_string,
-    eager_fast_path,
+    eager_mode,
     exportable,
     function_apply,
     invalid_argument,
@@ -55,7 +58,7 @@ def _params_f32(x: Tensor, params: Optional[Tensor]) -> bool:
     return params is not None and params.dtype == torch.float32 and x.dtype != torch.float32
 
 
-# ---- implementations shared by the custom ops and the eager fast path --------------------------
+# ---- implementations of the custom ops (real tensors) ------------------------------------------
 # x, dy: contiguous. mean/rstd: preallocated float32 outputs or None.
 def _layer_norm_forward(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps: float,
                         mean: Optional[Tensor], rstd: Optional[Tensor]) -> Tensor:
@@ -76,6 +79,17 @@ def _rms_norm_forward(x: Tensor, weight: Optional[Tensor], eps: float,
     return y
 
 
+def _workspace_arg(x: Tensor, need: bool):
+    """The workspace argument of a norm backward: 'auto' (fusekit._C allocates from PyTorch's
+    allocator) or, without the DLPack exchange table, a tensor of the queried size."""
+    if FAST_EXCHANGE or not need or x.device.type != "cuda":
+        return AUTO_WORKSPACE
+    cols = x.shape[-1] if x.dim() else 1
+    rows = x.numel() // cols if cols else 0
+    return workspace(_C.norm_backward_workspace_size(
+        rows, cols, TORCH_TO_FUSEKIT_DTYPE[x.dtype], device_string(x.device)), x.device)
+
+
 def _norm_backward(kind: str, dy: Tensor, x: Tensor, weight: Optional[Tensor],
                    mean: Optional[Tensor], rstd: Tensor, params_f32: bool, need_dx: bool,
                    need_dweight: bool, need_dbias: bool):
@@ -85,11 +99,7 @@ def _norm_backward(kind: str, dy: Tensor, x: Tensor, weight: Optional[Tensor],
     dx = torch.empty_like(x) if need_dx else None
     dweight = torch.empty(cols, dtype=pdtype, device=x.device) if need_dweight else None
     dbias = torch.empty(cols, dtype=pdtype, device=x.device) if need_dbias else None
-    ws = None
-    if (need_dweight or need_dbias) and x.device.type == "cuda":
-        rows = x.numel() // cols if cols else 0
-        ws = workspace(_C.norm_backward_workspace_size(
-            rows, cols, TORCH_TO_FUSEKIT_DTYPE[x.dtype], device_string(x.device)), x.device)
+    ws = _workspace_arg(x, need_dweight or need_dbias)
     weight = _opt_contiguous(weight)
     if not FAST_EXCHANGE:
         dy, x, weight = exportable(dy), exportable(x), exportable(weight)
@@ -164,15 +174,12 @@ def _layer_norm_backward(ctx, dy, _dmean, _drstd):
 layer_norm_fwd.register_autograd(_layer_norm_backward, setup_context=_layer_norm_setup)
 
 
-def _row_stats(x: Tensor) -> Tensor:
-    """One float32 value per row, as a flat vector (an int size allocates faster than a shape)."""
-    cols = x.shape[-1]
-    return torch.empty(x.numel() // cols if cols else 0, dtype=torch.float32, device=x.device)
-
-
 class _LayerNormFunction(torch.autograd.Function):
-    """The eager fast path with gradients: the same C++ calls as the custom ops, written out
-    inline because every microsecond of host time here counts (python/benchmarks/overhead.py)."""
+    """The eager fast path with gradients: the C++ calls of the custom ops, written for host time
+    (python/benchmarks/overhead.py). mean and rstd are one float32 allocation (`stats`); with the
+    DLPack exchange table fusekit._C allocates it from PyTorch's allocator and hands it back as an
+    opaque capsule (no Python tensor to create), and takes the backward's workspace the same way
+    ('auto'). Gradients are allocated like the parameters."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, eps):
@@ -181,29 +188,37 @@ class _LayerNormFunction(torch.autograd.Function):
             weight = weight.contiguous()
         if bias is not None:
             bias = bias.contiguous()
-        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        mean = torch.empty(rows, dtype=torch.float32, device=x.device)
-        rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
         y = torch.empty_like(x)
         if FAST_EXCHANGE:
-            _C.layer_norm_forward(x, weight, bias, eps, y, mean, rstd)
+            stats = _C._layer_norm_forward_stats(x, weight, bias, eps, y)
         else:
-            _C.layer_norm_forward(exportable(x), exportable(weight), exportable(bias), eps, y,
-                                  mean, rstd, stream_for(x))
-        ctx.save_for_backward(x, weight, mean, rstd)
-        params = weight if weight is not None else bias
-        ctx.params_f32 = params is not None and params.dtype == torch.float32 and \
-            x.dtype != torch.float32
-        ctx.has_bias = bias is not None
+            cols = x.shape[-1]
+            stats = x.new_empty(2 * (x.numel() // cols) if cols else 0, dtype=torch.float32)
+            _C._layer_norm_forward_stats(exportable(x), exportable(weight), exportable(bias), eps,
+                                         y, stats, stream_for(x))
+        ctx.save_for_backward(x, weight)
+        ctx.stats = stats  # an intermediate, not an input or output: a plain attribute suffices
+        ctx.bias_dtype = None if bias is None else bias.dtype
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        x, weight, mean, rstd = ctx.saved_tensors
+        x, weight = ctx.saved_tensors
         need_dx, need_dweight, need_dbias = ctx.needs_input_grad[:3]
-        dx, dweight, dbias = _norm_backward(
-            "layer_norm", dy.contiguous(), x, weight, mean, rstd, ctx.params_f32,
-            need_dx, need_dweight and weight is not None, need_dbias and ctx.has_bias)
+        dx = torch.empty_like(x) if need_dx else None
+        dweight = torch.empty_like(weight) if need_dweight else None
+        dbias = None
+        if need_dbias:  # weight and bias share one dtype (fusekit checks it in the forward)
+            dbias = torch.empty_like(weight) if weight is not None else \
+                x.new_empty(x.shape[-1], dtype=ctx.bias_dtype)
+        if FAST_EXCHANGE:
+            _C._layer_norm_backward_stats(dy.contiguous(), x, weight, ctx.stats, dx, dweight, dbias,
+                                          "auto")
+        else:
+            _C._layer_norm_backward_stats(exportable(dy.contiguous()), exportable(x),
+                                          exportable(weight), ctx.stats, dx, dweight, dbias,
+                                          _workspace_arg(x, need_dweight or need_dbias),
+                                          stream_for(x))
         return dx, dweight, dbias, None
 
 
@@ -269,32 +284,34 @@ class _RMSNormFunction(torch.autograd.Function):
         x = x.contiguous()
         if weight is not None:
             weight = weight.contiguous()
-        rstd, y = _row_stats(x), torch.empty_like(x)
+        y = torch.empty_like(x)
         if FAST_EXCHANGE:
-            _C.rms_norm_forward(x, weight, eps, y, rstd)
+            rstd = _C._rms_norm_forward_stats(x, weight, eps, y)  # an opaque capsule
         else:
+            cols = x.shape[-1]
+            rstd = x.new_empty(x.numel() // cols if cols else 0, dtype=torch.float32)
             _C.rms_norm_forward(exportable(x), exportable(weight), eps, y, rstd, stream_for(x))
-        ctx.save_for_backward(x, weight, rstd)
+        ctx.save_for_backward(x, weight)
+        ctx.rstd = rstd  # an intermediate: a plain attribute suffices
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        x, weight, rstd = ctx.saved_tensors
+        x, weight = ctx.saved_tensors
         need_dx, need_dweight = ctx.needs_input_grad[:2]
-        dx, dweight, _ = _norm_backward("rms_norm", dy.contiguous(), x, weight, None, rstd,
-                                        _params_f32(x, weight), need_dx,
-                                        need_dweight and weight is not None, False)
+        dx = torch.empty_like(x) if need_dx else None
+        dweight = torch.empty_like(weight) if need_dweight else None
+        if FAST_EXCHANGE:
+            _C.rms_norm_backward(dy.contiguous(), x, weight, ctx.rstd, dx, dweight, "auto")
+        else:
+            _C.rms_norm_backward(exportable(dy.contiguous()), exportable(x), exportable(weight),
+                                 ctx.rstd, dx, dweight, _workspace_arg(x, need_dweight),
+                                 stream_for(x))
         return dx, dweight, None
 
 
 _layer_norm_apply = function_apply(_LayerNormFunction)
 _rms_norm_apply = function_apply(_RMSNormFunction)
-
-
-def _records_grad(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor] = None) -> bool:
-    return torch.is_grad_enabled() and (
-        x.requires_grad or (weight is not None and weight.requires_grad)
-        or (bias is not None and bias.requires_grad))
 
 
 # ---- functional forms (signatures of torch.nn.functional.layer_norm / rms_norm) ----------------
@@ -320,37 +337,63 @@ def _flatten_normalized(op: str, x: Tensor, shape: Tuple[int, ...],
             [None if p is None else p.reshape(n) for p in params])
 
 
+def _flat(op: str, x: Tensor, normalized_shape: _ShapeLike, params: List[Optional[Tensor]]):
+    """(x, params) with x's normalized dims flattened into its last and params into (N)."""
+    return _flatten_normalized(op, x, _as_shape(normalized_shape), params)
+
+
+def _one_dim(normalized_shape, x: Tensor) -> bool:
+    """normalized_shape names x's last dimension alone (the common case, checked cheaply)."""
+    if type(normalized_shape) is int:
+        n = normalized_shape
+    elif type(normalized_shape) in (tuple, torch.Size, list) and len(normalized_shape) == 1:
+        n = normalized_shape[0]
+    else:
+        return False
+    return x.dim() >= 1 and x.shape[-1] == n
+
+
 def layer_norm(x: Tensor, normalized_shape: _ShapeLike, weight: Optional[Tensor] = None,
                bias: Optional[Tensor] = None, eps: float = 1e-5) -> Tensor:
     """torch.nn.functional.layer_norm through fusekit (x: float32, float16 or bfloat16; weight
     and bias in x's dtype or float32)."""
-    shape = _as_shape(normalized_shape)
-    x2, (w, b) = _flatten_normalized("layer_norm", x, shape, [weight, bias])
-    eps = float(eps)
-    if not eager_fast_path(x2):
-        y, _, _ = layer_norm_fwd(x2, w, b, eps)
-    elif _records_grad(x2, w, b):
-        y = _layer_norm_apply(x2, w, b, eps)
+    if _one_dim(normalized_shape, x):
+        x2, w, b = x, weight, bias
     else:
+        x2, (w, b) = _flat("layer_norm", x, normalized_shape, [weight, bias])
+    eps = float(eps)
+    mode = eager_mode(x2, w, b)
+    if mode == RECORD:
+        y = _layer_norm_apply(x2, w, b, eps)
+    elif mode == NO_GRAD:
         y = _layer_norm_forward(x2.contiguous(), w, b, eps, None, None)
+    else:
+        y, _, _ = layer_norm_fwd(x2, w, b, eps)
     return y if x2 is x else y.view(x.shape)
+
+
+_FINFO_EPS = {dt: torch.finfo(dt).eps for dt in (torch.float32, torch.float16, torch.bfloat16,
+                                                 torch.float64)}
 
 
 def rms_norm(x: Tensor, normalized_shape: _ShapeLike, weight: Optional[Tensor] = None,
              eps: Optional[float] = None) -> Tensor:
     """torch.nn.functional.rms_norm through fusekit; eps=None means torch.finfo(x.dtype).eps, as
     in PyTorch."""
-    shape = _as_shape(normalized_shape)
-    x2, (w,) = _flatten_normalized("rms_norm", x, shape, [weight])
-    if eps is None:  # fusekit rejects non-float x itself
-        eps = torch.finfo(x.dtype).eps if x.is_floating_point() else 0.0
-    eps = float(eps)
-    if not eager_fast_path(x2):
-        y, _ = rms_norm_fwd(x2, w, eps)
-    elif _records_grad(x2, w):
-        y = _rms_norm_apply(x2, w, eps)
+    if _one_dim(normalized_shape, x):
+        x2, w = x, weight
     else:
+        x2, (w,) = _flat("rms_norm", x, normalized_shape, [weight])
+    if eps is None:  # fusekit rejects non-float x itself
+        eps = _FINFO_EPS.get(x.dtype, 0.0)
+    eps = float(eps)
+    mode = eager_mode(x2, w)
+    if mode == RECORD:
+        y = _rms_norm_apply(x2, w, eps)
+    elif mode == NO_GRAD:
         y = _rms_norm_forward(x2.contiguous(), w, eps, None)
+    else:
+        y, _ = rms_norm_fwd(x2, w, eps)
     return y if x2 is x else y.view(x.shape)
 
 

@@ -1,0 +1,350 @@
+"""FP8 RMSNorm (include/fusekit/fp8_norm.h) as PyTorch custom ops (torch.ops.fusekit.*) with an
+autograd formula and fake implementations, the functional form, group quantization, and
+FP8RMSNorm: torch.nn.RMSNorm's constructor and state_dict with FP8 in and out.
+
+The op reads x quantized to FP8 in groups of `group_size` along its last dimension (one scale per
+group: x ~ q * scale) and writes y = RMSNorm(x) * weight four ways: y in bfloat16, qy in FP8 with
+one per-tensor scale y_scale (qy * y_scale ~ y), and qy transposed (N, M) for the weight-gradient
+GEMM of the next layer. The backward takes dy for y (bfloat16) and gives dx (bfloat16, the
+gradient for the dequantized input) and dweight.
+
+Gradients in PyTorch: y is the differentiable output (qy, qy_t, y_scale carry no gradient). When
+x is a float tensor (float32 / float16 / bfloat16) it is quantized here (fp8_quantize) and dx
+flows back to it unchanged (straight-through, as FP8 training treats its casts). An FP8 x cannot
+receive a useful gradient (PyTorch casts gradients to the input's dtype): dx is not computed for
+it, and weight still gets its gradient.
+
+Ops (all return fresh tensors; nothing is mutated):
+  fp8_rms_norm_fwd(x, x_scales?, weight?, eps, group_size, fp8_dtype)
+      -> (y, qy, qy_t, y_scale, rstd, xq, xs)
+         xq/xs: the FP8 input and its scales when x was quantized here, else empty (shape (0,))
+  fp8_rms_norm_bwd(dy, xq, xs, weight?, rstd, group_size, need_dx, need_dweight) -> (dx, dweight)
+weight None means ones (no affine weight); dweight comes back empty then.
+"""
+from __future__ import annotations
+
+import numbers
+from typing import NamedTuple, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from .. import _C
+from ._common import (
+    CUSTOM_OP,
+    FAST_EXCHANGE,
+    NAMESPACE,
+    RECORD,
+    device_string,
+    eager_mode,
+    exportable,
+    function_apply,
+    invalid_argument,
+    stream_for,
+    workspace,
+)
+
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+_F32_EPS = torch.finfo(torch.float32).eps
+_FINFO_EPS = {torch.float32: torch.finfo(torch.float32).eps,
+              torch.float16: torch.finfo(torch.float16).eps,
+              torch.bfloat16: torch.finfo(torch.bfloat16).eps}
+
+
+class Fp8RMSNormOutput(NamedTuple):
+    """What fp8_rms_norm / FP8RMSNorm return."""
+    y: Tensor        #: bfloat16, x's shape: RMSNorm of the (dequantized) input; differentiable
+    qy: Tensor       #: FP8 (fp8_dtype), x's shape: y / y_scale, saturated
+    qy_t: Tensor     #: FP8 (N, M), M the rows of x: qy transposed
+    y_scale: Tensor  #: float32, shape (1,): the per-tensor scale, qy * y_scale ~ y
+
+
+def fp8_quantize(x: Tensor, group_size: int = _C.FP8_NORM_DEFAULT_GROUP_SIZE,
+                 fp8_dtype: torch.dtype = torch.float8_e4m3fn,
+                 scale_dtype: torch.dtype = torch.float32) -> Tuple[Tensor, Tensor]:
+    """Group quantization along the last dimension, the input format of fp8_rms_norm: returns
+    (q, scales) with scales (..., N / group_size) = the group's max |x| / the format's largest
+    finite value (at least the smallest normal float32), q = x / scale rounded to fp8_dtype and
+    saturated, so that x ~ q * scale. Not differentiable (a cast)."""
+    n = x.shape[-1] if x.dim() else 0
+    if group_size <= 0 or n % group_size != 0:
+        raise invalid_argument("fp8_quantize", "x", f"a last dimension that is a multiple of "
+                               f"group_size {group_size}", f"shape {tuple(x.shape)}")
+    fmax = torch.finfo(fp8_dtype).max
+    groups = x.detach().float().reshape(*x.shape[:-1], n // group_size, group_size)
+    scales = (groups.abs().amax(-1) / fmax).clamp_min(torch.finfo(torch.float32).tiny)
+    scales = scales.to(scale_dtype)
+    q = (groups / scales.float().unsqueeze(-1)).clamp(-fmax, fmax).to(fp8_dtype)
+    return q.reshape(x.shape), scales
+
+
+def _input(x: Tensor, x_scales: Optional[Tensor], group_size: int, fp8_dtype: torch.dtype):
+    """(xq, xs, quantized here)."""
+    if x.dtype in FP8_DTYPES:
+        if x_scales is None:
+            raise invalid_argument("fp8_rms_norm", "x_scales", "the group scales of the FP8 input x",
+                                   "None")
+        return x, x_scales, False
+    if x_scales is not None:
+        raise invalid_argument("fp8_rms_norm", "x_scales", "None for a float x (it is quantized "
+                               "here)", f"scales with x of dtype {x.dtype}")
+    q, s = fp8_quantize(x, group_size, fp8_dtype)
+    return q, s, True
+
+
+def _weight(weight: Optional[Tensor], xq: Tensor) -> Tensor:
+    if weight is not None:
+        return weight.contiguous()
+    return torch.ones(xq.shape[-1] if xq.dim() else 0, dtype=torch.bfloat16, device=xq.device)
+
+
+def _rows_cols(x: Tensor) -> Tuple[int, int]:
+    cols = x.shape[-1] if x.dim() else 0
+    return (x.numel() // cols if cols else 0), cols
+
+
+# ---- implementations (real tensors) -------------------------------------------------------------
+def _forward(xq: Tensor, xs: Tensor, weight: Optional[Tensor], eps: float, group_size: int,
+             fp8_dtype: torch.dtype):
+    """(y, qy, qy_t, y_scale, rstd) with rstd a tensor, or an opaque capsule on the fast path
+    (fusekit._C allocates it, and the workspace, through PyTorch's allocator)."""
+    cols = xq.shape[-1] if xq.dim() else 0
+    rows = xq.numel() // cols if cols else 0
+    w = weight.contiguous() if weight is not None else _weight(None, xq)
+    # Four outputs the caller sees, each a PyTorch allocation (the bulk of this function's host
+    # time): sizes as ints, the fastest form.
+    y = torch.empty_like(xq, dtype=torch.bfloat16)
+    qy = torch.empty_like(xq) if xq.dtype == fp8_dtype else torch.empty_like(xq, dtype=fp8_dtype)
+    qy_t = xq.new_empty(cols, rows, dtype=fp8_dtype)
+    y_scale = xs.new_empty(1, dtype=torch.float32)
+    if FAST_EXCHANGE:
+        rstd = _C._fp8_rms_norm_forward_stats(xq, xs, w, eps, qy, qy_t, y_scale, y, group_size)
+    else:
+        rstd = xq.new_empty(rows, dtype=torch.float32)
+        ws = None
+        if xq.device.type == "cuda":
+            ws = workspace(_C.fp8_rms_norm_forward_workspace_size(rows, cols, device_string(xq.device)),
+                           xq.device)
+        _C.fp8_rms_norm_forward(exportable(xq), exportable(xs), exportable(w), eps, qy, qy_t,
+                                y_scale, rstd, y, ws, group_size, stream_for(xq))
+    return y, qy, qy_t, y_scale, rstd
+
+
+def _backward(dy: Tensor, xq: Tensor, xs: Tensor, weight: Optional[Tensor], rstd, group_size: int,
+              need_dx: bool, need_dweight: bool):
+    """(dx, dweight), None where not asked for (dweight always None without a weight)."""
+    need_dweight = need_dweight and weight is not None
+    if not (need_dx or need_dweight):
+        return None, None
+    w = _weight(weight, xq)
+    dy = dy.contiguous()
+    dx = torch.empty_like(xq, dtype=torch.bfloat16) if need_dx else None
+    dweight = torch.empty_like(w) if need_dweight else None
+    if FAST_EXCHANGE:
+        _C.fp8_rms_norm_backward(dy, xq, xs, w, rstd, dx, dweight, "auto", group_size)
+    else:
+        rows, cols = _rows_cols(xq)
+        ws = None
+        if xq.device.type == "cuda":
+            ws = workspace(_C.fp8_rms_norm_backward_workspace_size(rows, cols, device_string(xq.device)),
+                           xq.device)
+        _C.fp8_rms_norm_backward(exportable(dy), exportable(xq), exportable(xs), exportable(w), rstd,
+                                 dx, dweight, ws, group_size, stream_for(xq))
+    return dx, dweight
+
+
+# ---- custom ops --------------------------------------------------------------------------------
+def _empty(dtype: torch.dtype, device: torch.device) -> Tensor:
+    return torch.empty(0, dtype=dtype, device=device)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::fp8_rms_norm_fwd", mutates_args=())
+def fp8_rms_norm_fwd(x: Tensor, x_scales: Optional[Tensor], weight: Optional[Tensor], eps: float,
+                     group_size: int, fp8_dtype: torch.dtype
+                     ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    xq, xs, quantized = _input(x, x_scales, group_size, fp8_dtype)
+    if FAST_EXCHANGE:  # rstd must be a tensor here: the op returns it
+        rows, cols = _rows_cols(xq)
+        w = _weight(weight, xq)
+        y = torch.empty_like(xq, dtype=torch.bfloat16)
+        qy = torch.empty_like(xq, dtype=fp8_dtype)
+        qy_t = xq.new_empty(cols, rows, dtype=fp8_dtype)
+        y_scale = xq.new_empty(1, dtype=torch.float32)
+        rstd = xq.new_empty(rows, dtype=torch.float32)
+        _C.fp8_rms_norm_forward(xq, xs, w, eps, qy, qy_t, y_scale, rstd, y, "auto", group_size)
+    else:
+        y, qy, qy_t, y_scale, rstd = _forward(xq, xs, weight, eps, group_size, fp8_dtype)
+    if not quantized:
+        xq, xs = _empty(fp8_dtype, x.device), _empty(torch.float32, x.device)
+    return y, qy, qy_t, y_scale, rstd, xq, xs
+
+
+@fp8_rms_norm_fwd.register_fake
+def _(x, x_scales, weight, eps, group_size, fp8_dtype):
+    rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
+    cols = x.shape[-1] if x.dim() else 0
+    y = torch.empty_like(x, dtype=torch.bfloat16, memory_format=torch.contiguous_format)
+    qy = torch.empty_like(x, dtype=fp8_dtype, memory_format=torch.contiguous_format)
+    qy_t = x.new_empty((cols, rows), dtype=fp8_dtype)
+    y_scale = x.new_empty((1,), dtype=torch.float32)
+    rstd = x.new_empty((rows,), dtype=torch.float32)
+    if x.dtype in FP8_DTYPES:
+        xq, xs = x.new_empty((0,), dtype=fp8_dtype), x.new_empty((0,), dtype=torch.float32)
+    else:
+        xq = torch.empty_like(x, dtype=fp8_dtype, memory_format=torch.contiguous_format)
+        xs = x.new_empty((*x.shape[:-1], cols // group_size), dtype=torch.float32)
+    return y, qy, qy_t, y_scale, rstd, xq, xs
+
+
+@torch.library.custom_op(f"{NAMESPACE}::fp8_rms_norm_bwd", mutates_args=())
+def fp8_rms_norm_bwd(dy: Tensor, xq: Tensor, xs: Tensor, weight: Optional[Tensor], rstd: Tensor,
+                     group_size: int, need_dx: bool, need_dweight: bool) -> Tuple[Tensor, Tensor]:
+    dx, dweight = _backward(dy, xq, xs, weight, rstd, group_size, need_dx, need_dweight)
+    wdtype = weight.dtype if weight is not None else torch.bfloat16
+    return (dx if dx is not None else _empty(torch.bfloat16, xq.device),
+            dweight if dweight is not None else _empty(wdtype, xq.device))
+
+
+@fp8_rms_norm_bwd.register_fake
+def _(dy, xq, xs, weight, rstd, group_size, need_dx, need_dweight):
+    dx = torch.empty_like(xq, dtype=torch.bfloat16, memory_format=torch.contiguous_format) \
+        if need_dx else xq.new_empty((0,), dtype=torch.bfloat16)
+    if need_dweight and weight is not None:
+        dweight = torch.empty_like(weight, memory_format=torch.contiguous_format)
+    else:
+        dweight = xq.new_empty((0,), dtype=weight.dtype if weight is not None else torch.bfloat16)
+    return dx, dweight
+
+
+def _setup(ctx, inputs, output):
+    x, x_scales, weight, _eps, group_size, _fp8_dtype = inputs
+    _y, qy, qy_t, y_scale, rstd, xq, xs = output
+    ctx.mark_non_differentiable(qy, qy_t, y_scale, rstd, xq, xs)
+    ctx.x_is_fp8 = x.dtype in FP8_DTYPES
+    if ctx.x_is_fp8:
+        xq, xs = x, x_scales
+    ctx.save_for_backward(xq, xs, weight, rstd)
+    ctx.group_size = group_size
+
+
+def _autograd_backward(ctx, dy, *_unused):
+    xq, xs, weight, rstd = ctx.saved_tensors
+    need_dx = ctx.needs_input_grad[0] and not ctx.x_is_fp8
+    need_dweight = ctx.needs_input_grad[2] and weight is not None
+    if dy is None or not (need_dx or need_dweight):
+        return None, None, None, None, None, None
+    dx, dweight = fp8_rms_norm_bwd(dy, xq, xs, weight, rstd, ctx.group_size, need_dx,
+                                   need_dweight)
+    return (dx if need_dx else None), None, (dweight if need_dweight else None), None, None, None
+
+
+fp8_rms_norm_fwd.register_autograd(_autograd_backward, setup_context=_setup)
+
+
+class _Fp8RMSNormFunction(torch.autograd.Function):
+    """The eager fast path with gradients. Inputs x and weight; extra = (x_scales, eps,
+    group_size, fp8_dtype). Returns (y, (qy, qy_t, y_scale)): the inner tuple passes through
+    autograd untouched, so the FP8 outputs carry no gradient without the cost of marking them."""
+
+    @staticmethod
+    def forward(ctx, x, weight, extra):
+        x_scales, eps, group_size, fp8_dtype = extra
+        xq, xs, quantized = _input(x, x_scales, group_size, fp8_dtype)
+        y, qy, qy_t, y_scale, rstd = _forward(xq, xs, weight, eps, group_size, fp8_dtype)
+        if quantized:  # intermediates: plain attributes suffice
+            ctx.save_for_backward(weight)
+            ctx.xq, ctx.x_is_fp8 = (xq, xs), False
+        else:
+            ctx.save_for_backward(weight, x)
+            ctx.xq, ctx.x_is_fp8 = (None, xs), True
+        ctx.rstd, ctx.group_size = rstd, group_size
+        return y, (qy, qy_t, y_scale)
+
+    @staticmethod
+    def backward(ctx, dy, *_unused):
+        saved = ctx.saved_tensors
+        weight = saved[0]
+        xq, xs = ctx.xq
+        if ctx.x_is_fp8:
+            xq = saved[1]
+        need_dx = ctx.needs_input_grad[0] and not ctx.x_is_fp8
+        dx, dweight = _backward(dy, xq, xs, weight, ctx.rstd, ctx.group_size, need_dx,
+                                ctx.needs_input_grad[1])
+        return dx, dweight, None
+
+
+_apply = function_apply(_Fp8RMSNormFunction)
+
+
+# ---- functional form and module ----------------------------------------------------------------
+_ShapeLike = Union[int, Sequence[int], torch.Size]
+
+
+def fp8_rms_norm(x: Tensor, normalized_shape: _ShapeLike, weight: Optional[Tensor] = None,
+                 eps: Optional[float] = None, *, x_scales: Optional[Tensor] = None,
+                 group_size: int = _C.FP8_NORM_DEFAULT_GROUP_SIZE,
+                 fp8_dtype: torch.dtype = torch.float8_e4m3fn) -> Fp8RMSNormOutput:
+    """RMSNorm with FP8 in and out (see the module docstring): torch.nn.functional.rms_norm's
+    arguments plus x_scales (the group scales of an FP8 x; None when x is a float tensor, which is
+    then quantized here with fp8_quantize into fp8_dtype), group_size and fp8_dtype (the format
+    of qy: torch.float8_e4m3fn or torch.float8_e5m2). normalized_shape is x's last dimension N
+    (a multiple of group_size, at most fusekit.FP8_NORM_MAX_COLS). weight: (N) bfloat16 or
+    float32, or None for ones. eps=None: torch.finfo(x.dtype).eps for a float x, float32's for an
+    FP8 x. Returns Fp8RMSNormOutput(y, qy, qy_t, y_scale)."""
+    if type(normalized_shape) is int:
+        shape = (normalized_shape,)
+    elif type(normalized_shape) is tuple:
+        shape = normalized_shape
+    else:
+        shape = (normalized_shape,) if isinstance(normalized_shape, numbers.Integral) \
+            else tuple(normalized_shape)
+    if len(shape) != 1 or x.dim() < 1 or x.shape[-1] != shape[0]:
+        raise invalid_argument("fp8_rms_norm", "normalized_shape",
+                               "x's last dimension alone (FP8 RMSNorm normalizes one dimension)",
+                               f"{shape} for x of shape {tuple(x.shape)}")
+    eps = _FINFO_EPS.get(x.dtype, _F32_EPS) if eps is None else float(eps)
+    group_size = int(group_size)
+    mode = eager_mode(x, weight)
+    if mode == CUSTOM_OP:
+        y, qy, qy_t, y_scale, _, _, _ = fp8_rms_norm_fwd(x, x_scales, weight, eps, group_size,
+                                                          fp8_dtype)
+        return Fp8RMSNormOutput(y, qy, qy_t, y_scale)
+    if mode == RECORD:
+        y, (qy, qy_t, y_scale) = _apply(x, weight, (x_scales, eps, group_size, fp8_dtype))
+        return Fp8RMSNormOutput(y, qy, qy_t, y_scale)
+    if x.dtype in FP8_DTYPES and x_scales is not None:
+        y, qy, qy_t, y_scale, _ = _forward(x, x_scales, weight, eps, group_size, fp8_dtype)
+    else:
+        xq, xs, _ = _input(x, x_scales, group_size, fp8_dtype)
+        y, qy, qy_t, y_scale, _ = _forward(xq, xs, weight, eps, group_size, fp8_dtype)
+    return Fp8RMSNormOutput(y, qy, qy_t, y_scale)
+
+
+class FP8RMSNorm(torch.nn.RMSNorm):
+    """torch.nn.RMSNorm's constructor (normalized_shape, eps, elementwise_affine, device, dtype),
+    parameters and state_dict keys, with FP8 in and out: forward(x, x_scales=None) returns
+    Fp8RMSNormOutput(y, qy, qy_t, y_scale) (see fp8_rms_norm). Keyword-only extras: group_size
+    and fp8_dtype. weight may be bfloat16 or float32 (the default dtype float32 is fine).
+    normalized_shape is one dimension. Not registered with swap_modules: it returns a tuple and
+    quantizes its input."""
+
+    def __init__(self, normalized_shape: _ShapeLike, eps: Optional[float] = None,
+                 elementwise_affine: bool = True, device=None, dtype=None, *,
+                 group_size: int = _C.FP8_NORM_DEFAULT_GROUP_SIZE,
+                 fp8_dtype: torch.dtype = torch.float8_e4m3fn) -> None:
+        super().__init__(normalized_shape, eps, elementwise_affine, device=device, dtype=dtype)
+        if len(self.normalized_shape) != 1:
+            raise invalid_argument("FP8RMSNorm", "normalized_shape", "one dimension",
+                                   str(tuple(self.normalized_shape)))
+        if fp8_dtype not in FP8_DTYPES:
+            raise invalid_argument("FP8RMSNorm", "fp8_dtype",
+                                   "torch.float8_e4m3fn or torch.float8_e5m2", str(fp8_dtype))
+        self.group_size = int(group_size)
+        self.fp8_dtype = fp8_dtype
+
+    def forward(self, x: Tensor, x_scales: Optional[Tensor] = None) -> Fp8RMSNormOutput:
+        return fp8_rms_norm(x, self.normalized_shape, self.weight, self.eps, x_scales=x_scales,
+                            group_size=self.group_size, fp8_dtype=self.fp8_dtype)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, group_size={self.group_size}, fp8_dtype={self.fp8_dtype}"
