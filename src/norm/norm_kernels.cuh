@@ -156,7 +156,7 @@ struct RowGeometry {
   int threads_per_row;  // a multiple of 32
   int rows_per_block;   // row groups per block (<= kMaxGroups)
   int stages;           // backward: rows per group in the shared-memory ring (2..kMaxStages)
-  int cached_columns;   // backward from y: 1/w and -b/w fit in shared memory (kFromY, else kFromYUncached)
+  int cached_columns;   // backward from y: 1/w and b fit in shared memory (kFromY, else kFromYUncached)
 };
 inline constexpr int kMaxGroups = 16;
 inline constexpr int kMaxStages = 4;
@@ -343,7 +343,7 @@ __global__ void __launch_bounds__(512, FUSEKIT_NORM_FORWARD_MIN_BLOCKS)
 // Backward on a persistent grid. Each row group streams its rows of dy and the input (x, or y
 // when FROM_OUTPUT) through its own ring of `stages` row slots in shared memory, filled by bulk
 // copies that one thread issues (a "full" mbarrier per slot counts the bytes in, an "empty" one
-// counts the group's threads out). The weight (and, from y, 1/w and -b/w) is converted to float
+// counts the group's threads out). The weight (and, from y, 1/w and b) is converted to float
 // once per block into shared memory. Per-column dweight/dbias sums stay in registers for the
 // whole loop; at the end the row groups of a block are combined in a fixed order and one partial
 // row per block goes to the workspace, summed over blocks by reduce_partials_kernel.
@@ -366,7 +366,7 @@ __global__ void __launch_bounds__(512)
   constexpr bool FROM_OUTPUT = SOURCE != kFromX;
   const bool needs_mean = layer_norm && !FROM_OUTPUT;
   const float inv_cols = 1.0f / static_cast<float>(cols);
-  // From y, 1/w and -b/w are in shared memory when they fit (kFromY; kFromYUncached recomputes
+  // From y, 1/w and b are in shared memory when they fit (kFromY; kFromYUncached recomputes
   // them per use: rows too long for both the ring and three float columns). w always is.
   constexpr bool cached = SOURCE != kFromYUncached;
   constexpr int arrays = SOURCE == kFromY ? 3 : 1;
@@ -409,9 +409,8 @@ __global__ void __launch_bounds__(512)
     const float w = weight ? to_float(weight[c]) : 1.0f;
     col_w[c] = w;
     if (FROM_OUTPUT && cached) {
-      const float inv_w = 1.0f / w;
-      col_inv_w[c] = inv_w;
-      col_shift[c] = bias ? -to_float(bias[c]) * inv_w : 0.0f;
+      col_inv_w[c] = 1.0f / w;
+      col_shift[c] = bias ? to_float(bias[c]) : 0.0f;
     }
   }
   __syncthreads();
@@ -432,7 +431,9 @@ __global__ void __launch_bounds__(512)
   const int step = tpr * kVec;
   const int col0 = t * kVec;
   auto in_row = [&](int it) { return col0 + it * step < cols; };
-  // From y: x_hat = y * (1/w) + (-b/w), per column.
+  // From y: x_hat = (y - b) * (1/w), per column. y - b first: when x_hat is small against b / w,
+  // y * (1/w) - b / w would cancel two large rounded terms (seen as f32 dweight errors 3x the
+  // float32 summation bound on random draws with small weights).
   auto from_y_factors = [&](int col, float (&inv_w)[kVec], float (&sh)[kVec]) {
     if constexpr (cached) {
       load_shared_floats<kVec>(col_inv_w + col, inv_w);
@@ -442,7 +443,7 @@ __global__ void __launch_bounds__(512)
       for (int i = 0; i < kVec; ++i) {
         const float w = weight ? to_float(weight[col + i]) : 1.0f;
         inv_w[i] = 1.0f / w;
-        sh[i] = bias ? -to_float(bias[col + i]) * inv_w[i] : 0.0f;
+        sh[i] = bias ? to_float(bias[col + i]) : 0.0f;
       }
     }
   };
@@ -487,7 +488,7 @@ __global__ void __launch_bounds__(512)
         float inv_w[kVec], sh[kVec];
         from_y_factors(col, inv_w, sh);
 #pragma unroll
-        for (int i = 0; i < kVec; ++i) xh[i] = fmaf(v[i], inv_w[i], sh[i]);
+        for (int i = 0; i < kVec; ++i) xh[i] = (v[i] - sh[i]) * inv_w[i];
       } else {
 #pragma unroll
         for (int i = 0; i < kVec; ++i) xh[i] = fmaf(v[i], rstd, shift);
@@ -529,7 +530,7 @@ __global__ void __launch_bounds__(512)
           float inv_w[kVec], sh[kVec];
           from_y_factors(col, inv_w, sh);
 #pragma unroll
-          for (int i = 0; i < kVec; ++i) out[i] = fmaf(d[i] * w[i], rstd, fmaf(fmaf(v[i], inv_w[i], sh[i]), a, c));
+          for (int i = 0; i < kVec; ++i) out[i] = fmaf(d[i] * w[i], rstd, fmaf((v[i] - sh[i]) * inv_w[i], a, c));
         } else {
 #pragma unroll
           for (int i = 0; i < kVec; ++i) out[i] = fmaf(d[i] * w[i], rstd, fmaf(v[i], a_x, c_x));
