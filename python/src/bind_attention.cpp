@@ -325,7 +325,7 @@ void bind_attention(nb::module_& m) {
                                            vl ? qv.shape[0] : qv.shape[2], qv.shape[1]};
         TensorView lv;
         nb::object lse = c.new_f32_capsule(vl ? 2 : 3, lse_shape, &lv);
-        const OptionalTensor wsv = c.workspace(nb::str("auto"), [&]() -> std::size_t {
+        const OptionalTensor wsv = c.auto_workspace([&]() -> std::size_t {
           AttentionShape shape;
           if (!shape_from_arrays(qv, kv, vv, vl, false, &shape)) return 0;
           return attention_forward_workspace_size(shape, config, qv.device);
@@ -360,7 +360,7 @@ void bind_attention(nb::module_& m) {
         const OptionalTensor dbv = c.optional(dbias, "dbias", Access::write);
         const std::optional<AttentionVarlen> vl = varlen_arg(
             c, cu_seqlens_q, cu_seqlens_k, nb::cast<std::int64_t>(cfg[7]), nb::cast<std::int64_t>(cfg[8]));
-        const OptionalTensor wsv = c.workspace(nb::str("auto"), [&]() -> std::size_t {
+        const OptionalTensor wsv = c.auto_workspace([&]() -> std::size_t {
           AttentionShape shape;
           if (!(dqv || dkv || dvv || dbv) || !shape_from_arrays(qv, kv, vv, vl, dbv.has_value(), &shape))
             return 0;

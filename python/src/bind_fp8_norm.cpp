@@ -65,35 +65,83 @@ void bind_fp8_norm(nb::module_& m) {
       "RMSNorm of the group-scaled FP8 input x into the per-tensor-scaled FP8 qy, its transpose "
       "qy_t, the scale y_scale, the float32 rstd and optionally the bf16 y.");
 
-  // fusekit.torch's eager path: the forward with rstd allocated through x's framework (PyTorch
-  // >= 2.10) and returned as an opaque capsule that fp8_rms_norm_backward accepts as rstd; the
-  // workspace likewise.
+  // fusekit.torch's eager path in one call: every output allocated through x's framework
+  // (PyTorch >= 2.10; see OpCall::new_arrays), the workspace likewise. Returns
+  // (y, qy, qy_t, y_scale, rstd) with rstd a float32 tensor when rstd_tensor, else an opaque
+  // capsule (cheaper; fp8_rms_norm_backward and _fp8_rms_norm_backward_new accept either).
   m.def(
-      "_fp8_rms_norm_forward_stats",
-      [](nb::handle x, nb::handle x_scales, nb::handle weight, float eps, nb::handle qy,
-         nb::handle qy_t, nb::handle y_scale, nb::handle y, int group_size) {
+      "_fp8_rms_norm_forward_new",
+      [](nb::handle x, nb::handle x_scales, nb::handle weight, float eps, int group_size,
+         DType qy_dtype, bool rstd_tensor) {
         OpCall c("fp8_rms_norm_forward");
         const TensorView xv = c.tensor(x, "x", Access::read);
         const TensorView sv = c.tensor(x_scales, "x_scales", Access::read);
-        const TensorView wv = c.tensor(weight, "weight", Access::read);
-        const TensorView qv = c.tensor(qy, "qy", Access::write);
-        const TensorView qtv = c.tensor(qy_t, "qy_t", Access::write);
-        const TensorView ysv = c.tensor(y_scale, "y_scale", Access::write);
-        const OptionalTensor yv = c.optional(y, "y", Access::write);
-        TensorView rv;
-        nb::object rstd = c.new_f32_capsule(rows_cols(xv).first, &rv);
-        const OptionalTensor wsv = c.workspace(nb::str("auto"), [&]() -> std::size_t {
+        const TensorView wv = c.contiguous(weight, "weight");
+        const auto [rows, cols] = rows_cols(xv);
+        // Two allocations: the activations (y, qy, qy_t), which the next layer consumes, and the
+        // small arrays kept longer (y_scale, rstd for the backward) with the workspace.
+        const OpCall::ArraySpec activations[3] = {
+            OpCall::spec_like(xv, DType::bf16, cols), OpCall::spec_like(xv, qy_dtype, cols),
+            OpCall::spec(qy_dtype, {cols, rows})};
+        nb::object outs[3];  // y, qy, qy_t
+        TensorView views[3];
+        c.new_arrays(3, activations, outs, views);
+        std::size_t ws_bytes = 0;
+        try {
+          ws_bytes = fp8_rms_norm_forward_workspace_size(rows, cols, xv.device);
+        } catch (const Error&) {  // the op reports the bad argument itself
+        }
+        const OpCall::ArraySpec stats[2] = {OpCall::spec(DType::f32, {1}),
+                                            OpCall::spec(DType::f32, {rows}, !rstd_tensor)};
+        nb::object small[2];  // y_scale, rstd
+        TensorView stat_views[2];
+        OptionalTensor wsv;
+        c.new_arrays(2, stats, small, stat_views, ws_bytes, &wsv);
+        c.run(nb::none(), [&](Stream s) {
+          fp8_rms_norm_forward(xv, sv, wv, eps, views[1], views[2], stat_views[0], stat_views[1],
+                               views[0], wsv, group_size, s);
+        });
+        return nb::make_tuple(outs[0], outs[1], outs[2], small[0], small[1]);
+      },
+      arg("x").none(), arg("x_scales").none(), arg("weight").none(), arg("eps"),
+      arg("group_size"), arg("qy_dtype"), arg("rstd_tensor") = false,
+      "fp8_rms_norm_forward for fusekit.torch's eager path, allocating every output.");
+
+  // The backward counterpart: dx (bf16, x's shape) and dweight (weight's dtype) allocated here
+  // when asked for; None in their place otherwise.
+  m.def(
+      "_fp8_rms_norm_backward_new",
+      [](nb::handle dy, nb::handle x, nb::handle x_scales, nb::handle weight, nb::handle rstd,
+         int group_size, bool need_dx, bool need_dweight) {
+        OpCall c("fp8_rms_norm_backward");
+        const TensorView dyv = c.contiguous(dy, "dy");
+        const TensorView xv = c.tensor(x, "x", Access::read);
+        const TensorView sv = c.tensor(x_scales, "x_scales", Access::read);
+        const TensorView wv = c.contiguous(weight, "weight");
+        const TensorView rv = c.tensor(rstd, "rstd", Access::read);
+        nb::object dx = nb::none(), dweight = nb::none();
+        OptionalTensor dxv, dwv;
+        TensorView made;
+        if (need_dx) {
+          dx = c.new_array_like(xv, DType::bf16, rows_cols(xv).second, &made);
+          dxv = made;
+        }
+        if (need_dweight) {
+          dweight = c.new_array(wv.dtype, wv.ndim, wv.shape, &made);
+          dwv = made;
+        }
+        const OptionalTensor wsv = c.auto_workspace([&]() -> std::size_t {
           const auto [rows, cols] = rows_cols(xv);
-          return fp8_rms_norm_forward_workspace_size(rows, cols, xv.device);
+          return fp8_rms_norm_backward_workspace_size(rows, cols, xv.device);
         });
         c.run(nb::none(), [&](Stream s) {
-          fp8_rms_norm_forward(xv, sv, wv, eps, qv, qtv, ysv, rv, yv, wsv, group_size, s);
+          fp8_rms_norm_backward(dyv, xv, sv, wv, rv, dxv, dwv, wsv, group_size, s);
         });
-        return rstd;
+        return nb::make_tuple(dx, dweight);
       },
-      arg("x").none(), arg("x_scales").none(), arg("weight").none(), arg("eps"), arg("qy").none(),
-      arg("qy_t").none(), arg("y_scale").none(), arg("y").none(), arg("group_size"),
-      "fp8_rms_norm_forward for fusekit.torch's eager path; returns rstd as an opaque capsule.");
+      arg("dy").none(), arg("x").none(), arg("x_scales").none(), arg("weight").none(),
+      arg("rstd").none(), arg("group_size"), arg("need_dx"), arg("need_dweight"),
+      "fp8_rms_norm_backward for fusekit.torch's eager path, allocating the gradients.");
 
   m.def(
       "fp8_rms_norm_backward",

@@ -61,6 +61,78 @@ void bind_linear(nb::module_& m) {
       "y = act(x W^T + b); optionally also pre_activation = x W^T + b (needed by the backward for "
       "every activation but none).");
 
+  // fusekit.torch's eager path: the forward allocating y (and pre_activation when asked for)
+  // through x's framework (PyTorch >= 2.10; see OpCall::new_array), arrays of any layout made
+  // contiguous (OpCall::contiguous). Returns (y, pre or None).
+  m.def(
+      "_linear_forward_new",
+      [](nb::handle x, nb::handle weight, nb::handle bias, nb::handle activation,
+         bool save_pre_activation) {
+        OpCall c("linear_forward");
+        const Activation act = activation_arg(activation, c.op());
+        const TensorView xv = c.contiguous(x, "x");
+        const TensorView wv = c.contiguous(weight, "weight");
+        const OptionalTensor bv = c.optional_contiguous(bias, "bias");
+        const std::int64_t n = wv.ndim > 0 ? wv.shape[0] : 0;
+        TensorView yv, made;
+        nb::object y = c.new_array_like(xv, xv.dtype, n, &yv);
+        nb::object pre = nb::none();
+        OptionalTensor pv;
+        if (save_pre_activation) {
+          pre = c.new_array_like(xv, xv.dtype, n, &made);
+          pv = made;
+        }
+        const OptionalTensor wsv = c.auto_workspace([&]() -> std::size_t {
+          const auto [rows, k] = rows_cols(xv);
+          return linear_forward_workspace_size(rows, n, k, xv.dtype, act, xv.device);
+        });
+        c.run(nb::none(), [&](Stream s) { linear_forward(xv, wv, bv, act, yv, pv, wsv, s); });
+        return nb::make_tuple(y, pre);
+      },
+      arg("x").none(), arg("weight").none(), arg("bias").none(), arg("activation").none(),
+      arg("save_pre_activation"),
+      "linear_forward for fusekit.torch's eager path, allocating its outputs.");
+
+  // The backward counterpart: (dx, dweight, dbias), each allocated when asked for, else None.
+  m.def(
+      "_linear_backward_new",
+      [](nb::handle dout, nb::handle x, nb::handle weight, nb::handle pre_activation,
+         nb::handle activation, bool need_dx, bool need_dweight, bool need_dbias) {
+        OpCall c("linear_backward");
+        const Activation act = activation_arg(activation, c.op());
+        const TensorView dov = c.contiguous(dout, "dout");
+        const TensorView xv = c.contiguous(x, "x");
+        const TensorView wv = c.contiguous(weight, "weight");
+        const OptionalTensor pv = c.optional_contiguous(pre_activation, "pre_activation");
+        nb::object dx = nb::none(), dweight = nb::none(), dbias = nb::none();
+        OptionalTensor dxv, dwv, dbv;
+        TensorView made;
+        if (need_dx) {
+          dx = c.new_array_like(xv, xv.dtype, rows_cols(xv).second, &made);
+          dxv = made;
+        }
+        if (need_dweight) {
+          dweight = c.new_array(wv.dtype, wv.ndim, wv.shape, &made);
+          dwv = made;
+        }
+        const std::int64_t n = wv.ndim > 0 ? wv.shape[0] : 0;
+        if (need_dbias) {
+          dbias = c.new_array(xv.dtype, 1, &n, &made);
+          dbv = made;
+        }
+        const OptionalTensor wsv = c.auto_workspace([&]() -> std::size_t {
+          const auto [rows, k] = rows_cols(xv);
+          return linear_backward_workspace_size(rows, n, k, xv.dtype, act, xv.device);
+        });
+        c.run(nb::none(), [&](Stream s) {
+          linear_backward(dov, xv, wv, pv, act, dxv, dwv, dbv, wsv, s);
+        });
+        return nb::make_tuple(dx, dweight, dbias);
+      },
+      arg("dout").none(), arg("x").none(), arg("weight").none(), arg("pre_activation").none(),
+      arg("activation").none(), arg("need_dx"), arg("need_dweight"), arg("need_dbias"),
+      "linear_backward for fusekit.torch's eager path, allocating the gradients.");
+
   m.def(
       "linear_backward",
       [](nb::handle dout, nb::handle x, nb::handle weight, nb::handle pre_activation,

@@ -14,6 +14,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <utility>
 
@@ -46,6 +47,12 @@ class OpCall {
   // None gives an empty OptionalTensor.
   OptionalTensor optional(nb::handle obj, const char* name, Access access);
 
+  // tensor() for fusekit.torch's fast paths, which take any layout: an array that is not
+  // contiguous is replaced by its `.contiguous()` (kept alive until the call returns), which the
+  // Python side would otherwise call on every argument of every call.
+  TensorView contiguous(nb::handle obj, const char* name);
+  OptionalTensor optional_contiguous(nb::handle obj, const char* name);
+
   // A `workspace` argument: an array, None, or the string 'auto'. 'auto' asks `size()` (the op's
   // *_workspace_size query, from the converted arrays) and takes that many bytes from the
   // allocator of the framework that owns the CUDA arrays (the DLPack exchange table's, PyTorch >=
@@ -60,6 +67,12 @@ class OpCall {
         fail("workspace", "an array, None or 'auto'", "the string '" + nb::cast<std::string>(obj) + "'");
       return optional(obj, "workspace", Access::write);
     }
+    return auto_workspace(std::forward<SizeFn>(size));
+  }
+
+  // workspace('auto') for bindings that always take the framework's memory.
+  template <typename SizeFn>
+  OptionalTensor auto_workspace(SizeFn&& size) {
     std::size_t bytes = 0;
     try {
       bytes = std::forward<SizeFn>(size)();
@@ -69,6 +82,33 @@ class OpCall {
     if (bytes == 0) return std::nullopt;
     return framework_scratch(bytes);
   }
+
+  // A new contiguous array of `dtype` and `shape` (ndim sizes) on the device of the first array
+  // argument, from that array's framework allocator (its DLPack exchange table; PyTorch: the
+  // caching allocator on the current stream), returned as the framework's own tensor object.
+  // fusekit.torch's eager paths allocate their outputs this way: one C++ call instead of one
+  // Python-level allocation per output. Raises when the first array came without an exchange
+  // table that has an allocator.
+  nb::object new_array(DType dtype, int ndim, const std::int64_t* shape, TensorView* view);
+  // new_array with the shape of `like` and its last size replaced by `last`.
+  nb::object new_array_like(const TensorView& like, DType dtype, std::int64_t last, TensorView* view);
+
+  // Several new contiguous arrays carved from ONE framework allocation (each 256-byte aligned),
+  // plus optionally `scratch_bytes` of u8 scratch memory for this call: one allocator call
+  // instead of one per array, which is most of the host time of an op with several outputs.
+  // The memory goes back to the framework when the last of the arrays is released, so group only
+  // arrays that live and die together. Each spec becomes the framework's tensor object, or an
+  // opaque capsule (float32 specs only) as new_f32_capsule makes.
+  struct ArraySpec {
+    DType dtype;
+    int ndim;
+    std::int64_t shape[kMaxDims];
+    bool capsule = false;
+  };
+  static ArraySpec spec(DType dtype, std::initializer_list<std::int64_t> shape, bool capsule = false);
+  static ArraySpec spec_like(const TensorView& like, DType dtype, std::int64_t last);
+  void new_arrays(int count, const ArraySpec* specs, nb::object* objects, TensorView* views,
+                  std::size_t scratch_bytes = 0, OptionalTensor* scratch = nullptr);
 
   // A new float32 array of `count` values on the device of the first array argument, from the
   // allocator of that array's framework (its DLPack exchange table), handed to Python as an opaque
@@ -111,6 +151,9 @@ class OpCall {
   static bool is_auto(nb::handle obj);
   static bool capsule_view(nb::handle obj, TensorView* out);
   TensorView framework_scratch(std::size_t bytes);
+  // A framework allocation (see new_array); the caller owns the result.
+  void* allocate(const void* api, Device device, DType dtype, int ndim, const std::int64_t* shape,
+                 const char* what);
   Stream resolve_stream(nb::handle stream) const;
   bool import_exchange(nb::handle obj, const char* name, TensorView* out);
   bool import_ndarray(nb::handle obj, const char* name, Access access, TensorView* out,
@@ -130,6 +173,8 @@ class OpCall {
   int imports_ = 0;
   int imports_total_ = 0;
   std::array<nb::ndarray<nb::ro>, kMaxImports> keep_alive_;
+  std::array<nb::object, 4> contiguous_copies_;  // what contiguous() made
+  int contiguous_made_ = 0;
   void* scratch_ = nullptr;  // the framework tensor behind workspace='auto', freed by ~OpCall
   bool auto_workspace_ = false;
 };

@@ -82,7 +82,9 @@ struct ExchangeApi {
                                   void (*set_error)(void* error_ctx, const char* kind,
                                                     const char* message));
   void* managed_tensor_from_py_object_no_sync;
-  void* managed_tensor_to_py_object_no_sync;
+  // Turns a managed tensor (ownership taken) into the framework's tensor object (a new
+  // reference in *out_py_object). 0 on success, -1 with a Python exception set.
+  int (*managed_tensor_to_py_object_no_sync)(ManagedTensorVersioned* tensor, void** out_py_object);
   // Fills `out` for a tensor object of the publishing type; the shape/strides arrays stay valid
   // while the object lives. 0 on success, -1 with a Python exception set.
   int (*dltensor_from_py_object_no_sync)(void* py_object, Tensor* out);

@@ -2,6 +2,7 @@
 #include <cuda_runtime.h>
 #include <nanobind/stl/string.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <string>
 
@@ -250,6 +251,22 @@ TensorView OpCall::tensor(nb::handle obj, const char* name, Access access) {
   fail(name, kExpected, python_type_name(obj));
 }
 
+TensorView OpCall::contiguous(nb::handle obj, const char* name) {
+  TensorView view = tensor(obj, name, Access::read);
+  if (view.is_contiguous() || !nb::hasattr(obj, "contiguous")) return view;  // else: its error
+  if (contiguous_made_ >= static_cast<int>(contiguous_copies_.size()))
+    throw Error(ErrorKind::unsupported, op_, "too many non-contiguous arguments in one call");
+  nb::object copy = obj.attr("contiguous")();
+  view = tensor(copy, name, Access::read);
+  contiguous_copies_[contiguous_made_++] = std::move(copy);
+  return view;
+}
+
+OptionalTensor OpCall::optional_contiguous(nb::handle obj, const char* name) {
+  if (!obj.is_valid() || obj.is_none()) return std::nullopt;
+  return contiguous(obj, name);
+}
+
 OptionalTensor OpCall::optional(nb::handle obj, const char* name, Access access) {
   if (!obj.is_valid() || obj.is_none()) return std::nullopt;
   return tensor(obj, name, access);
@@ -295,38 +312,216 @@ bool OpCall::capsule_view(nb::handle obj, TensorView* out) {
   return true;
 }
 
-nb::object OpCall::new_f32_capsule(std::int64_t count, TensorView* view) {
-  return new_f32_capsule(1, &count, view);
+namespace {
+dl::DataType to_dlpack_dtype(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return {dl::kFloat, 32, 1};
+    case DType::f16: return {dl::kFloat, 16, 1};
+    case DType::f64: return {dl::kFloat, 64, 1};
+    case DType::bf16: return {dl::kBfloat, 16, 1};
+    case DType::f8e4m3: return {dl::kFloat8_e4m3fn, 8, 1};
+    case DType::f8e5m2: return {dl::kFloat8_e5m2, 8, 1};
+    case DType::u8: return {dl::kUInt, 8, 1};
+    case DType::i32: return {dl::kInt, 32, 1};
+    case DType::i64: return {dl::kInt, 64, 1};
+  }
+  return {dl::kUInt, 8, 1};
 }
+}  // namespace
 
-nb::object OpCall::new_f32_capsule(int ndim, const std::int64_t* sizes, TensorView* view) {
-  const auto* api = static_cast<const dl::ExchangeApi*>(first_api_);
+void* OpCall::allocate(const void* exchange_api, Device device, DType dtype, int ndim,
+                       const std::int64_t* shape, const char* what) {
+  const auto* api = static_cast<const dl::ExchangeApi*>(exchange_api);
   if (!api || !api->managed_tensor_allocator)
     throw Error(ErrorKind::unsupported, op_,
-                "arrays allocated by fusekit need arrays from a framework whose DLPack exchange "
-                "table has an allocator (PyTorch 2.10 or later); pass preallocated arrays instead");
-  if (ndim < 1 || ndim > kMaxDims) fail("shape", "1 to " + std::to_string(kMaxDims) + " sizes", std::to_string(ndim));
-  std::int64_t shape[kMaxDims];
-  std::int64_t count = 1;
+                std::string("allocating ") + what + " needs arrays from a framework whose DLPack "
+                "exchange table has an allocator (PyTorch 2.10 or later); pass preallocated "
+                "arrays instead");
+  if (ndim < 0 || ndim > kMaxDims)
+    fail("shape", "0 to " + std::to_string(kMaxDims) + " sizes", std::to_string(ndim));
+  std::int64_t sizes[kMaxDims];
   for (int d = 0; d < ndim; ++d) {
-    if (sizes[d] < 0) fail("shape", "non-negative sizes", std::to_string(sizes[d]));
-    shape[d] = sizes[d];
-    count *= sizes[d];
+    if (shape[d] < 0) fail("shape", "non-negative sizes", std::to_string(shape[d]));
+    sizes[d] = shape[d];
   }
   dl::Tensor prototype{};
-  prototype.device = first_device_.is_cuda() ? dl::Device{dl::kCUDA, first_device_.index}
-                                             : dl::Device{dl::kCPU, 0};
+  prototype.device = device.is_cuda() ? dl::Device{dl::kCUDA, device.index} : dl::Device{dl::kCPU, 0};
   prototype.ndim = ndim;
-  prototype.dtype = {dl::kFloat, 32, 1};
-  prototype.shape = shape;
+  prototype.dtype = to_dlpack_dtype(dtype);
+  prototype.shape = sizes;
   AllocatorError error;
   dl::ManagedTensorVersioned* out = nullptr;
   if (api->managed_tensor_allocator(&prototype, &out, &error, record_allocator_error) != 0 || !out) {
     PyErr_Clear();  // an allocator may also have set a Python error: the message is in `error`
     throw Error(ErrorKind::cuda, op_,
-                "could not allocate " + std::to_string(count) +
-                    " float32 values through the framework's allocator (" + error.text + ")");
+                std::string("could not allocate ") + what +
+                    " through the framework's allocator (" + error.text + ")");
   }
+  return out;
+}
+
+nb::object OpCall::new_array(DType dtype, int ndim, const std::int64_t* shape, TensorView* view) {
+  const auto* api = static_cast<const dl::ExchangeApi*>(first_api_);
+  if (api && !api->managed_tensor_to_py_object_no_sync) api = nullptr;
+  auto* out = static_cast<dl::ManagedTensorVersioned*>(
+      allocate(api, first_device_, dtype, ndim, shape, "an output"));
+  const dl::Tensor& t = out->dl_tensor;
+  *view = TensorView::from_arrays(static_cast<char*>(t.data) + t.byte_offset, dtype, first_device_,
+                                  ndim, shape, nullptr);
+  void* object = nullptr;
+  if (api->managed_tensor_to_py_object_no_sync(out, &object) != 0 || !object)
+    throw nb::python_error();  // the table took ownership of `out` either way
+  return nb::steal(static_cast<PyObject*>(object));
+}
+
+nb::object OpCall::new_array_like(const TensorView& like, DType dtype, std::int64_t last,
+                                  TensorView* view) {
+  std::int64_t shape[kMaxDims];
+  const int ndim = like.ndim > 0 ? like.ndim : 1;
+  for (int d = 0; d < like.ndim; ++d) shape[d] = like.shape[d];
+  shape[ndim - 1] = last;
+  return new_array(dtype, ndim, shape, view);
+}
+
+namespace {
+// One framework allocation shared by the arrays new_arrays carves from it: released when the
+// last view's deleter runs (from any thread: framework tensors may die without the GIL).
+struct SharedAllocation {
+  dl::ManagedTensorVersioned* owner;
+  std::atomic<int> views;
+};
+
+struct SharedView {
+  dl::ManagedTensorVersioned managed;
+  std::int64_t shape[kMaxDims];
+  std::int64_t strides[kMaxDims];
+  SharedAllocation* allocation;
+};
+
+void release_shared_view(dl::ManagedTensorVersioned* self) {
+  auto* view = static_cast<SharedView*>(self->manager_ctx);
+  SharedAllocation* allocation = view->allocation;
+  delete view;
+  if (allocation->views.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    if (allocation->owner->deleter) allocation->owner->deleter(allocation->owner);
+    delete allocation;
+  }
+}
+
+constexpr std::size_t kArrayAlignment = 256;
+std::size_t aligned_bytes(std::size_t bytes) {
+  return (bytes + kArrayAlignment - 1) / kArrayAlignment * kArrayAlignment;
+}
+}  // namespace
+
+OpCall::ArraySpec OpCall::spec(DType dtype, std::initializer_list<std::int64_t> shape, bool capsule) {
+  ArraySpec s{dtype, static_cast<int>(shape.size()), {}, capsule};
+  int d = 0;
+  for (std::int64_t size : shape)
+    if (d < kMaxDims) s.shape[d++] = size;
+  return s;
+}
+
+OpCall::ArraySpec OpCall::spec_like(const TensorView& like, DType dtype, std::int64_t last) {
+  ArraySpec s{dtype, like.ndim > 0 ? like.ndim : 1, {}, false};
+  for (int d = 0; d < like.ndim; ++d) s.shape[d] = like.shape[d];
+  s.shape[s.ndim - 1] = last;
+  return s;
+}
+
+void OpCall::new_arrays(int count, const ArraySpec* specs, nb::object* objects, TensorView* views,
+                        std::size_t scratch_bytes, OptionalTensor* scratch) {
+  const auto* api = static_cast<const dl::ExchangeApi*>(first_api_);
+  if (api && !api->managed_tensor_to_py_object_no_sync) api = nullptr;
+  // Layout: each array at a 256-byte aligned offset, the scratch memory last.
+  std::size_t offsets[kMaxImports + 1];
+  std::size_t total = 0;
+  if (count < 1 || count > kMaxImports)
+    throw Error(ErrorKind::unsupported, op_, "1 to 16 outputs in one allocation");
+  for (int i = 0; i < count; ++i) {
+    const ArraySpec& s = specs[i];
+    if (s.ndim < 1 || s.ndim > kMaxDims)
+      fail("shape", "1 to " + std::to_string(kMaxDims) + " sizes", std::to_string(s.ndim));
+    if (s.capsule && s.dtype != DType::f32)
+      throw Error(ErrorKind::unsupported, op_, "opaque capsules hold float32 arrays only");
+    std::size_t elements = 1;
+    for (int d = 0; d < s.ndim; ++d) {
+      if (s.shape[d] < 0) fail("shape", "non-negative sizes", std::to_string(s.shape[d]));
+      elements *= static_cast<std::size_t>(s.shape[d]);
+    }
+    offsets[i] = total;
+    total += aligned_bytes(elements * dtype_size(s.dtype));
+  }
+  offsets[count] = total;
+  total += scratch_bytes;
+  const std::int64_t total_size[1] = {static_cast<std::int64_t>(total)};
+  auto* owner = static_cast<dl::ManagedTensorVersioned*>(
+      allocate(api, first_device_, DType::u8, 1, total_size, "the outputs"));
+  char* base = static_cast<char*>(owner->dl_tensor.data) + owner->dl_tensor.byte_offset;
+  auto* allocation = new SharedAllocation{owner, count};
+
+  // Every view is built first, so that a failure while handing them out releases each once.
+  SharedView* made[kMaxImports];
+  for (int i = 0; i < count; ++i) {
+    const ArraySpec& s = specs[i];
+    auto* v = new SharedView{};
+    v->allocation = allocation;
+    std::int64_t stride = 1;
+    for (int d = s.ndim - 1; d >= 0; --d) {
+      v->shape[d] = s.shape[d];
+      v->strides[d] = stride;
+      stride *= s.shape[d] > 0 ? s.shape[d] : 1;
+    }
+    v->managed.version = owner->version;
+    v->managed.manager_ctx = v;
+    v->managed.deleter = release_shared_view;
+    v->managed.flags = 0;
+    dl::Tensor& t = v->managed.dl_tensor;
+    t.data = base + offsets[i];
+    t.device = owner->dl_tensor.device;
+    t.ndim = s.ndim;
+    t.dtype = to_dlpack_dtype(s.dtype);
+    t.shape = v->shape;
+    t.strides = v->strides;
+    t.byte_offset = 0;
+    made[i] = v;
+    views[i] = TensorView::from_arrays(t.data, s.dtype, first_device_, s.ndim, s.shape, nullptr);
+  }
+  if (scratch) {
+    if (scratch_bytes > 0) {
+      const std::int64_t bytes[1] = {static_cast<std::int64_t>(scratch_bytes)};
+      *scratch = TensorView::from_arrays(base + offsets[count], DType::u8, first_device_, 1, bytes,
+                                         nullptr);
+    } else {
+      *scratch = std::nullopt;
+    }
+  }
+  for (int i = 0; i < count; ++i) {
+    dl::ManagedTensorVersioned* m = &made[i]->managed;
+    PyObject* object = nullptr;
+    if (specs[i].capsule) {
+      object = PyCapsule_New(m, kF32CapsuleName, free_f32_capsule);
+      if (!object) m->deleter(m);
+    } else if (api->managed_tensor_to_py_object_no_sync(m, reinterpret_cast<void**>(&object)) != 0) {
+      object = nullptr;  // the table took ownership of m
+    }
+    if (!object) {
+      nb::python_error why;
+      for (int j = i + 1; j < count; ++j) made[j]->managed.deleter(&made[j]->managed);
+      throw why;
+    }
+    objects[i] = nb::steal(object);
+  }
+}
+
+nb::object OpCall::new_f32_capsule(std::int64_t count, TensorView* view) {
+  return new_f32_capsule(1, &count, view);
+}
+
+nb::object OpCall::new_f32_capsule(int ndim, const std::int64_t* sizes, TensorView* view) {
+  if (ndim < 1) fail("shape", "1 to " + std::to_string(kMaxDims) + " sizes", std::to_string(ndim));
+  auto* out = static_cast<dl::ManagedTensorVersioned*>(
+      allocate(first_api_, first_device_, DType::f32, ndim, sizes, "float32 statistics"));
   PyObject* capsule = PyCapsule_New(out, kF32CapsuleName, free_f32_capsule);
   if (!capsule) {
     if (out->deleter) out->deleter(out);
@@ -334,7 +529,7 @@ nb::object OpCall::new_f32_capsule(int ndim, const std::int64_t* sizes, TensorVi
   }
   const dl::Tensor& t = out->dl_tensor;
   *view = TensorView::from_arrays(static_cast<char*>(t.data) + t.byte_offset, DType::f32,
-                                  first_device_, ndim, shape, nullptr);
+                                  first_device_, ndim, sizes, nullptr);
   return nb::steal(capsule);
 }
 
@@ -350,22 +545,10 @@ TensorView OpCall::framework_scratch(std::size_t bytes) {
          "table has an allocator (PyTorch 2.10 or later)", "'auto'");
   if (scratch_) throw Error(ErrorKind::unsupported, op_, "more than one workspace='auto' in one call");
   std::int64_t shape[1] = {static_cast<std::int64_t>(bytes)};
-  dl::Tensor prototype{};
-  prototype.device = {dl::kCUDA, cuda_device_};
-  prototype.ndim = 1;
-  prototype.dtype = {dl::kUInt, 8, 1};
-  prototype.shape = shape;
-  AllocatorError error;
-  dl::ManagedTensorVersioned* out = nullptr;
-  if (api->managed_tensor_allocator(&prototype, &out, &error, record_allocator_error) != 0 || !out) {
-    PyErr_Clear();  // an allocator may also have set a Python error: the message is in `error`
-    throw Error(ErrorKind::cuda, op_,
-                "could not allocate the " + std::to_string(bytes) +
-                    "-byte workspace through the framework's allocator (" + error.text + ")");
-  }
-  scratch_ = out;
+  const std::string what = "the " + std::to_string(bytes) + "-byte workspace";
+  scratch_ = allocate(api, Device::cuda(cuda_device_), DType::u8, 1, shape, what.c_str());
   auto_workspace_ = true;
-  const dl::Tensor& t = out->dl_tensor;
+  const dl::Tensor& t = static_cast<dl::ManagedTensorVersioned*>(scratch_)->dl_tensor;
   return TensorView::from_arrays(static_cast<char*>(t.data) + t.byte_offset, DType::u8,
                                  Device::cuda(cuda_device_), 1, shape, nullptr);
 }

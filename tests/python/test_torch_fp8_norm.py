@@ -205,3 +205,54 @@ def test_errors_surface_as_exceptions(device, path):
         fk.fp8_rms_norm(q, (4, 40), None, x_scales=s)
     with pytest.raises(fusekit.InvalidArgumentError, match="group_size"):
         fk.fp8_quantize(torch.randn(2, 20, device=device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_eager_outputs_distinct_writable_and_freed(device, seed):
+    """The eager fast path allocates y, qy and qy_t in one allocator call (and y_scale, rstd and
+    the workspace in another): the outputs must not overlap, writing one must leave the others,
+    and every byte must go back to the allocator once the outputs and the graph are gone."""
+    gen = torch.Generator().manual_seed(seed)
+    q, scales = fp8_input((64, 256), 16, "e4m3", torch.bfloat16, device, gen)
+    w = (torch.randn(256, generator=gen) * 0.5 + 1).to(torch.bfloat16).to(device).requires_grad_(True)
+    out = fk.fp8_rms_norm(q, 256, w, EPS, x_scales=scales)
+    spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in out)
+    for (_, end), (start, _) in zip(spans, spans[1:]):
+        assert end <= start, "two outputs overlap"
+    before = [t.detach().clone().view(torch.uint8) for t in out]
+    with torch.no_grad():
+        out.y.fill_(0)
+    for t, b in zip(out[1:], before[1:]):
+        assert torch.equal(t.view(torch.uint8), b), "writing y changed another output"
+    out.y.float().sum().backward()  # the graph still sees the values it saved
+    assert w.grad is not None and torch.isfinite(w.grad.float()).all()
+    if device == "cuda":
+        del out
+        w.grad = None
+        for _ in range(2):  # warm the allocator's caches
+            fk.fp8_rms_norm(q, 256, w, EPS, x_scales=scales).y.float().sum().backward()
+        torch.cuda.synchronize()
+        start = torch.cuda.memory_allocated()
+        for _ in range(20):
+            o = fk.fp8_rms_norm(q, 256, w, EPS, x_scales=scales)
+            o.y.float().sum().backward()
+            del o
+        torch.cuda.synchronize()
+        assert torch.cuda.memory_allocated() == start
+
+
+@pytest.mark.skipif(not fk.FAST_EXCHANGE, reason="this PyTorch has no DLPack exchange table: the main run already uses __dlpack__()")
+def test_dunder_dlpack_path_in_a_subprocess():
+    """The path of PyTorch < 2.10 (no DLPack C exchange table: __dlpack__() per tensor, outputs
+    allocated in Python, streams passed explicitly), forced with FUSEKIT_DLPACK_EXCHANGE=0 in a
+    fresh interpreter."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, FUSEKIT_DLPACK_EXCHANGE="0")
+    here = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           os.path.join(here, "test_torch_fp8_norm.py"), "-k", "matches_float64 or straight_through or eager_outputs"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert " passed" in proc.stdout

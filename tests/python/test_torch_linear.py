@@ -96,6 +96,42 @@ def test_functional_inference_and_partial_gradients(device, seed, path):
     torch.testing.assert_close(w.grad, w_ref.grad, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
+def test_eager_allocations_are_freed(seed):
+    """The eager fast path allocates outputs, gradients and workspace inside fusekit._C (through
+    PyTorch's allocator): all of it must go back once the tensors and the graph are gone."""
+    torch.manual_seed(seed)
+    x = torch.randn(64, 96, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    m = fk.Linear(96, 80, activation="gelu_tanh", device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):  # warm the allocator's caches (and create the .grad tensors)
+        m(x).float().sum().backward()
+    torch.cuda.synchronize()
+    start = torch.cuda.memory_allocated()
+    for _ in range(20):
+        m(x).float().sum().backward()
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == start
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_non_contiguous_arguments(device, seed, path):
+    """Transposed x and weight, a strided bias and a non-contiguous upstream gradient: the fast
+    path makes them contiguous inside fusekit._C, the custom op in Python; both as F.linear."""
+    torch.manual_seed(seed)
+    x = torch.randn(32, 6, device=device).t().requires_grad_(True)  # (6, 32), not contiguous
+    w = torch.randn(32, 16, device=device).t().requires_grad_(True)  # (16, 32)
+    b = torch.randn(32, device=device)[::2].requires_grad_(True)  # (16), stride 2
+    y = fk.linear(x, w, b, "relu")
+    dy = torch.randn(16, 6, device=device).t()  # (6, 16), not contiguous
+    y.backward(dy)
+    refs = [t.detach().clone().requires_grad_(True) for t in (x, w, b)]
+    y_ref = F.relu(F.linear(*refs))
+    y_ref.backward(dy)
+    torch.testing.assert_close(y, y_ref, rtol=1e-4, atol=1e-5)
+    for got, ref in zip((x, w, b), refs):
+        torch.testing.assert_close(got.grad, ref.grad, rtol=1e-4, atol=1e-5)
+
+
 def test_module_interface():
     m = fk.Linear(8, 4)
     assert isinstance(m, torch.nn.Linear) and m.activation == "gelu_tanh"
@@ -162,3 +198,20 @@ def test_errors_surface_as_exceptions(device, path):
         fk.linear(torch.randn(2, 8, device=device), m.weight, None, "leaky_relu")
     with pytest.raises(fusekit.InvalidArgumentError, match="argument 'activation'"):
         fk.Linear(8, 4, activation="tanh", device=device)(torch.randn(2, 8, device=device))
+
+
+@pytest.mark.skipif(not fk.FAST_EXCHANGE, reason="this PyTorch has no DLPack exchange table: the main run already uses __dlpack__()")
+def test_dunder_dlpack_path_in_a_subprocess():
+    """The path of PyTorch < 2.10 (no DLPack C exchange table: __dlpack__() per tensor, outputs
+    allocated in Python, streams passed explicitly), forced with FUSEKIT_DLPACK_EXCHANGE=0 in a
+    fresh interpreter."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, FUSEKIT_DLPACK_EXCHANGE="0")
+    here = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           os.path.join(here, "test_torch_linear.py"), "-k", "matches_pytorch and f32 or partial_gradients"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert " passed" in proc.stdout

@@ -73,6 +73,8 @@ def _workspace(kind: str, x: Tensor, weight: Tensor, activation: str):
 # ---- implementations shared by the custom ops and the eager fast path --------------------------
 def _forward(x: Tensor, weight: Tensor, bias: Optional[Tensor], activation: str,
              save_pre: bool) -> Tuple[Tensor, Optional[Tensor]]:
+    if FAST_EXCHANGE:  # outputs and workspace allocated (layouts made contiguous) by fusekit._C
+        return _C._linear_forward_new(x, weight, bias, activation, save_pre)
     x, weight = x.contiguous(), weight.contiguous()
     if bias is not None:
         bias = bias.contiguous()
@@ -80,29 +82,26 @@ def _forward(x: Tensor, weight: Tensor, bias: Optional[Tensor], activation: str,
     out_shape = (*x.shape[:-1], weight.shape[0] if weight.dim() else 0)
     y = x.new_empty(*out_shape)
     pre = x.new_empty(*out_shape) if save_pre else None
-    if FAST_EXCHANGE:
-        _C.linear_forward(x, weight, bias, activation, y, pre, "auto")
-    else:
-        _C.linear_forward(exportable(x), exportable(weight), exportable(bias), activation, y, pre,
-                          _workspace("forward", x, weight, activation), stream_for(x))
+    _C.linear_forward(exportable(x), exportable(weight), exportable(bias), activation, y, pre,
+                      _workspace("forward", x, weight, activation), stream_for(x))
     return y, pre
 
 
 def _backward(dout: Tensor, x: Tensor, weight: Tensor, pre: Optional[Tensor], activation: str,
               need_dx: bool, need_dweight: bool, need_dbias: bool):
     """(dx, dweight, dbias), None where not asked for."""
+    if not (need_dx or need_dweight or need_dbias):
+        return None, None, None
+    if FAST_EXCHANGE:  # gradients and workspace allocated (layouts made contiguous) by fusekit._C
+        return _C._linear_backward_new(dout, x, weight, pre, activation, need_dx, need_dweight,
+                                       need_dbias)
     dout, x, weight = dout.contiguous(), x.contiguous(), weight.contiguous()
     dx = torch.empty_like(x) if need_dx else None
     dweight = torch.empty_like(weight) if need_dweight else None
     dbias = x.new_empty(weight.shape[0]) if need_dbias else None
-    if dx is None and dweight is None and dbias is None:
-        return None, None, None
-    if FAST_EXCHANGE:
-        _C.linear_backward(dout, x, weight, pre, activation, dx, dweight, dbias, "auto")
-    else:
-        _C.linear_backward(exportable(dout), exportable(x), exportable(weight), exportable(pre),
-                           activation, dx, dweight, dbias,
-                           _workspace("backward", x, weight, activation), stream_for(x))
+    _C.linear_backward(exportable(dout), exportable(x), exportable(weight), exportable(pre),
+                       activation, dx, dweight, dbias,
+                       _workspace("backward", x, weight, activation), stream_for(x))
     return dx, dweight, dbias
 
 
@@ -175,16 +174,16 @@ class _LinearFunction(torch.autograd.Function):
         save_pre = activation != "none"
         y, pre = _forward(x, weight, bias, activation, save_pre)
         ctx.save_for_backward(x, weight, pre)
-        ctx.activation = activation
-        ctx.has_bias = bias is not None
+        ctx.state = (activation, bias is not None)  # one attribute: host time counts here
         return y
 
     @staticmethod
     def backward(ctx, dout):
         x, weight, pre = ctx.saved_tensors
+        activation, has_bias = ctx.state
         need_dx, need_dweight, need_dbias = ctx.needs_input_grad[:3]
-        dx, dweight, dbias = _backward(dout, x, weight, pre, ctx.activation, need_dx, need_dweight,
-                                       need_dbias and ctx.has_bias)
+        dx, dweight, dbias = _backward(dout, x, weight, pre, activation, need_dx, need_dweight,
+                                       need_dbias and has_bias)
         return dx, dweight, dbias, None
 
 
