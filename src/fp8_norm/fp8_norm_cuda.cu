@@ -92,6 +92,13 @@ int persistent_grid(std::int64_t work_items, std::int64_t cap) {
   return static_cast<int>(std::max<std::int64_t>(1, std::min(work_items, cap)));
 }
 
+// A persistent grid of at most `cap` blocks that gives every block the same number of work
+// items, give or take one: no block starts a last round that most others do not have.
+int balanced_grid(std::int64_t work_items, std::int64_t cap) {
+  const std::int64_t rounds = std::max<std::int64_t>(1, (work_items + cap - 1) / std::max<std::int64_t>(1, cap));
+  return persistent_grid((work_items + rounds - 1) / rounds, cap);
+}
+
 // ---- forward ---------------------------------------------------------------------------------
 
 bool forward_vector_ok(const ForwardParams& p) {
@@ -181,11 +188,10 @@ BackwardConfig choose_backward(const BackwardParams& p) {
                        (p.dx == nullptr || (p.dx_row_stride % 8 == 0 && aligned16(p.dx)));
   const std::int64_t nocts = p.cols / 8;
   if (!aligned) return c;
-  // Row groups of up to 256 threads with 2, 4 or 8 octs each: up to 2048 octs (N = 16384).
-  // Longer rows take the generic kernel. Four octs (32 columns) per thread from N = 1024 on:
-  // the per-row work (row sum, addresses) is shared by more elements.
-  if (nocts <= 128) c.octs = 2;
-  else if (nocts <= 1024) c.octs = 4;
+  // Row groups of 32 to 256 threads with 4 octs each (32 columns: the per-row work, row sum and
+  // addresses, is shared by that many elements), or 256 threads with 8 octs: up to 2048 octs
+  // (N = 16384). Longer rows take the generic kernel.
+  if (nocts <= 1024) c.octs = 4;
   else if (nocts <= 2048) c.octs = 8;
   else return c;
   c.log2_tpr = std::max(5, log2_ceil((nocts + c.octs - 1) / c.octs));
@@ -209,14 +215,16 @@ int launch_backward_main(const BackwardParams& p, const BackwardConfig& c, int s
     auto run = [&](auto kernel, std::size_t smem) {
       allow_smem(op, device_index, kernel, smem);
       const int per_sm = std::min(kBwdBlocksPerSm, occupancy(op, kernel, kBwdThreads, smem));
-      grid = persistent_grid((p.rows + c.rows_per_block - 1) / c.rows_per_block, std::int64_t(sms) * per_sm);
+      grid = balanced_grid((p.rows + c.rows_per_block - 1) / c.rows_per_block, std::int64_t(sms) * per_sm);
       check_capacity(grid);
-      kernel<<<grid, kBwdThreads, smem, stream>>>(p, c.log2_tpr, partial);
+      kernel<<<grid, kBwdThreads, smem, stream>>>(p, partial);
     };
     const int tpr = 1 << c.log2_tpr;
-    if (c.octs == 2) run(backward_vector_kernel<XF, SC, W, 2>, backward_smem_bytes<2>(tpr));
-    else if (c.octs == 4) run(backward_vector_kernel<XF, SC, W, 4>, backward_smem_bytes<4>(tpr));
-    else run(backward_vector_kernel<XF, SC, W, 8>, backward_smem_bytes<8>(tpr));
+    if (c.octs == 8) run(backward_vector_kernel<XF, SC, W, 8, 8>, backward_smem_bytes<8>(tpr));
+    else if (c.log2_tpr == 5) run(backward_vector_kernel<XF, SC, W, 4, 5>, backward_smem_bytes<4>(tpr));
+    else if (c.log2_tpr == 6) run(backward_vector_kernel<XF, SC, W, 4, 6>, backward_smem_bytes<4>(tpr));
+    else if (c.log2_tpr == 7) run(backward_vector_kernel<XF, SC, W, 4, 7>, backward_smem_bytes<4>(tpr));
+    else run(backward_vector_kernel<XF, SC, W, 4, 8>, backward_smem_bytes<4>(tpr));
   } else {
     auto kernel = backward_generic_kernel<XF, SC, W>;
     const int per_sm = std::min(kBwdBlocksPerSm, occupancy(op, kernel, kGenericBwdThreads));

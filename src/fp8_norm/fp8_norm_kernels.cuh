@@ -702,21 +702,24 @@ constexpr std::size_t backward_smem_bytes(int tpr) {
 // dweight += dy * x_hat. Per element: u = dy * q; dweight += u * (scale rstd); the row sum
 // gathers u * w per oct and multiplies by scale rstd once.
 //
-// Row groups of tpr = 2^log2_tpr threads (32..256); thread t of a group owns octs kk * tpr + t
-// (kk < K): columns 8 (kk tpr + t) .. + 7.
-template <class XF, typename SC, typename W, int K>
+// Row groups of tpr = 2^LOG2_TPR threads (32..256); thread t of a group owns octs kk * tpr + t
+// (kk < K): columns 8 (kk tpr + t) .. + 7. Both are compile-time constants: with a run-time
+// group size the per-row index arithmetic cost about as many instructions as the math.
+template <class XF, typename SC, typename W, int K, int LOG2_TPR>
 __global__ void __launch_bounds__(kBwdThreads, 2)
-    backward_vector_kernel(BackwardParams p, int log2_tpr, float* __restrict__ partial_dw) {
+    backward_vector_kernel(BackwardParams p, float* __restrict__ partial_dw) {
   constexpr int S = kBwdStages<K>;
+  constexpr int log2_tpr = LOG2_TPR;
+  constexpr int tpr = 1 << log2_tpr;
+  constexpr int rows_per_block = kBwdThreads >> log2_tpr;
+  constexpr int count = K * tpr;  // oct slots of a row (>= nocts)
+  static_assert(tpr >= 32 && tpr <= kBwdThreads, "row groups of 32 to 256 threads");
   extern __shared__ uint4 bwd_smem[];
   __shared__ float scratch[2][kBwdThreads / 32];
   // The dweight reduction may start launching now; it waits for our partial rows.
   allow_dependent_launch();
-  const int tpr = 1 << log2_tpr;
-  const int rows_per_block = kBwdThreads >> log2_tpr;
   const int group = threadIdx.x >> log2_tpr, t = threadIdx.x & (tpr - 1);
   const int nocts = static_cast<int>(p.cols >> 3);
-  const int count = K * tpr;  // oct slots of a row (>= nocts)
   float4* w4 = reinterpret_cast<float4*>(bwd_smem);                         // [2][count]
   uint2* x_stage = reinterpret_cast<uint2*>(bwd_smem + 2 * count);          // [S][K][threads]
   uint4* dy_stage = bwd_smem + 2 * count + S * K * kBwdThreads / 2;         // [S][K][threads]
