@@ -51,7 +51,7 @@ if has sanitize; then
     # synccheck tracks the norm backward's TMA-ring mbarriers (cuda::barrier) only with a fixed
     # per-block budget: its automatic sizing overflows ("overflow of tracked cuda::barrier").
     extra=(); [ $tool = synccheck ] && extra=(--num-cuda-barriers 4096)
-    compute-sanitizer --tool $tool "${extra[@]}" --error-exitcode 9 "$BUILD/fusekit_tests" \
+    compute-sanitizer --tool $tool ${extra[@]+"${extra[@]}"} --error-exitcode 9 "$BUILD/fusekit_tests" \
       --gtest_filter="${SANITIZE_FILTER:-NormGpu.FromOutputVariant:NormGpu.RowPaddingIsNeverWritten}" >"$OUT/sanitize-$tool.log" 2>&1
     rc=$?
     log "compute-sanitizer $tool rc=$rc: $(grep -E 'ERROR SUMMARY' "$OUT/sanitize-$tool.log" | tail -1)"
