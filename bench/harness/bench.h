@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace fusekit::bench {
@@ -31,6 +32,15 @@ struct Timing {
 // [0, rotations) so that consecutive calls touch different buffers.
 Timing time_kernel(const std::function<void(int rotation)>& fn, int rotations, int warmup = 10,
                    int runs = 100);
+
+// Times two implementations of the same computation alternately (a, b, a, b, ...), one event
+// pair per call, and returns both medians. For comparisons that must hold within a few percent
+// (the fused GEMM against the plain one): compute-bound kernels run at clocks that drift with the
+// power and thermal state, so two back-to-back measurement blocks can differ by more than what
+// is compared; interleaved, both see the same states.
+std::pair<Timing, Timing> time_interleaved(const std::function<void(int rotation)>& a,
+                                           const std::function<void(int rotation)>& b,
+                                           int rotations, int warmup = 10, int runs = 100);
 
 // How many copies of a working set of `bytes` are needed so that cycling through them overflows
 // L2 twice over (at least 2).
