@@ -42,7 +42,6 @@ dropout::Scalars check_config(const ArgCheck& check, const BiasActDropoutConfig&
   s.slope = c.activation == Activation::leaky_relu ? c.slope : 0.0f;
   s.p = c.p;
   s.keep_threshold = dropout_keep_threshold(c.p);
-  s.keep_threshold_high = s.keep_threshold << 16;
   s.keep_threshold2 = s.keep_threshold | (s.keep_threshold << 16);
   s.keep = 1.0f - c.p;
   s.scale = 1.0f / s.keep;

@@ -19,7 +19,6 @@ struct Scalars {
   float slope = 0.0f;
   float p = 0.0f;
   std::uint32_t keep_threshold = 0;       // dropout_keep_threshold(p), 0..65535
-  std::uint32_t keep_threshold_high = 0;  // keep_threshold << 16: compares a high half in place
   std::uint32_t keep_threshold2 = 0;      // keep_threshold in both 16-bit halves (packed compares)
   float scale = 1.0f;                     // 1 / (1 - p) in float32 (the kernels' value)
   float keep = 1.0f;                      // 1 - p in float32

@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="PyTorch is not installed: the fusekit.torch tests need it")
 import fusekit  # noqa: E402
 import fusekit.torch as fk  # noqa: E402
-from fk_testing import ACCUMULATION_FLOOR  # noqa: E402
+from fk_testing import ACCUMULATION_FLOOR, run_without_dlpack_exchange  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device"))]
@@ -422,16 +422,7 @@ def test_unexportable_tensors_raise_cleanly():
 
 @pytest.mark.skipif(not fk.FAST_EXCHANGE, reason="this PyTorch has no DLPack exchange table: the main run already uses __dlpack__()")
 def test_dunder_dlpack_path_in_a_subprocess():
-    """The path of PyTorch < 2.10 (no DLPack C exchange table: __dlpack__() per tensor, streams
-    passed explicitly), forced with FUSEKIT_DLPACK_EXCHANGE=0 in a fresh interpreter."""
-    import os
-    import subprocess
-    import sys
-    env = dict(os.environ, FUSEKIT_DLPACK_EXCHANGE="0")
-    here = os.path.dirname(os.path.abspath(__file__))
-    selection = "drop_in_matches and f32 and (LayerNorm- or RMSNorm-) or gradcheck or graph or stream or share_memory"
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           os.path.join(here, "test_torch_norm.py"), "-k", selection],
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert " passed" in proc.stdout
+    """The path of PyTorch < 2.10, forced with FUSEKIT_DLPACK_EXCHANGE=0 in a fresh interpreter."""
+    run_without_dlpack_exchange(
+        "test_torch_norm.py", "drop_in_matches and f32 and (LayerNorm- or RMSNorm-) or gradcheck or "
+        "graph or stream or share_memory")
