@@ -345,7 +345,7 @@ __global__ void __launch_bounds__(512, FUSEKIT_NORM_FORWARD_MIN_BLOCKS)
 // copies that one thread issues (a "full" mbarrier per slot counts the bytes in, an "empty" one
 // counts the group's threads out). The weight (and, from y, 1/w and b) is converted to float
 // once per block into shared memory. Per-column dweight/dbias sums stay in registers for the
-// whole loop; at the end the row groups of a block are combined in a fixed order and one partial
+// whole loop; at the end the row groups of a block are combined in a fixed tree and one partial
 // row per block goes to the workspace, summed over blocks by reduce_partials_kernel.
 // SOURCE: where x_hat comes from (Source below).
 enum Source : int { kFromX = 0, kFromY = 1, kFromYUncached = 2 };
@@ -549,35 +549,43 @@ __global__ void __launch_bounds__(512)
   if (partial_dw == nullptr) return;
 
   if (rpb > 1) {
-    // Row groups 1.. hand their sums to group 0 through the (now idle) ring, added in group order.
+    // The row groups' sums meet in group 0 through the (now idle) ring as a binary tree: in the
+    // round of stride s, group g (g mod 2s = s) stores its sums in slot g - 1 and group g - s adds
+    // them. log2(rpb) rounds with every group busy, where a chain through group 0 took rpb - 1
+    // dependent rounds (15 at N = 1024: most of the cost of dweight/dbias there). The tree is
+    // fixed, so the sums are bitwise reproducible. A round's slots (g - 1 = s - 1 mod 2s) are
+    // never those the previous round read (s/2 - 1 mod s), so one barrier per round suffices.
     __syncthreads();
     float* combine = reinterpret_cast<float*>(col_w + arrays * cols);
-    if (group > 0) {
+    for (int s = 1; s < rpb; s *= 2) {
+      if (group % (2 * s) == s) {
 #pragma unroll
-      for (int it = 0; it < ITERS; ++it) {
-        if (!in_row(it)) continue;
+        for (int it = 0; it < ITERS; ++it) {
+          if (!in_row(it)) continue;
 #pragma unroll
-        for (int i = 0; i < kVec; ++i) {
-          const int c = col0 + it * step + i;
-          combine[((group - 1) * 2 + 0) * cols + c] = acc_dw[it][i];
-          if constexpr (BIAS_GRAD) combine[((group - 1) * 2 + 1) * cols + c] = acc_db[it][i];
+          for (int i = 0; i < kVec; ++i) {
+            const int c = col0 + it * step + i;
+            combine[((group - 1) * 2 + 0) * cols + c] = acc_dw[it][i];
+            if constexpr (BIAS_GRAD) combine[((group - 1) * 2 + 1) * cols + c] = acc_db[it][i];
+          }
+        }
+      }
+      __syncthreads();
+      if (group % (2 * s) == 0 && group + s < rpb) {
+        const int src = group + s;
+#pragma unroll
+        for (int it = 0; it < ITERS; ++it) {
+          if (!in_row(it)) continue;
+#pragma unroll
+          for (int i = 0; i < kVec; ++i) {
+            const int c = col0 + it * step + i;
+            acc_dw[it][i] += combine[((src - 1) * 2 + 0) * cols + c];
+            if constexpr (BIAS_GRAD) acc_db[it][i] += combine[((src - 1) * 2 + 1) * cols + c];
+          }
         }
       }
     }
-    __syncthreads();
     if (group > 0) return;
-    for (int src = 1; src < rpb; ++src) {
-#pragma unroll
-      for (int it = 0; it < ITERS; ++it) {
-        if (!in_row(it)) continue;
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) {
-          const int c = col0 + it * step + i;
-          acc_dw[it][i] += combine[((src - 1) * 2 + 0) * cols + c];
-          if constexpr (BIAS_GRAD) acc_db[it][i] += combine[((src - 1) * 2 + 1) * cols + c];
-        }
-      }
-    }
   }
   // From y the per-column x_hat factor 1/w is already inside acc_dw (x_hat = (y - b) / w).
   float* out_dw = partial_dw + std::int64_t(blockIdx.x) * cols;

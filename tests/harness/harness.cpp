@@ -2,6 +2,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -168,8 +169,27 @@ double accumulation_floor(DType dtype) {
   }
 }
 
+// Half an ulp relative: the largest relative error of rounding one value to the dtype.
+double unit_roundoff(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return std::ldexp(1.0, -24);
+    case DType::f16: return std::ldexp(1.0, -11);
+    case DType::bf16: return std::ldexp(1.0, -8);
+    case DType::f8e4m3: return std::ldexp(1.0, -4);
+    case DType::f8e5m2: return std::ldexp(1.0, -3);
+    default: return std::ldexp(1.0, -53);
+  }
+}
+
 double tolerance(DType dtype, const std::vector<double>& ref) {
-  return 2.0 * std::max(rounding_error(dtype, ref), accumulation_floor(dtype));
+  // The rounding baseline is measured on the reference itself, which for a handful of values can
+  // be far below the typical half ulp (values that happen to be nearly representable), while a
+  // correct float32 computation rounded to the dtype may still land one ulp away when the exact
+  // value sits at a rounding boundary. Below 64 values the baseline is floored at the unit
+  // roundoff, so that one such flip passes (an exhaustive sweep of small cases drew an f16
+  // RMSNorm of 6 values, reference almost exactly +-1, at 4.0e-4 against a 2e-4 bar).
+  const double small_sample = ref.size() < 64 ? unit_roundoff(dtype) : 0.0;
+  return 2.0 * std::max({rounding_error(dtype, ref), accumulation_floor(dtype), small_sample});
 }
 
 std::mt19937_64 make_rng(std::uint64_t salt) {

@@ -69,7 +69,8 @@ double rounding_error(DType dtype, const std::vector<double>& ref);
 // Accumulation-error floor per dtype (matters for f32, where rounding alone is ~1e-8).
 double accumulation_floor(DType dtype);
 
-// The bar: twice the larger of the rounding baseline and the accumulation floor.
+// The bar: twice the larger of the rounding baseline and the accumulation floor (and, below 64
+// values, the unit roundoff: one value may round to the neighbour of the reference's rounding).
 double tolerance(DType dtype, const std::vector<double>& ref);
 
 std::mt19937_64 make_rng(std::uint64_t salt);
