@@ -119,19 +119,12 @@ void bind_fp8_norm(nb::module_& m) {
         const TensorView sv = c.tensor(x_scales, "x_scales", Access::read);
         const TensorView wv = c.contiguous(weight, "weight");
         const TensorView rv = c.tensor(rstd, "rstd", Access::read);
-        nb::object dx = nb::none(), dweight = nb::none();
+        const auto [rows, cols] = rows_cols(xv);
         OptionalTensor dxv, dwv;
-        TensorView made;
-        if (need_dx) {
-          dx = c.new_array_like(xv, DType::bf16, rows_cols(xv).second, &made);
-          dxv = made;
-        }
-        if (need_dweight) {
-          dweight = c.new_array(wv.dtype, wv.ndim, wv.shape, &made);
-          dwv = made;
-        }
+        nb::object dx = c.new_optional(need_dx, OpCall::spec_like(xv, DType::bf16, cols), &dxv);
+        nb::object dweight =
+            c.new_optional(need_dweight, OpCall::spec_like(wv, wv.dtype, rows_cols(wv).second), &dwv);
         const OptionalTensor wsv = c.auto_workspace([&]() -> std::size_t {
-          const auto [rows, cols] = rows_cols(xv);
           return fp8_rms_norm_backward_workspace_size(rows, cols, xv.device);
         });
         c.run(nb::none(), [&](Stream s) {

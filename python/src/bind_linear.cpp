@@ -74,14 +74,11 @@ void bind_linear(nb::module_& m) {
         const TensorView wv = c.contiguous(weight, "weight");
         const OptionalTensor bv = c.optional_contiguous(bias, "bias");
         const std::int64_t n = wv.ndim > 0 ? wv.shape[0] : 0;
-        TensorView yv, made;
-        nb::object y = c.new_array_like(xv, xv.dtype, n, &yv);
-        nb::object pre = nb::none();
+        TensorView yv;
         OptionalTensor pv;
-        if (save_pre_activation) {
-          pre = c.new_array_like(xv, xv.dtype, n, &made);
-          pv = made;
-        }
+        nb::object y = c.new_array(OpCall::spec_like(xv, xv.dtype, n), &yv);
+        nb::object pre =
+            c.new_optional(save_pre_activation, OpCall::spec_like(xv, xv.dtype, n), &pv);
         const OptionalTensor wsv = c.auto_workspace([&]() -> std::size_t {
           const auto [rows, k] = rows_cols(xv);
           return linear_forward_workspace_size(rows, n, k, xv.dtype, act, xv.device);
@@ -104,24 +101,14 @@ void bind_linear(nb::module_& m) {
         const TensorView xv = c.contiguous(x, "x");
         const TensorView wv = c.contiguous(weight, "weight");
         const OptionalTensor pv = c.optional_contiguous(pre_activation, "pre_activation");
-        nb::object dx = nb::none(), dweight = nb::none(), dbias = nb::none();
-        OptionalTensor dxv, dwv, dbv;
-        TensorView made;
-        if (need_dx) {
-          dx = c.new_array_like(xv, xv.dtype, rows_cols(xv).second, &made);
-          dxv = made;
-        }
-        if (need_dweight) {
-          dweight = c.new_array(wv.dtype, wv.ndim, wv.shape, &made);
-          dwv = made;
-        }
         const std::int64_t n = wv.ndim > 0 ? wv.shape[0] : 0;
-        if (need_dbias) {
-          dbias = c.new_array(xv.dtype, 1, &n, &made);
-          dbv = made;
-        }
+        const auto [rows, k] = rows_cols(xv);
+        OptionalTensor dxv, dwv, dbv;
+        nb::object dx = c.new_optional(need_dx, OpCall::spec_like(xv, xv.dtype, k), &dxv);
+        nb::object dweight =
+            c.new_optional(need_dweight, OpCall::spec_like(wv, wv.dtype, rows_cols(wv).second), &dwv);
+        nb::object dbias = c.new_optional(need_dbias, OpCall::spec(xv.dtype, {n}), &dbv);
         const OptionalTensor wsv = c.auto_workspace([&]() -> std::size_t {
-          const auto [rows, k] = rows_cols(xv);
           return linear_backward_workspace_size(rows, n, k, xv.dtype, act, xv.device);
         });
         c.run(nb::none(), [&](Stream s) {

@@ -83,16 +83,6 @@ class OpCall {
     return framework_scratch(bytes);
   }
 
-  // A new contiguous array of `dtype` and `shape` (ndim sizes) on the device of the first array
-  // argument, from that array's framework allocator (its DLPack exchange table; PyTorch: the
-  // caching allocator on the current stream), returned as the framework's own tensor object.
-  // fusekit.torch's eager paths allocate their outputs this way: one C++ call instead of one
-  // Python-level allocation per output. Raises when the first array came without an exchange
-  // table that has an allocator.
-  nb::object new_array(DType dtype, int ndim, const std::int64_t* shape, TensorView* view);
-  // new_array with the shape of `like` and its last size replaced by `last`.
-  nb::object new_array_like(const TensorView& like, DType dtype, std::int64_t last, TensorView* view);
-
   // Several new contiguous arrays carved from ONE framework allocation (each 256-byte aligned),
   // plus optionally `scratch_bytes` of u8 scratch memory for this call: one allocator call
   // instead of one per array, which is most of the host time of an op with several outputs.
@@ -106,9 +96,16 @@ class OpCall {
     bool capsule = false;
   };
   static ArraySpec spec(DType dtype, std::initializer_list<std::int64_t> shape, bool capsule = false);
+  // The shape of `like` with its last size replaced by `last` (a 0-d `like` gives shape (last)).
   static ArraySpec spec_like(const TensorView& like, DType dtype, std::int64_t last);
   void new_arrays(int count, const ArraySpec* specs, nb::object* objects, TensorView* views,
                   std::size_t scratch_bytes = 0, OptionalTensor* scratch = nullptr);
+
+  // One new contiguous array from the framework's allocator (see new_arrays), as the framework's
+  // tensor object: fusekit.torch's eager paths allocate their outputs this way, inside the call.
+  nb::object new_array(const ArraySpec& spec, TensorView* view);
+  // new_array when `wanted`, else None and an empty `view` (an output the caller did not ask for).
+  nb::object new_optional(bool wanted, const ArraySpec& spec, OptionalTensor* view);
 
   // A new float32 array of `count` values on the device of the first array argument, from the
   // allocator of that array's framework (its DLPack exchange table), handed to Python as an opaque

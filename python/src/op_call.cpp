@@ -360,27 +360,29 @@ void* OpCall::allocate(const void* exchange_api, Device device, DType dtype, int
   return out;
 }
 
-nb::object OpCall::new_array(DType dtype, int ndim, const std::int64_t* shape, TensorView* view) {
+nb::object OpCall::new_array(const ArraySpec& spec, TensorView* view) {
   const auto* api = static_cast<const dl::ExchangeApi*>(first_api_);
   if (api && !api->managed_tensor_to_py_object_no_sync) api = nullptr;
   auto* out = static_cast<dl::ManagedTensorVersioned*>(
-      allocate(api, first_device_, dtype, ndim, shape, "an output"));
+      allocate(api, first_device_, spec.dtype, spec.ndim, spec.shape, "an output"));
   const dl::Tensor& t = out->dl_tensor;
-  *view = TensorView::from_arrays(static_cast<char*>(t.data) + t.byte_offset, dtype, first_device_,
-                                  ndim, shape, nullptr);
+  *view = TensorView::from_arrays(static_cast<char*>(t.data) + t.byte_offset, spec.dtype, first_device_,
+                                  spec.ndim, spec.shape, nullptr);
   void* object = nullptr;
   if (api->managed_tensor_to_py_object_no_sync(out, &object) != 0 || !object)
     throw nb::python_error();  // the table took ownership of `out` either way
   return nb::steal(static_cast<PyObject*>(object));
 }
 
-nb::object OpCall::new_array_like(const TensorView& like, DType dtype, std::int64_t last,
-                                  TensorView* view) {
-  std::int64_t shape[kMaxDims];
-  const int ndim = like.ndim > 0 ? like.ndim : 1;
-  for (int d = 0; d < like.ndim; ++d) shape[d] = like.shape[d];
-  shape[ndim - 1] = last;
-  return new_array(dtype, ndim, shape, view);
+nb::object OpCall::new_optional(bool wanted, const ArraySpec& spec, OptionalTensor* view) {
+  if (!wanted) {
+    *view = std::nullopt;
+    return nb::none();
+  }
+  TensorView made;
+  nb::object object = new_array(spec, &made);
+  *view = made;
+  return object;
 }
 
 namespace {
