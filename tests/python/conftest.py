@@ -23,3 +23,13 @@ def rng(request):
 def seed(rng):
     """An integer seed for frameworks with their own generators (torch.manual_seed)."""
     return int(rng.integers(0, 2**31 - 1))
+
+
+@pytest.fixture(params=["fast", "op"])
+def path(request):
+    """Both eager paths of fusekit.torch: the dispatcher-free fast path and the registered custom
+    op (for the PyTorch tests, which import torch first)."""
+    import fusekit.torch as fk
+    fk.set_eager_fast_path(request.param == "fast")
+    yield request.param
+    fk.set_eager_fast_path(True)

@@ -20,6 +20,7 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed: the fusek
 import fusekit  # noqa: E402
 import fusekit.torch as fk  # noqa: E402
 from fk_testing import ACCUMULATION_FLOOR, run_without_dlpack_exchange  # noqa: E402
+from torch_testing import rel  # noqa: E402
 
 F = torch.nn.functional
 HAS_CUDA = torch.cuda.is_available()
@@ -43,21 +44,6 @@ def torch_sdpa(q, k, v, attn_mask=None, enable_gqa=False, **kw):
 
 def gpu_dtype(device):
     return torch.bfloat16 if device == "cuda" else torch.float32
-
-
-@pytest.fixture(params=["fast", "op"])
-def path(request):
-    """Both eager paths: the dispatcher-free fast path and the registered custom op."""
-    fk.set_eager_fast_path(request.param == "fast")
-    yield request.param
-    fk.set_eager_fast_path(True)
-
-
-def rel(a, ref):
-    a, ref = a.detach().double().cpu(), ref.detach().double().cpu()
-    assert a.shape == ref.shape, f"shape {tuple(a.shape)} != {tuple(ref.shape)}"
-    assert torch.isfinite(a).all(), "non-finite values"
-    return ((a - ref).norm() / ref.norm().clamp_min(1e-300)).item()
 
 
 def check_vs_pytorch(name, got, torch_same_dtype, ref64, dtype_name):

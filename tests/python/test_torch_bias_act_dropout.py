@@ -10,6 +10,7 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed: the fusek
 import fusekit  # noqa: E402
 import fusekit.torch as fk  # noqa: E402
 from fk_testing import ACCUMULATION_FLOOR  # noqa: E402
+from torch_testing import rel  # noqa: E402
 
 F = torch.nn.functional
 HAS_CUDA = torch.cuda.is_available()
@@ -27,13 +28,6 @@ ACTIVATIONS = {
 }
 
 
-@pytest.fixture(params=["fast", "op"])
-def path(request):
-    fk.set_eager_fast_path(request.param == "fast")
-    yield request.param
-    fk.set_eager_fast_path(True)
-
-
 def keep_factor(shape, p, seed, offset, device):
     """keep / (1 - p) in float64, the mask from the documented mapping."""
     if p == 0.0:
@@ -42,12 +36,6 @@ def keep_factor(shape, p, seed, offset, device):
     fusekit.dropout_keep_mask(seed, offset, p, mask)
     keep = torch.from_numpy(mask.astype(np.float64)).reshape(shape).to(device)
     return keep / (1.0 - float(np.float32(p)))
-
-
-def rel(a, ref):
-    a, ref = a.detach().double().cpu(), ref.detach().double().cpu()
-    assert a.shape == ref.shape and torch.isfinite(a).all()
-    return ((a - ref).norm() / ref.norm().clamp_min(1e-300)).item()
 
 
 def check(name, got, ref64, dtype_name):

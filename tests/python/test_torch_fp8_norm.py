@@ -10,26 +10,13 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed: the fusek
 import fusekit  # noqa: E402
 import fusekit.torch as fk  # noqa: E402
 from fk_testing import ACCUMULATION_FLOOR, run_without_dlpack_exchange  # noqa: E402
+from torch_testing import rel  # noqa: E402
 
 F = torch.nn.functional
 HAS_CUDA = torch.cuda.is_available()
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device"))]
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 EPS = 1e-6
-
-
-@pytest.fixture(params=["fast", "op"])
-def path(request):
-    fk.set_eager_fast_path(request.param == "fast")
-    yield request.param
-    fk.set_eager_fast_path(True)
-
-
-def rel(a, ref):
-    a, ref = a.detach().double().cpu(), ref.detach().double().cpu()
-    assert a.shape == ref.shape, f"shape {tuple(a.shape)} != {tuple(ref.shape)}"
-    assert torch.isfinite(a).all(), "non-finite values"
-    return ((a - ref).norm() / ref.norm().clamp_min(1e-300)).item()
 
 
 def dequantize(q, scales, group):

@@ -9,6 +9,7 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed: the fusek
 import fusekit  # noqa: E402
 import fusekit.torch as fk  # noqa: E402
 from fk_testing import ACCUMULATION_FLOOR, run_without_dlpack_exchange  # noqa: E402
+from torch_testing import rel  # noqa: E402
 
 F = torch.nn.functional
 HAS_CUDA = torch.cuda.is_available()
@@ -22,19 +23,6 @@ ACTIVATIONS = {
     "squared_relu": lambda h: F.relu(h).square(),
     "silu": F.silu,
 }
-
-
-@pytest.fixture(params=["fast", "op"])
-def path(request):
-    fk.set_eager_fast_path(request.param == "fast")
-    yield request.param
-    fk.set_eager_fast_path(True)
-
-
-def rel(a, ref):
-    a, ref = a.detach().double().cpu(), ref.detach().double().cpu()
-    assert a.shape == ref.shape and torch.isfinite(a).all()
-    return ((a - ref).norm() / ref.norm().clamp_min(1e-300)).item()
 
 
 def check_vs_pytorch(name, got, torch_same_dtype, ref64, dtype_name):

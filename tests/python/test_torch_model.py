@@ -7,6 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed: the fusekit.torch tests need it")
 import fusekit.torch as fk  # noqa: E402
+from torch_testing import rel  # noqa: E402
 
 F = torch.nn.functional
 HAS_CUDA = torch.cuda.is_available()
@@ -50,12 +51,6 @@ def plain_forward(m, x):
 def dtype_for(device):
     # fusekit's attention kernels take f16/bf16 on the GPU; the CPU reference float32 and float64.
     return torch.bfloat16 if device == "cuda" else torch.float32
-
-
-def rel(a, ref):
-    a, ref = a.detach().double().cpu(), ref.detach().double().cpu()
-    assert a.shape == ref.shape and torch.isfinite(a).all()
-    return ((a - ref).norm() / ref.norm().clamp_min(1e-300)).item()
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -15,26 +15,12 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed: the fusek
 import fusekit  # noqa: E402
 import fusekit.torch as fk  # noqa: E402
 from fk_testing import ACCUMULATION_FLOOR, run_without_dlpack_exchange  # noqa: E402
+from torch_testing import rel  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device"))]
 cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
-
-
-@pytest.fixture(params=["fast", "op"])
-def path(request):
-    """Both eager paths: the dispatcher-free fast path and the registered custom op."""
-    fk.set_eager_fast_path(request.param == "fast")
-    yield request.param
-    fk.set_eager_fast_path(True)
-
-
-def rel(a, ref):
-    a, ref = a.detach().double().cpu(), ref.detach().double().cpu()
-    assert a.shape == ref.shape, f"shape {tuple(a.shape)} != {tuple(ref.shape)}"
-    assert torch.isfinite(a).all(), "non-finite values"
-    return ((a - ref).norm() / ref.norm().clamp_min(1e-300)).item()
 
 
 def check_vs_pytorch(name, got, torch_same_dtype, ref64, dtype_name):
