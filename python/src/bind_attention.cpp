@@ -161,6 +161,42 @@ bool operand_ready(const TensorView& t, int dims) {
   return true;
 }
 
+
+// The body of both backward bindings (the explicit one and fusekit.torch's cfg one): converts
+// the arrays, takes the workspace (an array, None or 'auto') and runs the op.
+struct BackwardArgs {
+  nb::handle dout, q, k, v, out, lse, bias, dq, dk, dv, dbias, cu_seqlens_q, cu_seqlens_k;
+  std::int64_t max_seqlen_q, max_seqlen_k;
+  bool deterministic;
+};
+
+void run_backward(OpCall& c, const AttentionConfig& config, const BackwardArgs& a,
+                  nb::handle workspace, nb::handle stream) {
+  const TensorView dov = c.tensor(a.dout, "dout", Access::read);
+  const TensorView qv = c.tensor(a.q, "q", Access::read);
+  const TensorView kv = c.tensor(a.k, "k", Access::read);
+  const TensorView vv = c.tensor(a.v, "v", Access::read);
+  const TensorView ov = c.tensor(a.out, "out", Access::read);
+  const TensorView lv = c.tensor(a.lse, "lse", Access::read);
+  const OptionalTensor bv = c.optional(a.bias, "bias", Access::read);
+  const OptionalTensor dqv = c.optional(a.dq, "dq", Access::write);
+  const OptionalTensor dkv = c.optional(a.dk, "dk", Access::write);
+  const OptionalTensor dvv = c.optional(a.dv, "dv", Access::write);
+  const OptionalTensor dbv = c.optional(a.dbias, "dbias", Access::write);
+  const std::optional<AttentionVarlen> vl =
+      varlen_arg(c, a.cu_seqlens_q, a.cu_seqlens_k, a.max_seqlen_q, a.max_seqlen_k);
+  const OptionalTensor wsv = c.workspace(workspace, [&]() -> std::size_t {
+    AttentionShape shape;
+    if (!(dqv || dkv || dvv || dbv) || !shape_from_arrays(qv, kv, vv, vl, dbv.has_value(), &shape))
+      return 0;
+    return attention_backward_workspace_size(shape, config, a.deterministic, qv.device);
+  });
+  c.run(stream, [&](Stream s) {
+    attention_backward(dov, qv, kv, vv, ov, lv, bv, config, dqv, dkv, dvv, dbv, vl, a.deterministic,
+                       wsv, s);
+  });
+}
+
 }  // namespace
 
 void bind_attention(nb::module_& m) {
@@ -259,29 +295,10 @@ void bind_attention(nb::module_& m) {
         OpCall c("attention_backward");
         const AttentionConfig config = make_config(scale, mask, window_left, window_right,
                                                    dropout_p, seed, offset, c.op());
-        const TensorView dov = c.tensor(dout, "dout", Access::read);
-        const TensorView qv = c.tensor(q, "q", Access::read);
-        const TensorView kv = c.tensor(k, "k", Access::read);
-        const TensorView vv = c.tensor(v, "v", Access::read);
-        const TensorView ov = c.tensor(out, "out", Access::read);
-        const TensorView lv = c.tensor(lse, "lse", Access::read);
-        const OptionalTensor bv = c.optional(bias, "bias", Access::read);
-        const OptionalTensor dqv = c.optional(dq, "dq", Access::write);
-        const OptionalTensor dkv = c.optional(dk, "dk", Access::write);
-        const OptionalTensor dvv = c.optional(dv, "dv", Access::write);
-        const OptionalTensor dbv = c.optional(dbias, "dbias", Access::write);
-        const std::optional<AttentionVarlen> vl =
-            varlen_arg(c, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
-        const OptionalTensor wsv = c.workspace(workspace, [&]() -> std::size_t {
-          AttentionShape shape;
-          if (!(dqv || dkv || dvv || dbv) || !shape_from_arrays(qv, kv, vv, vl, dbv.has_value(), &shape))
-            return 0;
-          return attention_backward_workspace_size(shape, config, deterministic, qv.device);
-        });
-        c.run(stream, [&](Stream s) {
-          attention_backward(dov, qv, kv, vv, ov, lv, bv, config, dqv, dkv, dvv, dbv, vl,
-                             deterministic, wsv, s);
-        });
+        run_backward(c, config,
+                     {dout, q, k, v, out, lse, bias, dq, dk, dv, dbias, cu_seqlens_q, cu_seqlens_k,
+                      max_seqlen_q, max_seqlen_k, deterministic},
+                     workspace, stream);
       },
       arg("dout").none(), arg("q").none(), arg("k").none(), arg("v").none(), arg("out").none(),
       arg("lse").none(), arg("bias").none(), arg("dq").none() = none, arg("dk").none() = none,
@@ -347,29 +364,10 @@ void bind_attention(nb::module_& m) {
          bool deterministic) {
         OpCall c("attention_backward");
         const AttentionConfig config = config_from_tuple(cfg, c.op());
-        const TensorView dov = c.tensor(dout, "dout", Access::read);
-        const TensorView qv = c.tensor(q, "q", Access::read);
-        const TensorView kv = c.tensor(k, "k", Access::read);
-        const TensorView vv = c.tensor(v, "v", Access::read);
-        const TensorView ov = c.tensor(out, "out", Access::read);
-        const TensorView lv = c.tensor(lse, "lse", Access::read);
-        const OptionalTensor bv = c.optional(bias, "bias", Access::read);
-        const OptionalTensor dqv = c.optional(dq, "dq", Access::write);
-        const OptionalTensor dkv = c.optional(dk, "dk", Access::write);
-        const OptionalTensor dvv = c.optional(dv, "dv", Access::write);
-        const OptionalTensor dbv = c.optional(dbias, "dbias", Access::write);
-        const std::optional<AttentionVarlen> vl = varlen_arg(
-            c, cu_seqlens_q, cu_seqlens_k, nb::cast<std::int64_t>(cfg[7]), nb::cast<std::int64_t>(cfg[8]));
-        const OptionalTensor wsv = c.auto_workspace([&]() -> std::size_t {
-          AttentionShape shape;
-          if (!(dqv || dkv || dvv || dbv) || !shape_from_arrays(qv, kv, vv, vl, dbv.has_value(), &shape))
-            return 0;
-          return attention_backward_workspace_size(shape, config, deterministic, qv.device);
-        });
-        c.run(nb::none(), [&](Stream s) {
-          attention_backward(dov, qv, kv, vv, ov, lv, bv, config, dqv, dkv, dvv, dbv, vl,
-                             deterministic, wsv, s);
-        });
+        run_backward(c, config,
+                     {dout, q, k, v, out, lse, bias, dq, dk, dv, dbias, cu_seqlens_q, cu_seqlens_k,
+                      nb::cast<std::int64_t>(cfg[7]), nb::cast<std::int64_t>(cfg[8]), deterministic},
+                     nb::str("auto"), nb::none());
       },
       arg("dout"), arg("q"), arg("k"), arg("v"), arg("out"), arg("lse"), arg("bias").none(),
       arg("dq").none(), arg("dk").none(), arg("dv").none(), arg("dbias").none(), arg("cfg"),
