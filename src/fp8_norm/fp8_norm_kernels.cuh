@@ -38,6 +38,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
+#include <cooperative_groups.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -421,7 +422,8 @@ __device__ __forceinline__ float scale_from_partials(const ForwardParams& p,
                                                      const float* __restrict__ block_amax,
                                                      int count, float* scratch) {
   float a = 0.0f;
-  for (int i = threadIdx.x; i < count; i += blockDim.x) a = fmaxf(a, block_amax[i]);
+  // Through L2 (__ldcg): in the fused forward other blocks wrote them during this kernel.
+  for (int i = threadIdx.x; i < count; i += blockDim.x) a = fmaxf(a, __ldcg(block_amax + i));
   a = block_max(a, scratch);
   const float max_finite = fp8_max(QF::kIsE4M3);
   if (blockIdx.x == 0 && threadIdx.x == 0) *p.y_scale = tensor_scale(a, max_finite);
@@ -679,6 +681,323 @@ __global__ void __launch_bounds__(kQuantThreads)
   }
 }
 
+
+// =============================================================================================
+// Forward, fused: one cooperative kernel that reads x once where it can.
+//
+// The two-kernel forward reads x twice (the second read partly from L2). Here one block per SM
+// walks the same 128 x 128 tiles in both phases and keeps the bytes it copied in phase 1 in
+// shared memory for phase 2: `stash` slots hold the block's first tiles for the whole kernel, and
+// the ring slots that stream the rest still hold the last few when phase 1 ends. Only the tiles in
+// between are read again, newest first (those are the ones L2 most likely still holds).
+//  phase 1   per tile: each row's partial sum of squares (float64) and max |xd * w| over the
+//            tile's 128 columns, written to the workspace ([tile column][row]);
+//  barrier
+//  phase 1b  each block finishes a slice of the rows: the partials summed in tile-column order
+//            (fixed: bitwise reproducible), rstd written, the slice's max |y| to the workspace;
+//  barrier
+//  phase 2   the global max gives the scale; per tile as in quantize_vector_kernel: qy row-major
+//            and, through a swizzled shared tile, qy_t.
+// A thread always reads back exactly the x bytes its own cp.async copied (the phase-1 and
+// phase-2 row-major roles are the same), so the staged bytes need no barrier.
+
+inline constexpr int kFusedThreads = 512;
+// Ring slots: the current tile and five ahead. One block per SM needs about 64 KB of loads in
+// flight to keep its share of HBM busy; the ring's depth costs no stash, since its last
+// kFusedRing tiles stay on chip for phase 2 just as the stashed ones do.
+inline constexpr int kFusedRing = 6;
+inline constexpr int kTileBytes = kTile * kTile;
+// Every slot holds one tile: 2 rows (row_base, row_base + 64) x 16 bytes per thread.
+static_assert(kFusedThreads * 2 * 16 == kTileBytes, "one tile per slot");
+
+struct FusedWorkspace {
+  float* block_amax;  // gridDim.x
+  double* row_sum;    // [tiles_n][rows]
+  float* row_max;     // [tiles_n][rows]
+};
+
+// Byte layout of the forward workspace (the same for both forward designs: the two-kernel one
+// uses only the block maxima).
+struct ForwardWorkspaceLayout {
+  std::size_t amax_bytes, sum_bytes, max_bytes;
+  static std::size_t round256(std::size_t b) { return (b + 255) / 256 * 256; }
+  ForwardWorkspaceLayout(std::int64_t rows, std::int64_t cols, int max_blocks) {
+    const std::size_t partials = static_cast<std::size_t>((cols + kTile - 1) / kTile) * rows;
+    amax_bytes = round256(static_cast<std::size_t>(max_blocks) * sizeof(float));
+    sum_bytes = round256(partials * sizeof(double));
+    max_bytes = round256(partials * sizeof(float));
+  }
+  std::size_t total() const { return amax_bytes + sum_bytes + max_bytes; }
+  FusedWorkspace carve(void* base) const {
+    char* b = static_cast<char*>(base);
+    return {reinterpret_cast<float*>(b), reinterpret_cast<double*>(b + amax_bytes),
+            reinterpret_cast<float*>(b + amax_bytes + sum_bytes)};
+  }
+};
+
+// Tile layout for 8-row transposing reads: word w of row r at w ^ (((r >> 3) & 7) << 2). A warp's
+// 8 row segments of 8 rows then hit 8 distinct 4-word groups: 32 banks.
+__device__ __forceinline__ int tile_word8(int r, int w) { return r * 32 + (w ^ (((r >> 3) & 7) << 2)); }
+
+// Fused forward. Dynamic shared memory: (stash + kFusedRing) x slots of kTileBytes, then the
+// transposition tile. The launcher guarantees tiles < 2^31 and a cooperative launch.
+template <class XF, class QF, typename SC, typename W>
+__global__ void __launch_bounds__(kFusedThreads, 1)
+    fused_forward_kernel(ForwardParams p, FusedWorkspace ws, int stash, bool qy_t_vector_stores) {
+  extern __shared__ uint4 fused_smem[];
+  __shared__ float scratch[32];
+  const int slots = stash + kFusedRing;
+  std::uint32_t* tile = reinterpret_cast<std::uint32_t*>(fused_smem + slots * 2 * kFusedThreads);
+
+  const std::uint8_t* __restrict__ x = static_cast<const std::uint8_t*>(p.x);
+  const SC* __restrict__ scales = static_cast<const SC*>(p.scales);
+  const W* __restrict__ weight = static_cast<const W*>(p.weight);
+  std::uint8_t* __restrict__ qy = static_cast<std::uint8_t*>(p.qy);
+  std::uint8_t* __restrict__ qy_t = static_cast<std::uint8_t*>(p.qy_t);
+  __nv_bfloat16* __restrict__ y = static_cast<__nv_bfloat16*>(p.y);
+
+  const int tiles_m = static_cast<int>((p.rows + kTile - 1) / kTile);
+  const int tiles_n = static_cast<int>((p.cols + kTile - 1) / kTile);
+  const int tiles = tiles_m * tiles_n;
+  const int block = static_cast<int>(blockIdx.x), grid = static_cast<int>(gridDim.x);
+  const int my_tiles = tiles > block ? (tiles - block + grid - 1) / grid : 0;
+  // Row-major roles (both phases): 8 threads per row, 16 columns each, rows row_base + 64 k.
+  const int vec = threadIdx.x & 7, row_base = threadIdx.x >> 3;
+  // Transposing roles: 4 columns (one word) and 8 rows per thread.
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int word = (warp & 7) * 4 + (lane & 3), segment = (lane >> 2) + 8 * (warp >> 3);
+
+  auto slot_of = [&](int j) { return j < stash ? j : stash + (j - stash) % kFusedRing; };
+  auto staged = [&](int j, int k) -> uint4* { return fused_smem + (slot_of(j) * 2 + k) * kFusedThreads + threadIdx.x; };
+  // Tile j of this block: (row0, col0).
+  auto origin = [&](int j, std::int64_t& row0, std::int64_t& col0) {
+    const int t = block + j * grid;
+    const int q = t / tiles_n;
+    row0 = std::int64_t(q) * kTile;
+    col0 = std::int64_t(t - q * tiles_n) * kTile;
+  };
+  // Copies this thread's x bytes of tile j into its slot; one commit group per call (empty when
+  // there is nothing to copy) so that the wait counts stay uniform.
+  auto issue = [&](int j) {
+    if (j >= 0 && j < my_tiles) {
+      std::int64_t row0, col0;
+      origin(j, row0, col0);
+      const std::int64_t col = col0 + vec * 16;
+      if (col < p.cols) {
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          const std::int64_t row = row0 + row_base + 64 * k;
+          if (row < p.rows) cp_async16(staged(j, k), x + row * p.x_row_stride + col);
+        }
+      }
+    }
+    cp_async_commit();
+  };
+
+  // Weights, scales (and in phase 2 rstd) of tile j, loaded a tile ahead of their use: with one
+  // block per SM, a load issued only when needed would stall the whole block once per tile.
+  struct Scalars {
+    RawWeights16<W> w;
+    float sc[2], rstd[2];
+  };
+  auto load_scalars = [&](int j, Scalars& d, bool with_rstd) {
+    if (j < 0 || j >= my_tiles) return;
+    std::int64_t row0, col0;
+    origin(j, row0, col0);
+    const std::int64_t col = col0 + vec * 16;
+    if (col >= p.cols) return;
+    d.w.load(weight + col);
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const std::int64_t row = row0 + row_base + 64 * k;
+      d.sc[k] = row < p.rows ? to_float(scales[row * p.scale_row_stride + (col >> p.log2_group)]) : 0.0f;
+      if (with_rstd) d.rstd[k] = row < p.rows ? __ldcg(p.rstd + row) : 0.0f;
+    }
+  };
+  Scalars cur{}, next{};
+
+  // ---- phase 1: per-tile row partials ----
+#pragma unroll
+  for (int j = 0; j < kFusedRing - 1; ++j) issue(j);
+  load_scalars(0, cur, false);
+  for (int j = 0; j < my_tiles; ++j) {
+    issue(j + kFusedRing - 1);  // into the slot tile j - 1 left
+    load_scalars(j + 1, next, false);
+    cp_async_wait<kFusedRing - 1>();  // tile j landed
+    std::int64_t row0, col0;
+    origin(j, row0, col0);
+    const std::int64_t col = col0 + vec * 16;
+    const bool in_cols = col < p.cols;
+    float w[16];
+    cur.w.unpack(w);
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const std::int64_t row = row0 + row_base + 64 * k;
+      double sum_squares = 0.0;
+      float max_xw = 0.0f;
+      if (in_cols && row < p.rows) {
+        const float sc = cur.sc[k];
+        float q[16];
+        decode16<XF>(*staged(j, k), q);
+        // As in stats_vector_kernel: 16 exact squares summed in float32, scaled in float64.
+        float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int i = 0; i < 16; ++i) a[i & 3] += q[i] * q[i];
+        const double scale = sc;
+        sum_squares = static_cast<double>((a[0] + a[1]) + (a[2] + a[3])) * (scale * scale);
+        if constexpr (kExactProducts<SC, W>) {
+          float m = 0.0f;
+#pragma unroll
+          for (int i = 0; i < 16; ++i) m = fmaxf(m, fabsf(q[i] * w[i]));
+          max_xw = m * fabsf(sc);
+        } else {
+#pragma unroll
+          for (int i = 0; i < 16; ++i) max_xw = fmaxf(max_xw, fabsf(weighted(dequantize(q[i], sc), w[i])));
+        }
+      }
+      // The row's 8 threads are 8 consecutive lanes.
+#pragma unroll
+      for (int off = 1; off < 8; off <<= 1) {
+        sum_squares += __shfl_xor_sync(0xffffffffu, sum_squares, off);
+        max_xw = fmaxf(max_xw, __shfl_xor_sync(0xffffffffu, max_xw, off));
+      }
+      if (vec == 0 && row < p.rows) {
+        const std::int64_t at = (col0 / kTile) * p.rows + row;
+        ws.row_sum[at] = sum_squares;
+        ws.row_max[at] = max_xw;
+      }
+    }
+    cur = next;
+  }
+  cp_async_wait<0>();
+  cooperative_groups::this_grid().sync();
+
+  // ---- phase 1b: rstd and max |y| for a slice of the rows ----
+  {
+    const std::int64_t per_block = (p.rows + grid - 1) / grid;
+    const std::int64_t first = std::int64_t(block) * per_block;
+    const std::int64_t last = min(p.rows, first + per_block);
+    float amax = 0.0f;
+    // 4 lanes per row, each summing every 4th tile column (4 loads in flight), then combined by
+    // an xor butterfly: a fixed order, and all 4 lanes hold the bitwise-same sum.
+    const int part = threadIdx.x & 3;
+    for (std::int64_t base = first; base < last; base += kFusedThreads / 4) {
+      const std::int64_t row = base + (threadIdx.x >> 2);
+      double sum_squares = 0.0;
+      float max_xw = 0.0f;
+      if (row < last) {
+        int c = part;
+        for (; c + 12 < tiles_n; c += 16) {
+          double s4[4];
+          float m4[4];
+#pragma unroll
+          for (int u = 0; u < 4; ++u) {
+            s4[u] = __ldcg(ws.row_sum + std::int64_t(c + 4 * u) * p.rows + row);
+            m4[u] = __ldcg(ws.row_max + std::int64_t(c + 4 * u) * p.rows + row);
+          }
+#pragma unroll
+          for (int u = 0; u < 4; ++u) {
+            sum_squares += s4[u];
+            max_xw = fmaxf(max_xw, m4[u]);
+          }
+        }
+        for (; c < tiles_n; c += 4) {
+          sum_squares += __ldcg(ws.row_sum + std::int64_t(c) * p.rows + row);
+          max_xw = fmaxf(max_xw, __ldcg(ws.row_max + std::int64_t(c) * p.rows + row));
+        }
+      }
+#pragma unroll
+      for (int off = 1; off < 4; off <<= 1) {
+        sum_squares += __shfl_xor_sync(0xffffffffu, sum_squares, off);
+        max_xw = fmaxf(max_xw, __shfl_xor_sync(0xffffffffu, max_xw, off));
+      }
+      if (row < last && part == 0) {
+        const float rstd = rstd_from_sum_squares(sum_squares, p.cols, p.eps);
+        p.rstd[row] = rstd;
+        amax = fmaxf(amax, normalized(max_xw, rstd));
+      }
+    }
+    amax = block_max(amax, scratch);
+    if (threadIdx.x == 0) ws.block_amax[block] = amax;
+  }
+  cooperative_groups::this_grid().sync();
+
+  // ---- phase 2: quantize and transpose, newest tile first ----
+  const float multiplier = scale_from_partials<QF>(p, ws.block_amax, grid, scratch);
+  // The ring slots still hold the last min(kFusedRing, my_tiles - stash) tiles. After tile j is
+  // used, its slot receives tile j - kFusedRing if that is a ring tile; stashed tiles are in place.
+  load_scalars(my_tiles - 1, cur, true);
+  for (int i = 0; i < my_tiles; ++i) {
+    const int j = my_tiles - 1 - i;
+    load_scalars(j - 1, next, true);
+    cp_async_wait<kFusedRing - 1>();  // the copy of tile j (issued kFusedRing tiles ago) landed
+    std::int64_t row0, col0;
+    origin(j, row0, col0);
+    const std::int64_t col = col0 + vec * 16;
+    if (col < p.cols) {
+      float w[16];
+      cur.w.unpack(w);
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const int r = row_base + 64 * k;
+        const std::int64_t row = row0 + r;
+        if (row >= p.rows) continue;
+        const float sc = cur.sc[k], rstd = cur.rstd[k];
+        float v[16];
+        decode16<XF>(*staged(j, k), v);
+#pragma unroll
+        for (int e = 0; e < 16; ++e) v[e] = normalized(weighted(dequantize(v[e], sc), w[e]), rstd);
+        if (y) {
+          uint4* dst = reinterpret_cast<uint4*>(y + row * p.y_row_stride + col);
+          dst[0] = pack_bf16x8(v);
+          dst[1] = pack_bf16x8(v + 8);
+        }
+#pragma unroll
+        for (int e = 0; e < 16; ++e) v[e] *= multiplier;
+        const uint4 packed = encode16<QF>(v);
+        __stcs(reinterpret_cast<uint4*>(qy + row * p.qy_row_stride + col), packed);
+        *reinterpret_cast<uint4*>(&tile[tile_word8(r, vec * 4)]) = packed;
+      }
+    }
+    // This thread's bytes of tile j are consumed: refill the slot.
+    issue(j - kFusedRing >= stash ? j - kFusedRing : -1);
+    __syncthreads();
+
+    // qy_t rows col0 + 4 * word + c (c < 4), bytes row0 + 8 * segment .. + 7.
+    const std::int64_t t_row = col0 + 4 * word, t_col = row0 + 8 * segment;
+    if (t_row < p.cols && t_col < p.rows) {
+      std::uint32_t in[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) in[e] = tile[tile_word8(8 * segment + e, word)];
+      // 4x4 byte transposes: out[c][h] holds column c's bytes of rows 4h .. 4h + 3.
+      std::uint32_t out[4][2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const std::uint32_t a = in[4 * h], b = in[4 * h + 1], c = in[4 * h + 2], d = in[4 * h + 3];
+        const std::uint32_t ab_lo = __byte_perm(a, b, 0x5140), cd_lo = __byte_perm(c, d, 0x5140);
+        const std::uint32_t ab_hi = __byte_perm(a, b, 0x7362), cd_hi = __byte_perm(c, d, 0x7362);
+        out[0][h] = __byte_perm(ab_lo, cd_lo, 0x5410);
+        out[1][h] = __byte_perm(ab_lo, cd_lo, 0x7632);
+        out[2][h] = __byte_perm(ab_hi, cd_hi, 0x5410);
+        out[3][h] = __byte_perm(ab_hi, cd_hi, 0x7632);
+      }
+      const bool full = qy_t_vector_stores && t_col + 8 <= p.rows;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        std::uint8_t* dst = qy_t + (t_row + c) * p.qy_t_row_stride + t_col;
+        if (full) {
+          __stcs(reinterpret_cast<uint2*>(dst), make_uint2(out[c][0], out[c][1]));
+        } else {
+          for (int b = 0; b < 8 && t_col + b < p.rows; ++b)
+            dst[b] = static_cast<std::uint8_t>(out[c][b >> 2] >> (8 * (b & 3)));
+        }
+      }
+    }
+    __syncthreads();  // the tile is rewritten by the next iteration
+    cur = next;
+  }
+  cp_async_wait<0>();
+}
 
 // =============================================================================================
 // Backward.
