@@ -12,7 +12,6 @@ struct DeviceInfo {
   int l2_bytes = 0;
   std::size_t max_smem_per_block_optin = 0;
   int max_threads_per_sm = 0;
-  bool cooperative_launch = false;  // grids whose blocks synchronize with each other
 };
 
 // Throws Error(invalid_argument) for a device index that does not exist.

@@ -48,7 +48,6 @@ const DeviceInfo& device_info(const char* op, int device_index) {
     info.l2_bytes = prop.l2CacheSize;
     info.max_smem_per_block_optin = prop.sharedMemPerBlockOptin;
     info.max_threads_per_sm = prop.maxThreadsPerMultiProcessor;
-    info.cooperative_launch = prop.cooperativeLaunch != 0;
   });
   return cache[device_index];
 }

@@ -6,8 +6,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "core/cuda_check.h"
@@ -174,64 +172,6 @@ void launch_quantize(const ForwardParams& p, bool vector, int sms, int device_in
   detail::check_launch(op, "fp8 rms norm quantize/transpose kernel");
 }
 
-// Which forward design runs: the fused cooperative kernel where it can, else the two kernels.
-// FUSEKIT_FP8_FORWARD=two_pass forces the two kernels (read on every call, so that tests and
-// benchmarks can compare both in one process).
-bool fused_forward_wanted() {
-  const char* env = std::getenv("FUSEKIT_FP8_FORWARD");
-  return env == nullptr || std::strcmp(env, "two_pass") != 0;
-}
-
-// Launches the fused forward (vector path only) as a cooperative grid of one block per SM.
-// Returns false, having launched nothing, where the GPU cannot run it: no cooperative launch,
-// too little shared memory for one stashed tile, or a refused launch.
-template <class XF, class QF, typename SC, typename W>
-bool launch_fused(const ForwardParams& p, int device_index, cudaStream_t stream) {
-  const char* op = "fp8_rms_norm_forward";
-  const auto& info = detail::device_info(op, device_index);
-  if (!info.cooperative_launch) return false;
-  auto kernel = fused_forward_kernel<XF, QF, SC, W>;
-  cudaFuncAttributes attributes{};
-  FUSEKIT_CUDA_CHECK(op, cudaFuncGetAttributes(&attributes, kernel));
-  const std::size_t budget = info.max_smem_per_block_optin - std::min(info.max_smem_per_block_optin,
-                                                                      std::size_t(attributes.sharedSizeBytes));
-  // Slots: the stash, the ring, and the transposition tile.
-  const int max_stash = static_cast<int>(budget / kTileBytes) - kFusedRing - 1;
-  if (max_stash < 1) return false;
-  const std::int64_t tiles = ((p.rows + kTile - 1) / kTile) * ((p.cols + kTile - 1) / kTile);
-  const int grid = static_cast<int>(std::min<std::int64_t>(tiles, info.sm_count));
-  const std::int64_t per_block = (tiles + grid - 1) / grid;
-  const int stash = static_cast<int>(std::min<std::int64_t>(max_stash, per_block));
-  const std::size_t smem = static_cast<std::size_t>(stash + kFusedRing + 1) * kTileBytes;
-  allow_smem(op, device_index, kernel, smem);
-  int resident = 0;
-  FUSEKIT_CUDA_CHECK(op, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kFusedThreads, smem));
-  if (resident < 1) return false;
-  const ForwardWorkspaceLayout layout(p.rows, p.cols, info.sm_count * kStatsBlocksPerSm);
-  if (layout.total() > p.workspace_bytes)
-    throw Error(ErrorKind::invalid_argument, op, "workspace", "at least " + std::to_string(layout.total()) + " bytes",
-                std::to_string(p.workspace_bytes) + " bytes");
-  const FusedWorkspace ws = layout.carve(p.workspace);
-  const bool t_vector = reinterpret_cast<std::uintptr_t>(p.qy_t) % 8 == 0 && p.qy_t_row_stride % 8 == 0;
-
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeCooperative;
-  attribute.val.cooperative = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(grid);
-  config.blockDim = dim3(kFusedThreads);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  if (cudaLaunchKernelEx(&config, kernel, p, ws, stash, t_vector) != cudaSuccess) {
-    cudaGetLastError();  // refused (e.g. the GPU is shared): the two-kernel forward runs instead
-    return false;
-  }
-  detail::check_launch(op, "fp8 rms norm fused forward kernel");
-  return true;
-}
-
 // ---- backward --------------------------------------------------------------------------------
 
 struct BackwardConfig {
@@ -301,7 +241,7 @@ int launch_backward_main(const BackwardParams& p, const BackwardConfig& c, int s
 std::size_t forward_workspace_cuda(std::int64_t rows, std::int64_t cols, int device_index) {
   if (rows <= 0 || cols <= 0) return 0;
   const int sms = detail::device_info("fp8_rms_norm_forward_workspace_size", device_index).sm_count;
-  return ForwardWorkspaceLayout(rows, cols, sms * kStatsBlocksPerSm).total();
+  return round_up_256(static_cast<std::size_t>(sms) * kStatsBlocksPerSm * sizeof(float));
 }
 
 std::size_t backward_workspace_cuda(std::int64_t rows, std::int64_t cols, int device_index) {
@@ -316,8 +256,7 @@ void forward_cuda(const ForwardParams& p, int device_index, Stream stream) {
   const auto s = static_cast<cudaStream_t>(stream);
   const int sms = detail::device_info(op, device_index).sm_count;
   const bool vector = forward_vector_ok(p);
-  float* block_amax = static_cast<float*>(p.workspace);  // the first field of the layout
-  const bool fused = vector && p.rows > 0 && fused_forward_wanted();
+  float* block_amax = static_cast<float*>(p.workspace);
   int block_count = 0;
   dispatch_fp8(p.x_dtype, [&](auto xf) {
     dispatch_real(p.scale_dtype, [&](auto sc) {
@@ -325,11 +264,6 @@ void forward_cuda(const ForwardParams& p, int device_index, Stream stream) {
         using XF = decltype(xf);
         using SC = decltype(sc);
         using W = decltype(w);
-        bool done = false;
-        if (fused) {
-          dispatch_fp8(p.q_dtype, [&](auto qf) { done = launch_fused<XF, decltype(qf), SC, W>(p, device_index, s); });
-        }
-        if (done) return;
         if (p.rows > 0) block_count = launch_stats<XF, SC, W>(p, vector, sms, device_index, block_amax, s);
         // Launched even for M = 0: it writes the scale of the empty tensor.
         dispatch_fp8(p.q_dtype, [&](auto qf) {
