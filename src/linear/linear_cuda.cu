@@ -254,6 +254,10 @@ ForwardPath choose_forward_path(const ForwardParams& p, lt::Epilogue* e) {
     const bool exact = p.activation == Activation::none || p.activation == Activation::relu;
     return (lt_ok && exact) ? ForwardPath::cublaslt_epilogue : ForwardPath::unfused;
   }
+  // gelu_tanh: the CUTLASS epilogue (sigmoid form, one ex2 and one rcp per element) stays within
+  // the plain GEMM's time where cuBLASLt's GELU / GELU_AUX epilogues ran 3-11% over it (H200,
+  // session 5, performance-notes.md). The other cuBLASLt epilogues (bias, relu) are kept.
+  if (p.activation == Activation::gelu_tanh && cutlass_eligible(p)) return ForwardPath::cutlass_fused;
   if (lt_ok) return ForwardPath::cublaslt_epilogue;
   if (cutlass_eligible(p)) return ForwardPath::cutlass_fused;
   return ForwardPath::unfused;

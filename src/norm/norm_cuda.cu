@@ -90,7 +90,9 @@ RowPlan plan_rows(std::int64_t vectors, bool backward) {
   const int tpr = plan.geometry.threads_per_row;
   if (!backward) {
     // Forward: 128-thread blocks (several one-warp or two-warp rows), one row for longer rows.
-    plan.geometry.rows_per_block = std::max(1, 128 / tpr);
+    // FUSEKIT_NORM_FWD_BLOCK (128..512) overrides the block size (tuning knob).
+    static const int forward_block = env_knob("FUSEKIT_NORM_FWD_BLOCK", 128, 512, 128);
+    plan.geometry.rows_per_block = std::max(1, forward_block / tpr);
     return plan;
   }
   // Backward: several row groups per block (each with its own barrier) so that the block writes

@@ -617,8 +617,9 @@ TEST(LinearGpu, AutomaticRouting) {
     ForwardPath path;
   };
   const Expect expectations[] = {
-      {{DType::bf16, Activation::gelu_tanh, 256, 512, 128, true, false, 0}, ForwardPath::cublaslt_epilogue},
-      {{DType::bf16, Activation::gelu_tanh, 256, 512, 128, true, true, 0}, ForwardPath::cublaslt_epilogue},
+      {{DType::bf16, Activation::gelu_tanh, 256, 512, 128, true, false, 0}, ForwardPath::cutlass_fused},
+      {{DType::bf16, Activation::gelu_tanh, 256, 512, 128, true, true, 0}, ForwardPath::cutlass_fused},
+      {{DType::bf16, Activation::gelu_tanh, 256, 512, 126, true, true, 0}, ForwardPath::cublaslt_epilogue},  // K % 8
       {{DType::bf16, Activation::relu, 256, 512, 128, true, false, 0}, ForwardPath::cublaslt_epilogue},
       {{DType::bf16, Activation::none, 256, 512, 128, false, false, 0}, ForwardPath::cublaslt_epilogue},
       {{DType::bf16, Activation::relu, 256, 512, 128, true, true, 0}, ForwardPath::cutlass_fused},
