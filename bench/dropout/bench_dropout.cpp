@@ -2,7 +2,6 @@
 // backward. Bytes counted as the issue asks, each tensor that must move once: forward reads x and
 // the bias and writes y; backward reads dy, x and the bias and writes dx and dbias. The dbias
 // partial rows (a few MB of scratch) are not counted: they are fusekit's overhead.
-#include <cuda_runtime.h>
 #include <fmt/format.h>
 
 #include <vector>
@@ -47,14 +46,9 @@ void bench_dropout(Report& report) {
     auto t2 = [&](const DeviceBuffer& buf) { return TensorView(buf.get(), DType::bf16, gpu, {rows, cols}); };
     auto vec = [&](const DeviceBuffer& buf) { return TensorView(buf.get(), DType::bf16, gpu, {cols}); };
 
-    // A device-to-device copy of the forward's bytes at this size (impl "copy"): what a plain
-    // memcpy reaches against the 1 GiB ceiling when launch and ramp costs are not amortized.
-    const Timing tc = time_kernel(
-        [&](int r) {
-          cuda_check(cudaMemcpyAsync(sets[r].y.get(), sets[r].x.get(), bytes, cudaMemcpyDeviceToDevice),
-                     "copy");
-        },
-        rotations);
+    // The forward's bytes as one memcpy (impl "copy").
+    const Timing tc = time_same_size_copy(
+        bytes, rotations, [&](int r) { return sets[r].y.get(); }, [&](int r) { return sets[r].x.get(); });
     report.add({"bias_act_dropout", "fwd", fmt::format("({}, {})", rows, cols), "copy", tc.median_us,
                 2.0 * bytes});
     for (Activation act : {Activation::gelu_tanh, Activation::relu}) {

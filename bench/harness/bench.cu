@@ -77,6 +77,13 @@ int rotations_for(std::size_t bytes) {
   return static_cast<int>(std::max<std::size_t>(2, (want + bytes - 1) / std::max<std::size_t>(bytes, 1)));
 }
 
+Timing time_same_size_copy(std::size_t bytes, int rotations, const std::function<void*(int)>& dst,
+                           const std::function<const void*(int)>& src) {
+  return time_kernel(
+      [&](int r) { cuda_check(cudaMemcpyAsync(dst(r), src(r), bytes, cudaMemcpyDeviceToDevice), "copy"); },
+      rotations);
+}
+
 Timing time_kernel(const std::function<void(int)>& fn, int rotations, int warmup, int runs) {
   for (int i = 0; i < warmup; ++i) fn(i % rotations);
   cuda_check(cudaDeviceSynchronize(), "warm-up");

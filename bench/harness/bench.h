@@ -42,6 +42,13 @@ std::pair<Timing, Timing> time_interleaved(const std::function<void(int rotation
                                            const std::function<void(int rotation)>& b,
                                            int rotations, int warmup = 10, int runs = 100);
 
+// A device-to-device cudaMemcpy of `bytes` per call, from src(r) to dst(r) for rotation r, timed
+// like a kernel: what a plain memcpy of an op's bytes reaches at that size, where launch and ramp
+// costs are not amortized as in the 1 GiB copy ceiling. The memory-bound benches report it as
+// impl "copy" beside their rows.
+Timing time_same_size_copy(std::size_t bytes, int rotations, const std::function<void*(int rotation)>& dst,
+                           const std::function<const void*(int rotation)>& src);
+
 // How many copies of a working set of `bytes` are needed so that cycling through them overflows
 // L2 twice over (at least 2).
 int rotations_for(std::size_t bytes);

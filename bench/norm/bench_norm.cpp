@@ -1,7 +1,6 @@
 // LayerNorm / RMSNorm benchmarks: bf16, forward and backward, on the shapes plus two
 // with N not a power of two. Bytes counted as in shared/anchors: forward reads x and writes y
 // (2 x 2 bytes per element), backward reads dy and x and writes dx (3 x 2 bytes per element).
-#include <cuda_runtime.h>
 #include <fmt/format.h>
 
 #include <cstdlib>
@@ -72,14 +71,9 @@ void bench_norm(Report& report, const std::string& only) {
       };
       for (int r = 0; r < rotations; ++r) forward(r);  // saved statistics for backward
       const std::string shape = fmt::format("({}, {})", rows, cols);
-      if (!rms) {
-        // A device-to-device copy of the forward's bytes at this size (impl "copy"): what a plain
-        // memcpy reaches against the 1 GiB ceiling when launch and ramp costs are not amortized.
-        const Timing tc = time_kernel(
-            [&](int r) {
-              cuda_check(cudaMemcpyAsync(sets[r].y.get(), sets[r].x.get(), bytes, cudaMemcpyDeviceToDevice), "copy");
-            },
-            rotations);
+      if (!rms) {  // the forward's bytes as one memcpy (once per shape for both norms)
+        const Timing tc = time_same_size_copy(
+            bytes, rotations, [&](int r) { return sets[r].y.get(); }, [&](int r) { return sets[r].x.get(); });
         report.add({"norm", "fwd", shape, "copy", tc.median_us, 2.0 * bytes});
       }
       const Timing tf = time_kernel(forward, rotations);
