@@ -77,12 +77,12 @@ __device__ __forceinline__ float decode1(std::uint8_t byte) {
   return __half2float(__half(__nv_cvt_fp8_to_halfraw(byte, F::kKind)));
 }
 
-// 16 fp8 values (one 16-byte vector), two at a time (cvt.rn.f16x2.e4m3x2 / e5m2x2).
-template <class F>
-__device__ __forceinline__ void decode16(const uint4& raw, float (&q)[16]) {
-  const std::uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+// 4 * WORDS fp8 values packed in 32-bit words (first value in the lowest byte), two at a time
+// (cvt.rn.f16x2.e4m3x2 / e5m2x2).
+template <class F, int WORDS>
+__device__ __forceinline__ void decode_words(const std::uint32_t (&words)[WORDS], float (&q)[4 * WORDS]) {
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {
+  for (int k = 0; k < WORDS; ++k) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const __half2_raw pair = __nv_cvt_fp8x2_to_halfraw2(
@@ -92,6 +92,13 @@ __device__ __forceinline__ void decode16(const uint4& raw, float (&q)[16]) {
       q[4 * k + 2 * h + 1] = f.y;
     }
   }
+}
+
+// 16 fp8 values (one 16-byte vector).
+template <class F>
+__device__ __forceinline__ void decode16(const uint4& raw, float (&q)[16]) {
+  const std::uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+  decode_words<F>(words, q);
 }
 
 // 16 floats -> 16 fp8 bytes (round to nearest even, saturate to the finite max), first value in
@@ -221,17 +228,7 @@ __device__ __forceinline__ void wait_for_prerequisite_grid() { asm volatile("gri
 template <class F>
 __device__ __forceinline__ void decode8(const uint2& raw, float (&q)[8]) {
   const std::uint32_t words[2] = {raw.x, raw.y};
-#pragma unroll
-  for (int k = 0; k < 2; ++k) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const __half2_raw pair = __nv_cvt_fp8x2_to_halfraw2(
-          static_cast<__nv_fp8x2_storage_t>(words[k] >> (16 * h)), F::kKind);
-      const float2 f = __half22float2(__half2(pair));
-      q[4 * k + 2 * h] = f.x;
-      q[4 * k + 2 * h + 1] = f.y;
-    }
-  }
+  decode_words<F>(words, q);
 }
 
 // Stages the weights in shared memory as floats, in runs of 4 * quads weights ("units"):
