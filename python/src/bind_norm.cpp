@@ -50,6 +50,19 @@ std::pair<TensorView, TensorView> split_stats(OpCall& c, const TensorView& stats
           TensorView::from_arrays(base + rows[0], DType::f32, stats.device, 1, rows, nullptr)};
 }
 
+// The part of both layer_norm backward bindings after the statistics are known (the explicit
+// mean/rstd one and fusekit.torch's packed-stats one).
+void run_layer_norm_backward(OpCall& c, const TensorView& dyv, const TensorView& xv, nb::handle weight,
+                             const TensorView& mv, const TensorView& rv, nb::handle dx, nb::handle dweight,
+                             nb::handle dbias, nb::handle workspace, nb::handle stream) {
+  const OptionalTensor wv = c.optional(weight, "weight", Access::read);
+  const OptionalTensor dxv = c.optional(dx, "dx", Access::write);
+  const OptionalTensor dwv = c.optional(dweight, "dweight", Access::write);
+  const OptionalTensor dbv = c.optional(dbias, "dbias", Access::write);
+  const OptionalTensor wsv = c.workspace(workspace, norm_workspace(xv, dwv || dbv));
+  c.run(stream, [&](Stream s) { layer_norm_backward(dyv, xv, wv, mv, rv, dxv, dwv, dbv, wsv, s); });
+}
+
 }  // namespace
 
 void bind_norm(nb::module_& m) {
@@ -132,15 +145,8 @@ void bind_norm(nb::module_& m) {
         OpCall c("layer_norm_backward");
         const TensorView dyv = c.tensor(dy, "dy", Access::read);
         const TensorView xv = c.tensor(x, "x", Access::read);
-        const OptionalTensor wv = c.optional(weight, "weight", Access::read);
         const auto [mv, rv] = split_stats(c, c.tensor(stats, "stats", Access::read));
-        const OptionalTensor dxv = c.optional(dx, "dx", Access::write);
-        const OptionalTensor dwv = c.optional(dweight, "dweight", Access::write);
-        const OptionalTensor dbv = c.optional(dbias, "dbias", Access::write);
-        const OptionalTensor wsv = c.workspace(workspace, norm_workspace(xv, dwv || dbv));
-        c.run(stream, [&](Stream s) {
-          layer_norm_backward(dyv, xv, wv, mv, rv, dxv, dwv, dbv, wsv, s);
-        });
+        run_layer_norm_backward(c, dyv, xv, weight, mv, rv, dx, dweight, dbias, workspace, stream);
       },
       arg("dy").none(), arg("x").none(), arg("weight").none(), arg("stats").none(),
       arg("dx").none(), arg("dweight").none(), arg("dbias").none(), arg("workspace").none(),
@@ -196,16 +202,9 @@ void bind_norm(nb::module_& m) {
         OpCall c("layer_norm_backward");
         const TensorView dyv = c.tensor(dy, "dy", Access::read);
         const TensorView xv = c.tensor(x, "x", Access::read);
-        const OptionalTensor wv = c.optional(weight, "weight", Access::read);
         const TensorView mv = c.tensor(mean, "mean", Access::read);
         const TensorView rv = c.tensor(rstd, "rstd", Access::read);
-        const OptionalTensor dxv = c.optional(dx, "dx", Access::write);
-        const OptionalTensor dwv = c.optional(dweight, "dweight", Access::write);
-        const OptionalTensor dbv = c.optional(dbias, "dbias", Access::write);
-        const OptionalTensor wsv = c.workspace(workspace, norm_workspace(xv, dwv || dbv));
-        c.run(stream, [&](Stream s) {
-          layer_norm_backward(dyv, xv, wv, mv, rv, dxv, dwv, dbv, wsv, s);
-        });
+        run_layer_norm_backward(c, dyv, xv, weight, mv, rv, dx, dweight, dbias, workspace, stream);
       },
       arg("dy").none(), arg("x").none(), arg("weight").none(), arg("mean").none(), arg("rstd").none(),
       arg("dx").none() = none, arg("dweight").none() = none, arg("dbias").none() = none,
