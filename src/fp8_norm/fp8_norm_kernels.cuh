@@ -174,16 +174,23 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
 
 // Sum over the row group of 2^log2_tpr threads (aligned in the block); every thread of the group
 // gets the bitwise-same total (xor butterfly, then warps added in index order). `scratch` holds
-// one float per warp of the block and must not be rewritten before the next __syncthreads()
-// (callers alternate two buffers). Contains __syncthreads() when the group spans warps: every
-// thread of the block must call it. Groups of at most 256 threads.
+// one float per warp of the block and must not be rewritten before the group's next barrier
+// (callers alternate two buffers). When the group spans warps it synchronizes the group: with
+// __syncthreads() if the group is the whole block, else with its own hardware barrier
+// (1 + group index); every thread of the group must call it. Groups of at most 256 threads.
 __device__ __forceinline__ float row_sum(float v, int log2_tpr, float* scratch) {
   const int tpr = 1 << log2_tpr;
   const int width = tpr < 32 ? tpr : 32;
   for (int off = width >> 1; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
   if (tpr > 32) {
     if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
-    __syncthreads();
+    if (tpr == static_cast<int>(blockDim.x)) {
+      __syncthreads();
+    } else {
+      // Only this row group waits (hardware barrier 1 + group): the block's other row groups go
+      // on with their own rows instead of lining up behind the slowest one every row.
+      asm volatile("bar.sync %0, %1;\n" ::"r"(1 + (threadIdx.x >> log2_tpr)), "r"(tpr) : "memory");
+    }
     const int warps = tpr >> 5, first = (threadIdx.x >> log2_tpr) * warps;
     float s = 0.0f;
 #pragma unroll
