@@ -27,6 +27,7 @@
 #include <cstdint>
 
 #include "core/activation.h"
+#include "core/device_vector.cuh"
 #include "dropout/dropout_grid.h"
 #include "dropout/dropout_mask.h"
 #include "dropout/dropout_params.h"
@@ -46,76 +47,12 @@ struct Tuning {
   static constexpr int kBlocksPerSm = BlocksPerSm;
 };
 
-// ---- element conversions ------------------------------------------------------------------
+// ---- element conversions (core/device_vector.cuh) -------------------------------------------
 
-template <typename T>
-__device__ __forceinline__ float to_float(T v);
-template <>
-__device__ __forceinline__ float to_float<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ float to_float<__half>(__half v) { return __half2float(v); }
-template <>
-__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-
-// Two floats into one 32-bit word of 16-bit values (one pack instruction on sm_90).
-template <typename T>
-__device__ __forceinline__ std::uint32_t pack2(float a, float b);
-template <>
-__device__ __forceinline__ std::uint32_t pack2<__half>(float a, float b) {
-  const __half2 h = __floats2half2_rn(a, b);
-  return *reinterpret_cast<const std::uint32_t*>(&h);
-}
-template <>
-__device__ __forceinline__ std::uint32_t pack2<__nv_bfloat16>(float a, float b) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-  return *reinterpret_cast<const std::uint32_t*>(&h);
-}
-
-// 16 bytes of T <-> 16 / sizeof(T) floats.
-template <typename T>
-__device__ __forceinline__ void unpack16(const uint4& raw, float (&out)[16 / sizeof(T)]) {
-  if constexpr (sizeof(T) == 4) {
-    out[0] = __uint_as_float(raw.x);
-    out[1] = __uint_as_float(raw.y);
-    out[2] = __uint_as_float(raw.z);
-    out[3] = __uint_as_float(raw.w);
-  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    // bf16 is the high half of a float: one shift or one mask per element (the generic
-    // conversion of a high half costs a byte permute and a shift).
-    const std::uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      out[2 * j] = __uint_as_float(w[j] << 16);
-      out[2 * j + 1] = __uint_as_float(w[j] & 0xFFFF0000u);
-    }
-  } else {
-    const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-    for (int i = 0; i < int(16 / sizeof(T)); ++i) out[i] = to_float(e[i]);
-  }
-}
-
-template <typename T>
-__device__ __forceinline__ uint4 pack16(const float (&in)[16 / sizeof(T)]) {
-  uint4 raw;
-  if constexpr (sizeof(T) == 4) {
-    raw = make_uint4(__float_as_uint(in[0]), __float_as_uint(in[1]), __float_as_uint(in[2]),
-                     __float_as_uint(in[3]));
-  } else {
-    raw = make_uint4(pack2<T>(in[0], in[1]), pack2<T>(in[2], in[3]), pack2<T>(in[4], in[5]),
-                     pack2<T>(in[6], in[7]));
-  }
-  return raw;
-}
+using detail::device::from_float;
+using detail::device::pack16;
+using detail::device::to_float;
+using detail::device::unpack16;
 
 // VEC values of W starting at a 16-byte aligned address, as floats.
 template <typename W, int VEC>
@@ -336,12 +273,9 @@ __global__ void __launch_bounds__(kThreads, Chunk::Tune::kBlocksPerSm)
 
 // ---- backward ------------------------------------------------------------------------------
 
-// Lets the dependent kernel (the partial-row reduction, launched with programmatic stream
-// serialization) start its launch while this grid drains; it still waits for this grid's
-// results in griddepcontrol.wait.
-__device__ __forceinline__ void allow_dependent_launch() {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-}
+// The dependent kernel (the partial-row reduction, launched with programmatic stream
+// serialization) may start its launch while this grid drains (allow_dependent_launch).
+using detail::device::allow_dependent_launch;
 
 // Backward steps: in0 = dy, in1 = x, out0 = dx.
 template <typename T, typename W, typename Chunk, typename Act>
@@ -485,7 +419,7 @@ template <typename D>
 __global__ void __launch_bounds__(32 * kReduceLanes)
     reduce_partials_kernel(const float* __restrict__ partial, int partial_rows, std::int64_t cols,
                            D* __restrict__ dbias) {
-  asm volatile("griddepcontrol.wait;" ::: "memory");  // the backward kernel's partial rows
+  detail::device::wait_for_prerequisite_grid();  // the backward kernel's partial rows
   __shared__ float sums[kReduceLanes][33];
   const std::int64_t col = std::int64_t(blockIdx.x) * 32 + threadIdx.x;
   float s = 0.0f;

@@ -43,6 +43,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "core/device_vector.cuh"
 #include "fp8_norm/fp8_norm_math.h"
 #include "fp8_norm/fp8_norm_params.h"
 
@@ -57,15 +58,13 @@ struct E5M2 {
   static constexpr bool kIsE4M3 = false;
 };
 
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+// Element conversions and 16-byte vectors: core/device_vector.cuh.
+using detail::device::from_float;
+using detail::device::pack16;
+using detail::device::pack16_from;
+using detail::device::to_float;
+using detail::device::unpack16;
+using detail::device::unpack16_to;
 
 __device__ __forceinline__ uint4 load16(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
 // Read-once data (dy): evict-first.
@@ -122,25 +121,6 @@ __device__ __forceinline__ std::uint8_t encode1(float v) {
   return static_cast<std::uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, F::kKind));
 }
 
-__device__ __forceinline__ void unpack_bf16x8(const uint4& raw, float* out) {
-  const std::uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    out[2 * k] = __uint_as_float(words[k] << 16);
-    out[2 * k + 1] = __uint_as_float(words[k] & 0xFFFF0000u);
-  }
-}
-
-__device__ __forceinline__ uint4 pack_bf16x8(const float* v) {
-  std::uint32_t words[4];
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const __nv_bfloat162 pair = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
-    words[k] = *reinterpret_cast<const std::uint32_t*>(&pair);
-  }
-  return make_uint4(words[0], words[1], words[2], words[3]);
-}
-
 // 16 consecutive weights (16-byte aligned), as floats; read through the read-only cache (the
 // same weights serve every row).
 __device__ __forceinline__ void load_w16(const float* w, float (&out)[16]) {
@@ -154,8 +134,8 @@ __device__ __forceinline__ void load_w16(const float* w, float (&out)[16]) {
   }
 }
 __device__ __forceinline__ void load_w16(const __nv_bfloat16* w, float (&out)[16]) {
-  unpack_bf16x8(__ldg(reinterpret_cast<const uint4*>(w)), out);
-  unpack_bf16x8(__ldg(reinterpret_cast<const uint4*>(w) + 1), out + 8);
+  unpack16_to<__nv_bfloat16>(__ldg(reinterpret_cast<const uint4*>(w)), out);
+  unpack16_to<__nv_bfloat16>(__ldg(reinterpret_cast<const uint4*>(w) + 1), out + 8);
 }
 
 // Max over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
@@ -189,7 +169,7 @@ __device__ __forceinline__ float row_sum(float v, int log2_tpr, float* scratch) 
     } else {
       // Only this row group waits (hardware barrier 1 + group): the block's other row groups go
       // on with their own rows instead of lining up behind the slowest one every row.
-      asm volatile("bar.sync %0, %1;\n" ::"r"(1 + (threadIdx.x >> log2_tpr)), "r"(tpr) : "memory");
+      detail::device::group_barrier(1 + (threadIdx.x >> log2_tpr), tpr);
     }
     const int warps = tpr >> 5, first = (threadIdx.x >> log2_tpr) * warps;
     float s = 0.0f;
@@ -204,16 +184,14 @@ __device__ __forceinline__ float row_sum(float v, int log2_tpr, float* scratch) 
 
 // ---- asynchronous copies and programmatic dependent launch ------------------------------------
 
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
+using detail::device::shared_address;
 // Streaming data read once: 16 bytes bypass L1.
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(smem)), "l"(gmem) : "memory");
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address(smem)), "l"(gmem) : "memory");
 }
 // 8-byte copies must go through L1 (.ca); a warp's 32 of them cover 256 contiguous bytes.
 __device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_addr(smem)), "l"(gmem) : "memory");
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(shared_address(smem)), "l"(gmem) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // Waits until at most N of this thread's committed groups are still in flight.
@@ -222,14 +200,9 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-// Lets the next kernel in the stream, when launched with programmatic stream serialization,
-// begin launching now; it still waits for this grid's results in griddepcontrol.wait.
-__device__ __forceinline__ void allow_dependent_launch() {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-}
-// Waits for the grid this one depends on to complete and its writes to be visible (a no-op when
-// the kernel was launched without programmatic stream serialization).
-__device__ __forceinline__ void wait_for_prerequisite_grid() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+// Programmatic dependent launch: core/device_vector.cuh.
+using detail::device::allow_dependent_launch;
+using detail::device::wait_for_prerequisite_grid;
 
 // 8 fp8 values (one 8-byte word pair).
 template <class F>
@@ -457,8 +430,8 @@ struct RawWeights16 {
         out[4 * r + 3] = __uint_as_float(word[r].w);
       }
     } else {
-      unpack_bf16x8(word[0], out);
-      unpack_bf16x8(word[1], out + 8);
+      unpack16_to<__nv_bfloat16>(word[0], out);
+      unpack16_to<__nv_bfloat16>(word[1], out + 8);
     }
   }
 };
@@ -591,8 +564,8 @@ __global__ void __launch_bounds__(kQuantThreads, 3)
         for (int i = 0; i < 16; ++i) v[i] = normalized(weighted(dequantize(v[i], cur.sc[k]), w[i]), cur.rstd[k]);
         if (y) {
           uint4* dst = reinterpret_cast<uint4*>(y + row * p.y_row_stride + col);
-          dst[0] = pack_bf16x8(v);
-          dst[1] = pack_bf16x8(v + 8);
+          dst[0] = pack16_from<__nv_bfloat16>(v);
+          dst[1] = pack16_from<__nv_bfloat16>(v + 8);
         }
 #pragma unroll
         for (int i = 0; i < 16; ++i) v[i] *= multiplier;
@@ -796,7 +769,7 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
   auto read_oct = [&](int st, int kk, float (&q)[8], float (&d)[8], float (&w)[8]) {
     const int slot = (st * K + kk) * kBwdThreads + threadIdx.x;
     decode8<XF>(x_stage[slot], q);
-    unpack_bf16x8(dy_stage[slot], d);
+    unpack16<__nv_bfloat16>(dy_stage[slot], d);
     const int j = kk * tpr + t;
     const float4 lo = w4[j], hi = w4[count + j];
     w[0] = lo.x, w[1] = lo.y, w[2] = lo.z, w[3] = lo.w;
@@ -859,7 +832,7 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
         const float c = (sc[kk] * rstd) * mean_gx;  // x_hat * mean = q * c
 #pragma unroll
         for (int i = 0; i < 8; ++i) d[i] = fmaf(-q[i], c, d[i] * w[i]) * rstd;
-        *reinterpret_cast<uint4*>(dx_row + oct_col + kk * oct_step) = pack_bf16x8(d);
+        *reinterpret_cast<uint4*>(dx_row + oct_col + kk * oct_step) = pack16<__nv_bfloat16>(d);
       }
     }
 #pragma unroll

@@ -16,72 +16,18 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
-#include <cstring>
 #include <type_traits>
 
+#include "core/device_vector.cuh"
 #include "norm/norm_params.h"
 
 namespace fusekit::norm::kernels {
 
-template <typename T>
-__device__ __forceinline__ float to_float(T v);
-template <>
-__device__ __forceinline__ float to_float<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ float to_float<__half>(__half v) { return __half2float(v); }
-template <>
-__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-
-// ---------------------------------------------------------------------------------------------
-// 16-byte vectors <-> floats. bf16 -> float is a shift or a mask of the 32-bit word (one
-// instruction per element; __bfloat162float on the high half costs a PRMT and a shift). Packing
-// uses the two-element converts (one F2FP per pair).
-template <typename T>
-__device__ __forceinline__ void unpack16(const uint4 raw, float (&out)[16 / sizeof(T)]) {
-  const unsigned word[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    if constexpr (std::is_same_v<T, float>) {
-      out[j] = __uint_as_float(word[j]);
-    } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-      out[2 * j] = __uint_as_float(word[j] << 16);
-      out[2 * j + 1] = __uint_as_float(word[j] & 0xffff0000u);
-    } else {
-      __half2 h;
-      memcpy(&h, &word[j], 4);
-      const float2 f = __half22float2(h);
-      out[2 * j] = f.x;
-      out[2 * j + 1] = f.y;
-    }
-  }
-}
-
-template <typename T>
-__device__ __forceinline__ uint4 pack16(const float (&in)[16 / sizeof(T)]) {
-  unsigned word[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    if constexpr (std::is_same_v<T, float>) {
-      word[j] = __float_as_uint(in[j]);
-    } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-      const __nv_bfloat162 h = __floats2bfloat162_rn(in[2 * j], in[2 * j + 1]);
-      memcpy(&word[j], &h, 4);
-    } else {
-      const __half2 h = __floats2half2_rn(in[2 * j], in[2 * j + 1]);
-      memcpy(&word[j], &h, 4);
-    }
-  }
-  return make_uint4(word[0], word[1], word[2], word[3]);
-}
+// Element conversions and 16-byte vectors: core/device_vector.cuh.
+using detail::device::from_float;
+using detail::device::pack16;
+using detail::device::to_float;
+using detail::device::unpack16;
 
 // VEC consecutive elements of type W (VEC * sizeof(W) a multiple of 16) as floats.
 template <typename W, int VEC>
@@ -113,24 +59,22 @@ __device__ __forceinline__ void load_shared_floats(const float* p, float (&out)[
 // ---------------------------------------------------------------------------------------------
 // Bulk copies (TMA, sm_90) into shared memory with mbarrier completion. One thread moves a whole
 // row with one instruction: the other threads spend nothing on addresses or copy issue.
-__device__ __forceinline__ unsigned smem_address(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
+using detail::device::shared_address;
 __device__ __forceinline__ void mbarrier_init(std::uint64_t* bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(count) : "memory");
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(bar)), "r"(count) : "memory");
 }
 __device__ __forceinline__ void mbarrier_init_fence() {
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
 __device__ __forceinline__ void mbarrier_arrive(std::uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_address(bar)) : "memory");
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(shared_address(bar)) : "memory");
 }
 __device__ __forceinline__ void mbarrier_arrive_expect_tx(std::uint64_t* bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(bar)), "r"(bytes)
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(shared_address(bar)), "r"(bytes)
                : "memory");
 }
 __device__ __forceinline__ void mbarrier_wait(std::uint64_t* bar, unsigned parity) {
-  const unsigned address = smem_address(bar);
+  const unsigned address = shared_address(bar);
   unsigned done = 0;
   do {
     asm volatile(
@@ -146,8 +90,8 @@ __device__ __forceinline__ void mbarrier_wait(std::uint64_t* bar, unsigned parit
 __device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, unsigned bytes, std::uint64_t* bar) {
   asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-          smem_address(dst)),
-      "l"(src), "r"(bytes), "r"(smem_address(bar))
+          shared_address(dst)),
+      "l"(src), "r"(bytes), "r"(shared_address(bar))
       : "memory");
 }
 
@@ -161,11 +105,9 @@ struct RowGeometry {
 inline constexpr int kMaxGroups = 16;
 inline constexpr int kMaxStages = 4;
 
-// Synchronizes the `threads` threads of one row group only (hardware barrier `id`, 1..15; 0 is
-// __syncthreads'). Row groups of one block then never wait on each other's reductions.
-__device__ __forceinline__ void row_group_barrier(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
+// Row groups of one block synchronize on their own hardware barriers (group_barrier), so that
+// they never wait on each other's reductions.
+using detail::device::group_barrier;
 
 // Sums K values over the `tpr` threads of a row group; every thread gets the total. The shuffle
 // butterfly gives all lanes bitwise-identical sums, and the cross-warp step adds warps in index
@@ -199,7 +141,7 @@ __device__ __forceinline__ void row_allreduce(float (&v)[K], float* scratch, con
       for (int k = 0; k < K; ++k) scratch[team.warp_in_row * K + k] = v[k];
     }
     if constexpr (kGroupBarrier) {
-      row_group_barrier(team.barrier_id, team.tpr);
+      group_barrier(team.barrier_id, team.tpr);
     } else {
       __syncthreads();
     }

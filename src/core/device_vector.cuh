@@ -1,0 +1,118 @@
+// Device-side element conversions and 16-byte vector packing shared by the memory-bound kernels
+// (norm, bias+activation+dropout, fp8 RMSNorm), and the sm_90 launch-control instructions they
+// use. Math is float32; storage is float, half or bfloat16.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace fusekit::detail::device {
+
+// ---- single elements --------------------------------------------------------------------------
+
+template <typename T>
+__device__ __forceinline__ float to_float(T v);
+template <>
+__device__ __forceinline__ float to_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ float to_float<__half>(__half v) { return __half2float(v); }
+template <>
+__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+// Two floats into one 32-bit word of 16-bit values, first in the low half (one F2FP on sm_90).
+template <typename T>
+__device__ __forceinline__ std::uint32_t pack2(float a, float b);
+template <>
+__device__ __forceinline__ std::uint32_t pack2<__half>(float a, float b) {
+  const __half2 h = __floats2half2_rn(a, b);
+  return *reinterpret_cast<const std::uint32_t*>(&h);
+}
+template <>
+__device__ __forceinline__ std::uint32_t pack2<__nv_bfloat16>(float a, float b) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<const std::uint32_t*>(&h);
+}
+
+// ---- 16-byte vectors --------------------------------------------------------------------------
+
+// 16 bytes of T -> 16 / sizeof(T) floats (unpack16_to: into out[0 .. 16 / sizeof(T))). bf16 is the high half of a float: one shift or one
+// mask per element (the generic conversion of a high half costs a byte permute and a shift).
+// `raw` is taken by value: from a reference into shared memory the compiler reads each word
+// with its own narrower load instead of one 16-byte load.
+template <typename T>
+__device__ __forceinline__ void unpack16_to(const uint4 raw, float* out) {
+  const std::uint32_t word[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    if constexpr (std::is_same_v<T, float>) {
+      out[j] = __uint_as_float(word[j]);
+    } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      out[2 * j] = __uint_as_float(word[j] << 16);
+      out[2 * j + 1] = __uint_as_float(word[j] & 0xFFFF0000u);
+    } else {
+      static_assert(std::is_same_v<T, __half>, "float, half or bfloat16");
+      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&word[j]));
+      out[2 * j] = f.x;
+      out[2 * j + 1] = f.y;
+    }
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void unpack16(const uint4 raw, float (&out)[16 / sizeof(T)]) {
+  unpack16_to<T>(raw, out);
+}
+
+// 16 / sizeof(T) floats -> 16 bytes of T, round to nearest even (pack16_from: from in[0 ..)).
+template <typename T>
+__device__ __forceinline__ uint4 pack16_from(const float* in) {
+  if constexpr (std::is_same_v<T, float>) {
+    return make_uint4(__float_as_uint(in[0]), __float_as_uint(in[1]), __float_as_uint(in[2]),
+                      __float_as_uint(in[3]));
+  } else {
+    return make_uint4(pack2<T>(in[0], in[1]), pack2<T>(in[2], in[3]), pack2<T>(in[4], in[5]),
+                      pack2<T>(in[6], in[7]));
+  }
+}
+template <typename T>
+__device__ __forceinline__ uint4 pack16(const float (&in)[16 / sizeof(T)]) {
+  return pack16_from<T>(in);
+}
+
+// ---- shared memory and launch control (sm_90) --------------------------------------------------
+
+// The 32-bit shared-window address of a shared-memory pointer (what cp.async, mbarrier and bulk
+// copies take).
+__device__ __forceinline__ unsigned shared_address(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+
+// Lets the next kernel in the stream, when launched with programmatic stream serialization,
+// begin launching now; it still waits for this grid's results in wait_for_prerequisite_grid().
+__device__ __forceinline__ void allow_dependent_launch() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+// Waits for the grid this one depends on to complete and its writes to be visible (a no-op when
+// the kernel was launched without programmatic stream serialization).
+__device__ __forceinline__ void wait_for_prerequisite_grid() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+// Synchronizes `threads` threads of the block on hardware barrier `id` (1..15; 0 is
+// __syncthreads'): a row group waits only for itself, not for the block's other row groups.
+__device__ __forceinline__ void group_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+}  // namespace fusekit::detail::device
