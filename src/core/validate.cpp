@@ -1,6 +1,7 @@
 #include "core/validate.h"
 
 #include <climits>
+#include <cstdint>
 
 namespace fusekit::detail {
 
@@ -96,6 +97,46 @@ void ArgCheck::row_limits(const RowLayout& layout, const char* arg, std::int64_t
          "N = " + std::to_string(layout.cols));
   if (layout.rows > INT_MAX)
     fail(arg, "at most 2^31 - 1 rows", std::to_string(layout.rows) + " rows");
+}
+
+RowLayout ArgCheck::leading_rows(const TensorView& t, const char* arg,
+                                 std::initializer_list<DType> allowed, std::int64_t max_cols) const {
+  dtype_in(t, arg, allowed);
+  const RowLayout layout = rows(t, arg);
+  row_limits(layout, arg, max_cols);
+  return layout;
+}
+
+RowLayout ArgCheck::rows_as(const TensorView& t, const char* arg, const TensorView& ref,
+                            const RowLayout& ref_layout, const char* ref_name) const {
+  const RowLayout l = rows(t, arg);
+  if (l.rows != ref_layout.rows || l.cols != ref_layout.cols)
+    fail(arg, "shape " + ref.shape_string() + " (as '" + ref_name + "')", t.shape_string());
+  return l;
+}
+
+RowLayout ArgCheck::rows_and_dtype_as(const TensorView& t, const char* arg, const TensorView& ref,
+                                      const RowLayout& ref_layout, const char* ref_name) const {
+  dtype_is(t, arg, ref.dtype, (std::string("as '") + ref_name + "'").c_str());
+  return rows_as(t, arg, ref, ref_layout, ref_name);
+}
+
+Workspace ArgCheck::workspace(const OptionalTensor& workspace, std::size_t need,
+                              const char* size_function, std::size_t alignment) const {
+  const std::string expected = "a contiguous u8 tensor of at least " + std::to_string(need) +
+                               " bytes (" + size_function + ")";
+  if (!workspace) fail("workspace", expected, "none");
+  const TensorView& ws = *workspace;
+  has_data(ws, "workspace");
+  if (ws.dtype != DType::u8 || static_cast<std::size_t>(ws.numel()) < need || !ws.is_contiguous())
+    fail("workspace", expected,
+         std::string(dtype_name(ws.dtype)) + " tensor of shape " + ws.shape_string());
+  const std::size_t misalignment = reinterpret_cast<std::uintptr_t>(ws.data) % alignment;
+  if (misalignment != 0)
+    fail("workspace", "a " + std::to_string(alignment) + "-byte aligned pointer",
+         "a pointer " + std::to_string(misalignment) + " bytes past a " +
+             std::to_string(alignment) + "-byte boundary");
+  return {ws.data, static_cast<std::size_t>(ws.numel())};
 }
 
 }  // namespace fusekit::detail

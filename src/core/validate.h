@@ -2,6 +2,7 @@
 // argument, what was expected and what came.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -30,6 +31,12 @@ inline NamedArg arg(const char* name, const OptionalTensor& t) {
   return {name, t ? &*t : nullptr};
 }
 
+// A caller-owned workspace that passed ArgCheck::workspace.
+struct Workspace {
+  void* data = nullptr;
+  std::size_t bytes = 0;
+};
+
 std::string dtype_list(std::initializer_list<DType> dtypes);
 
 class ArgCheck {
@@ -55,6 +62,21 @@ class ArgCheck {
   Device same_device(std::initializer_list<NamedArg> args) const;
   // Row count and length limits shared by the row-wise ops.
   void row_limits(const RowLayout& layout, const char* arg, std::int64_t max_cols) const;
+  // A row-wise op's main input (x, or dy backward): one of `allowed` dtypes, flattened to rows
+  // within row_limits.
+  RowLayout leading_rows(const TensorView& t, const char* arg, std::initializer_list<DType> allowed,
+                         std::int64_t max_cols) const;
+  // The rows and columns of `ref` (laid out as `ref_layout`), with a row stride of its own.
+  RowLayout rows_as(const TensorView& t, const char* arg, const TensorView& ref,
+                    const RowLayout& ref_layout, const char* ref_name) const;
+  // rows_as, and `ref`'s dtype too.
+  RowLayout rows_and_dtype_as(const TensorView& t, const char* arg, const TensorView& ref,
+                              const RowLayout& ref_layout, const char* ref_name) const;
+  // The caller's scratch memory: a contiguous u8 tensor of at least `need` bytes whose data is
+  // `alignment`-byte aligned. `size_function` is the public query that reports `need`; the
+  // message names it so that the caller knows how to size the buffer.
+  Workspace workspace(const OptionalTensor& workspace, std::size_t need, const char* size_function,
+                      std::size_t alignment) const;
 
  private:
   const char* op_;

@@ -59,15 +59,23 @@ void check_bias_like(const ArgCheck& check, const TensorView& t, const char* nam
                dtype_name(t.dtype));
 }
 
-// A tensor shaped and typed like `ref` (its own row stride allowed).
-RowLayout check_like(const ArgCheck& check, const TensorView& t, const char* name,
-                     const RowLayout& ref, const TensorView& ref_view, const char* ref_name) {
-  check.dtype_is(t, name, ref_view.dtype, (std::string("as '") + ref_name + "'").c_str());
-  const RowLayout l = check.rows(t, name);
-  if (l.rows != ref.rows || l.cols != ref.cols)
-    check.fail(name, "shape " + ref_view.shape_string() + " (as '" + ref_name + "')",
-               t.shape_string());
-  return l;
+// The fields both directions share: the config's scalars, the size and dtype of the tensor they
+// lead with (x forward, dy backward), and the optional bias (without one, bias_dtype is that
+// dtype).
+template <typename Params>
+void set_shared_fields(const ArgCheck& check, const BiasActDropoutConfig& config,
+                       const TensorView& lead, const RowLayout& layout, const OptionalTensor& bias,
+                       Params& p) {
+  p.s = check_config(check, config);
+  p.rows = layout.rows;
+  p.cols = layout.cols;
+  p.dtype = lead.dtype;
+  p.bias_dtype = lead.dtype;
+  if (bias) {
+    check_bias_like(check, *bias, "bias", layout.cols, lead.dtype);
+    p.bias = bias->data;
+    p.bias_dtype = bias->dtype;
+  }
 }
 
 }  // namespace
@@ -78,24 +86,13 @@ void bias_act_dropout_forward(const TensorView& x, const OptionalTensor& bias,
   ArgCheck check("bias_act_dropout_forward");
   const Device device = check.same_device(
       {arg("x", x), arg("bias", bias), arg("y", y), arg("pre_activation", pre_activation)});
-  check.dtype_in(x, "x", kActivationDtypes);
-  const RowLayout xl = check.rows(x, "x");
-  check.row_limits(xl, "x", kMaxCols);
-  const RowLayout yl = check_like(check, y, "y", xl, x, "x");
+  const RowLayout xl = check.leading_rows(x, "x", kActivationDtypes, kMaxCols);
+  const RowLayout yl = check.rows_and_dtype_as(y, "y", x, xl, "x");
 
   dropout::ForwardParams p;
-  p.s = check_config(check, config);
-  p.rows = xl.rows;
-  p.cols = xl.cols;
-  p.dtype = x.dtype;
-  p.bias_dtype = x.dtype;
-  if (bias) {
-    check_bias_like(check, *bias, "bias", xl.cols, x.dtype);
-    p.bias = bias->data;
-    p.bias_dtype = bias->dtype;
-  }
+  set_shared_fields(check, config, x, xl, bias, p);
   if (pre_activation) {
-    const RowLayout hl = check_like(check, *pre_activation, "pre_activation", xl, x, "x");
+    const RowLayout hl = check.rows_and_dtype_as(*pre_activation, "pre_activation", x, xl, "x");
     p.pre_activation = pre_activation->data;
     p.pre_activation_row_stride = hl.row_stride;
   }
@@ -126,25 +123,14 @@ void bias_act_dropout_backward(const TensorView& dy, const TensorView& x,
   const Device device = check.same_device({arg("dy", dy), arg("x", x), arg("bias", bias),
                                            arg("dx", dx), arg("dbias", dbias),
                                            arg("workspace", workspace)});
-  check.dtype_in(dy, "dy", kActivationDtypes);
-  const RowLayout dyl = check.rows(dy, "dy");
-  check.row_limits(dyl, "dy", kMaxCols);
-  const RowLayout xl = check_like(check, x, "x", dyl, dy, "dy");
+  const RowLayout dyl = check.leading_rows(dy, "dy", kActivationDtypes, kMaxCols);
+  const RowLayout xl = check.rows_and_dtype_as(x, "x", dy, dyl, "dy");
 
   dropout::BackwardParams p;
-  p.s = check_config(check, config);
-  p.rows = dyl.rows;
-  p.cols = dyl.cols;
-  p.dtype = dy.dtype;
-  p.bias_dtype = dy.dtype;
+  set_shared_fields(check, config, dy, dyl, bias, p);
   p.dbias_dtype = dy.dtype;
-  if (bias) {
-    check_bias_like(check, *bias, "bias", dyl.cols, dy.dtype);
-    p.bias = bias->data;
-    p.bias_dtype = bias->dtype;
-  }
   if (dx) {
-    const RowLayout dxl = check_like(check, *dx, "dx", dyl, dy, "dy");
+    const RowLayout dxl = check.rows_and_dtype_as(*dx, "dx", dy, dyl, "dy");
     p.dx = dx->data;
     p.dx_row_stride = dxl.row_stride;
   }
@@ -163,18 +149,10 @@ void bias_act_dropout_backward(const TensorView& dy, const TensorView& x,
     require_supported_gpu(check.op(), device.index);
     if (p.dbias && p.rows > 0) {
       const std::size_t need = dropout::backward_workspace_cuda(p.rows, p.cols, p.dtype, device.index);
-      const std::string expected = "a contiguous u8 tensor of at least " + std::to_string(need) +
-                                   " bytes (bias_act_dropout_backward_workspace_size)";
-      if (!workspace) check.fail("workspace", expected, "none");
-      const TensorView& ws = *workspace;
-      check.has_data(ws, "workspace");
-      if (ws.dtype != DType::u8 || static_cast<std::size_t>(ws.numel()) < need || !ws.is_contiguous())
-        check.fail("workspace", expected,
-                   std::string(dtype_name(ws.dtype)) + " tensor of shape " + ws.shape_string());
-      if (reinterpret_cast<std::uintptr_t>(ws.data) % 16 != 0)
-        check.fail("workspace", "a 16-byte aligned pointer", "a misaligned pointer");
+      const detail::Workspace ws =
+          check.workspace(workspace, need, "bias_act_dropout_backward_workspace_size", 16);
       p.workspace = ws.data;
-      p.workspace_bytes = static_cast<std::size_t>(ws.numel());
+      p.workspace_bytes = ws.bytes;
     }
     dropout::backward_cuda(p, device.index, stream);
   } else {

@@ -51,9 +51,7 @@ InputLayout check_input(const ArgCheck& check, const TensorView& x, const Tensor
                         int group_size, const RowLayout* expect_rows, const char* expect_name,
                         const TensorView* expect_view) {
   InputLayout in;
-  check.dtype_in(x, "x", kFp8Dtypes);
-  in.x = check.rows(x, "x");
-  check.row_limits(in.x, "x", kFp8NormMaxCols);
+  in.x = check.leading_rows(x, "x", kFp8Dtypes, kFp8NormMaxCols);
   if (expect_rows && (in.x.rows != expect_rows->rows || in.x.cols != expect_rows->cols))
     check.fail("x", "shape " + expect_view->shape_string() + " (as '" + expect_name + "')",
                x.shape_string());
@@ -69,27 +67,32 @@ InputLayout check_input(const ArgCheck& check, const TensorView& x, const Tensor
   return in;
 }
 
-// An output laid out like x: same rows and columns, its own row stride.
-RowLayout check_like_x(const ArgCheck& check, const TensorView& t, const char* name,
-                       const RowLayout& xl, const TensorView& x) {
-  RowLayout l = check.rows(t, name);
-  if (l.rows != xl.rows || l.cols != xl.cols)
-    check.fail(name, "shape " + x.shape_string() + " (as 'x')", t.shape_string());
-  return l;
+// The fields forward and backward share: sizes, grouping, and the x, x_scales and weight inputs.
+template <typename Params>
+void set_inputs(Params& p, const InputLayout& in, const TensorView& x, const TensorView& x_scales,
+                const TensorView& weight, int group_size) {
+  p.rows = in.x.rows;
+  p.cols = in.x.cols;
+  p.group_size = group_size;
+  p.log2_group = in.log2_group;
+  p.x_dtype = x.dtype;
+  p.scale_dtype = x_scales.dtype;
+  p.weight_dtype = weight.dtype;
+  p.x = x.data;
+  p.x_row_stride = in.x.row_stride;
+  p.scales = x_scales.data;
+  p.scale_row_stride = in.scales.row_stride;
+  p.weight = weight.data;
 }
 
-void check_workspace(const ArgCheck& check, const OptionalTensor& workspace, std::size_t need,
-                     const char* query) {
-  const std::string expected =
-      "a contiguous u8 tensor of at least " + std::to_string(need) + " bytes (" + query + ")";
-  if (!workspace) check.fail("workspace", expected, "none");
-  const TensorView& ws = *workspace;
-  check.has_data(ws, "workspace");
-  if (ws.dtype != DType::u8 || static_cast<std::size_t>(ws.numel()) < need || !ws.is_contiguous())
-    check.fail("workspace", expected,
-               std::string(dtype_name(ws.dtype)) + " tensor of shape " + ws.shape_string());
-  if (reinterpret_cast<std::uintptr_t>(ws.data) % 16 != 0)
-    check.fail("workspace", "a 16-byte aligned pointer", "a misaligned pointer");
+// The workspace, where the CUDA backend needs one.
+template <typename Params>
+void set_workspace(const ArgCheck& check, const OptionalTensor& workspace, std::size_t need,
+                   const char* size_function, Params& p) {
+  if (need == 0) return;
+  const detail::Workspace ws = check.workspace(workspace, need, size_function, 16);
+  p.workspace = ws.data;
+  p.workspace_bytes = ws.bytes;
 }
 
 }  // namespace
@@ -125,7 +128,7 @@ void fp8_rms_norm_forward(const TensorView& x, const TensorView& x_scales,
     check.fail("eps", "a positive finite number", std::to_string(eps));
 
   check.dtype_in(qy, "qy", kFp8Dtypes);
-  const RowLayout ql = check_like_x(check, qy, "qy", in.x, x);
+  const RowLayout ql = check.rows_as(qy, "qy", x, in.x, "x");
   check.dtype_is(qy_t, "qy_t", qy.dtype, "as 'qy'");
   if (qy_t.ndim != 2 || qy_t.shape[0] != cols || qy_t.shape[1] != rows)
     check.fail("qy_t", "shape " + shape2(cols, rows) + " (N, M): qy transposed", qy_t.shape_string());
@@ -138,23 +141,12 @@ void fp8_rms_norm_forward(const TensorView& x, const TensorView& x_scales,
   fp8_norm::ForwardParams p;
   if (y) {
     check.dtype_is(*y, "y", DType::bf16, "the unquantized output is bf16");
-    const RowLayout yl = check_like_x(check, *y, "y", in.x, x);
+    const RowLayout yl = check.rows_as(*y, "y", x, in.x, "x");
     p.y = y->data;
     p.y_row_stride = yl.row_stride;
   }
-  p.rows = rows;
-  p.cols = cols;
-  p.group_size = group_size;
-  p.log2_group = in.log2_group;
-  p.x_dtype = x.dtype;
+  set_inputs(p, in, x, x_scales, weight, group_size);
   p.q_dtype = qy.dtype;
-  p.scale_dtype = x_scales.dtype;
-  p.weight_dtype = weight.dtype;
-  p.x = x.data;
-  p.x_row_stride = in.x.row_stride;
-  p.scales = x_scales.data;
-  p.scale_row_stride = in.scales.row_stride;
-  p.weight = weight.data;
   p.eps = eps;
   p.qy = qy.data;
   p.qy_row_stride = ql.row_stride;
@@ -165,12 +157,8 @@ void fp8_rms_norm_forward(const TensorView& x, const TensorView& x_scales,
 
   if (device.is_cuda()) {
     require_supported_gpu(check.op(), device.index);
-    const std::size_t need = fp8_norm::forward_workspace_cuda(rows, cols, device.index);
-    if (need > 0) {
-      check_workspace(check, workspace, need, "fp8_rms_norm_forward_workspace_size");
-      p.workspace = workspace->data;
-      p.workspace_bytes = static_cast<std::size_t>(workspace->numel());
-    }
+    set_workspace(check, workspace, fp8_norm::forward_workspace_cuda(rows, cols, device.index),
+                  "fp8_rms_norm_forward_workspace_size", p);
     fp8_norm::forward_cuda(p, device.index, stream);
   } else {
     fp8_norm::forward_cpu(p);
@@ -198,9 +186,7 @@ void fp8_rms_norm_backward(const TensorView& dy, const TensorView& x, const Tens
   fp8_norm::BackwardParams p;
   if (dx) {
     check.dtype_is(*dx, "dx", DType::bf16, "the gradients are bf16");
-    RowLayout l = check.rows(*dx, "dx");
-    if (l.rows != rows || l.cols != cols)
-      check.fail("dx", "shape " + dy.shape_string() + " (as 'dy')", dx->shape_string());
+    const RowLayout l = check.rows_as(*dx, "dx", dy, dyl, "dy");
     p.dx = dx->data;
     p.dx_row_stride = l.row_stride;
   }
@@ -209,32 +195,16 @@ void fp8_rms_norm_backward(const TensorView& dy, const TensorView& x, const Tens
     check.vector(*dweight, "dweight", cols);
     p.dweight = dweight->data;
   }
-  p.rows = rows;
-  p.cols = cols;
-  p.group_size = group_size;
-  p.log2_group = in.log2_group;
-  p.x_dtype = x.dtype;
-  p.scale_dtype = x_scales.dtype;
-  p.weight_dtype = weight.dtype;
+  set_inputs(p, in, x, x_scales, weight, group_size);
   p.dy = dy.data;
   p.dy_row_stride = dyl.row_stride;
-  p.x = x.data;
-  p.x_row_stride = in.x.row_stride;
-  p.scales = x_scales.data;
-  p.scale_row_stride = in.scales.row_stride;
-  p.weight = weight.data;
   p.rstd = rstd.data_as<const float>();
 
   if (device.is_cuda()) {
     require_supported_gpu(check.op(), device.index);
-    if (p.dweight) {
-      const std::size_t need = fp8_norm::backward_workspace_cuda(rows, cols, device.index);
-      if (need > 0) {
-        check_workspace(check, workspace, need, "fp8_rms_norm_backward_workspace_size");
-        p.workspace = workspace->data;
-        p.workspace_bytes = static_cast<std::size_t>(workspace->numel());
-      }
-    }
+    if (p.dweight)
+      set_workspace(check, workspace, fp8_norm::backward_workspace_cuda(rows, cols, device.index),
+                    "fp8_rms_norm_backward_workspace_size", p);
     fp8_norm::backward_cuda(p, device.index, stream);
   } else {
     fp8_norm::backward_cpu(p);

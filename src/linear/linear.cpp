@@ -139,6 +139,41 @@ GemmOperands check_gemm_operands(const ArgCheck& check, const TensorView& x,
   return g;
 }
 
+// The fields forward and backward share: the GEMM sizes, dtype, activation and the x, W operands.
+template <typename Params>
+void set_gemm_operands(Params& p, const GemmOperands& g, const TensorView& x,
+                       const TensorView& weight, Activation activation) {
+  p.m = g.m;
+  p.n = g.n;
+  p.k = g.k;
+  p.dtype = x.dtype;
+  p.activation = activation;
+  p.x = x.data;
+  p.ldx = g.x.row_stride;
+  p.w = weight.data;
+  p.ldw = g.weight.row_stride;
+}
+
+// bias and dbias: a vector of N elements in x's dtype.
+void check_bias_vector(const ArgCheck& check, const TensorView& t, const char* name,
+                       std::int64_t n, DType x_dtype) {
+  check.dtype_is(t, name, x_dtype, "as 'x'");
+  check.vector(t, name, n);
+  check_element_alignment(check, t, name);
+}
+
+// The saved pre-activation, which both directions take optionally: (M, N) like the output.
+template <typename Params>
+void set_pre_activation(const ArgCheck& check, const OptionalTensor& pre_activation,
+                        const GemmOperands& g, DType x_dtype, const std::string& out_shape,
+                        Params& p) {
+  if (!pre_activation) return;
+  const RowLayout l = check_matrix(check, *pre_activation, "pre_activation", g.m, g.n, x_dtype,
+                                   out_shape, "x");
+  p.pre = pre_activation->data;
+  p.ldpre = l.row_stride;
+}
+
 }  // namespace
 
 std::size_t linear_forward_workspace_size(std::int64_t m, std::int64_t n, std::int64_t k,
@@ -163,35 +198,19 @@ void linear_forward(const TensorView& x, const TensorView& weight, const Optiona
                                            arg("workspace", workspace)});
   check_activation(check, activation);
   const GemmOperands g = check_gemm_operands(check, x, weight, device);
-  const RowLayout &xl = g.x, &wl = g.weight;
   const std::int64_t m = g.m, n = g.n, k = g.k;
 
   linear::ForwardParams p;
-  p.m = m;
-  p.n = n;
-  p.k = k;
-  p.dtype = x.dtype;
-  p.activation = activation;
-  p.x = x.data;
-  p.ldx = xl.row_stride;
-  p.w = weight.data;
-  p.ldw = wl.row_stride;
+  set_gemm_operands(p, g, x, weight, activation);
   if (bias) {
-    check.dtype_is(*bias, "bias", x.dtype, "as 'x'");
-    check.vector(*bias, "bias", n);
-    check_element_alignment(check, *bias, "bias");
+    check_bias_vector(check, *bias, "bias", n, x.dtype);
     p.bias = bias->data;
   }
   const std::string out_shape = shape_with_last(x, n);
   const RowLayout yl = check_matrix(check, y, "y", m, n, x.dtype, out_shape, "x");
   p.y = y.data;
   p.ldy = yl.row_stride;
-  if (pre_activation) {
-    const RowLayout pl = check_matrix(check, *pre_activation, "pre_activation", m, n, x.dtype,
-                                      out_shape, "x");
-    p.pre = pre_activation->data;
-    p.ldpre = pl.row_stride;
-  }
+  set_pre_activation(check, pre_activation, g, x.dtype, out_shape, p);
   if (device.is_cuda()) {
     require_supported_gpu("linear_forward", device.index);
     p.workspace = checked_workspace(check, workspace,
@@ -213,29 +232,16 @@ void linear_backward(const TensorView& dout, const TensorView& x, const TensorVi
        arg("dx", dx), arg("dweight", dweight), arg("dbias", dbias), arg("workspace", workspace)});
   check_activation(check, activation);
   const GemmOperands g = check_gemm_operands(check, x, weight, device);
-  const RowLayout &xl = g.x, &wl = g.weight;
   const std::int64_t m = g.m, n = g.n, k = g.k;
 
   linear::BackwardParams p;
-  p.m = m;
-  p.n = n;
-  p.k = k;
-  p.dtype = x.dtype;
-  p.activation = activation;
-  p.x = x.data;
-  p.ldx = xl.row_stride;
-  p.w = weight.data;
-  p.ldw = wl.row_stride;
+  set_gemm_operands(p, g, x, weight, activation);
   const std::string out_shape = shape_with_last(x, n);
   const RowLayout gl = check_matrix(check, dout, "dout", m, n, x.dtype, out_shape, "x");
   p.dout = dout.data;
   p.lddout = gl.row_stride;
-  if (pre_activation) {
-    const RowLayout pl = check_matrix(check, *pre_activation, "pre_activation", m, n, x.dtype,
-                                      out_shape, "x");
-    p.pre = pre_activation->data;
-    p.ldpre = pl.row_stride;
-  } else if (activation != Activation::none) {
+  set_pre_activation(check, pre_activation, g, x.dtype, out_shape, p);
+  if (!pre_activation && activation != Activation::none) {
     check.fail("pre_activation",
                std::string("the saved pre-activation (required for activation ") +
                    activation_name(activation) + ")",
@@ -254,9 +260,7 @@ void linear_backward(const TensorView& dout, const TensorView& x, const TensorVi
     p.lddw = l.row_stride;
   }
   if (dbias) {
-    check.dtype_is(*dbias, "dbias", x.dtype, "as 'x'");
-    check.vector(*dbias, "dbias", n);
-    check_element_alignment(check, *dbias, "dbias");
+    check_bias_vector(check, *dbias, "dbias", n, x.dtype);
     p.dbias = dbias->data;
   }
   if (device.is_cuda()) {

@@ -263,26 +263,53 @@ ForwardPath choose_forward_path(const ForwardParams& p, lt::Epilogue* e) {
   return ForwardPath::unfused;
 }
 
-// y^T (N x M, column-major) = W (op T of the K x N column-major view of W) * x^T (K x M).
-lt::Gemm forward_gemm(const ForwardParams& p, lt::Epilogue e, void* d, std::int64_t ldd) {
+// One column-major operand of a cuBLASLt GEMM: its data, leading dimension and whether the GEMM
+// reads it transposed.
+struct Operand {
+  const void* data;
+  std::int64_t ld;
+  bool transposed;
+};
+
+// D (m x n) = op(A) (m x k) * op(B) (k x n), column-major, without an epilogue: the part the
+// forward and both backward GEMMs share.
+lt::Gemm column_major_gemm(DType dtype, std::int64_t m, std::int64_t n, std::int64_t k, Operand a,
+                           Operand b, void* d, std::int64_t ldd) {
   lt::Gemm g;
-  g.dtype = p.dtype;
-  g.trans_a = true;
-  g.trans_b = false;
-  g.m = p.n;
-  g.n = p.m;
-  g.k = p.k;
-  g.a = p.w;
-  g.lda = p.ldw;
-  g.b = p.x;
-  g.ldb = p.ldx;
+  g.dtype = dtype;
+  g.trans_a = a.transposed;
+  g.trans_b = b.transposed;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.a = a.data;
+  g.lda = a.ld;
+  g.b = b.data;
+  g.ldb = b.ld;
   g.d = d;
   g.ldd = ldd;
+  return g;
+}
+
+// y^T (N x M, column-major) = W (op T of the K x N column-major view of W) * x^T (K x M).
+lt::Gemm forward_gemm(const ForwardParams& p, lt::Epilogue e, void* d, std::int64_t ldd) {
+  lt::Gemm g = column_major_gemm(p.dtype, p.n, p.m, p.k, {p.w, p.ldw, true}, {p.x, p.ldx, false},
+                                 d, ldd);
   g.epilogue = e;
   g.bias = p.bias;
   g.aux = p.pre;
   g.ld_aux = p.ldpre;
   return g;
+}
+
+// A GEMM no other path can stand in for found no cuBLASLt algorithm. `gemm` names it in the
+// message: "this" (the unfused forward's GEMM), "the dx" or "the dW".
+template <typename Params>
+[[noreturn]] void no_algorithm(const char* op, const char* gemm, const Params& p) {
+  throw Error(ErrorKind::unsupported, op,
+              std::string("cuBLASLt has no algorithm for ") + gemm + " GEMM (M = " +
+                  std::to_string(p.m) + ", N = " + std::to_string(p.n) + ", K = " +
+                  std::to_string(p.k) + ", " + dtype_name(p.dtype) + ")");
 }
 
 void run_unfused_forward(const ForwardParams& p, int device_index, cudaStream_t stream) {
@@ -292,10 +319,7 @@ void run_unfused_forward(const ForwardParams& p, int device_index, cudaStream_t 
   const std::int64_t ldz = p.pre ? p.ldpre : p.ldy;
   const lt::Gemm g = forward_gemm(p, p.bias ? lt::Epilogue::bias : lt::Epilogue::none, z, ldz);
   if (!lt::run(kForwardOp, g, device_index, p.workspace, stream))
-    throw Error(ErrorKind::unsupported, kForwardOp,
-                "cuBLASLt has no algorithm for this GEMM (M = " + std::to_string(p.m) + ", N = " +
-                    std::to_string(p.n) + ", K = " + std::to_string(p.k) + ", " +
-                    dtype_name(p.dtype) + ")");
+    no_algorithm(kForwardOp, "this", p);
   if (p.activation != Activation::none || z != p.y)
     launch_activation(kForwardOp, p.dtype, p.activation, z, ldz, nullptr, nullptr, 0, p.y, p.ldy,
                       p.m, p.n, device_index, stream);
@@ -305,20 +329,8 @@ void run_unfused_forward(const ForwardParams& p, int device_index, cudaStream_t 
 
 // dx^T (K x M) = W^T (the K x N column-major view of W) * dz^T (N x M).
 lt::Gemm dx_gemm(const BackwardParams& p, const void* dz, std::int64_t lddz) {
-  lt::Gemm g;
-  g.dtype = p.dtype;
-  g.trans_a = false;
-  g.trans_b = false;
-  g.m = p.k;
-  g.n = p.m;
-  g.k = p.n;
-  g.a = p.w;
-  g.lda = p.ldw;
-  g.b = dz;
-  g.ldb = lddz;
-  g.d = p.dx;
-  g.ldd = p.lddx;
-  return g;
+  return column_major_gemm(p.dtype, p.k, p.m, p.n, {p.w, p.ldw, false}, {dz, lddz, false}, p.dx,
+                           p.lddx);
 }
 
 // dW^T (K x N) = x^T (K x M) * dz (op T of the N x M column-major view of dz); BGRADB sums
@@ -326,31 +338,13 @@ lt::Gemm dx_gemm(const BackwardParams& p, const void* dz, std::int64_t lddz) {
 constexpr std::int64_t kMinKForFusedDbias = 64;
 
 lt::Gemm dw_gemm(const BackwardParams& p, const void* dz, std::int64_t lddz, bool with_dbias) {
-  lt::Gemm g;
-  g.dtype = p.dtype;
-  g.trans_a = false;
-  g.trans_b = true;
-  g.m = p.k;
-  g.n = p.n;
-  g.k = p.m;
-  g.a = p.x;
-  g.lda = p.ldx;
-  g.b = dz;
-  g.ldb = lddz;
-  g.d = p.dw;
-  g.ldd = p.lddw;
+  lt::Gemm g = column_major_gemm(p.dtype, p.k, p.n, p.m, {p.x, p.ldx, false}, {dz, lddz, true},
+                                 p.dw, p.lddw);
   if (with_dbias) {
     g.epilogue = lt::Epilogue::bgradb;
     g.bias = p.dbias;
   }
   return g;
-}
-
-[[noreturn]] void no_algorithm(const char* what, const BackwardParams& p) {
-  throw Error(ErrorKind::unsupported, kBackwardOp,
-              std::string("cuBLASLt has no algorithm for the ") + what + " GEMM (M = " +
-                  std::to_string(p.m) + ", N = " + std::to_string(p.n) + ", K = " +
-                  std::to_string(p.k) + ", " + dtype_name(p.dtype) + ")");
 }
 
 }  // namespace
@@ -439,7 +433,7 @@ void backward_cuda(const BackwardParams& p, int device_index, Stream stream_hand
     dz = buffer;
   }
   if (p.dx && !lt::run(kBackwardOp, dx_gemm(p, dz, lddz), device_index, p.workspace, stream))
-    no_algorithm("dx", p);
+    no_algorithm(kBackwardOp, "the dx", p);
   bool dbias_done = false;
   if (p.dw) {
     // BGRADB only where K (the dW GEMM's m) is not tiny: with K = 1 in f16, cuBLASLt returned an
@@ -449,7 +443,7 @@ void backward_cuda(const BackwardParams& p, int device_index, Stream stream_hand
     if (fuse_dbias && lt::run(kBackwardOp, dw_gemm(p, dz, lddz, true), device_index, p.workspace, stream))
       dbias_done = true;
     else if (!lt::run(kBackwardOp, dw_gemm(p, dz, lddz, false), device_index, p.workspace, stream))
-      no_algorithm("dW", p);
+      no_algorithm(kBackwardOp, "the dW", p);
   }
   if (p.dbias && !dbias_done) {
     if (materialize_dz)

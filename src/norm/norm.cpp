@@ -35,16 +35,6 @@ void check_weight_like(const ArgCheck& check, const TensorView& t, const char* n
   }
 }
 
-void check_same_rows(const ArgCheck& check, const TensorView& t, const char* name,
-                     const RowLayout& ref, const TensorView& ref_view, const char* ref_name,
-                     RowLayout* out) {
-  check.dtype_is(t, name, ref_view.dtype, (std::string("as '") + ref_name + "'").c_str());
-  *out = check.rows(t, name);
-  if (out->rows != ref.rows || out->cols != ref.cols)
-    check.fail(name, "shape " + ref_view.shape_string() + " (as '" + ref_name + "')",
-               t.shape_string());
-}
-
 void prepare_cuda(const char* op, Device device) {
   require_supported_gpu(op, device.index);
 }
@@ -57,11 +47,8 @@ void run_forward(const char* op, norm::Kind kind, const TensorView& x,
   const Device device = check.same_device(
       {arg("x", x), arg("weight", weight), arg("bias", bias), arg("y", y), arg("mean", mean),
        arg("rstd", rstd)});
-  check.dtype_in(x, "x", kActivationDtypes);
-  const RowLayout xl = check.rows(x, "x");
-  check.row_limits(xl, "x", kNormMaxCols);
-  RowLayout yl;
-  check_same_rows(check, y, "y", xl, x, "x", &yl);
+  const RowLayout xl = check.leading_rows(x, "x", kActivationDtypes, kNormMaxCols);
+  const RowLayout yl = check.rows_and_dtype_as(y, "y", x, xl, "x");
   if (!(eps >= 0.0f)) check.fail("eps", "a non-negative number", std::to_string(eps));
 
   norm::ForwardParams p;
@@ -127,11 +114,8 @@ void run_backward(const char* op, const BackwardArgs& a, Stream stream) {
        arg("bias", a.bias ? *a.bias : kNone), arg("mean", mean), arg("rstd", *a.rstd),
        arg("dx", *a.dx), arg("dweight", *a.dweight), arg("dbias", *a.dbias),
        arg("workspace", *a.workspace)});
-  check.dtype_in(*a.dy, "dy", kActivationDtypes);
-  const RowLayout dyl = check.rows(*a.dy, "dy");
-  check.row_limits(dyl, "dy", kNormMaxCols);
-  RowLayout inl, dxl;
-  check_same_rows(check, *a.input, input_name, dyl, *a.dy, "dy", &inl);
+  const RowLayout dyl = check.leading_rows(*a.dy, "dy", kActivationDtypes, kNormMaxCols);
+  const RowLayout inl = check.rows_and_dtype_as(*a.input, input_name, *a.dy, dyl, "dy");
 
   norm::BackwardParams p;
   p.kind = a.kind;
@@ -158,7 +142,7 @@ void run_backward(const char* op, const BackwardArgs& a, Stream stream) {
   check.contiguous_numel(*a.rstd, "rstd", dyl.rows);
   p.rstd = a.rstd->data_as<const float>();
   if (*a.dx) {
-    check_same_rows(check, **a.dx, "dx", dyl, *a.dy, "dy", &dxl);
+    const RowLayout dxl = check.rows_and_dtype_as(**a.dx, "dx", *a.dy, dyl, "dy");
     p.dx = (*a.dx)->data;
     p.dx_row_stride = dxl.row_stride;
   }
@@ -181,18 +165,10 @@ void run_backward(const char* op, const BackwardArgs& a, Stream stream) {
     const std::size_t need =
         (p.dweight || p.dbias) ? norm::backward_workspace_cuda(p.rows, p.cols, p.dtype, device.index) : 0;
     if (need > 0) {
-      const std::string expected = "a u8 tensor of at least " + std::to_string(need) +
-                                   " bytes (norm_backward_workspace_size)";
-      if (!*a.workspace) check.fail("workspace", expected, "none");
-      const TensorView& ws = **a.workspace;
-      check.has_data(ws, "workspace");
-      if (ws.dtype != DType::u8 || static_cast<std::size_t>(ws.numel()) < need || !ws.is_contiguous())
-        check.fail("workspace", expected,
-                   std::string(dtype_name(ws.dtype)) + " tensor of shape " + ws.shape_string());
-      if (reinterpret_cast<std::uintptr_t>(ws.data) % 16 != 0)
-        check.fail("workspace", "a 16-byte aligned pointer", "a misaligned pointer");
+      const detail::Workspace ws =
+          check.workspace(*a.workspace, need, "norm_backward_workspace_size", 16);
       p.workspace = ws.data;
-      p.workspace_bytes = static_cast<std::size_t>(ws.numel());
+      p.workspace_bytes = ws.bytes;
     }
     norm::backward_cuda(p, device.index, stream);
   } else {

@@ -25,6 +25,7 @@ namespace {
 
 using testing::Buffer;
 using testing::close_to_reference;
+using testing::error_of;
 using MathD = detail::ActivationMath<double>;
 
 constexpr Activation kActivations[] = {Activation::none,         Activation::relu,
@@ -96,34 +97,6 @@ void fill_inputs(Problem& p, std::mt19937_64& rng) {
   if (p.bias) p.bias->fill_normal(rng, 0.0, 0.5);
 }
 
-// Error of a float32 two-level column sum of `terms` (what a float32 GPU reduction achieves).
-double f32_column_sum_error(const std::vector<double>& terms, std::int64_t rows, std::int64_t cols,
-                            const std::vector<double>& ref) {
-  std::vector<double> got(cols);
-  for (std::int64_t c = 0; c < cols; ++c) {
-    float total = 0.0f;
-    for (std::int64_t r0 = 0; r0 < rows; r0 += 32) {
-      float chunk = 0.0f;
-      for (std::int64_t r = r0; r < std::min(rows, r0 + 32); ++r) chunk += static_cast<float>(terms[r * cols + c]);
-      total += chunk;
-    }
-    got[c] = total;
-  }
-  return testing::compare(got, ref).rel_l2;
-}
-
-// dbias check: twice the larger of the dtype rounding and the float32 reduction baseline.
-::testing::AssertionResult dbias_close(const std::vector<double>& got, const std::vector<double>& ref,
-                                       DType dtype, double reduction_baseline) {
-  const testing::ErrorStats s = testing::compare(got, ref);
-  const double tol = 2.0 * std::max({testing::rounding_error(dtype, ref), reduction_baseline,
-                                     testing::accumulation_floor(dtype)});
-  std::string msg = std::string("dbias [") + dtype_name(dtype) + "]: rel_l2 " + std::to_string(s.rel_l2) +
-                    " tolerance " + std::to_string(tol) + " non-finite " + std::to_string(s.non_finite);
-  if (s.non_finite > 0 || !(s.rel_l2 <= tol)) return ::testing::AssertionFailure() << msg;
-  return ::testing::AssertionSuccess() << msg;
-}
-
 // The exact dx of the reference's inputs (float64), for the reduction baseline of dbias.
 std::vector<double> exact_dx(const Problem& p) {
   const auto x = p.x.values(), dy = p.dy.values();
@@ -167,17 +140,9 @@ void check_gpu_against_cpu(const Case& c, std::uint64_t salt) {
   const double terms = std::sqrt(dy_norm) / (1.0 - c.config.p);
   EXPECT_TRUE(close_to_reference(gpu.dx.values(), cpu.dx.values(), c.dtype, "dx", terms));
   const auto ref = cpu.dbias->values();
-  EXPECT_TRUE(dbias_close(gpu.dbias->values(), ref, c.dbias_dtype,
-                          f32_column_sum_error(exact_dx(cpu), c.rows, c.cols, ref)));
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
+  EXPECT_TRUE(testing::reduction_close(gpu.dbias->values(), ref, c.dbias_dtype,
+                                       testing::f32_column_sum_error(exact_dx(cpu), c.rows, c.cols, ref),
+                                       "dbias"));
 }
 
 // ---- the mask ------------------------------------------------------------------------------
@@ -342,19 +307,7 @@ TEST(DropoutCpu, GradientsMatchFiniteDifferences) {
       for (std::size_t i = 0; i < y.size(); ++i) l += y[i] * dy[i];
       return l;
     };
-    auto fd = [&](Buffer& param, std::int64_t i) {
-      auto v = param.values();
-      const double orig = v[i], h = 1e-2;
-      v[i] = orig + h;
-      param.set_values(v);
-      const double lp = loss();
-      v[i] = orig - h;
-      param.set_values(v);
-      const double lm = loss();
-      v[i] = orig;
-      param.set_values(v);
-      return (lp - lm) / (2 * h);
-    };
+    auto fd = [&](Buffer& param, std::int64_t i) { return testing::central_difference(param, i, 1e-2, loss); };
     const auto dx = p.dx.values(), db = p.dbias->values();
     int nonzero = 0;
     for (std::int64_t i = 0; i < c.rows * c.cols; ++i) {
@@ -705,17 +658,13 @@ TEST(DropoutGpu, DbiasIsBitwiseDeterministic) {
     SCOPED_TRACE(c.str());
     Problem p(c, Device::cuda(0));
     fill_inputs(p, rng);
-    std::vector<std::vector<unsigned char>> runs;
-    for (int run = 0; run < 3; ++run) {
-      p.dx.poison();
-      p.dbias->poison();
-      p.backward();
-      auto bytes = p.dbias->raw_bytes();
-      const auto dx = p.dx.raw_bytes();
-      bytes.insert(bytes.end(), dx.begin(), dx.end());
-      runs.push_back(std::move(bytes));
-    }
-    EXPECT_TRUE(runs[0] == runs[1] && runs[1] == runs[2]);
+    EXPECT_TRUE(testing::same_bytes_every_run(
+        [&] {
+          p.dx.poison();
+          p.dbias->poison();
+          p.backward();
+        },
+        {&*p.dbias, &p.dx}));
   }
 }
 
@@ -753,16 +702,8 @@ TEST(DropoutGpu, RowPaddingIsNeverWritten) {
     p.poison_outputs();
     p.forward();
     p.backward();
-    for (const Buffer* b : {&p.y, &p.dx}) {
-      const auto raw = b->raw_bytes();
-      std::int64_t untouched = 0;
-      for (std::int64_t r = 0; r + 1 < c.rows; ++r)
-        for (std::int64_t k = c.cols; k < c.cols + c.row_pad; ++k) {
-          const std::size_t off = (r * (c.cols + c.row_pad) + k) * 2;
-          untouched += raw[off] == 0xFF && raw[off + 1] == 0xFF;
-        }
-      EXPECT_EQ(untouched, (c.rows - 1) * c.row_pad);
-    }
+    for (const Buffer* b : {&p.y, &p.dx})
+      EXPECT_EQ(testing::poisoned_padding(*b, c.rows, c.cols, c.row_pad), (c.rows - 1) * c.row_pad);
   }
 }
 

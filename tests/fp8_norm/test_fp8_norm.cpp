@@ -22,6 +22,7 @@ namespace {
 
 using testing::Buffer;
 using testing::close_to_reference;
+using testing::error_of;
 using namespace testing::fp8;
 
 // ---- CPU reference -------------------------------------------------------------------------
@@ -249,15 +250,6 @@ TEST(Fp8NormCpu, AgreesWithRmsNormOnDequantizedInput) {
 
 // ---- argument errors (CPU tensors: the checks run before any backend) ---------------------------
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
-
 #define EXPECT_ERROR(call, text) \
   EXPECT_NE(error_of([&] { call; }).find(text), std::string::npos) << error_of([&] { call; })
 
@@ -435,12 +427,9 @@ void check_gpu_against_cpu(const Case& c, std::uint64_t salt, CodeDiff* qy_total
   gpu.backward();
   EXPECT_TRUE(close_to_reference(gpu.dx.values(), cpu.dx.values(), DType::bf16, "dx", dx_term_norm(cpu)));
   const auto dw_ref = cpu.dweight.values();
-  const testing::ErrorStats s = testing::compare(gpu.dweight.values(), dw_ref);
-  const double tol = 2.0 * std::max({testing::rounding_error(c.weight_dtype, dw_ref),
-                                     f32_column_sum_error(dweight_terms(cpu), c.rows, c.cols, dw_ref),
-                                     testing::accumulation_floor(c.weight_dtype)});
-  EXPECT_TRUE(s.non_finite == 0 && s.rel_l2 <= tol)
-      << "dweight rel_l2 " << s.rel_l2 << " tolerance " << tol << " non-finite " << s.non_finite;
+  EXPECT_TRUE(testing::reduction_close(gpu.dweight.values(), dw_ref, c.weight_dtype,
+                                       f32_column_sum_error(dweight_terms(cpu), c.rows, c.cols, dw_ref),
+                                       "dweight"));
 }
 
 // The bar on quantized outputs: at most 1 in 10^5 elements one ulp off.
@@ -553,19 +542,13 @@ TEST(Fp8NormGpu, ForwardAndBackwardAreBitwiseDeterministic) {
     SCOPED_TRACE(c.str());
     Problem p(c, Device::cuda(0));
     fill_inputs(p, rng);
-    std::vector<std::vector<unsigned char>> runs;
-    for (int run = 0; run < 3; ++run) {
-      p.poison_outputs();
-      p.forward();
-      p.backward();
-      std::vector<unsigned char> bytes;
-      for (const Buffer* b : {&p.qy, &p.qy_t, &p.y_scale, &p.rstd, &p.dx, &p.dweight}) {
-        const auto r = b->raw_bytes();
-        bytes.insert(bytes.end(), r.begin(), r.end());
-      }
-      runs.push_back(std::move(bytes));
-    }
-    EXPECT_TRUE(runs[0] == runs[1] && runs[1] == runs[2]);
+    EXPECT_TRUE(testing::same_bytes_every_run(
+        [&] {
+          p.poison_outputs();
+          p.forward();
+          p.backward();
+        },
+        {&p.qy, &p.qy_t, &p.y_scale, &p.rstd, &p.dx, &p.dweight}));
   }
 }
 
@@ -584,19 +567,10 @@ TEST(Fp8NormGpu, RowPaddingIsNeverWritten) {
   p.poison_outputs();
   p.forward();
   p.backward();
-  auto untouched = [](const Buffer& b, std::int64_t rows, std::int64_t cols, std::int64_t pad) {
-    const auto raw = b.raw_bytes();
-    const std::size_t size = dtype_size(b.dtype());
-    std::int64_t n = 0;
-    for (std::int64_t r = 0; r + 1 < rows; ++r)
-      for (std::int64_t k = cols; k < cols + pad; ++k)
-        for (std::size_t i = 0; i < size; ++i) n += raw[((r * (cols + pad)) + k) * size + i] == 0xFF;
-    return n;
-  };
-  EXPECT_EQ(untouched(p.qy, c.rows, c.cols, c.qy_pad), (c.rows - 1) * c.qy_pad);
-  EXPECT_EQ(untouched(p.qy_t, c.cols, c.rows, c.qyt_pad), (c.cols - 1) * c.qyt_pad);
-  EXPECT_EQ(untouched(*p.y, c.rows, c.cols, c.y_pad), (c.rows - 1) * c.y_pad * 2);
-  EXPECT_EQ(untouched(p.dx, c.rows, c.cols, c.dx_pad), (c.rows - 1) * c.dx_pad * 2);
+  EXPECT_EQ(testing::poisoned_padding(p.qy, c.rows, c.cols, c.qy_pad), (c.rows - 1) * c.qy_pad);
+  EXPECT_EQ(testing::poisoned_padding(p.qy_t, c.cols, c.rows, c.qyt_pad), (c.cols - 1) * c.qyt_pad);
+  EXPECT_EQ(testing::poisoned_padding(*p.y, c.rows, c.cols, c.y_pad), (c.rows - 1) * c.y_pad);
+  EXPECT_EQ(testing::poisoned_padding(p.dx, c.rows, c.cols, c.dx_pad), (c.rows - 1) * c.dx_pad);
 }
 
 TEST(Fp8NormGpu, AllZeroInputIsSafe) {

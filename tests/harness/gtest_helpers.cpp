@@ -1,7 +1,10 @@
 #include "tests/harness/gtest_helpers.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
+
+#include "fusekit/error.h"
 
 namespace fusekit::testing {
 
@@ -24,6 +27,47 @@ namespace fusekit::testing {
       << ", non-finite " << s.non_finite << " of " << s.count;
   if (s.non_finite > 0 || !(s.rel_l2 <= tol)) return ::testing::AssertionFailure() << msg.str();
   return ::testing::AssertionSuccess() << msg.str();
+}
+
+::testing::AssertionResult reduction_close(const std::vector<double>& got,
+                                           const std::vector<double>& ref, DType dtype,
+                                           double reduction_baseline, const std::string& what) {
+  const ErrorStats s = compare(got, ref);
+  const double tol =
+      2.0 * std::max({rounding_error(dtype, ref), reduction_baseline, accumulation_floor(dtype)});
+  const std::string msg = what + " [" + dtype_name(dtype) + "]: rel_l2 " + std::to_string(s.rel_l2) +
+                          " tolerance " + std::to_string(tol) + " non-finite " +
+                          std::to_string(s.non_finite);
+  if (s.non_finite > 0 || !(s.rel_l2 <= tol)) return ::testing::AssertionFailure() << msg;
+  return ::testing::AssertionSuccess() << msg;
+}
+
+::testing::AssertionResult same_bytes_every_run(const std::function<void()>& run,
+                                                std::initializer_list<const Buffer*> outputs) {
+  constexpr int kRuns = 3;
+  std::vector<std::vector<unsigned char>> runs;
+  for (int i = 0; i < kRuns; ++i) {
+    run();
+    std::vector<unsigned char> bytes;
+    for (const Buffer* b : outputs) {
+      const auto raw = b->raw_bytes();
+      bytes.insert(bytes.end(), raw.begin(), raw.end());
+    }
+    runs.push_back(std::move(bytes));
+  }
+  for (int i = 1; i < kRuns; ++i)
+    if (runs[i] != runs[0])
+      return ::testing::AssertionFailure() << "run " << i << " wrote other bytes than run 0";
+  return ::testing::AssertionSuccess();
+}
+
+std::string error_of(const std::function<void()>& call) {
+  try {
+    call();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
 }
 
 }  // namespace fusekit::testing

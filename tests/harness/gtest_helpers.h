@@ -3,6 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
 #include "tests/harness/harness.h"
 
 namespace fusekit::testing {
@@ -21,5 +26,21 @@ namespace fusekit::testing {
 ::testing::AssertionResult close_to_reference(const std::vector<double>& got,
                                               const std::vector<double>& ref, DType dtype,
                                               const std::string& what, double scale_floor = 0.0);
+
+// Checks a reduced output (a weight or bias gradient, a column sum over rows) against `ref`: no
+// non-finite values and rel_l2 within twice the larger of the dtype's rounding, its accumulation
+// floor and `reduction_baseline`, the error a float32 reduction of the same terms makes (see
+// f32_column_sum_error).
+::testing::AssertionResult reduction_close(const std::vector<double>& got,
+                                           const std::vector<double>& ref, DType dtype,
+                                           double reduction_baseline, const std::string& what);
+
+// Runs `run` three times and succeeds when `outputs` hold the same bytes (row padding included)
+// after every run.
+::testing::AssertionResult same_bytes_every_run(const std::function<void()>& run,
+                                                std::initializer_list<const Buffer*> outputs);
+
+// The message of the fusekit::Error that `call` throws, or "no error".
+std::string error_of(const std::function<void()>& call);
 
 }  // namespace fusekit::testing

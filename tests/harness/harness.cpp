@@ -207,4 +207,46 @@ std::mt19937_64 make_rng(std::uint64_t salt) {
   return std::mt19937_64(base ^ (salt * 0x9E3779B97F4A7C15ull));
 }
 
+double f32_column_sum_error(const std::vector<double>& terms, std::int64_t rows, std::int64_t cols,
+                            const std::vector<double>& ref) {
+  std::vector<double> got(cols);
+  for (std::int64_t c = 0; c < cols; ++c) {
+    float total = 0.0f;
+    for (std::int64_t r0 = 0; r0 < rows; r0 += 32) {
+      float chunk = 0.0f;
+      for (std::int64_t r = r0; r < std::min(rows, r0 + 32); ++r) chunk += static_cast<float>(terms[r * cols + c]);
+      total += chunk;
+    }
+    got[c] = total;
+  }
+  return compare(got, ref).rel_l2;
+}
+
+std::int64_t poisoned_padding(const Buffer& b, std::int64_t rows, std::int64_t cols, std::int64_t pad) {
+  const auto raw = b.raw_bytes();
+  const std::size_t size = dtype_size(b.dtype());
+  std::int64_t poisoned = 0;
+  for (std::int64_t r = 0; r + 1 < rows; ++r)
+    for (std::int64_t k = cols; k < cols + pad; ++k) {
+      const unsigned char* element = raw.data() + static_cast<std::size_t>(r * (cols + pad) + k) * size;
+      poisoned += std::all_of(element, element + size, [](unsigned char byte) { return byte == 0xFF; });
+    }
+  return poisoned;
+}
+
+double central_difference(Buffer& param, std::int64_t i, double h,
+                          const std::function<double()>& loss) {
+  auto v = param.values();
+  const double orig = v[i];
+  v[i] = orig + h;
+  param.set_values(v);
+  const double lp = loss();
+  v[i] = orig - h;
+  param.set_values(v);
+  const double lm = loss();
+  v[i] = orig;
+  param.set_values(v);
+  return (lp - lm) / (2 * h);
+}
+
 }  // namespace fusekit::testing

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -74,5 +75,20 @@ double accumulation_floor(DType dtype);
 double tolerance(DType dtype, const std::vector<double>& ref);
 
 std::mt19937_64 make_rng(std::uint64_t salt);
+
+// Error of a float32 two-level column sum of `terms` (rows x cols, row-major; chunks of 32 rows,
+// then the chunk sums in order) against `ref`: what a typical float32 GPU reduction achieves, i.e.
+// PyTorch's own error level for a weight or bias gradient.
+double f32_column_sum_error(const std::vector<double>& terms, std::int64_t rows, std::int64_t cols,
+                            const std::vector<double>& ref);
+
+// How many padding elements of a (rows, cols) buffer with `pad` extra elements per row still hold
+// the poison (every byte 0xFF). Storage ends with the last row's data, so rows - 1 rows have
+// padding: (rows - 1) * pad when nothing wrote there.
+std::int64_t poisoned_padding(const Buffer& b, std::int64_t rows, std::int64_t cols, std::int64_t pad);
+
+// (loss(v + h) - loss(v - h)) / 2h, v being element `i` of `param` (restored afterwards).
+double central_difference(Buffer& param, std::int64_t i, double h,
+                          const std::function<double()>& loss);
 
 }  // namespace fusekit::testing

@@ -24,6 +24,7 @@ namespace {
 
 using linear::ForwardPath;
 using testing::Buffer;
+using testing::error_of;
 namespace lb = testing::linear;
 
 constexpr Activation kActivations[] = {Activation::none,      Activation::relu,
@@ -258,19 +259,7 @@ TEST(LinearCpu, GradientsMatchFiniteDifferences) {
       for (std::size_t i = 0; i < yv.size(); ++i) l += yv[i] * g[i];
       return l;
     };
-    auto fd = [&](Buffer& param, std::int64_t i) {
-      auto v = param.values();
-      const double h = 1e-6, orig = v[i];
-      v[i] = orig + h;
-      param.set_values(v);
-      const double lp = loss();
-      v[i] = orig - h;
-      param.set_values(v);
-      const double lm = loss();
-      v[i] = orig;
-      param.set_values(v);
-      return (lp - lm) / (2 * h);
-    };
+    auto fd = [&](Buffer& param, std::int64_t i) { return testing::central_difference(param, i, 1e-6, loss); };
     const auto dxv = dx.values(), dwv = dw.values(), dbv = db.values();
     for (std::int64_t i = 0; i < m * k; ++i) EXPECT_NEAR(fd(x, i), dxv[i], 1e-6 * (1 + std::abs(dxv[i]))) << "dx " << i;
     for (std::int64_t i = 0; i < n * k; ++i) EXPECT_NEAR(fd(w, i), dwv[i], 1e-6 * (1 + std::abs(dwv[i]))) << "dW " << i;
@@ -370,15 +359,6 @@ TEST(LinearCpu, EmptyDimensions) {
 }
 
 // ---- argument errors (checked before any backend runs) -------------------------------------
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
 
 bool has(const std::string& message, const std::string& part) {
   return message.find(part) != std::string::npos;
@@ -500,25 +480,35 @@ TEST(LinearErrors, ActivationAndMissingInputs) {
 
 // ---- GPU ---------------------------------------------------------------------------------------
 
+// The randomized grids' draw of a case's dtype and (M, N, K): sizes from 1 to over 1000 that are
+// and are not multiples of 8 (the fused kernel's alignment), in every GPU dtype.
+template <typename GemmCase>
+void draw_dtype_and_sizes(std::mt19937_64& rng, GemmCase& c) {
+  constexpr std::int64_t ms[] = {1, 2, 3, 17, 64, 127, 128, 333, 1000};
+  constexpr std::int64_t ns[] = {1, 5, 8, 24, 96, 130, 256, 264, 1000};
+  constexpr std::int64_t ks[] = {1, 3, 8, 13, 64, 136, 512, 1000, 1024};
+  constexpr DType dtypes[] = {DType::bf16, DType::f16, DType::f32};
+  c.dtype = dtypes[rng() % 3];
+  c.m = ms[rng() % 9];
+  c.n = ns[rng() % 9];
+  c.k = ks[rng() % 9];
+}
+
+// Padded rows (8 or 3 extra elements) in about a quarter of the cases.
+std::int64_t draw_pad(std::mt19937_64& rng) { return (rng() % 4 == 0) ? (rng() % 2 ? 8 : 3) : 0; }
+
 TEST(LinearGpu, ForwardRandomizedGridMatchesReference) {
   FUSEKIT_REQUIRE_GPU();
   auto rng = testing::make_rng(100);
-  const std::int64_t ms[] = {1, 2, 3, 17, 64, 127, 128, 333, 1000};
-  const std::int64_t ns[] = {1, 5, 8, 24, 96, 130, 256, 264, 1000};
-  const std::int64_t ks[] = {1, 3, 8, 13, 64, 136, 512, 1000, 1024};
-  const DType dtypes[] = {DType::bf16, DType::f16, DType::f32};
   int cases = 0;
   for (Activation act : kActivations) {
     for (int rep = 0; rep < 10; ++rep) {
       ForwardCase c;
       c.act = act;
-      c.dtype = dtypes[rng() % 3];
-      c.m = ms[rng() % 9];
-      c.n = ns[rng() % 9];
-      c.k = ks[rng() % 9];
+      draw_dtype_and_sizes(rng, c);
       c.bias = rng() % 4 != 0;
       c.pre = rng() % 2 == 0;
-      c.pad = (rng() % 4 == 0) ? (rng() % 2 ? 8 : 3) : 0;
+      c.pad = draw_pad(rng);
       check_forward(c, 1000 + cases++);
     }
   }
@@ -549,24 +539,17 @@ TEST(LinearGpu, BackwardDbiasWithSmallK) {
 TEST(LinearGpu, BackwardRandomizedGridMatchesReference) {
   FUSEKIT_REQUIRE_GPU();
   auto rng = testing::make_rng(101);
-  const std::int64_t ms[] = {1, 2, 3, 17, 64, 127, 128, 333, 1000};
-  const std::int64_t ns[] = {1, 5, 8, 24, 96, 130, 256, 264, 1000};
-  const std::int64_t ks[] = {1, 3, 8, 13, 64, 136, 512, 1000, 1024};
-  const DType dtypes[] = {DType::bf16, DType::f16, DType::f32};
   int cases = 0;
   for (Activation act : kActivations) {
     for (int rep = 0; rep < 10; ++rep) {
       BackwardCase c;
       c.act = act;
-      c.dtype = dtypes[rng() % 3];
-      c.m = ms[rng() % 9];
-      c.n = ns[rng() % 9];
-      c.k = ks[rng() % 9];
+      draw_dtype_and_sizes(rng, c);
       c.dx = rng() % 5 != 0;
       c.dw = rng() % 5 != 0;
       c.dbias = rng() % 3 != 0;
       if (!c.dx && !c.dw && !c.dbias) c.dbias = true;
-      c.pad = (rng() % 4 == 0) ? (rng() % 2 ? 8 : 3) : 0;
+      c.pad = draw_pad(rng);
       check_backward(c, 2000 + cases++);
     }
   }
@@ -702,16 +685,7 @@ TEST(LinearGpu, RowPaddingIsNeverWritten) {
       Buffer ws = workspace_for(linear_forward_workspace_size(m, n, k, DType::bf16, act, gpu), gpu);
       linear_forward(x.view(), w.view(), std::nullopt, act, y.view(), pre.view(), ws.view());
       SCOPED_TRACE(std::string(linear::forward_path_name(linear::last_forward_path())) + " " + activation_name(act));
-      for (const Buffer* b : {&y, &pre}) {
-        const auto raw = b->raw_bytes();
-        std::int64_t untouched = 0;
-        for (std::int64_t r = 0; r + 1 < m; ++r)
-          for (std::int64_t c = n; c < n + pad; ++c) {
-            const std::size_t off = static_cast<std::size_t>(r * (n + pad) + c) * 2;
-            untouched += raw[off] == 0xFF && raw[off + 1] == 0xFF;
-          }
-        EXPECT_EQ(untouched, (m - 1) * pad);
-      }
+      for (const Buffer* b : {&y, &pre}) EXPECT_EQ(testing::poisoned_padding(*b, m, n, pad), (m - 1) * pad);
     }
   }
 }
@@ -731,19 +705,15 @@ TEST(LinearGpu, RunsAreBitwiseReproducible) {
     dout.fill_normal(rng);
     Buffer wsf = workspace_for(linear_forward_workspace_size(m, n, k, DType::bf16, act, gpu), gpu);
     Buffer wsb = workspace_for(linear_backward_workspace_size(m, n, k, DType::bf16, act, gpu), gpu);
-    std::vector<std::vector<unsigned char>> runs;
-    for (int run = 0; run < 3; ++run) {
-      for (Buffer* o : {&y, &pre, &dx, &dw, &db}) o->poison();
-      linear_forward(x.view(), w.view(), b.view(), act, y.view(), pre.view(), wsf.view());
-      linear_backward(dout.view(), x.view(), w.view(), pre.view(), act, dx.view(), dw.view(), db.view(), wsb.view());
-      std::vector<unsigned char> bytes;
-      for (const Buffer* o : {&y, &pre, &dx, &dw, &db}) {
-        const auto r = o->raw_bytes();
-        bytes.insert(bytes.end(), r.begin(), r.end());
-      }
-      runs.push_back(std::move(bytes));
-    }
-    EXPECT_TRUE(runs[0] == runs[1] && runs[1] == runs[2]) << activation_name(act);
+    EXPECT_TRUE(testing::same_bytes_every_run(
+        [&] {
+          for (Buffer* o : {&y, &pre, &dx, &dw, &db}) o->poison();
+          linear_forward(x.view(), w.view(), b.view(), act, y.view(), pre.view(), wsf.view());
+          linear_backward(dout.view(), x.view(), w.view(), pre.view(), act, dx.view(), dw.view(), db.view(),
+                          wsb.view());
+        },
+        {&y, &pre, &dx, &dw, &db}))
+        << activation_name(act);
   }
 }
 

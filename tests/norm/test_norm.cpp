@@ -18,6 +18,7 @@ namespace {
 
 using testing::Buffer;
 using testing::close_to_reference;
+using testing::error_of;
 
 enum class Kind { layer, rms };
 const char* kind_name(Kind k) { return k == Kind::layer ? "layer_norm" : "rms_norm"; }
@@ -123,37 +124,6 @@ void fill_inputs(Problem& p, std::mt19937_64& rng) {
   if (p.bias) p.bias->fill_normal(rng, 0.0, 0.5);
 }
 
-// Error of a float32 two-level column sum (chunks of 32 rows, then chunk sums in order): what a
-// typical float32 GPU reduction gets, i.e. PyTorch's own error level for dweight/dbias in f32.
-double f32_column_sum_error(const std::vector<double>& terms, std::int64_t rows, std::int64_t cols,
-                            const std::vector<double>& ref) {
-  std::vector<double> got(cols);
-  for (std::int64_t c = 0; c < cols; ++c) {
-    float total = 0.0f;
-    for (std::int64_t r0 = 0; r0 < rows; r0 += 32) {
-      float chunk = 0.0f;
-      for (std::int64_t r = r0; r < std::min(rows, r0 + 32); ++r) chunk += static_cast<float>(terms[r * cols + c]);
-      total += chunk;
-    }
-    got[c] = total;
-  }
-  return testing::compare(got, ref).rel_l2;
-}
-
-// Weight-gradient check: the bar is twice the larger of the dtype rounding and the float32
-// reduction baseline.
-::testing::AssertionResult gradient_close(const std::vector<double>& got, const std::vector<double>& ref,
-                                          DType dtype, double reduction_baseline,
-                                          const std::string& what) {
-  const testing::ErrorStats s = testing::compare(got, ref);
-  const double tol = 2.0 * std::max({testing::rounding_error(dtype, ref), reduction_baseline,
-                                     testing::accumulation_floor(dtype)});
-  std::string msg = what + " [" + dtype_name(dtype) + "]: rel_l2 " + std::to_string(s.rel_l2) +
-                    " tolerance " + std::to_string(tol) + " non-finite " + std::to_string(s.non_finite);
-  if (s.non_finite > 0 || !(s.rel_l2 <= tol)) return ::testing::AssertionFailure() << msg;
-  return ::testing::AssertionSuccess() << msg;
-}
-
 // Runs one case on the GPU and the CPU reference and compares every output.
 void check_gpu_against_cpu(const Case& c, std::uint64_t salt, bool from_output) {
   SCOPED_TRACE(c.str() + (from_output ? " from_output" : ""));
@@ -230,13 +200,14 @@ void check_gpu_against_cpu(const Case& c, std::uint64_t salt, bool from_output) 
       }
     if (gpu.dweight) {
       const auto ref = cpu.dweight->values();
-      EXPECT_TRUE(gradient_close(gpu.dweight->values(), ref, c.weight_dtype,
-                                 f32_column_sum_error(w_terms, c.rows, c.cols, ref), "dweight"));
+      EXPECT_TRUE(testing::reduction_close(gpu.dweight->values(), ref, c.weight_dtype,
+                                           testing::f32_column_sum_error(w_terms, c.rows, c.cols, ref),
+                                           "dweight"));
     }
     if (gpu.dbias) {
       const auto ref = cpu.dbias->values();
-      EXPECT_TRUE(gradient_close(gpu.dbias->values(), ref, c.weight_dtype,
-                                 f32_column_sum_error(dy, c.rows, c.cols, ref), "dbias"));
+      EXPECT_TRUE(testing::reduction_close(gpu.dbias->values(), ref, c.weight_dtype,
+                                           testing::f32_column_sum_error(dy, c.rows, c.cols, ref), "dbias"));
     }
   }
 }
@@ -283,19 +254,8 @@ TEST(NormCpu, GradientsMatchFiniteDifferences) {
       return l;
     };
     auto fd = [&](Buffer& param, std::int64_t i) {
-      auto v = param.values();
-      const double h = 1e-2 * std::max(1.0, std::abs(v[i]));
-      const double orig = v[i];
-      v[i] = orig + h;
-      param.set_values(v);
-      const double lp = loss(p);
-      v[i] = orig - h;
-      param.set_values(v);
-      const double lm = loss(p);
-      v[i] = orig;
-      param.set_values(v);
-      // Read back the perturbations actually stored (f32 rounding of orig +- h).
-      return (lp - lm) / (2 * h);
+      const double h = 1e-2 * std::max(1.0, std::abs(param.values()[i]));
+      return testing::central_difference(param, i, h, [&] { return loss(p); });
     };
     const auto dx = p.dx.values(), dw = p.dweight->values();
     for (std::int64_t i = 0; i < c.rows * c.cols; i += 5) EXPECT_NEAR(fd(p.x, i), dx[i], 2e-3) << "dx " << i;
@@ -324,15 +284,6 @@ TEST(NormCpu, FromOutputMatchesFromInput) {
 }
 
 // ---- argument errors (CPU tensors: checks run before any backend) ----------------------------
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
 
 TEST(NormErrors, EachBadArgumentIsNamed) {
   std::vector<float> xb(64 * 8), yb(64 * 8), w(8), stats(64);
@@ -443,19 +394,14 @@ TEST(NormGpu, BackwardIsBitwiseDeterministic) {
     Problem p(c, Device::cuda(0));
     fill_inputs(p, rng);
     p.forward(1e-5f);
-    std::vector<std::vector<unsigned char>> runs;
-    for (int run = 0; run < 3; ++run) {
-      p.dx.poison();
-      p.dweight->poison();
-      p.dbias->poison();
-      p.backward(false);
-      auto bytes = p.dweight->raw_bytes();
-      const auto db = p.dbias->raw_bytes(), dx = p.dx.raw_bytes();
-      bytes.insert(bytes.end(), db.begin(), db.end());
-      bytes.insert(bytes.end(), dx.begin(), dx.end());
-      runs.push_back(std::move(bytes));
-    }
-    EXPECT_TRUE(runs[0] == runs[1] && runs[1] == runs[2]);
+    EXPECT_TRUE(testing::same_bytes_every_run(
+        [&] {
+          p.dx.poison();
+          p.dweight->poison();
+          p.dbias->poison();
+          p.backward(false);
+        },
+        {&*p.dweight, &*p.dbias, &p.dx}));
   }
 }
 
@@ -468,16 +414,8 @@ TEST(NormGpu, RowPaddingIsNeverWritten) {
   p.poison_outputs();
   p.forward(1e-5f);
   p.backward(false);
-  for (const Buffer* b : {&p.y, &p.dx}) {
-    const auto raw = b->raw_bytes();
-    int untouched = 0;
-    for (std::int64_t r = 0; r + 1 < c.rows; ++r)
-      for (std::int64_t k = c.cols; k < c.cols + c.row_pad; ++k) {
-        const std::size_t off = (r * (c.cols + c.row_pad) + k) * 2;
-        untouched += raw[off] == 0xFF && raw[off + 1] == 0xFF;
-      }
-    EXPECT_EQ(untouched, (c.rows - 1) * c.row_pad);
-  }
+  for (const Buffer* b : {&p.y, &p.dx})
+    EXPECT_EQ(testing::poisoned_padding(*b, c.rows, c.cols, c.row_pad), (c.rows - 1) * c.row_pad);
 }
 
 TEST(NormGpu, WorkspaceTooSmallIsAnError) {
