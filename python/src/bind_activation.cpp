@@ -1,5 +1,6 @@
-// Pieces shared by the families that take an activation (bias_act_dropout, linear) or a device
-// name (workspace-size queries): the Activation enum and the conversions of Python arguments.
+// Pieces shared by the families that take an activation (bias_act_dropout, linear), a device
+// name (workspace-size queries) or a Philox seed (the dropout-mask helpers): the Activation enum
+// and the conversions of Python arguments.
 #include <nanobind/stl/string.h>
 
 #include <string>
@@ -72,6 +73,12 @@ std::uint64_t u64_arg(nb::handle value, const char* op, const char* name) {
                 nb::cast<std::string>(nb::str(as_int)));
   }
   return static_cast<std::uint64_t>(v);
+}
+
+PhiloxArgs keep_mask_args(OpCall& c, nb::handle seed, nb::handle offset, float p) {
+  const PhiloxArgs philox{u64_arg(seed, c.op(), "seed"), u64_arg(offset, c.op(), "offset")};
+  if (!(p >= 0.0f && p < 1.0f)) c.fail("p", "a drop probability in [0, 1)", std::to_string(p));
+  return philox;
 }
 
 void bind_activation(nb::module_& m) {

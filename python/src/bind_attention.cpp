@@ -146,6 +146,18 @@ bool shape_from_arrays(const TensorView& q, const TensorView& k, const TensorVie
   return true;
 }
 
+// The size query behind the forward's workspace='auto' (0 when q/k/v do not have the layout's
+// number of dimensions: the op reports that).
+auto forward_workspace(const TensorView& q, const TensorView& k, const TensorView& v,
+                       const std::optional<AttentionVarlen>& varlen,
+                       const AttentionConfig& config) {
+  return [&q, &k, &v, &varlen, &config]() -> std::size_t {
+    AttentionShape shape;
+    if (!shape_from_arrays(q, k, v, varlen, false, &shape)) return 0;
+    return attention_forward_workspace_size(shape, config, q.device);
+  };
+}
+
 // fusekit.torch's eager fast path: whether fusekit reads an operand as it is (float dtype, the
 // head dim a multiple of 16 bytes and contiguous, the other strides of dims longer than 1
 // multiples of 16 bytes, 16-byte aligned data), so that no Python-side fix-up is needed.
@@ -261,11 +273,8 @@ void bind_attention(nb::module_& m) {
         const TensorView lv = c.tensor(lse, "lse", Access::write);
         const std::optional<AttentionVarlen> vl =
             varlen_arg(c, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
-        const OptionalTensor wsv = c.workspace(workspace, [&]() -> std::size_t {
-          AttentionShape shape;
-          if (!shape_from_arrays(qv, kv, vv, vl, false, &shape)) return 0;
-          return attention_forward_workspace_size(shape, config, qv.device);
-        });
+        const OptionalTensor wsv =
+            c.workspace(workspace, forward_workspace(qv, kv, vv, vl, config));
         c.run(stream, [&](Stream s) {
           attention_forward(qv, kv, vv, bv, config, ov, lv, vl, wsv, s);
         });
@@ -342,11 +351,7 @@ void bind_attention(nb::module_& m) {
                                            vl ? qv.shape[0] : qv.shape[2], qv.shape[1]};
         TensorView lv;
         nb::object lse = c.new_f32_capsule(vl ? 2 : 3, lse_shape, &lv);
-        const OptionalTensor wsv = c.auto_workspace([&]() -> std::size_t {
-          AttentionShape shape;
-          if (!shape_from_arrays(qv, kv, vv, vl, false, &shape)) return 0;
-          return attention_forward_workspace_size(shape, config, qv.device);
-        });
+        const OptionalTensor wsv = c.auto_workspace(forward_workspace(qv, kv, vv, vl, config));
         c.run(nb::none(), [&](Stream s) {
           attention_forward(qv, kv, vv, bv, config, ov, lv, vl, wsv, s);
         });
@@ -379,10 +384,7 @@ void bind_attention(nb::module_& m) {
       "attention_dropout_keep_mask",
       [](nb::handle seed_arg, nb::handle offset_arg, float p, nb::handle mask) {
         OpCall c("attention_dropout_keep_mask");
-        const std::uint64_t seed = u64_arg(seed_arg, c.op(), "seed");
-        const std::uint64_t offset = u64_arg(offset_arg, c.op(), "offset");
-        if (!(p >= 0.0f && p < 1.0f))
-          c.fail("p", "a drop probability in [0, 1)", std::to_string(p));
+        const auto [seed, offset] = keep_mask_args(c, seed_arg, offset_arg, p);
         if (offset >= (std::uint64_t{1} << 32))
           c.fail("offset", "a Philox offset below 2^32", std::to_string(offset));
         const TensorView mv = c.tensor(mask, "mask", Access::write);

@@ -95,11 +95,7 @@ void bind_bias_act_dropout(nb::module_& m) {
       "dropout_keep_mask",
       [](nb::handle seed_arg, nb::handle offset_arg, float p, nb::handle mask) {
         OpCall c("dropout_keep_mask");
-        const std::uint64_t seed = u64_arg(seed_arg, c.op(), "seed");
-        const std::uint64_t offset = u64_arg(offset_arg, c.op(), "offset");
-        if (!(p >= 0.0f && p < 1.0f))
-          throw Error(ErrorKind::invalid_argument, c.op(), "p", "a drop probability in [0, 1)",
-                      std::to_string(p));
+        const auto [seed, offset] = keep_mask_args(c, seed_arg, offset_arg, p);
         const TensorView mv = c.tensor(mask, "mask", Access::write);
         if (mv.dtype != DType::u8 || mv.device.is_cuda() || !mv.is_contiguous())
           c.fail("mask", "a contiguous u8 array in CPU memory",

@@ -11,6 +11,32 @@
 
 namespace fusekit::python {
 
+namespace {
+
+// The size query behind workspace='auto': `size` (fp8_rms_norm_forward_workspace_size or
+// fp8_rms_norm_backward_workspace_size) for x's (rows, cols).
+template <typename SizeFn>
+auto fp8_norm_workspace(SizeFn size, const TensorView& x) {
+  return [size, &x]() -> std::size_t {
+    const auto [rows, cols] = rows_cols(x);
+    return size(rows, cols, x.device);
+  };
+}
+
+// Binds the workspace query `size` under its C++ name `op`.
+template <typename SizeFn>
+void def_workspace_size(nb::module_& m, const char* op, SizeFn size, const char* doc) {
+  using nb::arg;
+  m.def(
+      op,
+      [op, size](std::int64_t rows, std::int64_t cols, const std::string& device) {
+        return size(rows, cols, device_arg(device, op));
+      },
+      arg("rows"), arg("cols"), arg("device"), doc);
+}
+
+}  // namespace
+
 void bind_fp8_norm(nb::module_& m) {
   using nb::arg;
   const auto none = nb::none();
@@ -18,23 +44,11 @@ void bind_fp8_norm(nb::module_& m) {
   m.attr("FP8_NORM_MAX_COLS") = kFp8NormMaxCols;
   m.attr("FP8_NORM_AMAX_FLOOR") = kFp8NormAmaxFloor;
 
-  m.def(
-      "fp8_rms_norm_forward_workspace_size",
-      [](std::int64_t rows, std::int64_t cols, const std::string& device) {
-        return fp8_rms_norm_forward_workspace_size(
-            rows, cols, device_arg(device, "fp8_rms_norm_forward_workspace_size"));
-      },
-      arg("rows"), arg("cols"), arg("device"),
-      "Bytes of u8 scratch memory the forward needs (0 on the CPU).");
-
-  m.def(
-      "fp8_rms_norm_backward_workspace_size",
-      [](std::int64_t rows, std::int64_t cols, const std::string& device) {
-        return fp8_rms_norm_backward_workspace_size(
-            rows, cols, device_arg(device, "fp8_rms_norm_backward_workspace_size"));
-      },
-      arg("rows"), arg("cols"), arg("device"),
-      "Bytes of u8 scratch memory the backward needs (0 on the CPU).");
+  def_workspace_size(m, "fp8_rms_norm_forward_workspace_size", fp8_rms_norm_forward_workspace_size,
+                     "Bytes of u8 scratch memory the forward needs (0 on the CPU).");
+  def_workspace_size(m, "fp8_rms_norm_backward_workspace_size",
+                     fp8_rms_norm_backward_workspace_size,
+                     "Bytes of u8 scratch memory the backward needs (0 on the CPU).");
 
   m.def(
       "fp8_rms_norm_forward",
@@ -50,10 +64,8 @@ void bind_fp8_norm(nb::module_& m) {
         const TensorView ysv = c.tensor(y_scale, "y_scale", Access::write);
         const TensorView rv = c.tensor(rstd, "rstd", Access::write);
         const OptionalTensor yv = c.optional(y, "y", Access::write);
-        const OptionalTensor wsv = c.workspace(workspace, [&]() -> std::size_t {
-          const auto [rows, cols] = rows_cols(xv);
-          return fp8_rms_norm_forward_workspace_size(rows, cols, xv.device);
-        });
+        const OptionalTensor wsv =
+            c.workspace(workspace, fp8_norm_workspace(fp8_rms_norm_forward_workspace_size, xv));
         c.run(stream, [&](Stream s) {
           fp8_rms_norm_forward(xv, sv, wv, eps, qv, qtv, ysv, rv, yv, wsv, group_size, s);
         });
@@ -119,14 +131,13 @@ void bind_fp8_norm(nb::module_& m) {
         const TensorView sv = c.tensor(x_scales, "x_scales", Access::read);
         const TensorView wv = c.contiguous(weight, "weight");
         const TensorView rv = c.tensor(rstd, "rstd", Access::read);
-        const auto [rows, cols] = rows_cols(xv);
+        const std::int64_t cols = rows_cols(xv).second;
         OptionalTensor dxv, dwv;
         nb::object dx = c.new_optional(need_dx, OpCall::spec_like(xv, DType::bf16, cols), &dxv);
         nb::object dweight =
             c.new_optional(need_dweight, OpCall::spec_like(wv, wv.dtype, rows_cols(wv).second), &dwv);
-        const OptionalTensor wsv = c.auto_workspace([&]() -> std::size_t {
-          return fp8_rms_norm_backward_workspace_size(rows, cols, xv.device);
-        });
+        const OptionalTensor wsv =
+            c.auto_workspace(fp8_norm_workspace(fp8_rms_norm_backward_workspace_size, xv));
         c.run(nb::none(), [&](Stream s) {
           fp8_rms_norm_backward(dyv, xv, sv, wv, rv, dxv, dwv, wsv, group_size, s);
         });
@@ -149,10 +160,8 @@ void bind_fp8_norm(nb::module_& m) {
         const TensorView rv = c.tensor(rstd, "rstd", Access::read);
         const OptionalTensor dxv = c.optional(dx, "dx", Access::write);
         const OptionalTensor dwv = c.optional(dweight, "dweight", Access::write);
-        const OptionalTensor wsv = c.workspace(workspace, [&]() -> std::size_t {
-          const auto [rows, cols] = rows_cols(xv);
-          return fp8_rms_norm_backward_workspace_size(rows, cols, xv.device);
-        });
+        const OptionalTensor wsv =
+            c.workspace(workspace, fp8_norm_workspace(fp8_rms_norm_backward_workspace_size, xv));
         c.run(stream, [&](Stream s) {
           fp8_rms_norm_backward(dyv, xv, sv, wv, rv, dxv, dwv, wsv, group_size, s);
         });

@@ -10,32 +10,47 @@
 
 namespace fusekit::python {
 
+namespace {
+
+// N of a weight (N, K); 0 for a 0-d array (the op reports it).
+std::int64_t out_features(const TensorView& weight) {
+  return weight.ndim > 0 ? weight.shape[0] : 0;
+}
+
+// The size query behind workspace='auto': `size` (linear_forward_workspace_size or
+// linear_backward_workspace_size) for x (..., K) and weight (N, K).
+template <typename SizeFn>
+auto linear_workspace(SizeFn size, const TensorView& x, const TensorView& weight, Activation act) {
+  return [size, &x, &weight, act]() -> std::size_t {
+    const auto [rows, k] = rows_cols(x);
+    return size(rows, out_features(weight), k, x.dtype, act, x.device);
+  };
+}
+
+// Binds the workspace query `size` under its C++ name `op`.
+template <typename SizeFn>
+void def_workspace_size(nb::module_& m, const char* op, SizeFn size, const char* doc) {
+  using nb::arg;
+  m.def(
+      op,
+      [op, size](std::int64_t m_rows, std::int64_t n, std::int64_t k, DType dtype,
+                 nb::handle activation, const std::string& device) {
+        return size(m_rows, n, k, dtype, activation_arg(activation, op), device_arg(device, op));
+      },
+      arg("m"), arg("n"), arg("k"), arg("dtype"), arg("activation").none(), arg("device"), doc);
+}
+
+}  // namespace
+
 void bind_linear(nb::module_& m) {
   using nb::arg;
   const auto none = nb::none();
 
-  m.def(
-      "linear_forward_workspace_size",
-      [](std::int64_t m_rows, std::int64_t n, std::int64_t k, DType dtype, nb::handle activation,
-         const std::string& device) {
-        const char* op = "linear_forward_workspace_size";
-        return linear_forward_workspace_size(m_rows, n, k, dtype, activation_arg(activation, op),
-                                             device_arg(device, op));
-      },
-      arg("m"), arg("n"), arg("k"), arg("dtype"), arg("activation").none(), arg("device"),
-      "Bytes of u8 scratch memory linear_forward needs (0 on the CPU). device: 'cpu', 'cuda', "
-      "'cuda:N'.");
-
-  m.def(
-      "linear_backward_workspace_size",
-      [](std::int64_t m_rows, std::int64_t n, std::int64_t k, DType dtype, nb::handle activation,
-         const std::string& device) {
-        const char* op = "linear_backward_workspace_size";
-        return linear_backward_workspace_size(m_rows, n, k, dtype, activation_arg(activation, op),
-                                              device_arg(device, op));
-      },
-      arg("m"), arg("n"), arg("k"), arg("dtype"), arg("activation").none(), arg("device"),
-      "Bytes of u8 scratch memory linear_backward needs (0 on the CPU).");
+  def_workspace_size(m, "linear_forward_workspace_size", linear_forward_workspace_size,
+                     "Bytes of u8 scratch memory linear_forward needs (0 on the CPU). device: "
+                     "'cpu', 'cuda', 'cuda:N'.");
+  def_workspace_size(m, "linear_backward_workspace_size", linear_backward_workspace_size,
+                     "Bytes of u8 scratch memory linear_backward needs (0 on the CPU).");
 
   m.def(
       "linear_forward",
@@ -48,11 +63,8 @@ void bind_linear(nb::module_& m) {
         const OptionalTensor bv = c.optional(bias, "bias", Access::read);
         const TensorView yv = c.tensor(y, "y", Access::write);
         const OptionalTensor pv = c.optional(pre_activation, "pre_activation", Access::write);
-        const OptionalTensor wsv = c.workspace(workspace, [&]() -> std::size_t {
-          const auto [rows, k] = rows_cols(xv);
-          return linear_forward_workspace_size(rows, wv.ndim > 0 ? wv.shape[0] : 0, k, xv.dtype,
-                                               act, xv.device);
-        });
+        const OptionalTensor wsv =
+            c.workspace(workspace, linear_workspace(linear_forward_workspace_size, xv, wv, act));
         c.run(stream, [&](Stream s) { linear_forward(xv, wv, bv, act, yv, pv, wsv, s); });
       },
       arg("x").none(), arg("weight").none(), arg("bias").none(), arg("activation").none(),
@@ -73,16 +85,14 @@ void bind_linear(nb::module_& m) {
         const TensorView xv = c.contiguous(x, "x");
         const TensorView wv = c.contiguous(weight, "weight");
         const OptionalTensor bv = c.optional_contiguous(bias, "bias");
-        const std::int64_t n = wv.ndim > 0 ? wv.shape[0] : 0;
+        const std::int64_t n = out_features(wv);
         TensorView yv;
         OptionalTensor pv;
         nb::object y = c.new_array(OpCall::spec_like(xv, xv.dtype, n), &yv);
         nb::object pre =
             c.new_optional(save_pre_activation, OpCall::spec_like(xv, xv.dtype, n), &pv);
-        const OptionalTensor wsv = c.auto_workspace([&]() -> std::size_t {
-          const auto [rows, k] = rows_cols(xv);
-          return linear_forward_workspace_size(rows, n, k, xv.dtype, act, xv.device);
-        });
+        const OptionalTensor wsv =
+            c.auto_workspace(linear_workspace(linear_forward_workspace_size, xv, wv, act));
         c.run(nb::none(), [&](Stream s) { linear_forward(xv, wv, bv, act, yv, pv, wsv, s); });
         return nb::make_tuple(y, pre);
       },
@@ -101,16 +111,15 @@ void bind_linear(nb::module_& m) {
         const TensorView xv = c.contiguous(x, "x");
         const TensorView wv = c.contiguous(weight, "weight");
         const OptionalTensor pv = c.optional_contiguous(pre_activation, "pre_activation");
-        const std::int64_t n = wv.ndim > 0 ? wv.shape[0] : 0;
-        const auto [rows, k] = rows_cols(xv);
+        const std::int64_t n = out_features(wv);
+        const std::int64_t k = rows_cols(xv).second;
         OptionalTensor dxv, dwv, dbv;
         nb::object dx = c.new_optional(need_dx, OpCall::spec_like(xv, xv.dtype, k), &dxv);
         nb::object dweight =
             c.new_optional(need_dweight, OpCall::spec_like(wv, wv.dtype, rows_cols(wv).second), &dwv);
         nb::object dbias = c.new_optional(need_dbias, OpCall::spec(xv.dtype, {n}), &dbv);
-        const OptionalTensor wsv = c.auto_workspace([&]() -> std::size_t {
-          return linear_backward_workspace_size(rows, n, k, xv.dtype, act, xv.device);
-        });
+        const OptionalTensor wsv =
+            c.auto_workspace(linear_workspace(linear_backward_workspace_size, xv, wv, act));
         c.run(nb::none(), [&](Stream s) {
           linear_backward(dov, xv, wv, pv, act, dxv, dwv, dbv, wsv, s);
         });
@@ -134,11 +143,8 @@ void bind_linear(nb::module_& m) {
         const OptionalTensor dxv = c.optional(dx, "dx", Access::write);
         const OptionalTensor dwv = c.optional(dweight, "dweight", Access::write);
         const OptionalTensor dbv = c.optional(dbias, "dbias", Access::write);
-        const OptionalTensor wsv = c.workspace(workspace, [&]() -> std::size_t {
-          const auto [rows, k] = rows_cols(xv);
-          return linear_backward_workspace_size(rows, wv.ndim > 0 ? wv.shape[0] : 0, k, xv.dtype,
-                                                act, xv.device);
-        });
+        const OptionalTensor wsv =
+            c.workspace(workspace, linear_workspace(linear_backward_workspace_size, xv, wv, act));
         c.run(stream, [&](Stream s) {
           linear_backward(dov, xv, wv, pv, act, dxv, dwv, dbv, wsv, s);
         });

@@ -13,28 +13,40 @@ namespace fusekit::python {
 
 namespace {
 
-Device parse_device(const std::string& device) {
-  if (device == "cpu") return Device::cpu();
-  if (device == "cuda") return Device::cuda(0);
-  if (device.rfind("cuda:", 0) == 0) {
-    try {
-      std::size_t used = 0;
-      const int index = std::stoi(device.substr(5), &used);
-      if (used == device.size() - 5 && index >= 0) return Device::cuda(index);
-    } catch (const std::exception&) {
-    }
-  }
-  throw Error(ErrorKind::invalid_argument, "norm_backward_workspace_size", "device",
-              "'cpu', 'cuda' or 'cuda:N'", "'" + device + "'");
+// The arrays every layer_norm_forward binding starts with, converted in the C++ argument order.
+struct LayerNormForwardArrays {
+  TensorView x;
+  OptionalTensor weight, bias;
+  TensorView y;
+};
+
+LayerNormForwardArrays layer_norm_forward_arrays(OpCall& c, nb::handle x, nb::handle weight,
+                                                 nb::handle bias, nb::handle y) {
+  // A braced list is evaluated left to right: the arrays are converted in argument order.
+  return {c.tensor(x, "x", Access::read), c.optional(weight, "weight", Access::read),
+          c.optional(bias, "bias", Access::read), c.tensor(y, "y", Access::write)};
 }
 
-// The size query behind workspace='auto': only dweight/dbias need scratch memory.
-auto norm_workspace(const TensorView& x, bool param_grads) {
-  return [&x, param_grads]() -> std::size_t {
+// The optional gradients of a norm backward and its workspace. `input` (x, or y for the
+// *_from_output variants) gives the workspace query its (rows, cols); only dweight/dbias need
+// scratch memory. RMSNorm has no dbias: it passes no handle, which converts to an empty one.
+struct NormGrads {
+  OptionalTensor dx, dweight, dbias, workspace;
+};
+
+NormGrads norm_grads(OpCall& c, const TensorView& input, nb::handle dx, nb::handle dweight,
+                     nb::handle dbias, nb::handle workspace) {
+  NormGrads g;
+  g.dx = c.optional(dx, "dx", Access::write);
+  g.dweight = c.optional(dweight, "dweight", Access::write);
+  g.dbias = c.optional(dbias, "dbias", Access::write);
+  const bool param_grads = g.dweight || g.dbias;
+  g.workspace = c.workspace(workspace, [&]() -> std::size_t {
     if (!param_grads) return 0;
-    const auto [rows, cols] = rows_cols(x);
-    return norm_backward_workspace_size(rows, cols, x.dtype, x.device);
-  };
+    const auto [rows, cols] = rows_cols(input);
+    return norm_backward_workspace_size(rows, cols, input.dtype, input.device);
+  });
+  return g;
 }
 
 // mean and rstd as the two halves of one float32 array `stats` (2 * rows values, [mean | rstd]):
@@ -56,11 +68,37 @@ void run_layer_norm_backward(OpCall& c, const TensorView& dyv, const TensorView&
                              const TensorView& mv, const TensorView& rv, nb::handle dx, nb::handle dweight,
                              nb::handle dbias, nb::handle workspace, nb::handle stream) {
   const OptionalTensor wv = c.optional(weight, "weight", Access::read);
-  const OptionalTensor dxv = c.optional(dx, "dx", Access::write);
-  const OptionalTensor dwv = c.optional(dweight, "dweight", Access::write);
-  const OptionalTensor dbv = c.optional(dbias, "dbias", Access::write);
-  const OptionalTensor wsv = c.workspace(workspace, norm_workspace(xv, dwv || dbv));
-  c.run(stream, [&](Stream s) { layer_norm_backward(dyv, xv, wv, mv, rv, dxv, dwv, dbv, wsv, s); });
+  const NormGrads g = norm_grads(c, xv, dx, dweight, dbias, workspace);
+  c.run(stream, [&](Stream s) {
+    layer_norm_backward(dyv, xv, wv, mv, rv, g.dx, g.dweight, g.dbias, g.workspace, s);
+  });
+}
+
+// Binds rms_norm_backward or rms_norm_backward_from_output (`backward`, Python name `op`): the
+// same arguments but for the input the gradient is computed from, x or the forward's output y
+// (`input_name`).
+template <typename Backward>
+void def_rms_norm_backward(nb::module_& m, const char* op, Backward backward,
+                           const char* input_name, const char* doc) {
+  using nb::arg;
+  const auto none = nb::none();
+  m.def(
+      op,
+      [op, backward, input_name](nb::handle dy, nb::handle input, nb::handle weight,
+                                 nb::handle rstd, nb::handle dx, nb::handle dweight,
+                                 nb::handle workspace, nb::handle stream) {
+        OpCall c(op);
+        const TensorView dyv = c.tensor(dy, "dy", Access::read);
+        const TensorView iv = c.tensor(input, input_name, Access::read);
+        const OptionalTensor wv = c.optional(weight, "weight", Access::read);
+        const TensorView rv = c.tensor(rstd, "rstd", Access::read);
+        const NormGrads g = norm_grads(c, iv, dx, dweight, nb::handle(), workspace);
+        c.run(stream,
+              [&](Stream s) { backward(dyv, iv, wv, rv, g.dx, g.dweight, g.workspace, s); });
+      },
+      arg("dy").none(), arg(input_name).none(), arg("weight").none(), arg("rstd").none(),
+      arg("dx").none() = none, arg("dweight").none() = none, arg("workspace").none() = none,
+      arg("stream").none() = none, doc);
 }
 
 }  // namespace
@@ -74,13 +112,11 @@ void bind_norm(nb::module_& m) {
       [](nb::handle x, nb::handle weight, nb::handle bias, float eps, nb::handle y,
          nb::handle mean, nb::handle rstd, nb::handle stream) {
         OpCall c("layer_norm_forward");
-        const TensorView xv = c.tensor(x, "x", Access::read);
-        const OptionalTensor wv = c.optional(weight, "weight", Access::read);
-        const OptionalTensor bv = c.optional(bias, "bias", Access::read);
-        const TensorView yv = c.tensor(y, "y", Access::write);
+        const LayerNormForwardArrays a = layer_norm_forward_arrays(c, x, weight, bias, y);
         const OptionalTensor mv = c.optional(mean, "mean", Access::write);
         const OptionalTensor rv = c.optional(rstd, "rstd", Access::write);
-        c.run(stream, [&](Stream s) { layer_norm_forward(xv, wv, bv, eps, yv, mv, rv, s); });
+        c.run(stream,
+              [&](Stream s) { layer_norm_forward(a.x, a.weight, a.bias, eps, a.y, mv, rv, s); });
       },
       arg("x").none(), arg("weight").none(), arg("bias").none(), arg("eps"), arg("y").none(),
       arg("mean").none() = none, arg("rstd").none() = none, arg("stream").none() = none,
@@ -94,16 +130,14 @@ void bind_norm(nb::module_& m) {
       [](nb::handle x, nb::handle weight, nb::handle bias, float eps, nb::handle y,
          nb::handle mean, nb::handle rstd, int iterations) {
         OpCall c("layer_norm_forward");
-        const TensorView xv = c.tensor(x, "x", Access::read);
-        const OptionalTensor wv = c.optional(weight, "weight", Access::read);
-        const OptionalTensor bv = c.optional(bias, "bias", Access::read);
-        const TensorView yv = c.tensor(y, "y", Access::write);
+        const LayerNormForwardArrays a = layer_norm_forward_arrays(c, x, weight, bias, y);
         const OptionalTensor mv = c.optional(mean, "mean", Access::write);
         const OptionalTensor rv = c.optional(rstd, "rstd", Access::write);
         double us = 0.0;
         c.run(nb::none(), [&](Stream s) {
           const auto start = std::chrono::steady_clock::now();
-          for (int i = 0; i < iterations; ++i) layer_norm_forward(xv, wv, bv, eps, yv, mv, rv, s);
+          for (int i = 0; i < iterations; ++i)
+            layer_norm_forward(a.x, a.weight, a.bias, eps, a.y, mv, rv, s);
           const std::chrono::duration<double, std::micro> took = std::chrono::steady_clock::now() - start;
           us = took.count() / std::max(iterations, 1);
         });
@@ -117,19 +151,17 @@ void bind_norm(nb::module_& m) {
       [](nb::handle x, nb::handle weight, nb::handle bias, float eps, nb::handle y,
          nb::handle stats, nb::handle stream) {
         OpCall c("layer_norm_forward");
-        const TensorView xv = c.tensor(x, "x", Access::read);
-        const OptionalTensor wv = c.optional(weight, "weight", Access::read);
-        const OptionalTensor bv = c.optional(bias, "bias", Access::read);
-        const TensorView yv = c.tensor(y, "y", Access::write);
+        const LayerNormForwardArrays a = layer_norm_forward_arrays(c, x, weight, bias, y);
         TensorView sv;
         nb::object made = nb::none();
         if (stats.is_none()) {
-          made = c.new_f32_capsule(2 * rows_cols(xv).first, &sv);
+          made = c.new_f32_capsule(2 * rows_cols(a.x).first, &sv);
         } else {
           sv = c.tensor(stats, "stats", Access::write);
         }
         const auto [mv, rv] = split_stats(c, sv);
-        c.run(stream, [&](Stream s) { layer_norm_forward(xv, wv, bv, eps, yv, mv, rv, s); });
+        c.run(stream,
+              [&](Stream s) { layer_norm_forward(a.x, a.weight, a.bias, eps, a.y, mv, rv, s); });
         return made;
       },
       arg("x").none(), arg("weight").none(), arg("bias").none(), arg("eps"), arg("y").none(),
@@ -188,7 +220,8 @@ void bind_norm(nb::module_& m) {
   m.def(
       "norm_backward_workspace_size",
       [](std::int64_t rows, std::int64_t cols, DType dtype, const std::string& device) {
-        return norm_backward_workspace_size(rows, cols, dtype, parse_device(device));
+        return norm_backward_workspace_size(rows, cols, dtype,
+                                            device_arg(device, "norm_backward_workspace_size"));
       },
       arg("rows"), arg("cols"), arg("dtype"), arg("device"),
       "Bytes of u8 scratch memory the backward needs (0 on the CPU). device: 'cpu', 'cuda', "
@@ -222,12 +255,10 @@ void bind_norm(nb::module_& m) {
         const OptionalTensor wv = c.optional(weight, "weight", Access::read);
         const OptionalTensor bv = c.optional(bias, "bias", Access::read);
         const TensorView rv = c.tensor(rstd, "rstd", Access::read);
-        const OptionalTensor dxv = c.optional(dx, "dx", Access::write);
-        const OptionalTensor dwv = c.optional(dweight, "dweight", Access::write);
-        const OptionalTensor dbv = c.optional(dbias, "dbias", Access::write);
-        const OptionalTensor wsv = c.workspace(workspace, norm_workspace(yv, dwv || dbv));
+        const NormGrads g = norm_grads(c, yv, dx, dweight, dbias, workspace);
         c.run(stream, [&](Stream s) {
-          layer_norm_backward_from_output(dyv, yv, wv, bv, rv, dxv, dwv, dbv, wsv, s);
+          layer_norm_backward_from_output(dyv, yv, wv, bv, rv, g.dx, g.dweight, g.dbias,
+                                          g.workspace, s);
         });
       },
       arg("dy").none(), arg("y").none(), arg("weight").none(), arg("bias").none(), arg("rstd").none(),
@@ -235,43 +266,10 @@ void bind_norm(nb::module_& m) {
       arg("workspace").none() = none, arg("stream").none() = none,
       "The LayerNorm backward recomputing the normalized input from the output y.");
 
-  m.def(
-      "rms_norm_backward",
-      [](nb::handle dy, nb::handle x, nb::handle weight, nb::handle rstd, nb::handle dx,
-         nb::handle dweight, nb::handle workspace, nb::handle stream) {
-        OpCall c("rms_norm_backward");
-        const TensorView dyv = c.tensor(dy, "dy", Access::read);
-        const TensorView xv = c.tensor(x, "x", Access::read);
-        const OptionalTensor wv = c.optional(weight, "weight", Access::read);
-        const TensorView rv = c.tensor(rstd, "rstd", Access::read);
-        const OptionalTensor dxv = c.optional(dx, "dx", Access::write);
-        const OptionalTensor dwv = c.optional(dweight, "dweight", Access::write);
-        const OptionalTensor wsv = c.workspace(workspace, norm_workspace(xv, dwv.has_value()));
-        c.run(stream, [&](Stream s) { rms_norm_backward(dyv, xv, wv, rv, dxv, dwv, wsv, s); });
-      },
-      arg("dy").none(), arg("x").none(), arg("weight").none(), arg("rstd").none(), arg("dx").none() = none,
-      arg("dweight").none() = none, arg("workspace").none() = none, arg("stream").none() = none,
-      "Any subset of dx, dweight from the saved rstd.");
-
-  m.def(
-      "rms_norm_backward_from_output",
-      [](nb::handle dy, nb::handle y, nb::handle weight, nb::handle rstd, nb::handle dx,
-         nb::handle dweight, nb::handle workspace, nb::handle stream) {
-        OpCall c("rms_norm_backward_from_output");
-        const TensorView dyv = c.tensor(dy, "dy", Access::read);
-        const TensorView yv = c.tensor(y, "y", Access::read);
-        const OptionalTensor wv = c.optional(weight, "weight", Access::read);
-        const TensorView rv = c.tensor(rstd, "rstd", Access::read);
-        const OptionalTensor dxv = c.optional(dx, "dx", Access::write);
-        const OptionalTensor dwv = c.optional(dweight, "dweight", Access::write);
-        const OptionalTensor wsv = c.workspace(workspace, norm_workspace(yv, dwv.has_value()));
-        c.run(stream, [&](Stream s) {
-          rms_norm_backward_from_output(dyv, yv, wv, rv, dxv, dwv, wsv, s);
-        });
-      },
-      arg("dy").none(), arg("y").none(), arg("weight").none(), arg("rstd").none(), arg("dx").none() = none,
-      arg("dweight").none() = none, arg("workspace").none() = none, arg("stream").none() = none,
-      "The RMSNorm backward recomputing the normalized input from the output y.");
+  def_rms_norm_backward(m, "rms_norm_backward", rms_norm_backward, "x",
+                        "Any subset of dx, dweight from the saved rstd.");
+  def_rms_norm_backward(m, "rms_norm_backward_from_output", rms_norm_backward_from_output, "y",
+                        "The RMSNorm backward recomputing the normalized input from the output y.");
 }
 
 }  // namespace fusekit::python

@@ -188,6 +188,13 @@ inline std::pair<std::int64_t, std::int64_t> rows_cols(const TensorView& t) {
 Activation activation_arg(nb::handle value, const char* op);
 // An unsigned 64-bit argument (a Philox seed or offset): a Python int in [0, 2^64).
 std::uint64_t u64_arg(nb::handle value, const char* op, const char* name);
+// The (seed, offset, p) arguments of the dropout-mask helpers (dropout_keep_mask,
+// attention_dropout_keep_mask): seed and offset as u64_arg, after checking that p is a drop
+// probability in [0, 1).
+struct PhiloxArgs {
+  std::uint64_t seed, offset;
+};
+PhiloxArgs keep_mask_args(OpCall& c, nb::handle seed, nb::handle offset, float p);
 // A `device` argument of the workspace-size queries: 'cpu', 'cuda' or 'cuda:N'.
 Device device_arg(const std::string& device, const char* op);
 

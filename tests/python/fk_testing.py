@@ -5,6 +5,9 @@ PyTorch's own error in the same dtype counts as a baseline too."""
 import math
 
 import numpy as np
+import pytest
+
+import fusekit
 
 try:
     import ml_dtypes
@@ -43,6 +46,38 @@ def check_close(name, got, ref, dtype_name, rounding, baseline=0.0):
     assert err <= bar, (f"{name} ({dtype_name}): rel_l2 {err:.3e} > bar {bar:.3e} "
                         f"(rounding {rounding:.3e}, baseline {baseline:.3e})")
     return err
+
+
+def check_invalid_argument(call, argument, words):
+    """call() raises fusekit.InvalidArgumentError with the C++ message and its parts: naming
+    `argument` (None: any) and containing `words` where given."""
+    with pytest.raises(fusekit.InvalidArgumentError) as info:
+        call()
+    e = info.value
+    assert isinstance(e, ValueError) and isinstance(e, fusekit.Error)
+    message = str(e)
+    assert message.startswith("fusekit."), message
+    if argument is not None:
+        assert f"argument '{argument}'" in message and e.argument == argument, message
+    assert e.kind == "invalid_argument" and e.op in message
+    assert e.expected and e.got and f"expected {e.expected}, got {e.got}" in message
+    if words:
+        assert words in message, message
+
+
+def attention_visibility(sq, sk, mask, window):
+    """The documented visibility rule of attention (include/fusekit/attention.h) as a bool
+    (sq, sk) array: whether query i sees key j under `mask` and `window` (left, right)."""
+    i, j = np.arange(sq)[:, None], np.arange(sk)[None, :]
+    d = 0 if mask == "causal_top_left" else sk - sq
+    vis = np.ones((sq, sk), bool)
+    if mask != "none":
+        vis &= j <= i + d
+    if window[0] >= 0:
+        vis &= j >= i + d - window[0]
+    if window[1] >= 0:
+        vis &= j <= i + d + window[1]
+    return vis
 
 
 # ---- activations in float64 (fusekit/activation.h), shared by the dropout and linear tests -----

@@ -19,18 +19,18 @@ import pytest
 torch = pytest.importorskip("torch", reason="PyTorch is not installed: the fusekit.torch tests need it")
 import fusekit  # noqa: E402
 import fusekit.torch as fk  # noqa: E402
-from fk_testing import ACCUMULATION_FLOOR, run_without_dlpack_exchange  # noqa: E402
-from torch_testing import rel  # noqa: E402
+from fk_testing import (ACCUMULATION_FLOOR, attention_visibility,  # noqa: E402
+                        run_without_dlpack_exchange)
+import torch_testing  # noqa: E402
+from torch_testing import (DEVICES, assert_one_graph_calling, check_error,  # noqa: E402
+                           check_opcheck, compile_recording_graphs, cuda_only, rel)
 
 F = torch.nn.functional
-HAS_CUDA = torch.cuda.is_available()
-cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
 DTYPES = {"f64": torch.float64, "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 FLOOR = dict(ACCUMULATION_FLOOR, f64=1e-6)
 # (device, dtype): the CPU reference takes f32/f64, the CUDA kernels f16/bf16.
 DEVICE_DTYPES = [("cpu", "f64"), ("cpu", "f32")] + [
     pytest.param("cuda", d, marks=cuda_only, id=f"cuda-{d}") for d in ("f16", "bf16")]
-DEVICES = ["cpu", pytest.param("cuda", marks=cuda_only)]
 
 
 def torch_sdpa(q, k, v, attn_mask=None, enable_gqa=False, **kw):
@@ -47,14 +47,8 @@ def gpu_dtype(device):
 
 
 def check_vs_pytorch(name, got, torch_same_dtype, ref64, dtype_name):
-    """rel_l2(fusekit) <= 2 * max(rel_l2(PyTorch, same dtype), rounding, accumulation floor)."""
-    err = rel(got, ref64)
-    torch_err = rel(torch_same_dtype, ref64) if torch_same_dtype is not None else 0.0
-    rounding = rel(ref64.to(got.dtype), ref64)
-    bar = 2.0 * max(torch_err, rounding, FLOOR[dtype_name])
-    assert err <= bar, (f"{name} ({dtype_name}): fusekit {err:.3e} > bar {bar:.3e} "
-                        f"(PyTorch {torch_err:.3e}, rounding {rounding:.3e})")
-    return err
+    """torch_testing.check_vs_pytorch with FLOOR, which has a floor for float64 too."""
+    return torch_testing.check_vs_pytorch(name, got, torch_same_dtype, ref64, dtype_name, FLOOR)
 
 
 # ---- problems -----------------------------------------------------------------------------------
@@ -162,18 +156,8 @@ def test_matches_pytorch(device, dtype_name, case, path, seed):
 
 # ---- features PyTorch's SDPA does not have, against PyTorch with explicit masks ----------------
 def visible_keys(L, S, mask, window, device):
-    """The documented visibility rule (include/fusekit/attention.h) as a bool (L, S) mask."""
-    i = torch.arange(L, device=device)[:, None]
-    j = torch.arange(S, device=device)[None, :]
-    d = 0 if mask == "causal_top_left" else S - L
-    vis = torch.ones(L, S, dtype=torch.bool, device=device)
-    if mask != "none":
-        vis &= j <= i + d
-    if window[0] >= 0:
-        vis &= j >= i + d - window[0]
-    if window[1] >= 0:
-        vis &= j <= i + d + window[1]
-    return vis
+    """fk_testing.attention_visibility as a bool (L, S) tensor on `device`."""
+    return torch.from_numpy(attention_visibility(L, S, mask, window)).to(device)
 
 
 def bshd(t):
@@ -217,14 +201,6 @@ def dropout_reference(q, k, v, bias, vis, z):
     return (p * z) @ v
 
 
-def check_with_baseline(name, got, ref64, dtype_name, baseline):
-    err = rel(got, ref64)
-    rounding = rel(ref64.to(got.dtype), ref64)
-    bar = 2.0 * max(baseline, rounding, FLOOR[dtype_name])
-    assert err <= bar, (f"{name} ({dtype_name}): fusekit {err:.3e} > bar {bar:.3e} "
-                        f"(baseline {baseline:.3e}, rounding {rounding:.3e})")
-
-
 @pytest.mark.parametrize("device,dtype_name", DEVICE_DTYPES)
 @pytest.mark.parametrize("p", [0.1, 0.5])
 def test_dropout_uses_the_documented_mask(device, dtype_name, p, path, seed):
@@ -254,7 +230,7 @@ def test_dropout_uses_the_documented_mask(device, dtype_name, p, path, seed):
     baselines = [rel(base_t[0], base_64[0])] + [rel(a, b) for a, b in zip(base_t[1], base_64[1])]
     for name, got, r, b in zip(("out", "dq", "dk", "dv", "dbias"), (out, *grads),
                                (ref, *ref_grads), baselines):
-        check_with_baseline(name, got, r, dtype_name, b)
+        check_error(name, got, r, dtype_name, b, FLOOR)
     dropped = keep == 0
     assert dropped.any() and (~dropped).any()
 
@@ -465,22 +441,13 @@ def test_custom_op_registration(device):
                                      bias.detach(), None, "causal_top_left", -1, -1, 0.1, 3, 1, None,
                                      None, 0, 0, True, False, True, False, False)),
     ]
-    for op, args in cases:
-        result = torch.library.opcheck(op, args)
-        assert all(r == "SUCCESS" for r in result.values()), (op, result)
+    check_opcheck(cases)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_torch_compile_fullgraph(device, seed):
     torch._dynamo.reset()
     torch.manual_seed(seed)
-    graphs = []
-
-    def recording_backend(gm, example_inputs):
-        graphs.append(gm)
-        backend = "inductor" if device == "cuda" else "aot_eager"
-        return torch._dynamo.lookup_backend(backend)(gm, example_inputs)
-
     dtype = gpu_dtype(device)
 
     def f(x, w, mask):
@@ -493,7 +460,7 @@ def test_torch_compile_fullgraph(device, seed):
     x = torch.randn(2, 24, 64, device=device, dtype=dtype, requires_grad=True)
     w = (torch.randn(64, 192, device=device, dtype=dtype) / 8).requires_grad_(True)
     mask = torch.randn(4, 24, 24, device=device, dtype=dtype, requires_grad=True)
-    compiled = torch.compile(f, backend=recording_backend, fullgraph=True)
+    compiled, graphs = compile_recording_graphs(f, device)
     loss = compiled(x, w, mask)
     loss.backward()
     grads = [t.grad.clone() for t in (x, w, mask)]
@@ -501,9 +468,7 @@ def test_torch_compile_fullgraph(device, seed):
         t.grad = None
     loss_eager = f(x, w, mask)
     loss_eager.backward()
-    assert len(graphs) == 1
-    targets = {str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"}
-    assert any("fusekit.attention_fwd" in t for t in targets), targets
+    assert_one_graph_calling(graphs, "fusekit.attention_fwd")
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(loss, loss_eager, **tol)
     for g, t in zip(grads, (x, w, mask)):

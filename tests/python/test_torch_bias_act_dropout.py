@@ -9,13 +9,10 @@ import pytest
 torch = pytest.importorskip("torch", reason="PyTorch is not installed: the fusekit.torch tests need it")
 import fusekit  # noqa: E402
 import fusekit.torch as fk  # noqa: E402
-from fk_testing import ACCUMULATION_FLOOR  # noqa: E402
-from torch_testing import rel  # noqa: E402
+from torch_testing import (DEVICES, DTYPES, assert_one_graph_calling, check_error,  # noqa: E402
+                           check_opcheck, compile_recording_graphs)
 
 F = torch.nn.functional
-HAS_CUDA = torch.cuda.is_available()
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device"))]
-DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 SLOPE = 0.05
 ACTIVATIONS = {
     "none": lambda h: h,
@@ -38,12 +35,6 @@ def keep_factor(shape, p, seed, offset, device):
     return keep / (1.0 - float(np.float32(p)))
 
 
-def check(name, got, ref64, dtype_name):
-    err = rel(got, ref64)
-    bar = 2.0 * max(rel(ref64.to(got.dtype), ref64), ACCUMULATION_FLOOR[dtype_name])
-    assert err <= bar, f"{name} ({dtype_name}): {err:.3e} > {bar:.3e}"
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
 @pytest.mark.parametrize("activation", list(ACTIVATIONS))
@@ -64,9 +55,9 @@ def test_matches_float64_with_documented_mask(device, dtype_name, activation, p,
     y64 = ACTIVATIONS[activation](x64 + b64) * keep_factor(shape, p, rseed, offset, device)
     y64.backward(dy.double())
     assert y.dtype == dtype and y.shape == x.shape
-    check("y", y, y64, dtype_name)
-    check("dx", x.grad, x64.grad, dtype_name)
-    check("dbias", bias.grad, b64.grad, dtype_name)
+    check_error("y", y, y64, dtype_name)
+    check_error("dx", x.grad, x64.grad, dtype_name)
+    check_error("dbias", bias.grad, b64.grad, dtype_name)
     if p > 0:
         dropped = keep_factor(shape, p, rseed, offset, device) == 0
         assert dropped.any() and (y.detach()[dropped] == 0).all()
@@ -78,7 +69,7 @@ def test_eval_seed_and_float32_bias(device, seed):
     bias = torch.randn(64, device=device, requires_grad=True)  # float32 bias with bf16 x
     y = fk.bias_act_dropout(x, bias, "gelu_tanh", 0.5, training=False)
     ref = F.gelu(x.double() + bias.detach().double(), approximate="tanh")
-    check("y (eval)", y, ref, "bf16")
+    check_error("y (eval)", y, ref, "bf16")
     y.float().sum().backward()
     assert bias.grad.dtype == torch.float32
     torch.manual_seed(seed)
@@ -102,36 +93,26 @@ def test_custom_op_registration(device):
         (ops.bias_act_dropout_bwd.default, (dy, x.detach(), b.detach(), "relu", 0.3, 11, 2, 0.01, True, True)),
         (ops.bias_act_dropout_bwd.default, (dy, x.detach(), None, "none", 0.1, 5, 0, 0.01, True, False)),
     ]
-    for op, args in cases:
-        result = torch.library.opcheck(op, args)
-        assert all(v == "SUCCESS" for v in result.values()), (op, result)
+    check_opcheck(cases)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_torch_compile_fullgraph(device, seed):
     torch._dynamo.reset()
-    graphs = []
-
-    def recording_backend(gm, example_inputs):
-        graphs.append(gm)
-        backend = "inductor" if device == "cuda" else "aot_eager"
-        return torch._dynamo.lookup_backend(backend)(gm, example_inputs)
 
     def f(x, b):
         return fk.bias_act_dropout(x, b, "gelu_tanh", 0.2, seed=1234, offset=3).square().sum()
 
     x = torch.randn(16, 128, device=device, requires_grad=True)
     b = torch.randn(128, device=device, requires_grad=True)
-    compiled = torch.compile(f, backend=recording_backend, fullgraph=True)
+    compiled, graphs = compile_recording_graphs(f, device)
     loss = compiled(x, b)
     loss.backward()
     gx, gb = x.grad.clone(), b.grad.clone()
     x.grad, b.grad = None, None
     loss_eager = f(x, b)
     loss_eager.backward()
-    assert len(graphs) == 1
-    targets = {str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"}
-    assert any("fusekit.bias_act_dropout_fwd" in t for t in targets), targets
+    assert_one_graph_calling(graphs, "fusekit.bias_act_dropout_fwd")
     torch.testing.assert_close(loss, loss_eager, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(gx, x.grad, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(gb, b.grad, rtol=1e-5, atol=1e-5)
@@ -182,15 +163,15 @@ def test_bias_act_dropout_module(device, activation, seed):
     y = m(x)
     x64, b64 = x.detach().double().requires_grad_(True), m.bias.detach().double().requires_grad_(True)
     y64 = ACTIVATIONS[activation](x64 + b64)
-    check("y", y, y64, "f32")
+    check_error("y", y, y64, "f32")
     dy = torch.randn_like(y)
     dx, db = torch.autograd.grad(y, (x, m.bias), dy)
     dx64, db64 = torch.autograd.grad(y64, (x64, b64), dy.double())
-    check("dx", dx, dx64, "f32")
-    check("dbias", db, db64, "f32")
+    check_error("dx", dx, dx64, "f32")
+    check_error("dbias", db, db64, "f32")
     nobias = fk.BiasActDropout(128, activation, p=0.1, bias=False, device=device)
     assert nobias.bias is None and list(nobias.state_dict()) == []
     nobias.eval()
-    check("y (no bias, eval)", nobias(x), ACTIVATIONS[activation](x64), "f32")
+    check_error("y (no bias, eval)", nobias(x), ACTIVATIONS[activation](x64), "f32")
     with pytest.raises(fusekit.InvalidArgumentError, match="'p'"):
         fk.BiasActDropout(128, p=1.0)

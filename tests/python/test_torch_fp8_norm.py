@@ -10,11 +10,10 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed: the fusek
 import fusekit  # noqa: E402
 import fusekit.torch as fk  # noqa: E402
 from fk_testing import ACCUMULATION_FLOOR, run_without_dlpack_exchange  # noqa: E402
-from torch_testing import rel  # noqa: E402
+from torch_testing import (DEVICES, assert_one_graph_calling,  # noqa: E402
+                           compile_recording_graphs, rel)
 
 F = torch.nn.functional
-HAS_CUDA = torch.cuda.is_available()
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device"))]
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 EPS = 1e-6
 
@@ -151,18 +150,12 @@ def test_torch_compile_fullgraph(device, seed):
     torch._dynamo.reset()
     norm = fk.FP8RMSNorm(64, device=device, dtype=torch.bfloat16)
     norm.weight.data.uniform_(0.5, 1.5)
-    graphs = []
-
-    def recording_backend(gm, example_inputs):
-        graphs.append(gm)
-        backend = "inductor" if device == "cuda" else "aot_eager"
-        return torch._dynamo.lookup_backend(backend)(gm, example_inputs)
 
     def f(x):
         out = norm(x)
         return out.y.float().square().mean() + out.qy.float().mean() * out.y_scale
 
-    compiled = torch.compile(f, backend=recording_backend, fullgraph=True)
+    compiled, graphs = compile_recording_graphs(f, device)
     x = torch.randn(4, 8, 64, device=device, dtype=torch.bfloat16, requires_grad=True)
     loss = compiled(x)
     loss.backward()
@@ -170,9 +163,7 @@ def test_torch_compile_fullgraph(device, seed):
     x.grad, norm.weight.grad = None, None
     loss_eager = f(x)
     loss_eager.backward()
-    assert len(graphs) == 1
-    targets = {str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"}
-    assert any("fusekit.fp8_rms_norm_fwd" in t for t in targets), targets
+    assert_one_graph_calling(graphs, "fusekit.fp8_rms_norm_fwd")
     torch.testing.assert_close(loss, loss_eager, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(gx, x.grad, rtol=1e-2, atol=1e-5)
     torch.testing.assert_close(gw, norm.weight.grad, rtol=1e-2, atol=1e-5)

@@ -8,13 +8,11 @@ import pytest
 torch = pytest.importorskip("torch", reason="PyTorch is not installed: the fusekit.torch tests need it")
 import fusekit  # noqa: E402
 import fusekit.torch as fk  # noqa: E402
-from fk_testing import ACCUMULATION_FLOOR, run_without_dlpack_exchange  # noqa: E402
-from torch_testing import rel  # noqa: E402
+from fk_testing import run_without_dlpack_exchange  # noqa: E402
+from torch_testing import (DEVICES, DTYPES, check_compiled_model, check_opcheck,  # noqa: E402
+                           check_vs_pytorch, cuda_only)
 
 F = torch.nn.functional
-HAS_CUDA = torch.cuda.is_available()
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device"))]
-DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 ACTIVATIONS = {
     "none": lambda h: h,
     "relu": F.relu,
@@ -23,13 +21,6 @@ ACTIVATIONS = {
     "squared_relu": lambda h: F.relu(h).square(),
     "silu": F.silu,
 }
-
-
-def check_vs_pytorch(name, got, torch_same_dtype, ref64, dtype_name):
-    err = rel(got, ref64)
-    bar = 2.0 * max(rel(torch_same_dtype, ref64), rel(ref64.to(got.dtype), ref64),
-                    ACCUMULATION_FLOOR[dtype_name])
-    assert err <= bar, f"{name} ({dtype_name}): {err:.3e} > {bar:.3e}"
 
 
 def run(fn, x, dout, params):
@@ -84,7 +75,7 @@ def test_functional_inference_and_partial_gradients(device, seed, path):
     torch.testing.assert_close(w.grad, w_ref.grad, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
+@cuda_only
 def test_eager_allocations_are_freed(seed):
     """The eager fast path allocates outputs, gradients and workspace inside fusekit._C (through
     PyTorch's allocator): all of it must go back once the tensors and the graph are gone."""
@@ -143,9 +134,7 @@ def test_custom_op_registration(device):
         (ops.linear_bwd.default, (dout, x.detach(), w.detach(), pre, "silu", True, True, True)),
         (ops.linear_bwd.default, (dout, x.detach(), w.detach(), None, "none", False, True, False)),
     ]
-    for op, args in cases:
-        result = torch.library.opcheck(op, args)
-        assert all(v == "SUCCESS" for v in result.values()), (op, result)
+    check_opcheck(cases)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -154,27 +143,8 @@ def test_torch_compile_fullgraph(device, seed):
     torch._dynamo.reset()
     model = torch.nn.Sequential(fk.Linear(64, 128, activation="squared_relu", device=device),
                                 fk.Linear(128, 64, activation="none", device=device))
-    graphs = []
-
-    def recording_backend(gm, example_inputs):
-        graphs.append(gm)
-        backend = "inductor" if device == "cuda" else "aot_eager"
-        return torch._dynamo.lookup_backend(backend)(gm, example_inputs)
-
-    compiled = torch.compile(model, backend=recording_backend, fullgraph=True)
     x = torch.randn(4, 16, 64, device=device)
-    y = compiled(x)
-    y.square().mean().backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-    model.zero_grad()
-    y_eager = model(x)
-    y_eager.square().mean().backward()
-    assert len(graphs) == 1
-    targets = {str(node.target) for node in graphs[0].graph.nodes if node.op == "call_function"}
-    assert any("fusekit.linear_fwd" in t for t in targets), targets
-    torch.testing.assert_close(y, y_eager, rtol=1e-5, atol=1e-5)
-    for n, p in model.named_parameters():
-        torch.testing.assert_close(grads[n], p.grad, rtol=1e-4, atol=1e-5)
+    check_compiled_model(model, x, device, "fusekit.linear_fwd")
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -7,11 +7,10 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed: the fusekit.torch tests need it")
 import fusekit.torch as fk  # noqa: E402
-from torch_testing import rel  # noqa: E402
+from torch_testing import (DEVICES, assert_one_graph_calling,  # noqa: E402
+                           compile_recording_graphs, cuda_only, rel)
 
 F = torch.nn.functional
-HAS_CUDA = torch.cuda.is_available()
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device"))]
 HEADS = 4
 
 
@@ -80,15 +79,7 @@ def test_compiled_block_is_one_graph(device, seed):
     torch._dynamo.reset()
     dtype = dtype_for(device)
     m = FusedBlock(64, device, dtype)
-    graphs = []
-
-    def recording_backend(gm, example_inputs):
-        graphs.append(gm)
-        # Inductor on CUDA; on the CPU the AOT-autograd path without Inductor's C++ build.
-        backend = "inductor" if device == "cuda" else "aot_eager"
-        return torch._dynamo.lookup_backend(backend)(gm, example_inputs)
-
-    compiled = torch.compile(m, backend=recording_backend, fullgraph=True)
+    compiled, graphs = compile_recording_graphs(m, device)
     x = torch.randn(2, 16, 64, device=device, dtype=dtype, requires_grad=True)
     y = compiled(x)
     y.float().square().mean().backward()
@@ -98,10 +89,8 @@ def test_compiled_block_is_one_graph(device, seed):
     x.grad = None
     y_eager = m(x)
     y_eager.float().square().mean().backward()
-    assert len(graphs) == 1  # fullgraph: one graph, no breaks
-    targets = {str(node.target) for node in graphs[0].graph.nodes if node.op == "call_function"}
-    for op in ("layer_norm_fwd", "rms_norm_fwd", "linear_fwd", "bias_act_dropout_fwd", "attention_fwd"):
-        assert any(f"fusekit.{op}" in t for t in targets), (op, targets)
+    assert_one_graph_calling(graphs, *(f"fusekit.{op}" for op in (
+        "layer_norm_fwd", "rms_norm_fwd", "linear_fwd", "bias_act_dropout_fwd", "attention_fwd")))
     # Inductor may fuse the PyTorch glue (residual adds, views) differently: bf16 roundings.
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
     assert rel(y, y_eager) <= tol
@@ -110,7 +99,7 @@ def test_compiled_block_is_one_graph(device, seed):
         assert rel(grads[n], p.grad) <= 5 * tol, n
 
 
-@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
+@cuda_only
 def test_cuda_graph_captured_training_step(seed):
     """forward + backward + AdamW step captured in one CUDA graph; each replay on fresh data
     equals an eager step of a twin model (same weights, same optimizer state)."""

@@ -15,22 +15,8 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed: the fusek
 import fusekit  # noqa: E402
 import fusekit.torch as fk  # noqa: E402
 from fk_testing import ACCUMULATION_FLOOR, run_without_dlpack_exchange  # noqa: E402
-from torch_testing import rel  # noqa: E402
-
-HAS_CUDA = torch.cuda.is_available()
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device"))]
-cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
-DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
-
-
-def check_vs_pytorch(name, got, torch_same_dtype, ref64, dtype_name):
-    """rel_l2(fusekit) <= 2 * max(rel_l2(PyTorch, same dtype), rounding, accumulation floor)."""
-    err = rel(got, ref64)
-    torch_err = rel(torch_same_dtype, ref64)
-    rounding = rel(ref64.to(got.dtype), ref64)
-    bar = 2.0 * max(torch_err, rounding, ACCUMULATION_FLOOR[dtype_name])
-    assert err <= bar, (f"{name} ({dtype_name}): fusekit {err:.3e} > bar {bar:.3e} "
-                        f"(PyTorch {torch_err:.3e}, rounding {rounding:.3e})")
+from torch_testing import (DEVICES, DTYPES, HAS_CUDA, check_compiled_model,  # noqa: E402
+                           check_opcheck, check_vs_pytorch, cuda_only, rel)
 
 
 MODULES = {
@@ -189,9 +175,7 @@ def test_custom_op_registration(device):
         (ops.layer_norm_bwd.default, (dy, x.detach(), None, mean, rstd, False, True, False, False)),
         (ops.rms_norm_bwd.default, (dy, x.detach(), w.detach(), rstd, False, False, True)),
     ]
-    for op, args in cases:
-        result = torch.library.opcheck(op, args)
-        assert all(v == "SUCCESS" for v in result.values()), (op, result)
+    check_opcheck(cases)
 
 
 class Block(torch.nn.Module):
@@ -211,29 +195,8 @@ def test_torch_compile_fullgraph(device, seed):
     torch.manual_seed(seed)
     torch._dynamo.reset()
     model = Block(64, device)
-    graphs = []
-
-    def recording_backend(gm, example_inputs):
-        graphs.append(gm)
-        # Inductor on CUDA; on the CPU the AOT-autograd path without Inductor's C++ build.
-        backend = "inductor" if device == "cuda" else "aot_eager"
-        return torch._dynamo.lookup_backend(backend)(gm, example_inputs)
-
-    compiled = torch.compile(model, backend=recording_backend, fullgraph=True)
     x = torch.randn(4, 16, 64, device=device)
-    y = compiled(x)
-    y.square().mean().backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-    model.zero_grad()
-    y_eager = model(x)
-    y_eager.square().mean().backward()
-    assert len(graphs) == 1  # fullgraph: one graph, no breaks
-    targets = {str(node.target) for node in graphs[0].graph.nodes if node.op == "call_function"}
-    assert any("fusekit.layer_norm_fwd" in t for t in targets), targets
-    assert any("fusekit.rms_norm_fwd" in t for t in targets), targets
-    torch.testing.assert_close(y, y_eager, rtol=1e-5, atol=1e-5)
-    for n, p in model.named_parameters():
-        torch.testing.assert_close(grads[n], p.grad, rtol=1e-4, atol=1e-5)
+    check_compiled_model(model, x, device, "fusekit.layer_norm_fwd", "fusekit.rms_norm_fwd")
 
 
 @cuda_only

@@ -143,6 +143,34 @@ def invalid_argument(op: str, argument: str, expected: str, got: str) -> _C.Inva
     return e
 
 
+def activation_name(op: str, activation) -> str:
+    """A fusekit.Activation or its name -> the name (custom-op schemas carry it as a str); `op`
+    names the function in the error for anything else."""
+    if type(activation) is str:
+        return activation
+    if isinstance(activation, _C.Activation):
+        return activation.name
+    if isinstance(activation, str):
+        return activation
+    raise invalid_argument(op, "activation", "fusekit.Activation or an activation name",
+                           type(activation).__name__)
+
+
+#: Philox seeds and offsets go to fusekit._C as `value & U64_MASK`: unsigned 64-bit integers.
+U64_MASK = (1 << 64) - 1
+
+
+def empty_output(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """What a custom op returns in place of an output not asked for: an empty tensor, shape (0,)."""
+    return torch.empty(0, dtype=dtype, device=device)
+
+
+def or_empty(t: Optional[torch.Tensor], dtype: torch.dtype,
+             device: torch.device) -> torch.Tensor:
+    """t, or empty_output(dtype, device) when t is None."""
+    return t if t is not None else empty_output(dtype, device)
+
+
 # ---- nn.Module drop-ins ----------------------------------------------------------------------
 # Each family registers its drop-ins here: PyTorch class -> fusekit class. The fusekit class
 # subclasses the PyTorch one (same constructor, parameters and state_dict keys) and overrides

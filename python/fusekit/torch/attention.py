@@ -39,22 +39,20 @@ from ._common import (
     TORCH_TO_FUSEKIT_DTYPE,
     CUSTOM_OP,
     RECORD,
+    U64_MASK,
     device_string,
     eager_mode,
+    empty_output,
     exportable,
     function_apply,
     invalid_argument,
+    or_empty,
     stream_for,
     workspace,
 )
 
-_U64 = (1 << 64) - 1
 _MASKS = ("none", "causal_top_left", "causal_bottom_right")
 _GPU_DTYPES = (torch.float16, torch.bfloat16)
-
-
-def _empty(dtype: torch.dtype, device: torch.device) -> Tensor:
-    return torch.empty(0, dtype=dtype, device=device)
 
 
 def _mask_name(op: str, mask) -> str:
@@ -279,7 +277,7 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], scale: Opt
         q, k, v, bias = exportable(q), exportable(k), exportable(v), exportable(bias)
     _C.attention_forward(q, k, v, bias, out, lse, scale=scale, mask=mask,
                          window_left=window_left, window_right=window_right,
-                         dropout_p=dropout_p, seed=seed & _U64, offset=offset,
+                         dropout_p=dropout_p, seed=seed & U64_MASK, offset=offset,
                          cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                          max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, workspace=ws,
                          stream=stream_for(q))
@@ -310,7 +308,7 @@ def _backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: T
         out, bias = exportable(out), exportable(bias)
     _C.attention_backward(dout, q, k, v, out, lse, bias, dq, dk, dv, dbias, scale=scale, mask=mask,
                           window_left=window_left, window_right=window_right,
-                          dropout_p=dropout_p, seed=seed & _U64, offset=offset,
+                          dropout_p=dropout_p, seed=seed & U64_MASK, offset=offset,
                           cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                           max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                           deterministic=deterministic, workspace=ws, stream=stream_for(q))
@@ -348,10 +346,8 @@ def attention_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
                                   cu_seqlens_k, max_seqlen_q, max_seqlen_k, deterministic,
                                   need_dq, need_dk, need_dv, need_dbias)
     bias_dtype = bias.dtype if bias is not None else q.dtype
-    return (dq if dq is not None else _empty(q.dtype, q.device),
-            dk if dk is not None else _empty(q.dtype, q.device),
-            dv if dv is not None else _empty(q.dtype, q.device),
-            dbias if dbias is not None else _empty(bias_dtype, q.device))
+    return (or_empty(dq, q.dtype, q.device), or_empty(dk, q.dtype, q.device),
+            or_empty(dv, q.dtype, q.device), or_empty(dbias, bias_dtype, q.device))
 
 
 @attention_bwd.register_fake
@@ -359,11 +355,11 @@ def _(dout, q, k, v, out, lse, bias, scale, mask, window_left, window_right, dro
       offset, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, deterministic, need_dq,
       need_dk, need_dv, need_dbias):
     bias_dtype = bias.dtype if bias is not None else q.dtype
-    return (_grad_like(q) if need_dq else _empty(q.dtype, q.device),
-            _grad_like(k) if need_dk else _empty(q.dtype, q.device),
-            _grad_like(v) if need_dv else _empty(q.dtype, q.device),
+    return (_grad_like(q) if need_dq else empty_output(q.dtype, q.device),
+            _grad_like(k) if need_dk else empty_output(q.dtype, q.device),
+            _grad_like(v) if need_dv else empty_output(q.dtype, q.device),
             _new_bias_grad(bias) if need_dbias and bias is not None else
-            _empty(bias_dtype, q.device))
+            empty_output(bias_dtype, q.device))
 
 
 def _setup(ctx, inputs, output):
@@ -479,7 +475,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor] = None, *,
     if mode != CUSTOM_OP and FAST_EXCHANGE:
         if seed is None:
             seed = _draw_seed(float(dropout_p), None)
-        cfg = (scale, mask, window[0], window[1], dropout_p, int(seed) & _U64, offset,
+        cfg = (scale, mask, window[0], window[1], dropout_p, int(seed) & U64_MASK, offset,
                max_seqlen_q, max_seqlen_k, deterministic)
         if mode == RECORD:
             try:

@@ -23,32 +23,18 @@ from ._common import (
     TORCH_TO_FUSEKIT_DTYPE,
     NO_GRAD,
     RECORD,
+    U64_MASK,
+    activation_name,
     device_string,
     eager_mode,
+    empty_output,
     exportable,
     function_apply,
     invalid_argument,
+    or_empty,
     stream_for,
     workspace,
 )
-
-_U64 = (1 << 64) - 1
-
-
-def _activation_name(activation) -> str:
-    """A fusekit.Activation or its name -> the name (custom-op schemas carry it as a str)."""
-    if type(activation) is str:
-        return activation
-    if isinstance(activation, _C.Activation):
-        return activation.name
-    if isinstance(activation, str):
-        return activation
-    raise invalid_argument("bias_act_dropout", "activation",
-                           "fusekit.Activation or an activation name", type(activation).__name__)
-
-
-def _empty(dtype: torch.dtype, device: torch.device) -> Tensor:
-    return torch.empty(0, dtype=dtype, device=device)
 
 
 # ---- implementations shared by the custom ops and the eager fast path --------------------------
@@ -59,11 +45,12 @@ def _forward(x: Tensor, bias: Optional[Tensor], activation: str, p: float, seed:
         bias = bias.contiguous()
     y = torch.empty_like(x)
     if FAST_EXCHANGE:
-        _C.bias_act_dropout_forward(x, bias, activation, p, seed & _U64, offset & _U64, y, None,
-                                    slope)
+        _C.bias_act_dropout_forward(x, bias, activation, p, seed & U64_MASK, offset & U64_MASK, y,
+                                    None, slope)
     else:
-        _C.bias_act_dropout_forward(exportable(x), exportable(bias), activation, p, seed & _U64,
-                                    offset & _U64, y, None, slope, stream_for(x))
+        _C.bias_act_dropout_forward(exportable(x), exportable(bias), activation, p,
+                                    seed & U64_MASK, offset & U64_MASK, y, None, slope,
+                                    stream_for(x))
     return y
 
 
@@ -80,8 +67,8 @@ def _backward(dy: Tensor, x: Tensor, bias: Optional[Tensor], activation: str, p:
     if dx is None and dbias is None:
         return None, None
     if FAST_EXCHANGE:
-        _C.bias_act_dropout_backward(dy, x, bias, activation, p, seed & _U64, offset & _U64, dx,
-                                     dbias, "auto", slope)
+        _C.bias_act_dropout_backward(dy, x, bias, activation, p, seed & U64_MASK,
+                                     offset & U64_MASK, dx, dbias, "auto", slope)
         return dx, dbias
     ws = None
     if dbias is not None and x.device.type == "cuda":
@@ -90,7 +77,8 @@ def _backward(dy: Tensor, x: Tensor, bias: Optional[Tensor], activation: str, p:
         ws = workspace(_C.bias_act_dropout_backward_workspace_size(
             rows, cols, TORCH_TO_FUSEKIT_DTYPE[x.dtype], device_string(x.device)), x.device)
     _C.bias_act_dropout_backward(exportable(dy), exportable(x), exportable(bias), activation, p,
-                                 seed & _U64, offset & _U64, dx, dbias, ws, slope, stream_for(x))
+                                 seed & U64_MASK, offset & U64_MASK, dx, dbias, ws, slope,
+                                 stream_for(x))
     return dx, dbias
 
 
@@ -112,14 +100,13 @@ def bias_act_dropout_bwd(dy: Tensor, x: Tensor, bias: Optional[Tensor], activati
                          need_dbias: bool) -> Tuple[Tensor, Tensor]:
     dx, dbias = _backward(dy, x, bias, activation, p, seed, offset, slope, need_dx, need_dbias)
     bias_dtype = bias.dtype if bias is not None else x.dtype
-    return (dx if dx is not None else _empty(x.dtype, x.device),
-            dbias if dbias is not None else _empty(bias_dtype, x.device))
+    return or_empty(dx, x.dtype, x.device), or_empty(dbias, bias_dtype, x.device)
 
 
 @bias_act_dropout_bwd.register_fake
 def _(dy, x, bias, activation, p, seed, offset, slope, need_dx, need_dbias):
     dx = torch.empty_like(x, memory_format=torch.contiguous_format) if need_dx else \
-        _empty(x.dtype, x.device)
+        empty_output(x.dtype, x.device)
     bias_dtype = bias.dtype if bias is not None else x.dtype
     dbias = x.new_empty(x.shape[-1] if need_dbias and bias is not None else 0, dtype=bias_dtype)
     return dx, dbias
@@ -181,7 +168,7 @@ def bias_act_dropout(x: Tensor, bias: Optional[Tensor], activation="none", p: fl
     PyTorch's CPU generator (torch.manual_seed makes runs reproducible); under torch.compile that
     draw is a graph break, so pass an explicit seed there.
     """
-    name = _activation_name(activation)
+    name = activation_name("bias_act_dropout", activation)
     p = float(p) if training else 0.0
     if seed is None:
         # A fresh seed from PyTorch's CPU generator, so that torch.manual_seed reproduces runs.
@@ -222,7 +209,7 @@ class BiasActDropout(torch.nn.Module):
         if not 0.0 <= p < 1.0:
             raise invalid_argument("BiasActDropout", "p", "a drop probability in [0, 1)", str(p))
         self.num_features = int(num_features)
-        self.activation = _activation_name(activation)
+        self.activation = activation_name("bias_act_dropout", activation)
         self.p = float(p)
         self.slope = float(slope)
         if bias:

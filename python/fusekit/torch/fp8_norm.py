@@ -37,9 +37,11 @@ from ._common import (
     RECORD,
     device_string,
     eager_mode,
+    empty_output,
     exportable,
     function_apply,
     invalid_argument,
+    or_empty,
     stream_for,
     workspace,
 )
@@ -166,10 +168,6 @@ def _backward(dy: Tensor, xq: Tensor, xs: Tensor, weight: Optional[Tensor], rstd
 
 
 # ---- custom ops --------------------------------------------------------------------------------
-def _empty(dtype: torch.dtype, device: torch.device) -> Tensor:
-    return torch.empty(0, dtype=dtype, device=device)
-
-
 @torch.library.custom_op(f"{NAMESPACE}::fp8_rms_norm_fwd", mutates_args=())
 def fp8_rms_norm_fwd(x: Tensor, x_scales: Optional[Tensor], weight: Optional[Tensor], eps: float,
                      group_size: int, fp8_dtype: torch.dtype
@@ -181,7 +179,7 @@ def fp8_rms_norm_fwd(x: Tensor, x_scales: Optional[Tensor], weight: Optional[Ten
     else:
         y, qy, qy_t, y_scale, rstd = _forward(xq, xs, weight, eps, group_size, fp8_dtype)
     if not quantized:
-        xq, xs = _empty(fp8_dtype, x.device), _empty(torch.float32, x.device)
+        xq, xs = empty_output(fp8_dtype, x.device), empty_output(torch.float32, x.device)
     return y, qy, qy_t, y_scale, rstd, xq, xs
 
 
@@ -207,8 +205,7 @@ def fp8_rms_norm_bwd(dy: Tensor, xq: Tensor, xs: Tensor, weight: Optional[Tensor
                      group_size: int, need_dx: bool, need_dweight: bool) -> Tuple[Tensor, Tensor]:
     dx, dweight = _backward(dy, xq, xs, weight, rstd, group_size, need_dx, need_dweight)
     wdtype = weight.dtype if weight is not None else torch.bfloat16
-    return (dx if dx is not None else _empty(torch.bfloat16, xq.device),
-            dweight if dweight is not None else _empty(wdtype, xq.device))
+    return or_empty(dx, torch.bfloat16, xq.device), or_empty(dweight, wdtype, xq.device)
 
 
 @fp8_rms_norm_bwd.register_fake

@@ -25,30 +25,16 @@ from ._common import (
     NO_GRAD,
     RECORD,
     TORCH_TO_FUSEKIT_DTYPE,
+    activation_name,
     device_string,
     eager_mode,
+    empty_output,
     exportable,
     function_apply,
-    invalid_argument,
+    or_empty,
     stream_for,
     workspace,
 )
-
-
-def _activation_name(activation) -> str:
-    """A fusekit.Activation or its name -> the name (custom-op schemas carry it as a str)."""
-    if type(activation) is str:
-        return activation
-    if isinstance(activation, _C.Activation):
-        return activation.name
-    if isinstance(activation, str):
-        return activation
-    raise invalid_argument("linear", "activation", "fusekit.Activation or an activation name",
-                           type(activation).__name__)
-
-
-def _empty(dtype: torch.dtype, device: torch.device) -> Tensor:
-    return torch.empty(0, dtype=dtype, device=device)
 
 
 def _sizes(x: Tensor, weight: Tensor) -> Tuple[int, int, int]:
@@ -110,14 +96,14 @@ def _backward(dout: Tensor, x: Tensor, weight: Tensor, pre: Optional[Tensor], ac
 def linear_fwd(x: Tensor, weight: Tensor, bias: Optional[Tensor], activation: str,
                save_pre_activation: bool) -> Tuple[Tensor, Tensor]:
     y, pre = _forward(x, weight, bias, activation, save_pre_activation)
-    return y, pre if pre is not None else _empty(x.dtype, x.device)
+    return y, or_empty(pre, x.dtype, x.device)
 
 
 @linear_fwd.register_fake
 def _(x, weight, bias, activation, save_pre_activation):
     out_shape = x.shape[:-1] + (weight.shape[0],)
     y = x.new_empty(out_shape)
-    pre = x.new_empty(out_shape) if save_pre_activation else _empty(x.dtype, x.device)
+    pre = x.new_empty(out_shape) if save_pre_activation else empty_output(x.dtype, x.device)
     return y, pre
 
 
@@ -127,17 +113,16 @@ def linear_bwd(dout: Tensor, x: Tensor, weight: Tensor, pre_activation: Optional
                need_dbias: bool) -> Tuple[Tensor, Tensor, Tensor]:
     dx, dweight, dbias = _backward(dout, x, weight, pre_activation, activation, need_dx,
                                    need_dweight, need_dbias)
-    return (dx if dx is not None else _empty(x.dtype, x.device),
-            dweight if dweight is not None else _empty(x.dtype, x.device),
-            dbias if dbias is not None else _empty(x.dtype, x.device))
+    return (or_empty(dx, x.dtype, x.device), or_empty(dweight, x.dtype, x.device),
+            or_empty(dbias, x.dtype, x.device))
 
 
 @linear_bwd.register_fake
 def _(dout, x, weight, pre_activation, activation, need_dx, need_dweight, need_dbias):
     dx = torch.empty_like(x, memory_format=torch.contiguous_format) if need_dx else \
-        _empty(x.dtype, x.device)
+        empty_output(x.dtype, x.device)
     dweight = torch.empty_like(weight, memory_format=torch.contiguous_format) if need_dweight \
-        else _empty(x.dtype, x.device)
+        else empty_output(x.dtype, x.device)
     dbias = x.new_empty(weight.shape[0] if need_dbias else 0)
     return dx, dweight, dbias
 
@@ -197,7 +182,7 @@ def _records_grad(*tensors: Optional[Tensor]) -> bool:
 # ---- functional form and module ----------------------------------------------------------------
 def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activation="none") -> Tensor:
     """act(torch.nn.functional.linear(x, weight, bias)) through fusekit's fused kernels."""
-    name = _activation_name(activation)
+    name = activation_name("linear", activation)
     mode = eager_mode(x, weight, bias)
     if mode == RECORD:
         return _apply(x, weight, bias, name)
@@ -218,7 +203,7 @@ class Linear(torch.nn.Linear):
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  activation="gelu_tanh", device=None, dtype=None) -> None:
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
-        self.activation = _activation_name(activation)
+        self.activation = activation_name("linear", activation)
 
     def forward(self, x: Tensor) -> Tensor:
         return linear(x, self.weight, self.bias, self.activation)

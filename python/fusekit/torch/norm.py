@@ -29,20 +29,18 @@ from ._common import (
     TORCH_TO_FUSEKIT_DTYPE,
     device_string,
     eager_mode,
+    empty_output,
     exportable,
     function_apply,
     invalid_argument,
     normalized_numel,
+    or_empty,
     register_drop_in,
     stream_for,
     workspace,
 )
 
 _ShapeLike = Union[int, Sequence[int], torch.Size]
-
-
-def _empty_grad(dtype: torch.dtype, device: torch.device) -> Tensor:
-    return torch.empty(0, dtype=dtype, device=device)
 
 
 def _stats_like(x: Tensor) -> Tensor:
@@ -133,9 +131,8 @@ def layer_norm_bwd(dy: Tensor, x: Tensor, weight: Optional[Tensor], mean: Tensor
     dx, dweight, dbias = _norm_backward("layer_norm", dy.contiguous(), x, weight, mean, rstd,
                                         params_f32, need_dx, need_dweight, need_dbias)
     pdtype = torch.float32 if params_f32 else x.dtype
-    return (dx if dx is not None else _empty_grad(x.dtype, x.device),
-            dweight if dweight is not None else _empty_grad(pdtype, x.device),
-            dbias if dbias is not None else _empty_grad(pdtype, x.device))
+    return (or_empty(dx, x.dtype, x.device), or_empty(dweight, pdtype, x.device),
+            or_empty(dbias, pdtype, x.device))
 
 
 @layer_norm_bwd.register_fake
@@ -143,7 +140,7 @@ def _(dy, x, weight, mean, rstd, params_f32, need_dx, need_dweight, need_dbias):
     pdtype = torch.float32 if params_f32 else x.dtype
     cols = x.shape[-1]
     dx = torch.empty_like(x, memory_format=torch.contiguous_format) if need_dx else \
-        _empty_grad(x.dtype, x.device)
+        empty_output(x.dtype, x.device)
     dweight = x.new_empty(cols if need_dweight else 0, dtype=pdtype)
     dbias = x.new_empty(cols if need_dbias else 0, dtype=pdtype)
     return dx, dweight, dbias
@@ -242,15 +239,14 @@ def rms_norm_bwd(dy: Tensor, x: Tensor, weight: Optional[Tensor], rstd: Tensor, 
     dx, dweight, _ = _norm_backward("rms_norm", dy.contiguous(), x, weight, None, rstd,
                                     params_f32, need_dx, need_dweight, False)
     pdtype = torch.float32 if params_f32 else x.dtype
-    return (dx if dx is not None else _empty_grad(x.dtype, x.device),
-            dweight if dweight is not None else _empty_grad(pdtype, x.device))
+    return or_empty(dx, x.dtype, x.device), or_empty(dweight, pdtype, x.device)
 
 
 @rms_norm_bwd.register_fake
 def _(dy, x, weight, rstd, params_f32, need_dx, need_dweight):
     pdtype = torch.float32 if params_f32 else x.dtype
     dx = torch.empty_like(x, memory_format=torch.contiguous_format) if need_dx else \
-        _empty_grad(x.dtype, x.device)
+        empty_output(x.dtype, x.device)
     return dx, x.new_empty(x.shape[-1] if need_dweight else 0, dtype=pdtype)
 
 
