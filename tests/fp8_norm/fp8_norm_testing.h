@@ -358,22 +358,8 @@ inline FiniteDifferences finite_differences(const Problem& p, std::int64_t strid
   return fd;
 }
 
-// Error of a float32 two-level column sum (chunks of 32 rows, then the chunk sums in order):
-// what a float32 GPU reduction of the weight gradient typically gets.
-inline double f32_column_sum_error(const std::vector<double>& terms, std::int64_t rows, std::int64_t cols,
-                                   const std::vector<double>& ref) {
-  std::vector<double> got(cols);
-  for (std::int64_t k = 0; k < cols; ++k) {
-    float total = 0.0f;
-    for (std::int64_t r0 = 0; r0 < rows; r0 += 32) {
-      float chunk = 0.0f;
-      for (std::int64_t r = r0; r < std::min(rows, r0 + 32); ++r) chunk += static_cast<float>(terms[r * cols + k]);
-      total += chunk;
-    }
-    got[k] = total;
-  }
-  return compare(got, ref).rel_l2;
-}
+// The float32 baseline of the weight gradient: testing::f32_column_sum_error (harness.h).
+using testing::f32_column_sum_error;
 
 // Terms dy * x_hat of the weight gradient (x_hat from the saved rstd), for the baseline above.
 inline std::vector<double> dweight_terms(const Problem& p) {
