@@ -22,7 +22,10 @@
 //   y     = fl32(fl32(xd * w) * rstd)
 //   amax  = max |y| over the whole tensor
 //   s     = fl32(max(amax, kFp8NormAmaxFloor) / fp8_max)   -> y_scale
-//   qy    = fp8(fl32(y * fl32(fp8_max / max(amax, kFp8NormAmaxFloor))))
+//   m     = fl32(fp8_max / max(amax, kFp8NormAmaxFloor))
+//   qy    = fp8(fl32(fl32(q * w) * fl32(scale * fl32(rstd * m))))
+// that is y * m = y / s, evaluated from q with one factor per row and scale group so that the
+// GPU spends two multiplies per element on it (within three float32 roundings of fl32(y * m));
 // with fp8_max the largest finite value of qy's format (448 for e4m3, 57344 for e5m2). The
 // conversion to fp8 rounds to nearest, ties to even, and saturates to +-fp8_max instead of
 // producing inf/NaN (cuda_fp8.h __NV_SATFINITE, the same routine on host and device); the

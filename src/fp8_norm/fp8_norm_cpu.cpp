@@ -68,12 +68,16 @@ void forward_cpu(const ForwardParams& p) {
   for (std::int64_t r = 0; r < p.rows; ++r) {
     const float rstd = p.rstd[r];
     for (std::int64_t c = 0; c < n; ++c) {
-      const float y = normalized(weighted(dequantized(p, r, c), weight[c]), rstd);
+      const float q = load_float(p.x, p.x_dtype, r * p.x_row_stride + c);
+      const float scale = load_float(p.scales, p.scale_dtype, r * p.scale_row_stride + (c >> p.log2_group));
       // store_from_double rounds double -> float (exact here) -> fp8 with saturation.
-      const double scaled = static_cast<double>(y * multiplier);
+      const double scaled = quant_value(q, weight[c], quant_factor(scale, rstd, multiplier));
       store_from_double(p.qy, p.q_dtype, r * p.qy_row_stride + c, scaled);
       store_from_double(p.qy_t, p.q_dtype, c * p.qy_t_row_stride + r, scaled);
-      if (p.y) store_from_double(p.y, DType::bf16, r * p.y_row_stride + c, y);
+      if (p.y) {
+        const float y = normalized(weighted(dequantize(q, scale), weight[c]), rstd);
+        store_from_double(p.y, DType::bf16, r * p.y_row_stride + c, y);
+      }
     }
   }
 }

@@ -13,9 +13,10 @@
 //     the statistics) with cp.async, and only then wait (griddepcontrol.wait) for the stats
 //     results: the maxima (max is order-independent: exact and deterministic) give the scale,
 //     block 0 writes it. Each block walks 128 x 128 tiles with x staged three tiles deep in
-//     shared memory, recomputes y from x (second read of x), writes qy row-major with 16-byte
-//     stores and keeps the tile's fp8 bytes in shared memory (XOR-swizzled 4-byte words, no bank
-//     conflicts either way) to write qy_t with 16-byte stores along its rows. Tiles are taken
+//     shared memory, recomputes y / s from x (second read of x; fp8_norm_math.h quant_value),
+//     writes qy row-major with 16-byte stores and keeps the tile's fp8 bytes in shared memory
+//     (XOR-swizzled 4-byte words, no bank conflicts either way) to write qy_t with 16-byte
+//     stores along its rows. Tiles are taken
 //     from the last rows to the first: the stats pass read those last, so part of the second
 //     read of x is served by L2; the outputs are stored evict-first so that they do not push
 //     that x out.
@@ -245,7 +246,9 @@ inline constexpr bool kExactProducts = std::is_same_v<SC, __nv_bfloat16> && std:
 
 // Row groups of 2^log2_tpr threads (1..32) stride over the row's 16-element vectors. With
 // kSmemWeights the block first stages the weights (dynamic shared memory, 4 N bytes).
-template <class XF, typename SC, typename W, bool kSmemWeights>
+// kWholeRounds: the row's vectors are a multiple of tpr * kStatsUnroll (no partial round: the
+// loads and vectors need no bounds tests).
+template <class XF, typename SC, typename W, bool kSmemWeights, bool kWholeRounds>
 __global__ void __launch_bounds__(kStatsThreads, 4)
     stats_vector_kernel(ForwardParams p, int log2_tpr, float* __restrict__ block_amax_out) {
   extern __shared__ float4 stats_w4[];
@@ -265,75 +268,107 @@ __global__ void __launch_bounds__(kStatsThreads, 4)
     __syncthreads();
   }
   float amax = 0.0f;
+  // rstd costs a float64 division, square root and reciprocal: rather than one thread of the
+  // group computing it every row while the others wait, thread (iteration mod tpr) keeps the
+  // totals of that iteration's row and the group finalizes tpr rows at once.
+  double kept_sum_squares = 0.0;
+  float kept_max_xw = 0.0f;
+  std::int64_t kept_row = -1;
+  auto finalize_kept_rows = [&] {
+    if (kept_row >= 0 && kept_row < p.rows) {
+      const float rstd = rstd_from_sum_squares(kept_sum_squares, p.cols, p.eps);
+      p.rstd[kept_row] = rstd;
+      amax = fmaxf(amax, normalized(kept_max_xw, rstd));
+    }
+    kept_row = -1;
+  };
 
-  for (std::int64_t base = std::int64_t(blockIdx.x) * rows_per_block; base < p.rows;
-       base += std::int64_t(gridDim.x) * rows_per_block) {
-    const std::int64_t row = base + group;
-    double sum_squares = 0.0;
-    float max_xw = 0.0f;
-    if (row < p.rows) {
-      const uint4* xr = reinterpret_cast<const uint4*>(x + row * p.x_row_stride);
-      const SC* sr = scales + row * p.scale_row_stride;
-      for (int v0 = t; v0 < nvec; v0 += tpr * kStatsUnroll) {
-        uint4 raw[kStatsUnroll];
-        float sc[kStatsUnroll];
-        // Past the row's end the loads repeat its last vector (never used): no branches.
+  // One round: this thread's kStatsUnroll vectors v0, v0 + tpr, ... of a row. Past the row's end
+  // (only without kWholeRounds) the loads repeat its last vector and the math skips it.
+  auto load_round = [&](std::int64_t row, int v0, uint4 (&raw)[kStatsUnroll], SC (&sc)[kStatsUnroll]) {
+    const uint4* xr = reinterpret_cast<const uint4*>(x + row * p.x_row_stride);
+    const SC* sr = scales + row * p.scale_row_stride;
 #pragma unroll
-        for (int u = 0; u < kStatsUnroll; ++u) {
-          const int v = min(v0 + u * tpr, nvec - 1);
-          raw[u] = __ldg(xr + v);
-          sc[u] = to_float(sr[v >> scale_shift]);
+    for (int u = 0; u < kStatsUnroll; ++u) {
+      const int v = kWholeRounds ? v0 + u * tpr : min(v0 + u * tpr, nvec - 1);
+      raw[u] = __ldg(xr + v);
+      sc[u] = sr[v >> scale_shift];
+    }
+  };
+  auto accumulate_round = [&](int v0, const uint4 (&raw)[kStatsUnroll], const SC (&scr)[kStatsUnroll],
+                              double& sum_squares, float& max_xw) {
+#pragma unroll
+    for (int u = 0; u < kStatsUnroll; ++u) {
+      const int v = v0 + u * tpr;
+      if (!kWholeRounds && v >= nvec) continue;
+      const float sc = to_float(scr[u]);
+      float q[16], w[16];
+      decode16<XF>(raw[u], q);
+      if constexpr (kSmemWeights) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float4 f = stats_w4[k * nvec + v];
+          w[4 * k] = f.x;
+          w[4 * k + 1] = f.y;
+          w[4 * k + 2] = f.z;
+          w[4 * k + 3] = f.w;
         }
+      } else {
+        load_w16(weight + std::int64_t(v) * 16, w);
+      }
+      // q^2 is exact in float32 (at most 8 significant bits); the 16 squares are summed in
+      // float32 (four chains of four, then a pairwise tree: at most 5 roundings on any path),
+      // then scaled by scale^2 and accumulated in float64 (no overflow or underflow for any
+      // float32 scale).
+      float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-        for (int u = 0; u < kStatsUnroll; ++u) {
-          const int v = v0 + u * tpr;
-          if (v >= nvec) continue;
-          float q[16], w[16];
-          decode16<XF>(raw[u], q);
-          if constexpr (kSmemWeights) {
+      for (int i = 0; i < 16; ++i) a[i & 3] += q[i] * q[i];
+      const double scale = sc;
+      sum_squares += static_cast<double>((a[0] + a[1]) + (a[2] + a[3])) * (scale * scale);
+      if constexpr (kExactProducts<SC, W>) {
+        // q * w * scale needs at most 4 + 8 + 8 significant bits: every grouping of the product
+        // is exact, so max |q w| * |scale| is exactly max |fl(fl(q scale) w)|.
+        float m = 0.0f;
 #pragma unroll
-            for (int k = 0; k < 4; ++k) {
-              const float4 f = stats_w4[k * nvec + v];
-              w[4 * k] = f.x;
-              w[4 * k + 1] = f.y;
-              w[4 * k + 2] = f.z;
-              w[4 * k + 3] = f.w;
-            }
-          } else {
-            load_w16(weight + std::int64_t(v) * 16, w);
-          }
-          // q^2 is exact in float32 (at most 8 significant bits); the 16 squares are summed in
-          // float32 (four chains of four, then a pairwise tree: at most 5 roundings on any
-          // path), then scaled by scale^2 and accumulated in float64 (no overflow or underflow
-          // for any float32 scale).
-          float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int i = 0; i < 16; ++i) m = fmaxf(m, fabsf(q[i] * w[i]));
+        max_xw = fmaxf(max_xw, m * fabsf(sc));
+      } else {
 #pragma unroll
-          for (int i = 0; i < 16; ++i) a[i & 3] += q[i] * q[i];
-          const double scale = sc[u];
-          sum_squares += static_cast<double>((a[0] + a[1]) + (a[2] + a[3])) * (scale * scale);
-          if constexpr (kExactProducts<SC, W>) {
-            // q * w * scale needs at most 4 + 8 + 8 significant bits: every grouping of the
-            // product is exact, so max |q w| * |scale| is exactly max |fl(fl(q scale) w)|.
-            float m = 0.0f;
-#pragma unroll
-            for (int i = 0; i < 16; ++i) m = fmaxf(m, fabsf(q[i] * w[i]));
-            max_xw = fmaxf(max_xw, m * fabsf(sc[u]));
-          } else {
-#pragma unroll
-            for (int i = 0; i < 16; ++i) max_xw = fmaxf(max_xw, fabsf(weighted(dequantize(q[i], sc[u]), w[i])));
-          }
-        }
+        for (int i = 0; i < 16; ++i) max_xw = fmaxf(max_xw, fabsf(weighted(dequantize(q[i], sc), w[i])));
       }
     }
+  };
+  // The row's totals over the group (every thread gets them); then the keep-and-finalize step.
+  int iteration = 0;
+  const std::int64_t row_step = std::int64_t(gridDim.x) * rows_per_block;
+  auto finish_row = [&](std::int64_t base, double sum_squares, float max_xw) {
     for (int off = tpr >> 1; off > 0; off >>= 1) {
       sum_squares += __shfl_xor_sync(0xffffffffu, sum_squares, off);
       max_xw = fmaxf(max_xw, __shfl_xor_sync(0xffffffffu, max_xw, off));
     }
-    if (row < p.rows && t == 0) {
-      const float rstd = rstd_from_sum_squares(sum_squares, p.cols, p.eps);
-      p.rstd[row] = rstd;
-      amax = fmaxf(amax, normalized(max_xw, rstd));
+    const int slot = iteration & (tpr - 1);
+    if (slot == t) {
+      kept_sum_squares = sum_squares;
+      kept_max_xw = max_xw;
+      kept_row = base + group;
     }
+    if (slot == tpr - 1 || base + row_step >= p.rows) finalize_kept_rows();
+    ++iteration;
+  };
+
+  for (std::int64_t base = std::int64_t(blockIdx.x) * rows_per_block; base < p.rows; base += row_step) {
+    const std::int64_t row = base + group;
+    double sum_squares = 0.0;
+    float max_xw = 0.0f;
+    if (row < p.rows) {
+      for (int v0 = t; v0 < nvec; v0 += tpr * kStatsUnroll) {
+        uint4 raw[kStatsUnroll];
+        SC sc[kStatsUnroll];
+        load_round(row, v0, raw, sc);
+        accumulate_round(v0, raw, sc, sum_squares, max_xw);
+      }
+    }
+    finish_row(base, sum_squares, max_xw);
   }
   amax = block_max(amax, scratch);
   if (threadIdx.x == 0) block_amax_out[blockIdx.x] = amax;
@@ -436,11 +471,13 @@ struct RawWeights16 {
   }
 };
 
-// What a thread needs of one tile besides x: its 16 weights, and the scale and rstd of its 4 rows.
-template <typename W>
+// What a thread needs of one tile besides x: its 16 weights, and the scale (raw, converted when
+// used) and rstd of its 4 rows.
+template <typename W, typename SC>
 struct TileRows {
   RawWeights16<W> w;
-  float sc[4], rstd[4];
+  SC sc[4];
+  float rstd[4];
 };
 
 // Walks a block's tiles b, b + G, b + 2 G, ... (G = gridDim.x) of a tiles_m x tiles_n grid
@@ -463,7 +500,13 @@ struct TileCursor {
 // Persistent: block b takes tiles b, b + gridDim.x, ... in an order that walks the rows from the
 // last tile row to the first. Launched with programmatic stream serialization after the stats
 // kernel (see the file comment). The launcher guarantees tiles_m * tiles_n < 2^31.
-template <class XF, class QF, typename SC, typename W>
+//
+// Per element the work is the fp8 decode, two multiplies (quant_value), the fp8 encode and a
+// share of the transpose; everything per row (scale, rstd, their factor) or per tile (origins,
+// weights) is hoisted out of the element loops, and tiles that lie wholly inside the tensor take
+// a path without bounds tests. kWholeTiles (M and N multiples of the tile, qy_t stores of 16
+// bytes allowed, no y output) compiles only that path, in 80 registers without spills.
+template <class XF, class QF, typename SC, typename W, bool kWholeTiles>
 __global__ void __launch_bounds__(kQuantThreads, 3)
     quantize_vector_kernel(ForwardParams p, const float* __restrict__ block_amax, int block_count,
                            bool qy_t_vector_stores) {
@@ -491,37 +534,47 @@ __global__ void __launch_bounds__(kQuantThreads, 3)
   const int lane = threadIdx.x & 31;
   const int word = (threadIdx.x >> 5) * 4 + (lane & 3), segment = lane >> 2;
 
+  // This thread's offsets inside a tile (a tile adds its origin once).
+  const std::int64_t x_off = row_base * p.x_row_stride + vec * 16, x_step = 32 * p.x_row_stride;
+  const std::int64_t sc_off = row_base * p.scale_row_stride, sc_step = 32 * p.scale_row_stride;
+  const std::int64_t qy_off = row_base * p.qy_row_stride + vec * 16, qy_step = 32 * p.qy_row_stride;
+  const std::int64_t qt_off = 4 * word * p.qy_t_row_stride + 16 * segment;
+  const bool full_cols = p.cols % kTile == 0, full_rows = p.rows % kTile == 0;
+  auto tile_is_full = [&](const TileCursor& c) {
+    return kWholeTiles || ((full_rows || c.q != 0) && (full_cols || c.r != tiles_n - 1));
+  };
+
   // Copies this thread's x bytes of the tile at `c` (the block's j-th) into its slots of stage
   // j % kQuantStages (one commit group per tile, empty past the last one: the wait counts stay
   // uniform).
   auto issue = [&](int j, const TileCursor& c) {
     if (j < my_tiles) {
-      const std::int64_t row0 = c.row0(tiles_m), col = c.col0() + vec * 16;
-      if (col < p.cols) {
-        uint4* slot = staged + (j % kQuantStages) * 4 * kQuantThreads + threadIdx.x;
-        const std::uint8_t* src = x + (row0 + row_base) * p.x_row_stride + col;
-        const std::int64_t step = 32 * p.x_row_stride;
+      const std::int64_t row0 = c.row0(tiles_m), col0 = c.col0();
+      uint4* slot = staged + (j % kQuantStages) * 4 * kQuantThreads + threadIdx.x;
+      const std::uint8_t* src = x + row0 * p.x_row_stride + col0 + x_off;
+      if (tile_is_full(c)) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) cp_async16(slot + k * kQuantThreads, src + k * x_step);
+      } else if (col0 + vec * 16 < p.cols) {
 #pragma unroll
         for (int k = 0; k < 4; ++k)
-          if (row0 + row_base + 32 * k < p.rows) cp_async16(slot + k * kQuantThreads, src + k * step);
+          if (row0 + row_base + 32 * k < p.rows) cp_async16(slot + k * kQuantThreads, src + k * x_step);
       }
     }
     cp_async_commit();
   };
   // Weights, scales and rstd of the tile at `c` (rstd: only after the stats grid has completed).
-  auto load_rows = [&](const TileCursor& c, TileRows<W>& d) {
+  auto load_rows = [&](const TileCursor& c, TileRows<W, SC>& d) {
     const std::int64_t row0 = c.row0(tiles_m), col = c.col0() + vec * 16;
-    if (col >= p.cols) return;
+    if (!kWholeTiles && col >= p.cols) return;
     d.w.load(weight + col);
-    const SC* sc = scales + (row0 + row_base) * p.scale_row_stride + (col >> p.log2_group);
-    const std::int64_t step = 32 * p.scale_row_stride;
+    const SC* sc = scales + row0 * p.scale_row_stride + sc_off + (col >> p.log2_group);
+    const float* rs = p.rstd + row0 + row_base;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      const std::int64_t row = row0 + row_base + 32 * k;
-      d.sc[k] = d.rstd[k] = 0.0f;
-      if (row < p.rows) {
-        d.sc[k] = to_float(sc[k * step]);
-        d.rstd[k] = p.rstd[row];
+      if (kWholeTiles || row0 + row_base + 32 * k < p.rows) {
+        d.sc[k] = sc[k * sc_step];
+        d.rstd[k] = rs[32 * k];
       }
     }
   };
@@ -540,45 +593,45 @@ __global__ void __launch_bounds__(kQuantThreads, 3)
   wait_for_prerequisite_grid();
   const float multiplier = scale_from_partials<QF>(p, block_amax, block_count, scratch);
 
-  TileRows<W> cur, next;
-  if (my_tiles > 0) load_rows(at, cur);
-  for (int j = 0; j < my_tiles; ++j) {
-    issue(j + 2, at2);
-    if (j + 1 < my_tiles) load_rows(at1, next);
-    cp_async_wait<kQuantStages - 1>();  // this thread's copies of tile j have landed
-
+  // One tile; kFull: the tile lies inside the tensor (no bounds tests).
+  auto process = [&](auto full_tag, int j, const TileRows<W, SC>& rows) {
+    constexpr bool kFull = decltype(full_tag)::value;
     const std::int64_t row0 = at.row0(tiles_m), col0 = at.col0();
     const std::int64_t col = col0 + vec * 16;
-    if (col < p.cols) {
+    if (kFull || col < p.cols) {
       float w[16];
-      cur.w.unpack(w);
+      rows.w.unpack(w);
       const uint4* slot = staged + (j % kQuantStages) * 4 * kQuantThreads + threadIdx.x;
+      std::uint8_t* qy_row = qy + row0 * p.qy_row_stride + col0 + qy_off;
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const int r = row_base + 32 * k;
-        const std::int64_t row = row0 + r;
-        if (row >= p.rows) continue;
-        float v[16];
-        decode16<XF>(slot[k * kQuantThreads], v);
+        if (!kFull && row0 + r >= p.rows) continue;
+        float q[16];
+        decode16<XF>(slot[k * kQuantThreads], q);
+        const float sc = to_float(rows.sc[k]);
+        if (!kWholeTiles && y) {
+          float v[16];
 #pragma unroll
-        for (int i = 0; i < 16; ++i) v[i] = normalized(weighted(dequantize(v[i], cur.sc[k]), w[i]), cur.rstd[k]);
-        if (y) {
-          uint4* dst = reinterpret_cast<uint4*>(y + row * p.y_row_stride + col);
+          for (int i = 0; i < 16; ++i) v[i] = normalized(weighted(dequantize(q[i], sc), w[i]), rows.rstd[k]);
+          uint4* dst = reinterpret_cast<uint4*>(y + (row0 + r) * p.y_row_stride + col);
           dst[0] = pack16_from<__nv_bfloat16>(v);
           dst[1] = pack16_from<__nv_bfloat16>(v + 8);
         }
+        const float f = quant_factor(sc, rows.rstd[k], multiplier);
+        float v[16];
 #pragma unroll
-        for (int i = 0; i < 16; ++i) v[i] *= multiplier;
+        for (int i = 0; i < 16; ++i) v[i] = quant_value(q[i], w[i], f);
         const uint4 packed = encode16<QF>(v);
-        __stcs(reinterpret_cast<uint4*>(qy + row * p.qy_row_stride + col), packed);
+        __stcs(reinterpret_cast<uint4*>(qy_row + k * qy_step), packed);
         *reinterpret_cast<uint4*>(&tile[tile_word(r, vec * 4)]) = packed;
       }
     }
     __syncthreads();
 
-    // qy_t rows col0 + 4 * word + j (j < 4), bytes row0 + 16 * segment .. + 15.
+    // qy_t rows col0 + 4 * word + c (c < 4), bytes row0 + 16 * segment .. + 15.
     const std::int64_t t_row = col0 + 4 * word, t_col = row0 + 16 * segment;
-    if (t_row < p.cols && t_col < p.rows) {
+    if (kFull || (t_row < p.cols && t_col < p.rows)) {
       std::uint32_t in[16];
 #pragma unroll
       for (int i = 0; i < 16; ++i) in[i] = tile[tile_word(16 * segment + i, word)];
@@ -594,11 +647,12 @@ __global__ void __launch_bounds__(kQuantThreads, 3)
         out[2][k] = __byte_perm(ab_hi, cd_hi, 0x5410);
         out[3][k] = __byte_perm(ab_hi, cd_hi, 0x7632);
       }
-      const bool full = qy_t_vector_stores && t_col + 16 <= p.rows;
+      std::uint8_t* dst0 = qy_t + col0 * p.qy_t_row_stride + row0 + qt_off;
+      const bool vector_stores = kWholeTiles || (qy_t_vector_stores && (kFull || t_col + 16 <= p.rows));
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
-        std::uint8_t* dst = qy_t + (t_row + c) * p.qy_t_row_stride + t_col;
-        if (full) {
+        std::uint8_t* dst = dst0 + c * p.qy_t_row_stride;
+        if (vector_stores) {
           __stcs(reinterpret_cast<uint4*>(dst), make_uint4(out[c][0], out[c][1], out[c][2], out[c][3]));
         } else {
           for (int b = 0; b < 16 && t_col + b < p.rows; ++b)
@@ -607,6 +661,20 @@ __global__ void __launch_bounds__(kQuantThreads, 3)
       }
     }
     __syncthreads();  // the tile is rewritten by the next iteration
+  };
+
+  TileRows<W, SC> cur{}, next{};
+  if (my_tiles > 0) load_rows(at, cur);
+  for (int j = 0; j < my_tiles; ++j) {
+    issue(j + 2, at2);
+    if (j + 1 < my_tiles) load_rows(at1, next);
+    cp_async_wait<kQuantStages - 1>();  // this thread's copies of tile j have landed
+    if constexpr (kWholeTiles) {
+      process(std::true_type{}, j, cur);
+    } else {
+      if (tile_is_full(at)) process(std::true_type{}, j, cur);
+      else process(std::false_type{}, j, cur);
+    }
     cur = next;
     at = at1;
     at1 = at2;
@@ -640,9 +708,9 @@ __global__ void __launch_bounds__(kQuantThreads)
       if (row >= p.rows || col >= p.cols) continue;
       const float q = decode1<XF>(x[row * p.x_row_stride + col]);
       const float sc = to_float(scales[row * p.scale_row_stride + (col >> p.log2_group)]);
-      const float v = normalized(weighted(dequantize(q, sc), to_float(weight[col])), p.rstd[row]);
-      if (y) y[row * p.y_row_stride + col] = __float2bfloat16_rn(v);
-      const std::uint8_t byte = encode1<QF>(v * multiplier);
+      const float w = to_float(weight[col]), rstd = p.rstd[row];
+      if (y) y[row * p.y_row_stride + col] = __float2bfloat16_rn(normalized(weighted(dequantize(q, sc), w), rstd));
+      const std::uint8_t byte = encode1<QF>(quant_value(q, w, quant_factor(sc, rstd, multiplier)));
       qy[row * p.qy_row_stride + col] = byte;
       tile[r][c] = byte;
     }
@@ -682,7 +750,8 @@ constexpr std::size_t backward_smem_bytes(int tpr) {
 // Row groups of tpr = 2^LOG2_TPR threads (32..256); thread t of a group owns octs kk * tpr + t
 // (kk < K): columns 8 (kk tpr + t) .. + 7. Both are compile-time constants: with a run-time
 // group size the per-row index arithmetic cost about as many instructions as the math.
-template <class XF, typename SC, typename W, int K, int LOG2_TPR>
+// kAllOcts: the row has exactly K * tpr octs (every thread owns K of them: no per-oct tests).
+template <class XF, typename SC, typename W, int K, int LOG2_TPR, bool kAllOcts>
 __global__ void __launch_bounds__(kBwdThreads, 2)
     backward_vector_kernel(BackwardParams p, float* __restrict__ partial_dw) {
   constexpr int S = kBwdStages<K>;
@@ -714,9 +783,11 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
                         ? static_cast<int>((p.rows - std::int64_t(blockIdx.x) * rows_per_block + stride - 1) / stride)
                         : 0;
   // This thread's octs: kk * tpr + t for kk < K; those past the row's end are skipped.
-  unsigned oct_valid = 0;
+  unsigned oct_valid = kAllOcts ? (1u << K) - 1 : 0u;
+  if (!kAllOcts) {
 #pragma unroll
-  for (int kk = 0; kk < K; ++kk) oct_valid |= (kk * tpr + t < nocts ? 1u : 0u) << kk;
+    for (int kk = 0; kk < K; ++kk) oct_valid |= (kk * tpr + t < nocts ? 1u : 0u) << kk;
+  }
   const int oct_col = 8 * t;            // first column of oct 0 (oct kk adds 8 kk tpr)
   const int oct_step = 8 * tpr;
 

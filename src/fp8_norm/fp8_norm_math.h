@@ -40,6 +40,21 @@ FUSEKIT_FP8_HD float quant_multiplier(float amax, float max_finite) {
   return max_finite / floored_amax(amax);
 }
 
+// The quantized output does not go through y: per (row, scale group) one factor
+// f = fl32(scale * fl32(rstd * multiplier)), then per element fl32(fl32(q * w) * f), q the fp8
+// value before its scale. Two float32 multiplies per element instead of the four of
+// fl32(y * multiplier); the result approximates y * multiplier within three float32 roundings,
+// so the largest |y| still maps onto fp8_max (the conversion saturates). The factor is held to
+// +-FLT_MAX: a group of zeros with a huge scale (or an all-zero tensor, whose multiplier is
+// fp8_max / 2^-100) must give 0, not 0 * inf = NaN. Only |q w| < 2^-100 could feel the clamp.
+// NaN passes through (the comparison is false), as it must.
+FUSEKIT_FP8_HD float quant_factor(float scale, float rstd, float multiplier) {
+  const float f = scale * (rstd * multiplier);
+  constexpr float kMax = 3.40282346638528859812e+38f;
+  return f > kMax ? kMax : (f < -kMax ? -kMax : f);
+}
+FUSEKIT_FP8_HD float quant_value(float q, float w, float factor) { return (q * w) * factor; }
+
 // rstd from the row's sum of squares (float64), rounded once to float32.
 FUSEKIT_FP8_HD float rstd_from_sum_squares(double sum_squares, std::int64_t cols, float eps) {
   return static_cast<float>(1.0 / sqrt(sum_squares / static_cast<double>(cols) +

@@ -501,13 +501,18 @@ TEST(Fp8NormGpu, HugeTinyAndFlooredTensorsMatchCpuReference) {
                            Variant{{false, 1.0, 1e-33, 1e-34}, 1e-5f}}) {
     for (DType sf : {DType::bf16, DType::f32}) {
       for (DType wf : {DType::bf16, DType::f32}) {
-        Case c;
-        c.rows = 300;
-        c.cols = 1024;
-        c.scale_dtype = sf;
-        c.weight_dtype = wf;
-        c.eps = v.eps;
-        check_gpu_against_cpu(c, 7500 + salt++, nullptr, nullptr, nullptr, v.fill);
+        // 300 rows with y: the quantize kernel's general path (a partial tile row); 256 rows
+        // without y: its whole-tile path.
+        for (bool whole_tiles : {false, true}) {
+          Case c;
+          c.rows = whole_tiles ? 256 : 300;
+          c.cols = 1024;
+          c.with_y = !whole_tiles;
+          c.scale_dtype = sf;
+          c.weight_dtype = wf;
+          c.eps = v.eps;
+          check_gpu_against_cpu(c, 7500 + salt++, nullptr, nullptr, nullptr, v.fill);
+        }
       }
     }
   }
@@ -591,6 +596,34 @@ TEST(Fp8NormGpu, AllZeroInputIsSafe) {
   p.backward();
   for (double v : p.dx.values()) ASSERT_TRUE(std::isfinite(v));
   for (double v : p.dweight.values()) ASSERT_EQ(v, 0.0);
+}
+
+// A group of zeros under a huge scale: its quantization factor overflows float32 (the factor is
+// clamped, so 0 * factor stays 0 instead of NaN). Both quantize paths: with y (general) and
+// without (whole tiles).
+TEST(Fp8NormGpu, ZeroGroupUnderHugeScaleQuantizesToZero) {
+  FUSEKIT_REQUIRE_GPU();
+  auto rng = testing::make_rng(714);
+  for (bool with_y : {true, false}) {
+    Case c;
+    c.rows = 256;
+    c.cols = 1024;
+    c.scale_dtype = DType::f32;
+    c.with_y = with_y;
+    Problem p(c, Device::cuda(0));
+    fill_inputs(p, rng);
+    auto x = p.x.values();
+    auto scales = p.scales.values();
+    for (int k = 0; k < 16; ++k) x[5 * c.cols + 32 + k] = 0.0;  // row 5, group 2
+    scales[5 * (c.cols / 16) + 2] = 1e38;
+    p.x.set_values(x);
+    p.scales.set_values(scales);
+    p.poison_outputs();
+    p.forward();
+    const auto qy = p.qy.values();
+    for (double q : qy) ASSERT_TRUE(std::isfinite(q));
+    for (int k = 0; k < 16; ++k) EXPECT_EQ(qy[5 * c.cols + 32 + k], 0.0);
+  }
 }
 
 TEST(Fp8NormGpu, EmptyBatch) {

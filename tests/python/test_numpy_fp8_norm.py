@@ -40,12 +40,16 @@ def run_forward(q, scales, weight, out_fmt, group, want_y=True):
 def reference_forward(q, scales, weight, out_fmt, group, rstd):
     """The documented float32 sequence, with the op's rstd (checked separately) plugged in."""
     fp8, fp8_max = FP8[out_fmt]
-    xd = (q.astype(np.float32) * np.repeat(scales.astype(np.float32), group, axis=1))
-    y = (xd * weight.astype(np.float32)).astype(np.float32) * rstd[:, None]
+    q32 = q.astype(np.float32)
+    scale = np.repeat(scales.astype(np.float32), group, axis=1)
+    w = weight.astype(np.float32)
+    y = ((q32 * scale) * w) * rstd[:, None]
     amax = np.float32(max(np.abs(y).max(), fusekit.FP8_NORM_AMAX_FLOOR))
     s = np.float32(amax / np.float32(fp8_max))
-    inv = np.float32(np.float32(fp8_max) / amax)
-    qy = np.clip(y * inv, -fp8_max, fp8_max).astype(np.float32).astype(fp8)
+    m = np.float32(np.float32(fp8_max) / amax)
+    # qy = fp8(fl(q w) * fl(scale * fl(rstd m))): y / s with one factor per row and group.
+    factor = scale * (rstd[:, None] * m)
+    qy = np.clip((q32 * w) * factor, -fp8_max, fp8_max).astype(np.float32).astype(fp8)
     return y, s, qy
 
 
