@@ -123,9 +123,7 @@ int launch_stats(const ForwardParams& p, bool vector, int sms, int device_index,
   };
   int grid = 0;
   if (vector) {
-    const char* lab = std::getenv("FUSEKIT_FP8_STATS_VPT");  // LAB: vectors per thread target
-    const int vpt = lab ? std::atoi(lab) : 1;
-    const int log2_tpr = std::min(5, log2_ceil(std::max<std::int64_t>(1, p.cols / 16 / vpt)));
+    const int log2_tpr = std::min(5, log2_ceil(p.cols / 16));
     const int rows_per_block = kStatsThreads >> log2_tpr;
     auto run = [&](auto kernel, std::size_t smem) {
       allow_smem(op, device_index, kernel, smem);
