@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <string>
 #include <type_traits>
-#include <cstdlib>
 
 #include "core/cuda_check.h"
 #include "core/device_info.h"
