@@ -5,9 +5,9 @@
 //     (-> rstd, written out) and max |xd * w|; since y = (xd * w) * rstd, the row's max |y| is
 //     that max times rstd (monotone rounding), so the pass needs neither rstd in advance nor a
 //     second sweep. Each block writes the max over its rows to the workspace. The weights are
-//     staged once per block in shared memory as floats (N <= 16384), which keeps the pass at
-//     about five instructions per element: with one byte per element it is otherwise bound by
-//     instruction issue rather than by memory.
+//     staged once per block in shared memory as floats (N <= 16384): with one byte per element
+//     the pass is bound by instruction issue (about 8 per element, 5.5 of them the decode,
+//     square, product and max) rather than by memory.
 //  2. quantize: a persistent grid launched as a programmatic dependent of the stats kernel. Its
 //     blocks start while the stats grid drains, copy their first x tiles (which do not depend on
 //     the statistics) with cp.async, and only then wait (griddepcontrol.wait) for the stats
@@ -16,10 +16,9 @@
 //     shared memory, recomputes y / s from x (second read of x; fp8_norm_math.h quant_value),
 //     writes qy row-major with 16-byte stores and keeps the tile's fp8 bytes in shared memory
 //     (XOR-swizzled 4-byte words, no bank conflicts either way) to write qy_t with 16-byte
-//     stores along its rows. Tiles are taken
-//     from the last rows to the first: the stats pass read those last, so part of the second
-//     read of x is served by L2; the outputs are stored evict-first so that they do not push
-//     that x out.
+//     stores along its rows. Tiles are taken from the last rows to the first, so that the
+//     second read of x can find in L2 what the stats pass read last; the outputs are stored
+//     evict-first so that they do not push that x out.
 //  Bytes moved: x and scales twice (less what L2 serves), qy and qy_t once (plus rstd, w and a
 //  few KB of maxima).
 //
