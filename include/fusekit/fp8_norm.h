@@ -29,9 +29,9 @@
 // That factor is held to +-FLT_MAX, so that a group of zeros under a huge scale gives 0 rather
 // than 0 * inf = NaN (only |q * w| < 2^-100 could feel the clamp). fp8_max is the largest finite
 // value of qy's format (448 for e4m3, 57344 for e5m2). The conversion to fp8 rounds to nearest,
-// ties to even, and saturates to +-fp8_max instead of producing inf/NaN (cuda_fp8.h __NV_SATFINITE, the same routine on host and device); the
-// largest |y| therefore maps to exactly +-fp8_max. The floor keeps an all-zero tensor (amax = 0)
-// finite: s = 2^-100 / fp8_max, qy = 0. Only tensors whose amax is below 2^-100 (~7.9e-31) are
+// ties to even, and saturates to +-fp8_max instead of producing inf/NaN (cuda_fp8.h
+// __NV_SATFINITE, the same routine on host and device); the largest |y| therefore maps to exactly
+// +-fp8_max. The floor keeps an all-zero tensor (amax = 0) finite: s = 2^-100 / fp8_max, qy = 0. Only tensors whose amax is below 2^-100 (~7.9e-31) are
 // affected by it. NaN inputs give NaN outputs in their row and are ignored by amax.
 //
 // Where the GPU can differ from the CPU reference: only through rstd. The CPU sums the squares in
