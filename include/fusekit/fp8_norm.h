@@ -31,8 +31,9 @@
 // value of qy's format (448 for e4m3, 57344 for e5m2). The conversion to fp8 rounds to nearest,
 // ties to even, and saturates to +-fp8_max instead of producing inf/NaN (cuda_fp8.h
 // __NV_SATFINITE, the same routine on host and device); the largest |y| therefore maps to exactly
-// +-fp8_max. The floor keeps an all-zero tensor (amax = 0) finite: s = 2^-100 / fp8_max, qy = 0. Only tensors whose amax is below 2^-100 (~7.9e-31) are
-// affected by it. NaN inputs give NaN outputs in their row and are ignored by amax.
+// +-fp8_max. The floor keeps an all-zero tensor (amax = 0) finite: s = 2^-100 / fp8_max, qy = 0.
+// Only tensors whose amax is below 2^-100 (~7.9e-31) are affected by it. NaN inputs give NaN
+// outputs in their row and are ignored by amax.
 //
 // Where the GPU can differ from the CPU reference: only through rstd. The CPU sums the squares in
 // float64; the GPU sums the 16 exact squares q^2 of each 16-element vector in float32 (at most 5
