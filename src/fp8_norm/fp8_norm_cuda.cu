@@ -233,11 +233,11 @@ int launch_backward_main(const BackwardParams& p, const BackwardConfig& c, int s
     const bool all_octs = p.cols == std::int64_t(8) * c.octs * tpr;
     auto run4 = [&](auto log2_tpr) {
       constexpr int kLog2 = decltype(log2_tpr)::value;
-      if (all_octs) run(backward_vector_kernel<XF, SC, W, 4, kLog2, true>, backward_smem_bytes<4, kLog2>());
-      else run(backward_vector_kernel<XF, SC, W, 4, kLog2, false>, backward_smem_bytes<4, kLog2>());
+      if (all_octs) run(backward_vector_kernel<XF, SC, W, 4, kLog2, true>, backward_smem_bytes<4>(tpr));
+      else run(backward_vector_kernel<XF, SC, W, 4, kLog2, false>, backward_smem_bytes<4>(tpr));
     };
     using std::integral_constant;
-    if (c.octs == 8) run(backward_vector_kernel<XF, SC, W, 8, 8, false>, backward_smem_bytes<8, 8>());
+    if (c.octs == 8) run(backward_vector_kernel<XF, SC, W, 8, 8, false>, backward_smem_bytes<8>(tpr));
     else if (c.log2_tpr == 5) run4(integral_constant<int, 5>{});
     else if (c.log2_tpr == 6) run4(integral_constant<int, 6>{});
     else if (c.log2_tpr == 7) run4(integral_constant<int, 7>{});
