@@ -12,10 +12,10 @@
 //     blocks start while the stats grid drains, copy their first x tiles (which do not depend on
 //     the statistics) with cp.async, and only then wait (griddepcontrol.wait) for the stats
 //     results: the maxima (max is order-independent: exact and deterministic) give the scale,
-//     block 0 writes it. Each block walks 128 x 128 tiles with x staged three tiles deep in
+//     block 0 writes it. Each block walks 128 x 128 tiles with x staged four tiles deep in
 //     shared memory, recomputes y / s from x (second read of x; fp8_norm_math.h quant_value),
-//     writes qy row-major with 16-byte stores and keeps the tile's fp8 bytes in shared memory
-//     (XOR-swizzled 4-byte words, no bank conflicts either way) to write qy_t with 16-byte
+//     writes qy row-major with 16-byte stores and overwrites the staged x with the tile's fp8
+//     bytes (XOR-swizzled 4-byte words, no bank conflicts either way) to write qy_t with 16-byte
 //     stores along its rows. Tiles are taken from the last rows to the first, so that the
 //     second read of x can find in L2 what the stats pass read last; the outputs are stored
 //     evict-first so that they do not push that x out.
@@ -421,9 +421,11 @@ __global__ void __launch_bounds__(kStatsThreads)
 inline constexpr int kQuantThreads = 256;
 inline constexpr int kTile = 128;  // rows and columns of a vector-path tile
 inline constexpr int kGenericTile = 64;
-inline constexpr int kQuantStages = 3;  // x tiles in shared memory: the current one and two ahead
-// Dynamic shared memory of the vector quantize kernel: the staged x tiles and the fp8 tile.
-inline constexpr int kQuantSmemBytes = (kQuantStages + 1) * kTile * kTile;
+// x tiles in shared memory: the current one and three ahead. A tile's fp8 output overwrites its
+// x in place (same bytes, same thread), so the transpose needs no buffer of its own.
+inline constexpr int kQuantStages = 4;
+// Dynamic shared memory of the vector quantize kernel: the staged tiles.
+inline constexpr int kQuantSmemBytes = kQuantStages * kTile * kTile;
 
 // The global max from the stats blocks' maxima; writes y_scale once (block 0) and returns the
 // multiplier applied before the fp8 conversion.
@@ -510,8 +512,11 @@ __global__ void __launch_bounds__(kQuantThreads, 3)
     quantize_vector_kernel(ForwardParams p, const float* __restrict__ block_amax, int block_count,
                            bool qy_t_vector_stores) {
   extern __shared__ uint4 quant_smem[];
-  uint4* staged = quant_smem;  // [stage][k][thread]: row rb + 32 k of the tile, 16 bytes
-  std::uint32_t* tile = reinterpret_cast<std::uint32_t*>(quant_smem + kQuantStages * 4 * kQuantThreads);
+  // Stage s holds a tile in the tile_word layout: x as copied, then (row by row, by the thread
+  // that copied it) its fp8 output, which the transpose reads.
+  auto stage_words = [&](int j) {
+    return reinterpret_cast<std::uint32_t*>(quant_smem) + (j % kQuantStages) * (kTile * kTile / 4);
+  };
   __shared__ float scratch[32];
 
   const std::uint8_t* __restrict__ x = static_cast<const std::uint8_t*>(p.x);
@@ -543,21 +548,25 @@ __global__ void __launch_bounds__(kQuantThreads, 3)
     return kWholeTiles || ((full_rows || c.q != 0) && (full_cols || c.r != tiles_n - 1));
   };
 
+  // This thread's 16 bytes of tile row r (r = row_base + 32 k) in a stage.
+  auto slot_of = [&](std::uint32_t* stage, int k) {
+    return reinterpret_cast<uint4*>(stage + tile_word(row_base + 32 * k, vec * 4));
+  };
   // Copies this thread's x bytes of the tile at `c` (the block's j-th) into its slots of stage
   // j % kQuantStages (one commit group per tile, empty past the last one: the wait counts stay
   // uniform).
   auto issue = [&](int j, const TileCursor& c) {
     if (j < my_tiles) {
       const std::int64_t row0 = c.row0(tiles_m), col0 = c.col0();
-      uint4* slot = staged + (j % kQuantStages) * 4 * kQuantThreads + threadIdx.x;
+      std::uint32_t* stage = stage_words(j);
       const std::uint8_t* src = x + row0 * p.x_row_stride + col0 + x_off;
       if (tile_is_full(c)) {
 #pragma unroll
-        for (int k = 0; k < 4; ++k) cp_async16(slot + k * kQuantThreads, src + k * x_step);
+        for (int k = 0; k < 4; ++k) cp_async16(slot_of(stage, k), src + k * x_step);
       } else if (col0 + vec * 16 < p.cols) {
 #pragma unroll
         for (int k = 0; k < 4; ++k)
-          if (row0 + row_base + 32 * k < p.rows) cp_async16(slot + k * kQuantThreads, src + k * x_step);
+          if (row0 + row_base + 32 * k < p.rows) cp_async16(slot_of(stage, k), src + k * x_step);
       }
     }
     cp_async_commit();
@@ -578,17 +587,21 @@ __global__ void __launch_bounds__(kQuantThreads, 3)
     }
   };
 
-  // Cursors at this block's tiles j (processed), j + 1 (scalars loaded) and j + 2 (x copied).
+  // Cursors at this block's tiles j (processed), j + 1 (scalars loaded), j + 2 and j + 3 (x
+  // copied).
   TileCursor at{block / tiles_n, block % tiles_n};
-  TileCursor at1 = at, at2 = at;
+  TileCursor at1 = at;
   at1.advance(step_q, step_r, tiles_n);
-  at2 = at1;
+  TileCursor at2 = at1;
   at2.advance(step_q, step_r, tiles_n);
+  TileCursor at3 = at2;
+  at3.advance(step_q, step_r, tiles_n);
 
   // x does not depend on the stats kernel: start copying before waiting for it.
   issue(0, at);
   issue(1, at1);
-  static_assert(kQuantStages == 3, "the cursors cover the current tile and two ahead");
+  issue(2, at2);
+  static_assert(kQuantStages == 4, "the cursors cover the current tile and three ahead");
   wait_for_prerequisite_grid();
   const float multiplier = scale_from_partials<QF>(p, block_amax, block_count, scratch);
 
@@ -600,14 +613,15 @@ __global__ void __launch_bounds__(kQuantThreads, 3)
     if (kFull || col < p.cols) {
       float w[16];
       rows.w.unpack(w);
-      const uint4* slot = staged + (j % kQuantStages) * 4 * kQuantThreads + threadIdx.x;
+      std::uint32_t* stage = stage_words(j);
       std::uint8_t* qy_row = qy + row0 * p.qy_row_stride + col0 + qy_off;
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const int r = row_base + 32 * k;
         if (!kFull && row0 + r >= p.rows) continue;
         float q[16];
-        decode16<XF>(slot[k * kQuantThreads], q);
+        uint4* slot = slot_of(stage, k);
+        decode16<XF>(*slot, q);
         const float sc = to_float(rows.sc[k]);
         if (!kWholeTiles && y) {
           float v[16];
@@ -623,12 +637,13 @@ __global__ void __launch_bounds__(kQuantThreads, 3)
         for (int i = 0; i < 16; ++i) v[i] = quant_value(q[i], w[i], f);
         const uint4 packed = encode16<QF>(v);
         __stcs(reinterpret_cast<uint4*>(qy_row + k * qy_step), packed);
-        *reinterpret_cast<uint4*>(&tile[tile_word(r, vec * 4)]) = packed;
+        *slot = packed;  // in place: the transpose below reads the fp8 tile
       }
     }
     __syncthreads();
 
     // qy_t rows col0 + 4 * word + c (c < 4), bytes row0 + 16 * segment .. + 15.
+    const std::uint32_t* tile = stage_words(j);
     const std::int64_t t_row = col0 + 4 * word, t_col = row0 + 16 * segment;
     if (kFull || (t_row < p.cols && t_col < p.rows)) {
       std::uint32_t in[16];
@@ -659,13 +674,13 @@ __global__ void __launch_bounds__(kQuantThreads, 3)
         }
       }
     }
-    __syncthreads();  // the tile is rewritten by the next iteration
+    __syncthreads();  // the stage is refilled by the next iteration's copies
   };
 
   TileRows<W, SC> cur{}, next{};
   if (my_tiles > 0) load_rows(at, cur);
   for (int j = 0; j < my_tiles; ++j) {
-    issue(j + 2, at2);
+    issue(j + 3, at3);
     if (j + 1 < my_tiles) load_rows(at1, next);
     cp_async_wait<kQuantStages - 1>();  // this thread's copies of tile j have landed
     if constexpr (kWholeTiles) {
@@ -677,7 +692,8 @@ __global__ void __launch_bounds__(kQuantThreads, 3)
     cur = next;
     at = at1;
     at1 = at2;
-    at2.advance(step_q, step_r, tiles_n);
+    at2 = at3;
+    at3.advance(step_q, step_r, tiles_n);
   }
   cp_async_wait<0>();
 }
