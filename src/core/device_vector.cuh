@@ -91,6 +91,43 @@ __device__ __forceinline__ uint4 pack16(const float (&in)[16 / sizeof(T)]) {
   return pack16_from<T>(in);
 }
 
+// Four consecutive values at a 4-element-aligned address (16-byte aligned base) as floats, with
+// one 8-byte (16-bit types) or 16-byte (float) load through the read-only cache.
+template <typename T>
+__device__ __forceinline__ float4 load4_floats(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return __ldg(reinterpret_cast<const float4*>(p));
+  } else {
+    const uint2 raw = __ldg(reinterpret_cast<const uint2*>(p));
+    float f[8];
+    unpack16_to<T>(make_uint4(raw.x, raw.y, 0u, 0u), f);
+    return make_float4(f[0], f[1], f[2], f[3]);
+  }
+}
+
+// Per-block staging of per-column data (weights into shared memory) over `units` items: thread
+// t takes items t, t + blockDim.x, ... and issues the global loads of kBatch items before the
+// first store. A plain strided loop waits out one full load latency per iteration (Nsight: the
+// backward kernels' weight staging, 8 iterations at N = 8192, held every warp for several us
+// before its first row).
+template <int kBatch, typename Load, typename Store>
+__device__ __forceinline__ void staged_for_each(int units, Load&& load, Store&& store) {
+  using Value = decltype(load(0));
+  for (int base = threadIdx.x; base < units; base += kBatch * static_cast<int>(blockDim.x)) {
+    Value v[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int u = base + k * static_cast<int>(blockDim.x);
+      if (u < units) v[k] = load(u);
+    }
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int u = base + k * static_cast<int>(blockDim.x);
+      if (u < units) store(u, v[k]);
+    }
+  }
+}
+
 // ---- shared memory and launch control (sm_90) --------------------------------------------------
 
 // The 32-bit shared-window address of a shared-memory pointer (what cp.async, mbarrier and bulk

@@ -25,6 +25,7 @@ namespace fusekit::norm::kernels {
 
 // Element conversions and 16-byte vectors: core/device_vector.cuh.
 using detail::device::from_float;
+using detail::device::load4_floats;
 using detail::device::pack16;
 using detail::device::to_float;
 using detail::device::unpack16;
@@ -43,12 +44,22 @@ __device__ __forceinline__ void load_floats(const W* p, float (&out)[VEC]) {
   }
 }
 
-// VEC floats from shared memory (VEC a multiple of 4; 16-byte aligned).
+// Per-column floats in shared memory, laid out by quarter-vector: the 4 columns at 4u go to
+// float4 slot (u % (VEC / 4)) * (cols / VEC) + u / (VEC / 4), so that the threads of a warp,
+// reading consecutive VEC-column vectors, read consecutive 16-byte slots (a plain layout gives
+// 8-column vectors a 32-byte stride across threads: 2-way bank conflicts on every load).
 template <int VEC>
-__device__ __forceinline__ void load_shared_floats(const float* p, float (&out)[VEC]) {
+__device__ __forceinline__ int column_slot(int unit, int cols) {
+  constexpr int kQuads = VEC / 4;
+  return (unit % kQuads) * (cols / VEC) + unit / kQuads;
+}
+// The VEC floats of the vector starting at column `col` (a multiple of VEC).
+template <int VEC>
+__device__ __forceinline__ void load_shared_columns(const float* base, int cols, int col, float (&out)[VEC]) {
+  const float4* slots = reinterpret_cast<const float4*>(base);
 #pragma unroll
   for (int c = 0; c < VEC / 4; ++c) {
-    const float4 v = reinterpret_cast<const float4*>(p)[c];
+    const float4 v = slots[c * (cols / VEC) + col / VEC];
     out[4 * c] = v.x;
     out[4 * c + 1] = v.y;
     out[4 * c + 2] = v.z;
@@ -347,14 +358,29 @@ __global__ void __launch_bounds__(512)
     for (int k = 0; k < stages - 1; ++k) issue(k);
   }
 
-  for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-    const float w = weight ? to_float(weight[c]) : 1.0f;
-    col_w[c] = w;
-    if (FROM_OUTPUT && cached) {
-      col_inv_w[c] = 1.0f / w;
-      col_shift[c] = bias ? to_float(bias[c]) : 0.0f;
-    }
-  }
+  // The weight (and from y 1/w and b) as floats, 4 columns per item, all of a thread's loads in
+  // flight together.
+  struct Columns {
+    float4 w, b;
+  };
+  detail::device::staged_for_each<4>(
+      cols / 4,
+      [&](int u) {
+        Columns v{};
+        v.w = weight ? load4_floats(weight + 4 * u) : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+        if constexpr (FROM_OUTPUT && cached)
+          v.b = bias ? load4_floats(bias + 4 * u) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        return v;
+      },
+      [&](int u, const Columns& v) {
+        const int slot = column_slot<kVec>(u, cols);
+        reinterpret_cast<float4*>(col_w)[slot] = v.w;
+        if constexpr (FROM_OUTPUT && cached) {
+          reinterpret_cast<float4*>(col_inv_w)[slot] =
+              make_float4(1.0f / v.w.x, 1.0f / v.w.y, 1.0f / v.w.z, 1.0f / v.w.w);
+          reinterpret_cast<float4*>(col_shift)[slot] = v.b;
+        }
+      });
   __syncthreads();
 
   // The dbias sums exist only when asked for (never for RMSNorm): they would otherwise cost
@@ -378,8 +404,8 @@ __global__ void __launch_bounds__(512)
   // float32 summation bound on random draws with small weights).
   auto from_y_factors = [&](int col, float (&inv_w)[kVec], float (&sh)[kVec]) {
     if constexpr (cached) {
-      load_shared_floats<kVec>(col_inv_w + col, inv_w);
-      load_shared_floats<kVec>(col_shift + col, sh);
+      load_shared_columns<kVec>(col_inv_w, cols, col, inv_w);
+      load_shared_columns<kVec>(col_shift, cols, col, sh);
     } else {
 #pragma unroll
       for (int i = 0; i < kVec; ++i) {
@@ -424,7 +450,7 @@ __global__ void __launch_bounds__(512)
       float d[kVec], v[kVec], w[kVec];
       unpack16<T>(*reinterpret_cast<const uint4*>(r_dy + col), d);
       unpack16<T>(*reinterpret_cast<const uint4*>(r_in + col), v);
-      load_shared_floats<kVec>(col_w + col, w);
+      load_shared_columns<kVec>(col_w, cols, col, w);
       float xh[kVec];
       if constexpr (FROM_OUTPUT) {
         float inv_w[kVec], sh[kVec];
@@ -467,7 +493,7 @@ __global__ void __launch_bounds__(512)
         float d[kVec], v[kVec], w[kVec], out[kVec];
         unpack16<T>(*reinterpret_cast<const uint4*>(r_dy + col), d);
         unpack16<T>(*reinterpret_cast<const uint4*>(r_in + col), v);
-        load_shared_floats<kVec>(col_w + col, w);
+        load_shared_columns<kVec>(col_w, cols, col, w);
         if constexpr (FROM_OUTPUT) {
           float inv_w[kVec], sh[kVec];
           from_y_factors(col, inv_w, sh);
