@@ -108,8 +108,8 @@ __device__ __forceinline__ float4 load4_floats(const T* p) {
 // Per-block staging of per-column data (weights into shared memory) over `units` items: thread
 // t takes items t, t + blockDim.x, ... and issues the global loads of kBatch items before the
 // first store. A plain strided loop waits out one full load latency per iteration (Nsight: the
-// backward kernels' weight staging, 8 iterations at N = 8192, held every warp for several us
-// before its first row).
+// norm backward's weight staging, 8 iterations of 512 threads at N = 4096, held every warp for
+// several us before its first row).
 template <int kBatch, typename Load, typename Store>
 __device__ __forceinline__ void staged_for_each(int units, Load&& load, Store&& store) {
   using Value = decltype(load(0));

@@ -297,9 +297,10 @@ __global__ void __launch_bounds__(512, FUSEKIT_NORM_FORWARD_MIN_BLOCKS)
 // when FROM_OUTPUT) through its own ring of `stages` row slots in shared memory, filled by bulk
 // copies that one thread issues (a "full" mbarrier per slot counts the bytes in, an "empty" one
 // counts the group's threads out). The weight (and, from y, 1/w and b) is converted to float
-// once per block into shared memory (column_slot's conflict-free layout). Per-column dweight/dbias sums stay in registers for the
-// whole loop; at the end the row groups of a block are combined in a fixed tree and one partial
-// row per block goes to the workspace, summed over blocks by reduce_partials_kernel.
+// once per block into shared memory (column_slot's conflict-free layout). Per-column
+// dweight/dbias sums stay in registers for the whole loop; at the end the row groups of a block
+// are combined in a fixed tree and one partial row per block goes to the workspace, summed over
+// blocks by reduce_partials_kernel.
 // SOURCE: where x_hat comes from (Source below).
 enum Source : int { kFromX = 0, kFromY = 1, kFromYUncached = 2 };
 template <typename T, typename W, int ITERS, int SOURCE, bool BIAS_GRAD>
