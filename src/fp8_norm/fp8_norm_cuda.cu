@@ -231,9 +231,16 @@ int launch_backward_main(const BackwardParams& p, const BackwardConfig& c, int s
     // per-oct bounds tests (20% fewer instructions per row). With 8 octs per thread that variant
     // would spill.
     const bool all_octs = p.cols == std::int64_t(8) * c.octs * tpr;
+    // Those rows' scales can come through the copy pipeline when they are 16-byte chunks: groups
+    // of 16 and 16-byte aligned scale rows.
+    const bool staged_scales = all_octs && p.log2_group == 4 && aligned16(p.scales) &&
+                               (p.scale_row_stride * std::int64_t(sizeof(SC))) % 16 == 0;
     auto run4 = [&](auto log2_tpr) {
       constexpr int kLog2 = decltype(log2_tpr)::value;
-      if (all_octs) run(backward_vector_kernel<XF, SC, W, 4, kLog2, true>, backward_smem_bytes<4>(tpr));
+      if (staged_scales)
+        run(backward_vector_kernel<XF, SC, W, 4, kLog2, true, true>,
+            backward_smem_bytes<4>(tpr) + backward_scale_stage_bytes<4, SC>());
+      else if (all_octs) run(backward_vector_kernel<XF, SC, W, 4, kLog2, true>, backward_smem_bytes<4>(tpr));
       else run(backward_vector_kernel<XF, SC, W, 4, kLog2, false>, backward_smem_bytes<4>(tpr));
     };
     using std::integral_constant;
