@@ -103,9 +103,10 @@ std::vector<double> exact_dx(const Problem& p) {
   const auto b = p.bias ? p.bias->values() : std::vector<double>(p.c.cols, 0.0);
   const std::uint32_t t = dropout_keep_threshold(p.c.config.p);
   std::vector<double> out(x.size());
-  philox::Words4 words{};
-  std::int64_t group = -1;
-  for (std::int64_t r = 0; r < p.c.rows; ++r)
+#pragma omp parallel for schedule(static)
+  for (std::int64_t r = 0; r < p.c.rows; ++r) {
+    philox::Words4 words{};
+    std::int64_t group = -1;
     for (std::int64_t k = 0; k < p.c.cols; ++k) {
       const std::int64_t i = r * p.c.cols + k;
       if (i / 8 != group) {  // one Philox call per group of 8 (dropout_keeps() would make 8)
@@ -117,6 +118,7 @@ std::vector<double> exact_dx(const Problem& p) {
                           MathD::derivative(p.c.config.activation, x[i] + b[k], p.c.config.slope)
                     : 0.0;
     }
+  }
   return out;
 }
 
@@ -136,7 +138,9 @@ void check_gpu_against_cpu(const Case& c, std::uint64_t salt) {
   // dx = dy * keep / (1 - p) * act'(x + b): where act' is near its zero (gelu near x = -0.75) or
   // few elements survive, ||dx|| is far below its terms; measure against ||dy|| / (1 - p).
   double dy_norm = 0.0;
-  for (double v : cpu.dy.values()) dy_norm += v * v;
+  const std::vector<double> dy = cpu.dy.values();
+#pragma omp parallel for schedule(static) reduction(+ : dy_norm)
+  for (std::size_t i = 0; i < dy.size(); ++i) dy_norm += dy[i] * dy[i];
   const double terms = std::sqrt(dy_norm) / (1.0 - c.config.p);
   EXPECT_TRUE(close_to_reference(gpu.dx.values(), cpu.dx.values(), c.dtype, "dx", terms));
   const auto ref = cpu.dbias->values();

@@ -103,30 +103,30 @@ struct FillOptions {
 inline void fill_inputs(Problem& p, std::mt19937_64& rng, const FillOptions& o = {}) {
   const Case& c = p.c;
   const double qmax = fp8_max_finite(c.x_dtype);
-  std::normal_distribution<double> n01(0.0, 1.0);
   std::vector<double> xv(c.rows * c.cols), sv(c.rows * c.groups());
-  for (std::int64_t r = 0; r < c.rows; ++r) {
-    double base = o.magnitude * 4.0 / qmax * std::exp(1.5 * n01(rng));
-    const int kind = o.special_rows ? static_cast<int>(rng() % 16) : 15;
+  testing::parallel_fill(c.rows, rng, [&](std::int64_t r, std::mt19937_64& row_rng) {
+    std::normal_distribution<double> n01(0.0, 1.0);
+    double base = o.magnitude * 4.0 / qmax * std::exp(1.5 * n01(row_rng));
+    const int kind = o.special_rows ? static_cast<int>(row_rng() % 16) : 15;
     if (kind == 1) base *= 1e25;
     if (kind == 2) base *= 1e-25;
     for (std::int64_t g = 0; g < c.groups(); ++g) {
-      double s = base * std::exp(0.5 * n01(rng));
-      if (o.special_rows && rng() % 32 == 0) s = 0.0;
+      double s = base * std::exp(0.5 * n01(row_rng));
+      if (o.special_rows && row_rng() % 32 == 0) s = 0.0;
       sv[r * c.groups() + g] = s;
     }
     for (std::int64_t k = 0; k < c.cols; ++k) {
       double v;
-      switch (rng() % 64) {
+      switch (row_rng() % 64) {
         case 0: v = qmax; break;
         case 1: v = -qmax; break;
         case 2: v = 0.0; break;
-        case 3: v = n01(rng) * std::ldexp(1.0, c.x_dtype == DType::f8e4m3 ? -8 : -15); break;  // subnormal
-        default: v = n01(rng) * qmax / 4.0;
+        case 3: v = n01(row_rng) * std::ldexp(1.0, c.x_dtype == DType::f8e4m3 ? -8 : -15); break;  // subnormal
+        default: v = n01(row_rng) * qmax / 4.0;
       }
       xv[r * c.cols + k] = (kind == 0) ? 0.0 : v;
     }
-  }
+  });  // each row from its own generator stream
   p.x.set_values(xv);  // rounds to the fp8 format (nearest even, saturating)
   p.scales.set_values(sv);
   std::normal_distribution<double> wd(o.weight_mean, o.weight_std);

@@ -15,7 +15,9 @@ namespace fusekit::testing {
     return ::testing::AssertionFailure() << what << ": size " << got.size() << " vs reference " << ref.size();
   ErrorStats s = compare(got, ref);
   double ref_norm = 0.0;
-  for (double r : ref) ref_norm += r * r;
+  const std::int64_t n = static_cast<std::int64_t>(ref.size());
+#pragma omp parallel for schedule(static) reduction(+ : ref_norm)
+  for (std::int64_t i = 0; i < n; ++i) ref_norm += ref[i] * ref[i];
   ref_norm = std::sqrt(ref_norm);
   constexpr double kFloorFraction = 0.1;
   if (scale_floor > 0.0 && ref_norm < kFloorFraction * scale_floor)

@@ -76,6 +76,23 @@ double tolerance(DType dtype, const std::vector<double>& ref);
 
 std::mt19937_64 make_rng(std::uint64_t salt);
 
+// The generator of stream `index` under `base`: independent streams for parallel fills.
+std::mt19937_64 stream_rng(std::uint64_t base, std::uint64_t index);
+
+// Calls fill(i, rng_i) for i in [0, count), in parallel (OpenMP). Item i draws from its own
+// generator, stream i under one draw of `rng`: the values depend on rng's state only, not on the
+// thread count or schedule, so a run replays from FUSEKIT_TEST_SEED. The large benchmark-shape
+// tests spent most of their time in serial random fills.
+template <class F>
+void parallel_fill(std::int64_t count, std::mt19937_64& rng, F&& fill) {
+  const std::uint64_t base = rng();
+#pragma omp parallel for schedule(static)
+  for (std::int64_t i = 0; i < count; ++i) {
+    std::mt19937_64 item_rng = stream_rng(base, static_cast<std::uint64_t>(i));
+    fill(i, item_rng);
+  }
+}
+
 // Error of a float32 two-level column sum of `terms` (rows x cols, row-major; chunks of 32 rows,
 // then the chunk sums in order) against `ref`: what a typical float32 GPU reduction achieves, i.e.
 // PyTorch's own error level for a weight or bias gradient.

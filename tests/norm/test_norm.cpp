@@ -112,12 +112,12 @@ void copy_inputs(const Problem& from, Problem& to) {
 
 void fill_inputs(Problem& p, std::mt19937_64& rng) {
   // Rows with an offset and a scale so that mean subtraction and rstd matter.
-  std::normal_distribution<double> n01(0.0, 1.0);
   std::vector<double> xv(p.c.rows * p.c.cols);
-  for (std::int64_t r = 0; r < p.c.rows; ++r) {
-    const double shift = 0.5 * n01(rng), scale = std::exp(0.5 * n01(rng));
-    for (std::int64_t k = 0; k < p.c.cols; ++k) xv[r * p.c.cols + k] = shift + scale * n01(rng);
-  }
+  testing::parallel_fill(p.c.rows, rng, [&](std::int64_t r, std::mt19937_64& row_rng) {
+    std::normal_distribution<double> n01(0.0, 1.0);
+    const double shift = 0.5 * n01(row_rng), scale = std::exp(0.5 * n01(row_rng));
+    for (std::int64_t k = 0; k < p.c.cols; ++k) xv[r * p.c.cols + k] = shift + scale * n01(row_rng);
+  });
   p.x.set_values(xv);
   p.dy.fill_normal(rng);
   if (p.weight) p.weight->fill_normal(rng, 1.0, 0.5);
