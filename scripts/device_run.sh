@@ -38,9 +38,12 @@ if has test; then
   : >"$OUT/tests.log"
   for suite in ${TEST_SUITES:-"Philox*:TensorView*:DType*:Error*:Runtime*" "Norm*" "Dropout*" "Linear*" "Fp8Norm*" "Attention*"}; do
     start=$(date +%s)
+    before=$(wc -l <"$OUT/tests.log")
     timeout "${TEST_TIMEOUT:-300}" stdbuf -oL "$BUILD/fusekit_tests" --gtest_filter="$suite" >>"$OUT/tests.log" 2>&1
     rc=$?
-    log "tests $suite rc=$rc in $(( $(date +%s) - start ))s: $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/tests.log" | tail -2 | tr '\n' ' ')"
+    # This suite's verdict only (the log holds the earlier suites' too).
+    verdict=$(tail -n +"$((before + 1))" "$OUT/tests.log" | grep -E '^\[  (PASSED|FAILED) ' | tr '\n' ' ')
+    log "tests $suite rc=$rc in $(( $(date +%s) - start ))s: $verdict"
     [ $rc -eq 0 ] || status=1
   done
   grep -E "^\[  FAILED  \]|Failure$" -A3 "$OUT/tests.log" | head -60
