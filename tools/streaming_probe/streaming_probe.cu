@@ -10,8 +10,8 @@
 //   persist     one wave, the next chunk's loads issued before this chunk's stores;
 //   bulk        TMA bulk copies global -> shared -> global, one chunk per block;
 //   readonly / writeonly / memset: one direction alone.
-// Timing: CUDA events, 5 warm-ups, median of 60, inputs rotated over more than 200 MB.
-// Percentages are against a 1 GiB cudaMemcpy measured at the start of the run.
+// Timing and the copy ceiling: the benchmark harness (bench/harness: CUDA events, 5 warm-ups,
+// median of 60, inputs rotated past L2; the 1 GiB cudaMemcpy ceiling measured first).
 // Run: build/fusekit_streaming_probe (GPU only; results for the H200 in performance-notes.md).
 #include <cuda_runtime.h>
 #include <cstdio>
@@ -20,6 +20,9 @@
 #include <vector>
 #include <algorithm>
 #include <functional>
+#include <type_traits>
+
+#include "bench/harness/bench.h"
 
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { std::printf("CUDA error: %s (%s, line %d)\n", cudaGetErrorString(e), #x, __LINE__); std::exit(1); } } while (0)
 
@@ -133,71 +136,96 @@ __global__ void bulk(const uint4* __restrict__ in, uint4* __restrict__ out, size
   }
 }
 
+namespace bench = fusekit::bench;
+
 int main() {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     std::printf("streaming_probe: no CUDA device; this tool measures a GPU\n");
     return 2;
   }
-  int sms; CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-  auto time_it = [&](std::function<void(int)> f, int reps) {
-    for (int i = 0; i < 5; ++i) f(i);
-    std::vector<float> t;
-    for (int i = 0; i < reps; ++i) {
-      CK(cudaEventRecord(e0)); f(i); CK(cudaEventRecord(e1)); CK(cudaEventSynchronize(e1));
-      float ms; CK(cudaEventElapsedTime(&ms, e0, e1)); t.push_back(ms * 1000.f);
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const double ceiling_gbps = bench::measure_copy_ceiling().copy_gbps;
+  std::printf("ceiling 1GiB memcpy %.0f GB/s\n", ceiling_gbps);
+  const std::size_t sizes[] = {16384ull * 1024 * 2, 16384ull * 4096 * 2, 8192ull * 16384 * 2};
+  for (std::size_t bytes : sizes) {
+    const int rotations = bench::rotations_for(2 * bytes);
+    std::vector<bench::DeviceBuffer> ins, outs;
+    for (int r = 0; r < rotations; ++r) {
+      ins.emplace_back(bytes);
+      outs.emplace_back(bytes);
+      CK(cudaMemset(ins.back().get(), r + 1, bytes));
     }
-    CK(cudaGetLastError());
-    std::sort(t.begin(), t.end()); return t[t.size() / 2];
-  };
-  // ceiling: 1 GiB copy
-  size_t big = 1ull << 30; void *a, *b; CK(cudaMalloc(&a, big)); CK(cudaMalloc(&b, big));
-  float tc = time_it([&](int) { CK(cudaMemcpyAsync(b, a, big, cudaMemcpyDeviceToDevice)); }, 30);
-  double ceil_gbs = 2.0 * big / tc / 1e3;
-  printf("ceiling 1GiB memcpy %.1f us %.0f GB/s\n", tc, ceil_gbs);
-  CK(cudaFree(a)); CK(cudaFree(b));
-  size_t sizes[] = {16384ull * 1024 * 2, 16384ull * 4096 * 2, 8192ull * 16384 * 2};
-  for (size_t bytes : sizes) {
-    const int R = std::max<int>(2, (int)(200e6 / bytes) + 1);  // rotate > 3x L2 of inputs
-    std::vector<uint4*> ins(R), outs(R);
-    for (int r = 0; r < R; ++r) { CK(cudaMalloc(&ins[r], bytes)); CK(cudaMalloc(&outs[r], bytes)); CK(cudaMemset(ins[r], r + 1, bytes)); CK(cudaMemset(outs[r], 0, bytes)); }
-    size_t nvec = bytes / 16;
-    auto report = [&](const char* name, float us, double mult = 2.0) {
-      printf("%10.1f MB %-34s %8.2f us %6.0f GB/s %5.1f%%\n", bytes / 1e6, name, us, mult * bytes / us / 1e3, 100.0 * mult * bytes / us / 1e3 / ceil_gbs);
+    auto in = [&](int r) { return static_cast<const uint4*>(ins[r].get()); };
+    auto out = [&](int r) { return static_cast<uint4*>(outs[r].get()); };
+    const std::size_t nvec = bytes / 16;
+    // directions: 2 for read+write kernels, 1 for the one-direction rows.
+    auto report = [&](const char* name, const bench::Timing& t, double directions = 2.0) {
+      const double gbps = directions * bytes / t.median_us / 1e3;
+      std::printf("%10.1f MB %-34s %8.2f us %6.0f GB/s %5.1f%%\n", bytes / 1e6, name, t.median_us, gbps,
+                  100.0 * gbps / ceiling_gbps);
     };
-    report("memcpy", time_it([&](int i) { CK(cudaMemcpyAsync(outs[i % R], ins[i % R], bytes, cudaMemcpyDeviceToDevice)); }, 60));
-    report("empty kernel", time_it([&](int i) { writeonly<<<1, 32>>>(ins[0], outs[i % R], 0); }, 60));
-    for (int gm : {4, 8, 16}) {
-      char n[64]; snprintf(n, 64, "gridstride256 x%dSM", gm);
-      report(n, time_it([&](int i) { gridstride<<<sms * gm, 256>>>(ins[i % R], outs[i % R], nvec); }, 60));
+    auto time = [&](const std::function<void(int)>& launch) {
+      return bench::time_kernel(launch, rotations, 5, 60);
+    };
+    char name[64];
+    report("memcpy", bench::time_same_size_copy(bytes, rotations, [&](int r) { return outs[r].get(); },
+                                                [&](int r) { return ins[r].get(); }));
+    report("empty kernel", time([&](int r) { writeonly<<<1, 32>>>(in(r), out(r), 0); }));
+    for (int per_sm : {4, 8, 16}) {
+      std::snprintf(name, sizeof name, "gridstride256 x%dSM", per_sm);
+      report(name, time([&](int r) { gridstride<<<sms * per_sm, 256>>>(in(r), out(r), nvec); }));
     }
-#define ONESHOT(U, S, L, BS) { char n[64]; snprintf(n, 64, "oneshot U%d st%d ld%d b%d", U, S, L, BS); \
-    unsigned g = (unsigned)((nvec + (size_t)BS * U - 1) / ((size_t)BS * U)); \
-    report(n, time_it([&](int i) { oneshot<U, S, L><<<g, BS>>>(ins[i % R], outs[i % R], nvec); }, 60)); }
-    ONESHOT(1, 0, 0, 256) ONESHOT(2, 0, 0, 256) ONESHOT(4, 0, 0, 256) ONESHOT(8, 0, 0, 256)
-    ONESHOT(4, 0, 0, 128) ONESHOT(4, 0, 0, 512) ONESHOT(2, 0, 0, 512)
-    ONESHOT(4, 1, 0, 256) ONESHOT(4, 2, 0, 256) ONESHOT(4, 0, 1, 256) ONESHOT(4, 0, 2, 256) ONESHOT(4, 1, 1, 256)
-    for (int gm : {2, 4, 8}) for (int bs : {256, 512}) {
-      char n[64]; snprintf(n, 64, "persist U4 b%d x%dSM", bs, gm);
-      report(n, time_it([&](int i) { persist<4><<<sms * gm, bs>>>(ins[i % R], outs[i % R], nvec); }, 60));
+    auto oneshot_row = [&](auto u, auto store, auto load, int threads) {
+      constexpr int U = decltype(u)::value, S = decltype(store)::value, L = decltype(load)::value;
+      std::snprintf(name, sizeof name, "oneshot U%d st%d ld%d b%d", U, S, L, threads);
+      const unsigned grid = static_cast<unsigned>((nvec + std::size_t(threads) * U - 1) / (std::size_t(threads) * U));
+      report(name, time([&](int r) { oneshot<U, S, L><<<grid, threads>>>(in(r), out(r), nvec); }));
+    };
+    using I0 = std::integral_constant<int, 0>;
+    using I1 = std::integral_constant<int, 1>;
+    using I2 = std::integral_constant<int, 2>;
+    using I4 = std::integral_constant<int, 4>;
+    oneshot_row(I1{}, I0{}, I0{}, 256);
+    oneshot_row(I2{}, I0{}, I0{}, 256);
+    oneshot_row(I4{}, I0{}, I0{}, 256);
+    oneshot_row(std::integral_constant<int, 8>{}, I0{}, I0{}, 256);
+    oneshot_row(I4{}, I0{}, I0{}, 128);
+    oneshot_row(I4{}, I0{}, I0{}, 512);
+    oneshot_row(I2{}, I0{}, I0{}, 512);
+    oneshot_row(I4{}, I1{}, I0{}, 256);
+    oneshot_row(I4{}, I2{}, I0{}, 256);
+    oneshot_row(I4{}, I0{}, I1{}, 256);
+    oneshot_row(I4{}, I0{}, I2{}, 256);
+    oneshot_row(I4{}, I1{}, I1{}, 256);
+    for (int per_sm : {2, 4, 8})
+      for (int threads : {256, 512}) {
+        std::snprintf(name, sizeof name, "persist U4 b%d x%dSM", threads, per_sm);
+        report(name, time([&](int r) { persist<4><<<sms * per_sm, threads>>>(in(r), out(r), nvec); }));
+      }
+    auto bulk_row = [&](auto chunk) {
+      constexpr int CH = decltype(chunk)::value;
+      CK(cudaFuncSetAttribute(bulk<CH>, cudaFuncAttributeMaxDynamicSharedMemorySize, CH));
+      std::snprintf(name, sizeof name, "bulk %d B/block", CH);
+      const unsigned grid = static_cast<unsigned>(bytes / CH);
+      report(name, time([&](int r) { bulk<CH><<<grid, 256, CH>>>(in(r), out(r), nvec); }));
+    };
+    bulk_row(std::integral_constant<int, 16384>{});
+    bulk_row(std::integral_constant<int, 32768>{});
+    const unsigned grid = static_cast<unsigned>((nvec + 1023) / 1024);
+    report("readonly U4 (1x bytes)", time([&](int r) { readonly<<<grid, 256>>>(in(r), out(r), nvec); }), 1.0);
+    report("writeonly U4 (1x bytes)", time([&](int r) { writeonly<<<grid, 256>>>(in(r), out(r), nvec); }), 1.0);
+    report("memset (1x bytes)", time([&](int r) { CK(cudaMemsetAsync(out(r), r, bytes)); }), 1.0);
+    // The kernels compute what they should: a one-shot pass flips the sign bits of its input.
+    oneshot<4, 0, 0><<<grid, 256>>>(in(0), out(0), nvec);
+    CK(cudaGetLastError());
+    std::uint16_t first = 0;
+    CK(cudaMemcpy(&first, out(0), sizeof first, cudaMemcpyDeviceToHost));
+    if (first != static_cast<std::uint16_t>(0x0101 ^ 0x8000)) {
+      std::printf("streaming_probe: wrong output %#x\n", first);
+      return 1;
     }
-    for (int ch : {16384, 32768}) {
-      char n[64]; snprintf(n, 64, "bulk %d B/block", ch);
-      unsigned g = (unsigned)(bytes / ch);
-      if (ch == 16384) { CK(cudaFuncSetAttribute(bulk<16384>, cudaFuncAttributeMaxDynamicSharedMemorySize, ch));
-        report(n, time_it([&](int i) { bulk<16384><<<g, 256, ch>>>(ins[i % R], outs[i % R], nvec); }, 60)); }
-      else { CK(cudaFuncSetAttribute(bulk<32768>, cudaFuncAttributeMaxDynamicSharedMemorySize, ch));
-        report(n, time_it([&](int i) { bulk<32768><<<g, 256, ch>>>(ins[i % R], outs[i % R], nvec); }, 60)); }
-    }
-    { unsigned g = (unsigned)((nvec + 1023) / 1024);
-      report("readonly U4 (1x bytes)", time_it([&](int i) { readonly<<<g, 256>>>(ins[i % R], outs[i % R], nvec); }, 60), 1.0);
-      report("writeonly U4 (1x bytes)", time_it([&](int i) { writeonly<<<g, 256>>>(ins[i % R], outs[i % R], nvec); }, 60), 1.0);
-      report("memset (1x bytes)", time_it([&](int i) { CK(cudaMemsetAsync(outs[i % R], i, bytes)); }, 60), 1.0); }
-    // correctness spot check of the oneshot kernel
-    oneshot<4, 0, 0><<<(unsigned)((nvec + 1023) / 1024), 256>>>(ins[0], outs[0], nvec); CK(cudaDeviceSynchronize());
-    uint16_t h[2]; CK(cudaMemcpy(h, outs[0], 4, cudaMemcpyDeviceToHost)); if (h[0] != (uint16_t)(0x0101 ^ 0x8000)) printf("MISMATCH %x\n", h[0]);
-    for (int r = 0; r < R; ++r) { CK(cudaFree(ins[r])); CK(cudaFree(outs[r])); }
   }
   return 0;
 }
