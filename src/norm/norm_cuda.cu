@@ -80,9 +80,16 @@ RowPlan plan_rows(std::int64_t vectors, bool backward) {
     plan.geometry.threads_per_row = 32;
   } else {
     // FUSEKIT_NORM_BWD_ITERS / FUSEKIT_NORM_FWD_ITERS (1..4) override the vectors per thread.
-    static const int backward_iters = env_knob("FUSEKIT_NORM_BWD_ITERS", 1, 4, 4);
+    // Backward rows of up to 640 vectors (N <= 5120 in 16-bit types) take 3 per thread: fewer
+    // per-column sums per thread, so blocks of 384-448 threads where 4 vectors gave 512, and
+    // 8-14% faster at N = 2048, 4096, 5120 (H200, session 10); longer rows keep 4 (N = 8192
+    // was 3% slower with 3, and N = 16384 needs 4 to fit 512 threads).
+    static const int backward_iters = env_knob("FUSEKIT_NORM_BWD_ITERS", 1, 4, 0);
     static const int forward_iters = env_knob("FUSEKIT_NORM_FWD_ITERS", 1, 4, 4);
-    plan.iters = backward ? backward_iters : forward_iters;
+    if (backward)
+      plan.iters = backward_iters > 0 ? backward_iters : (vectors <= 640 ? 3 : 4);
+    else
+      plan.iters = forward_iters;
     plan.geometry.threads_per_row =
         static_cast<int>((vectors + plan.iters * 32 - 1) / (plan.iters * 32) * 32);
     if (plan.geometry.threads_per_row > 512) return RowPlan{};
@@ -98,9 +105,12 @@ RowPlan plan_rows(std::int64_t vectors, bool backward) {
   // Backward: several row groups per block (each with its own barrier) so that the block writes
   // one dweight/dbias partial row and keeps one float copy of the weight columns. 512 threads (one
   // block per SM at ~128 registers); FUSEKIT_NORM_BWD_BLOCK (128..512) overrides (tuning knob).
-  static const int backward_block = env_knob("FUSEKIT_NORM_BWD_BLOCK", 128, 512, 512);
+  // Rows of up to 4 warps are grouped into blocks of at most 384 threads (N = 2048: 4 rows of
+  // 96 threads, 7% faster than 5 rows in 480 threads).
+  static const int backward_block = env_knob("FUSEKIT_NORM_BWD_BLOCK", 128, 512, 0);
+  const int block = backward_block > 0 ? backward_block : (tpr > 32 && tpr <= 128 ? 384 : 512);
   plan.geometry.rows_per_block =
-      std::max(1, std::min(backward_block / tpr, tpr > 32 ? kMaxGroups - 1 : kMaxGroups));
+      std::max(1, std::min(block / tpr, tpr > 32 ? kMaxGroups - 1 : kMaxGroups));
   return plan;
 }
 
@@ -295,10 +305,28 @@ void launch_forward(const ForwardParams& p, int device_index, cudaStream_t strea
       constexpr int I = iters.value;
       const int rpb = plan.geometry.rows_per_block;
       const std::int64_t needed = (p.rows + rpb - 1) / rpb;
-      // Not persistent: one row group per block slot, the block scheduler hides the latency.
-      const int grid = static_cast<int>(std::min<std::int64_t>(
-          needed, std::int64_t(detail::device_info(op, device_index).sm_count) * 64));
-      forward_registers_kernel<T, W, I><<<grid, plan.block_threads(), 0, stream>>>(p, plan.geometry);
+      // Not persistent: one row group per block slot, the block scheduler hides the latency;
+      // that needs enough resident threads. Rows that leave fewer than 800 per SM (N = 12288 in
+      // 16-bit types: two 384-thread blocks at the 64-register cap) instead walk several rows
+      // per group (at most 16 blocks per SM in the grid), loading the next row before reducing
+      // the current one: RMSNorm (8192, 12288) 124 -> 109 us, LayerNorm 133 -> 130 (H200,
+      // session 10). Where more threads are resident the prefetching grid lost 3-10% (it keeps
+      // two rows in registers, and LayerNorm's variant spills at the cap).
+      // FUSEKIT_NORM_FWD_PREFETCH: 0 never, G > 0 always with G blocks per SM (tuning knob).
+      static const int prefetch_knob = env_knob("FUSEKIT_NORM_FWD_PREFETCH", 0, 64, -1);
+      const int sms = detail::device_info(op, device_index).sm_count;
+      const int block = plan.block_threads();
+      const int prefetch_blocks =
+          prefetch_knob >= 0 ? prefetch_knob
+          : blocks_per_sm(op, forward_registers_kernel<T, W, I>, block, 0, device_index) * block < 800 ? 16
+                                                                                                      : 0;
+      if (prefetch_blocks > 0) {
+        const int grid = static_cast<int>(std::min<std::int64_t>(needed, std::int64_t(sms) * prefetch_blocks));
+        forward_registers_kernel<T, W, I, true><<<grid, plan.block_threads(), 0, stream>>>(p, plan.geometry);
+      } else {
+        const int grid = static_cast<int>(std::min<std::int64_t>(needed, std::int64_t(sms) * 64));
+        forward_registers_kernel<T, W, I><<<grid, plan.block_threads(), 0, stream>>>(p, plan.geometry);
+      }
     });
   } else {
     const int grid = persistent_grid(op, forward_generic_kernel<T, W>, kGenericThreads, 0, 1, p.rows, device_index);
