@@ -100,8 +100,11 @@ RowPlan plan_rows(std::int64_t vectors, bool backward) {
     // (with several rows per block it waits for the slowest): one-warp blocks for N <= 1024 in
     // 16-bit types, as torch.compile's kernel has (Nsight, (16384, 1024): 18.2 us against 23.4
     // for 128-thread blocks of four rows, both at 64 registers and 3.88 waves); measured 3.5%
-    // faster at N = 1024 and 2% at N = 2048 than 128-thread blocks, the same elsewhere (H200,
-    // session 10). FUSEKIT_NORM_FWD_BLOCK (32..512) sets a block size instead (tuning knob).
+    // faster at N = 1024 and 2% at N = 2048 than 128-thread blocks (H200, session 10). With the
+    // launch's larger grid cap (below) the 4- and 5-warp LayerNorm rows (N = 4096, 5120) no
+    // longer walk two rows per block and were 2-3% slower in the record: the cap should depend on
+    // the row length (performance-notes.md, session 10). FUSEKIT_NORM_FWD_BLOCK (32..512) sets a
+    // block size instead (tuning knob).
     static const int forward_block = env_knob("FUSEKIT_NORM_FWD_BLOCK", 32, 512, 32);
     plan.geometry.rows_per_block = std::max(1, forward_block / tpr);
     return plan;
