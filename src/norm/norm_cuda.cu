@@ -100,11 +100,9 @@ RowPlan plan_rows(std::int64_t vectors, bool backward) {
     // (with several rows per block it waits for the slowest): one-warp blocks for N <= 1024 in
     // 16-bit types, as torch.compile's kernel has (Nsight, (16384, 1024): 18.2 us against 23.4
     // for 128-thread blocks of four rows, both at 64 registers and 3.88 waves); measured 3.5%
-    // faster at N = 1024 and 2% at N = 2048 than 128-thread blocks (H200, session 10). With the
-    // launch's larger grid cap (below) the 4- and 5-warp LayerNorm rows (N = 4096, 5120) no
-    // longer walk two rows per block and were 2-3% slower in the record: the cap should depend on
-    // the row length (performance-notes.md, session 10). FUSEKIT_NORM_FWD_BLOCK (32..512) sets a
-    // block size instead (tuning knob).
+    // faster at N = 1024 and 2% at N = 2048 than 128-thread blocks (H200, session 10). The
+    // launch caps the grid by row length (launch_forward). FUSEKIT_NORM_FWD_BLOCK (32..512) sets
+    // a block size instead (tuning knob).
     static const int forward_block = env_knob("FUSEKIT_NORM_FWD_BLOCK", 32, 512, 32);
     plan.geometry.rows_per_block = std::max(1, forward_block / tpr);
     return plan;
@@ -331,8 +329,18 @@ void launch_forward(const ForwardParams& p, int device_index, cudaStream_t strea
         const int grid = static_cast<int>(std::min<std::int64_t>(needed, std::int64_t(sms) * prefetch_blocks));
         forward_registers_kernel<T, W, I, true><<<grid, plan.block_threads(), 0, stream>>>(p, plan.geometry);
       } else {
-        // Up to 256 blocks per SM in the grid (8 waves of one-warp blocks); beyond, blocks walk rows.
-        const int grid = static_cast<int>(std::min<std::int64_t>(needed, std::int64_t(sms) * 256));
+        // At most `cap` blocks per SM in the grid; beyond, blocks walk rows. Swept on the H200
+        // (session 11, caps 32..256): rows of up to 2 warps run best at 128 (N = 2048: 71.2 us
+        // against 73.4 at 256 for LayerNorm), longer rows at 64, where a block walks two rows
+        // (LayerNorm N = 4096: 73.3 against 75.4 us, N = 5120: 91.4 against 94.5), except the
+        // 4-warp RMSNorm rows, which keep 128 (70.8 against 72.0 us at 64).
+        // FUSEKIT_NORM_FWD_CAP overrides (tuning knob).
+        static const int cap_knob = env_knob("FUSEKIT_NORM_FWD_CAP", 1, 1024, 0);
+        const int tpr = plan.geometry.threads_per_row;
+        const int cap = cap_knob > 0 ? cap_knob
+                        : tpr <= 64 || (tpr <= 128 && p.kind == Kind::rms_norm) ? 128
+                                                                               : 64;
+        const int grid = static_cast<int>(std::min<std::int64_t>(needed, std::int64_t(sms) * cap));
         forward_registers_kernel<T, W, I><<<grid, plan.block_threads(), 0, stream>>>(p, plan.geometry);
       }
     });
