@@ -315,8 +315,10 @@ void launch_forward(const ForwardParams& p, int device_index, cudaStream_t strea
       // 16-bit types: two 384-thread blocks at the 64-register cap) instead walk several rows
       // per group (at most 16 blocks per SM in the grid), loading the next row before reducing
       // the current one: RMSNorm (8192, 12288) 124 -> 109 us, LayerNorm 133 -> 130 (H200,
-      // session 10). Where more threads are resident the prefetching grid lost 3-10% (it keeps
-      // two rows in registers, and LayerNorm's variant spills at the cap).
+      // session 10). Its kernel is compiled for one block per SM (up to 128 registers: the
+      // LayerNorm variant spilled at 64), 3-4% faster again (LayerNorm 129.0 -> 125.7 us, RMSNorm
+      // 109.1 -> 105.2, session 11). Where more threads are resident the prefetching grid lost
+      // 3-10% (it keeps two rows in registers), and still does at 1..8 blocks per SM.
       // FUSEKIT_NORM_FWD_PREFETCH: 0 never, G > 0 always with G blocks per SM (tuning knob).
       static const int prefetch_knob = env_knob("FUSEKIT_NORM_FWD_PREFETCH", 0, 64, -1);
       const int sms = detail::device_info(op, device_index).sm_count;

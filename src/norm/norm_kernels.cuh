@@ -183,8 +183,9 @@ inline constexpr int kMaxWarpsPerBlock = 32;
 #ifndef FUSEKIT_NORM_FORWARD_MIN_BLOCKS
 #define FUSEKIT_NORM_FORWARD_MIN_BLOCKS 2
 #endif
+// The PREFETCH variant holds two rows and runs few blocks per SM: its bounds allow 128 registers.
 template <typename T, typename W, int ITERS, bool PREFETCH = false>
-__global__ void __launch_bounds__(512, FUSEKIT_NORM_FORWARD_MIN_BLOCKS)
+__global__ void __launch_bounds__(512, PREFETCH ? 1 : FUSEKIT_NORM_FORWARD_MIN_BLOCKS)
     forward_registers_kernel(ForwardParams p, RowGeometry geo) {
   constexpr int kVec = 16 / sizeof(T);
   __shared__ float scratch[2][kMaxWarpsPerBlock * 2];
