@@ -95,7 +95,7 @@ int sm_count(const char* op, int device_index) {
 
 template <typename T, typename W, typename Chunk, typename Act>
 void forward_with(const ForwardParams& p, int sms, cudaStream_t stream) {
-  const TileGrid g = make_grid(p.rows, p.cols, sms, Chunk::Tune::kBlocksPerSm);
+  const TileGrid g = make_grid(p.rows, p.cols, sms, Chunk::Tune::kBlocksPerSm, kForwardBlockWidth);
   RowSteps steps;
   steps.in0 = g.ty * p.x_row_stride;
   steps.out0 = g.ty * p.y_row_stride;
@@ -153,7 +153,7 @@ void launch_reduce(const float* partial, int partial_rows, std::int64_t cols, vo
 // Launches the backward kernel on the Chunk's grid; returns the grid (its gy partial rows).
 template <typename T, typename W, typename Chunk>
 TileGrid backward_with(const BackwardParams& p, int sms, cudaStream_t stream, const char* op) {
-  const TileGrid g = make_grid(p.rows, p.cols, sms, Chunk::Tune::kBlocksPerSm);
+  const TileGrid g = make_grid(p.rows, p.cols, sms, Chunk::Tune::kBlocksPerSm, kBackwardBlockWidth);
   RowSteps steps;
   steps.in0 = g.ty * p.dy_row_stride;
   steps.in1 = g.ty * p.x_row_stride;
@@ -220,8 +220,8 @@ std::size_t backward_workspace_cuda(std::int64_t rows, std::int64_t cols, DType 
   // The grid depends on the path (alignment decides it at launch time), not on the dtype: size
   // for the larger of the two.
   (void)dtype;
-  return std::max(partial_bytes(make_grid(rows, cols, sms, BackwardTuning::kBlocksPerSm), cols),
-                  partial_bytes(make_grid(rows, cols, sms, GenericTuning::kBlocksPerSm), cols));
+  return std::max(partial_bytes(make_grid(rows, cols, sms, BackwardTuning::kBlocksPerSm, kBackwardBlockWidth), cols),
+                  partial_bytes(make_grid(rows, cols, sms, GenericTuning::kBlocksPerSm, kBackwardBlockWidth), cols));
 }
 
 }  // namespace fusekit::dropout

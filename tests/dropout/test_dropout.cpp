@@ -222,23 +222,24 @@ TEST(DropoutGrid, EveryRowOfEveryColumnTileIsVisitedOnce) {
       {16384, 5120}, {7, 70000}, {300000, 24}, {2, 65536}};
   for (auto [rows, cols] : shapes)
     for (int sms : {1, 114, 132})
-      for (int per_sm : {1, 2}) {
-        const dropout::TileGrid g = dropout::make_grid(rows, cols, sms, per_sm);
-        SCOPED_TRACE("(" + std::to_string(rows) + ", " + std::to_string(cols) + ") sms " +
-                     std::to_string(sms) + " x" + std::to_string(per_sm));
-        ASSERT_EQ(g.tx * g.ty, dropout::kThreads);
-        ASSERT_GE(std::int64_t(g.gx) * g.tx * dropout::kChunk, cols);              // all columns
-        ASSERT_LT(std::int64_t(g.gx - 1) * g.tx * dropout::kChunk, cols);          // no empty tile
-        ASSERT_LE(g.gy, 65535);
-        if (g.gx <= sms * per_sm) ASSERT_LE(std::int64_t(g.gx) * g.gy, sms * per_sm);  // one wave
-        std::vector<int> visits(rows, 0);
-        for (int by = 0; by < g.gy; ++by)
-          for (int ty = 0; ty < g.ty; ++ty) {
-            const dropout::ThreadRows t = dropout::thread_rows(g, by, ty);
-            for (int k = 0; k < t.count; ++k) ++visits[t.first + std::int64_t(k) * g.ty];
-          }
-        ASSERT_TRUE(std::all_of(visits.begin(), visits.end(), [](int v) { return v == 1; }));
-      }
+      for (int per_sm : {1, 2})
+        for (int width : {dropout::kForwardBlockWidth, dropout::kBackwardBlockWidth, 128}) {
+          const dropout::TileGrid g = dropout::make_grid(rows, cols, sms, per_sm, width);
+          SCOPED_TRACE("(" + std::to_string(rows) + ", " + std::to_string(cols) + ") sms " +
+                       std::to_string(sms) + " x" + std::to_string(per_sm) + " width " + std::to_string(width));
+          ASSERT_EQ(g.tx * g.ty, dropout::kThreads);
+          ASSERT_GE(std::int64_t(g.gx) * g.tx * dropout::kChunk, cols);              // all columns
+          ASSERT_LT(std::int64_t(g.gx - 1) * g.tx * dropout::kChunk, cols);          // no empty tile
+          ASSERT_LE(g.gy, 65535);
+          if (g.gx <= sms * per_sm) ASSERT_LE(std::int64_t(g.gx) * g.gy, sms * per_sm);  // one wave
+          std::vector<int> visits(rows, 0);
+          for (int by = 0; by < g.gy; ++by)
+            for (int ty = 0; ty < g.ty; ++ty) {
+              const dropout::ThreadRows t = dropout::thread_rows(g, by, ty);
+              for (int k = 0; k < t.count; ++k) ++visits[t.first + std::int64_t(k) * g.ty];
+            }
+          ASSERT_TRUE(std::all_of(visits.begin(), visits.end(), [](int v) { return v == 1; }));
+        }
 }
 
 TEST(DropoutMask, KeepThreshold) {
