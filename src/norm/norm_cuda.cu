@@ -343,7 +343,14 @@ void launch_forward(const ForwardParams& p, int device_index, cudaStream_t strea
                         : tpr <= 64 || (tpr <= 128 && p.kind == Kind::rms_norm) ? 128
                                                                                : 64;
         const int grid = static_cast<int>(std::min<std::int64_t>(needed, std::int64_t(sms) * cap));
-        forward_registers_kernel<T, W, I><<<grid, plan.block_threads(), 0, stream>>>(p, plan.geometry);
+        // Full rows with the usual affine parameters take the specialized kernel.
+        const bool full = p.cols == std::int64_t(plan.geometry.threads_per_row) * I * kVec && p.weight != nullptr;
+        if (full && p.kind == Kind::layer_norm && p.bias != nullptr)
+          forward_registers_kernel<T, W, I, false, kFullLayerNorm><<<grid, block, 0, stream>>>(p, plan.geometry);
+        else if (full && p.kind == Kind::rms_norm && p.bias == nullptr)
+          forward_registers_kernel<T, W, I, false, kFullRmsNorm><<<grid, block, 0, stream>>>(p, plan.geometry);
+        else
+          forward_registers_kernel<T, W, I><<<grid, block, 0, stream>>>(p, plan.geometry);
       }
     });
   } else {
