@@ -248,7 +248,7 @@ __device__ __forceinline__ void forward_rows(const ForwardParams& p, const RowSt
   };
 
   Chunk a[U];
-  load(a, 0);  // the first rows' loads go out before anything else
+  load(a, 0);  // the first rows' loads go out before the row loop (the kernel loaded the bias slice first)
   if constexpr (Tn::kPipelined) {
     Chunk b[U];
     while (step(a, b) && step(b, a)) {
