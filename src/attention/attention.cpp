@@ -254,6 +254,7 @@ attention::Problem check_common(const ArgCheck& check, const TensorView& q, cons
     p.batch = varlen->cu_seqlens_q.ndim == 1 ? varlen->cu_seqlens_q.shape[0] - 1 : 0;
     p.seqlen_q = varlen->max_seqlen_q, p.seqlen_k = varlen->max_seqlen_k;
     p.total_q = qd.s;
+    p.total_k = kd.s;
     p.cu_seqlens_q = check_cu_seqlens(check, varlen->cu_seqlens_q, "cu_seqlens_q", p.batch + 1, qd.s,
                                       varlen->max_seqlen_q, "max_seqlen_q");
     p.cu_seqlens_k = check_cu_seqlens(check, varlen->cu_seqlens_k, "cu_seqlens_k", p.batch + 1, kd.s,
@@ -261,6 +262,7 @@ attention::Problem check_common(const ArgCheck& check, const TensorView& q, cons
   } else {
     p.batch = qd.b, p.seqlen_q = qd.s, p.seqlen_k = kd.s;
     p.total_q = qd.b * qd.s;
+    p.total_k = kd.b * kd.s;
   }
   check_lse(check, lse, p);
   p.lse = lse.data_as<float>();

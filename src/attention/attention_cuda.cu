@@ -23,6 +23,7 @@
 
 #include "attention/attention_kernels.cuh"
 #include "attention/attention_params.h"
+#include "attention/attention_sm90.h"
 #include "core/cuda_check.h"
 #include "core/device_info.h"
 #include "fusekit/error.h"
@@ -188,6 +189,10 @@ void forward_cuda(const Problem& p, int device_index, Stream stream) {
   detail::DeviceGuard guard(op, device_index);
   const auto s = static_cast<cudaStream_t>(stream);
   const KernelParams k = make_params(p);
+  if (sm90::forward_supported(p, device_index)) {
+    sm90::forward(p, k, device_index, s);
+    return;
+  }
   dispatch(p.dtype, bucket_of(p.head_dim, p.head_dim_v), [&](auto cfg) {
     using C = decltype(cfg);
     using Shape = kernels::ForwardShape<C::kD, C::kBN>;

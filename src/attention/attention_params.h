@@ -38,6 +38,7 @@ struct Problem {
   const std::int32_t* cu_seqlens_q = nullptr;  // varlen only, (batch + 1), on the tensors' device
   const std::int32_t* cu_seqlens_k = nullptr;
   std::int64_t total_q = 0;  // tokens of q (varlen) or batch * seqlen_q
+  std::int64_t total_k = 0;  // tokens of k and v (varlen) or batch * seqlen_k
   DType dtype = DType::bf16;
   double scale = 1.0;
   AttentionMask mask = AttentionMask::none;

@@ -463,6 +463,44 @@ TEST(AttentionGpu, LongCausalSequence) {
   check_case(s, 2101);
 }
 
+// The Hopper forward (wgmma + TMA; f16 / bf16, D = Dv = 64 or 128, no bias, no dropout) takes
+// every call it can on an sm_90 GPU. Its cases here: several 128-row query blocks and 128-key
+// blocks with ragged ends, every mask and window kind, grouped-query heads, the (B, H, S, D)
+// layout and variable lengths (queries of one sequence next to another's tokens in the tile).
+TEST(AttentionGpu, HopperForwardShapes) {
+  FUSEKIT_REQUIRE_GPU();
+  struct Case {
+    std::int64_t d, sq, sk, hq, hkv;
+    AttentionMask mask;
+    std::int64_t wl, wr;
+    bool bhsd, varlen;
+  };
+  const Case cases[] = {
+      {128, 257, 300, 2, 1, AttentionMask::none, -1, -1, false, false},
+      {64, 300, 257, 4, 2, AttentionMask::causal_top_left, -1, -1, false, false},
+      {128, 200, 390, 2, 2, AttentionMask::causal_bottom_right, -1, -1, true, false},
+      {64, 390, 390, 3, 1, AttentionMask::none, 130, 7, false, false},
+      {128, 129, 129, 2, 1, AttentionMask::causal_top_left, 40, -1, true, false},
+      {64, 0, 0, 4, 2, AttentionMask::causal_bottom_right, -1, -1, false, true},
+      {128, 0, 0, 2, 1, AttentionMask::none, -1, -1, false, true},
+  };
+  std::uint64_t salt = 2300;
+  for (const Case& c : cases) {
+    Spec s;
+    s.dtype = salt % 2 ? DType::f16 : DType::bf16;
+    s.B = 2, s.Hq = c.hq, s.Hkv = c.hkv, s.D = c.d, s.Dv = c.d, s.Sq = c.sq, s.Sk = c.sk;
+    s.cfg.mask = c.mask;
+    s.cfg.window_left = c.wl, s.cfg.window_right = c.wr;
+    s.bhsd = c.bhsd;
+    if (c.varlen) {
+      s.seqlens_q = {130, 1, 0, 255, 64};
+      s.seqlens_k = {200, 70, 3, 129, 0};
+      s.B = 5, s.Sq = 255, s.Sk = 200;
+    }
+    check_case(s, salt++);
+  }
+}
+
 TEST(AttentionGpu, WorkspaceIsChecked) {
   FUSEKIT_REQUIRE_GPU();
   Spec s;

@@ -1,0 +1,92 @@
+// Launcher of the Hopper attention forward (attention_sm90_kernels.cuh): builds the TMA
+// descriptors of q, k and v from the caller's strides and launches one CTA per (query block,
+// query head, batch).
+#include "attention/attention_sm90.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "attention/attention_sm90_kernels.cuh"
+#include "core/cuda_check.h"
+#include "core/device_info.h"
+#include "fusekit/error.h"
+
+namespace fusekit::attention::sm90 {
+namespace {
+
+template <typename Traits>
+typename Traits::GmemTensor gmem_tensor(const Operand& op, std::int64_t tokens, std::int64_t heads,
+                                        std::int64_t batch, bool varlen) {
+  using namespace cute;
+  using E = typename Traits::Element;
+  // With variable lengths tokens are packed and the batch extent is 1; its stride is then never
+  // stepped, but TMA wants a non-zero multiple of 16 bytes.
+  const std::int64_t b_stride = varlen ? op.s_stride : op.b_stride;
+  return make_tensor(make_gmem_ptr(static_cast<const E*>(op.data)),
+                     make_layout(make_shape(static_cast<std::int32_t>(tokens), static_cast<std::int32_t>(Traits::kD),
+                                            static_cast<std::int32_t>(heads), static_cast<std::int32_t>(batch)),
+                                 make_stride(op.s_stride, _1{}, op.h_stride, b_stride)));
+}
+
+template <typename Traits>
+void launch(const Problem& p, const kernels::KernelParams& k, int device_index, cudaStream_t stream) {
+  using namespace cute;
+  const char* op = "attention_forward";
+  const std::int64_t batch = p.varlen ? 1 : p.batch;
+  const std::int64_t tokens_q = p.varlen ? p.total_q : p.seqlen_q;
+  const std::int64_t tokens_k = p.varlen ? p.total_k : p.seqlen_k;
+  auto gq = gmem_tensor<Traits>(p.q, tokens_q, p.heads_q, batch, p.varlen);
+  auto gk = gmem_tensor<Traits>(p.k, tokens_k, p.heads_kv, batch, p.varlen);
+  auto gv = gmem_tensor<Traits>(p.v, tokens_k, p.heads_kv, batch, p.varlen);
+  ForwardParams<Traits> P{
+      k,
+      make_tma_copy(SM90_TMA_LOAD{}, gq, typename Traits::SmemLayoutQ{}, Shape<Int<Traits::kBM>, Int<Traits::kD>>{},
+                    _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, gk, take<0, 2>(typename Traits::SmemLayoutKV{}),
+                    Shape<Int<Traits::kBN>, Int<Traits::kD>>{}, _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, gv, take<0, 2>(typename Traits::SmemLayoutKV{}),
+                    Shape<Int<Traits::kBN>, Int<Traits::kD>>{}, _1{}),
+      gq.shape(), gk.shape(), gv.shape()};
+
+  auto kernel = forward_kernel<Traits>;
+  constexpr int smem = Traits::smem_bytes();
+  const std::size_t optin = detail::device_info(op, device_index).max_smem_per_block_optin;
+  if (static_cast<std::size_t>(smem) > optin)
+    throw Error(ErrorKind::unsupported, op,
+                "the Hopper attention forward needs " + std::to_string(smem) +
+                    " bytes of shared memory per block; the GPU allows " + std::to_string(optin));
+  FUSEKIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const dim3 grid(static_cast<unsigned>((p.seqlen_q + Traits::kBM - 1) / Traits::kBM),
+                  static_cast<unsigned>(p.heads_q), static_cast<unsigned>(p.batch));
+  kernel<<<grid, Traits::kThreads, smem, stream>>>(P);
+  detail::check_launch(op, "attention forward kernel (sm90)");
+}
+
+}  // namespace
+
+bool forward_supported(const Problem& p, int device_index) {
+  if (const char* env = std::getenv("FUSEKIT_ATTENTION_SM90"); env != nullptr && std::strcmp(env, "0") == 0)
+    return false;
+  const detail::DeviceInfo& info = detail::device_info("attention_forward", device_index);
+  if (info.major != 9) return false;
+  if (p.dtype != DType::bf16 && p.dtype != DType::f16) return false;
+  if (p.head_dim != p.head_dim_v || (p.head_dim != 64 && p.head_dim != 128)) return false;
+  return p.bias.data == nullptr && p.dropout_p == 0.0f && p.scale > 0.0;
+}
+
+void forward(const Problem& p, const kernels::KernelParams& k, int device_index, cudaStream_t stream) {
+  const bool bf16 = p.dtype == DType::bf16;
+  if (p.head_dim == 64) {
+    if (bf16) launch<ForwardTraits<__nv_bfloat16, 64>>(p, k, device_index, stream);
+    else launch<ForwardTraits<__half, 64>>(p, k, device_index, stream);
+  } else {
+    if (bf16) launch<ForwardTraits<__nv_bfloat16, 128>>(p, k, device_index, stream);
+    else launch<ForwardTraits<__half, 128>>(p, k, device_index, stream);
+  }
+}
+
+}  // namespace fusekit::attention::sm90

@@ -1,0 +1,337 @@
+// Attention forward for Hopper (sm_90a): warpgroup MMA (wgmma) on shared-memory operands, tiles
+// brought in by TMA. Serves the common case at the speed the mma.sync kernel cannot reach:
+// f16 / bf16, D = Dv = 64 or 128, no bias, no dropout, scale > 0; every mask, window, variable
+// lengths and grouped-query heads (attention_sm90.cu decides; everything else stays on
+// attention_kernels.cuh's forward_kernel, which defines the same outputs).
+//
+// One CTA per (block of 128 query rows, query head, batch); 384 threads:
+//   two consumer warpgroups (warps 0-7), each owning 64 query rows, and a producer warpgroup
+//   (warps 8-11) that hands most of its registers to the consumers and whose first lane issues
+//   the TMA copies. Q is copied once; K and V tiles of 128 keys go
+//   through a two-stage ring each, guarded by mbarriers: "full" (the TMA's transaction count,
+//   the consumers wait on it) and "empty" (one arrive per consumer warp once its wgmma has read
+//   the stage, the producer waits on it before reusing the slot).
+// Per key block a consumer warpgroup computes S = Q K^T (wgmma, A and B from shared memory, the
+//   64 x 128 float accumulator in registers), the online softmax on S in registers (as the
+//   mma.sync kernel does: blocks every row sees in full fold the scale into the exponent's FMA,
+//   others are scaled and masked per element), rounds P to the input dtype in registers, and
+//   accumulates O += P V (wgmma with A from registers, B = V read transposed from its shared
+//   tile, which the 128-byte swizzle allows without a copy). The accumulator of S has the
+//   register layout of wgmma's A operand element for element (the m64nNk16 C layout per 8
+//   columns is the A layout per half k-step), so P needs no shuffle.
+// Key blocks are walked from the last to the first: under a causal mask the diagonal (masked)
+//   block comes first, while the ring fills.
+// Rows past a sequence end (the tile's tail, or with variable lengths the next sequence's
+//   tokens) are computed and not stored; keys past the end are masked to -inf. TMA zero-fills
+//   what lies outside the tensor.
+#pragma once
+
+#include <cute/tensor.hpp>  // first: the atom headers below need its declarations
+#include <cute/arch/copy_sm90_tma.hpp>
+#include <cute/arch/mma_sm90.hpp>
+#include <cute/atom/copy_traits_sm90_tma.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/numeric_types.h>
+
+#include "attention/attention_kernels.cuh"
+
+namespace fusekit::attention::sm90 {
+
+template <typename T>
+struct CuteElement;
+template <>
+struct CuteElement<__nv_bfloat16> {
+  using type = cutlass::bfloat16_t;
+};
+template <>
+struct CuteElement<__half> {
+  using type = cutlass::half_t;
+};
+
+// The kernel's shapes, layouts and TMA types for one dtype and head dim.
+template <typename T_, int kD_>
+struct ForwardTraits {
+  using T = T_;
+  using Element = typename CuteElement<T>::type;
+  static constexpr int kD = kD_, kBM = 128, kBN = 128, kStages = 2;
+  static constexpr int kConsumerWarps = kBM / 16;  // 64 rows per warpgroup, 16 per warp
+  static constexpr int kConsumerThreads = kConsumerWarps * 32;
+  // + a producer warpgroup: one lane issues the copies. A whole warpgroup, because registers
+  // move between warpgroups (setmaxnreg): the producer gives its registers to the consumers, whose
+  // S and O accumulators need more than the 168 per thread an even split of 384 threads gives.
+  static constexpr int kThreads = kConsumerThreads + 128;
+  static constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
+
+  using AtomLayout = cute::Layout<cute::Shape<cute::Int<kBM / 64>, cute::_1, cute::_1>>;
+  using MmaQK = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<cute::_64, cute::Int<kBN>, cute::Int<kD>>>(),
+      AtomLayout{}));
+  using MmaPV = decltype(cute::make_tiled_mma(
+      cute::GMMA::rs_op_selector<Element, Element, float, cute::Shape<cute::_64, cute::Int<kD>, cute::Int<kBN>>,
+                                 cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
+      AtomLayout{}));
+
+  // Rows of Q, K and V are kD elements (128 or 256 bytes): the 128-byte swizzle atom tiles them.
+  using SmemAtom = cute::GMMA::Layout_K_SW128_Atom<Element>;
+  using SmemLayoutQ = decltype(cute::tile_to_shape(SmemAtom{}, cute::Shape<cute::Int<kBM>, cute::Int<kD>>{}));
+  using SmemLayoutKV =
+      decltype(cute::tile_to_shape(SmemAtom{}, cute::Shape<cute::Int<kBN>, cute::Int<kD>, cute::Int<kStages>>{}));
+  // V seen as (d, key, stage): the B operand of O += P V, major in d. A view, not a copy.
+  using SmemLayoutVt = decltype(cute::composition(
+      SmemLayoutKV{}, cute::make_ordered_layout(cute::Shape<cute::Int<kD>, cute::Int<kBN>, cute::Int<kStages>>{},
+                                                cute::Step<cute::_2, cute::_1, cute::_3>{})));
+
+  // Global q / k / v as (token, d, head, batch); with variable lengths the batch extent is 1 and
+  // tokens are packed.
+  using GmemShape = cute::Shape<std::int32_t, std::int32_t, std::int32_t, std::int32_t>;
+  using GmemStride = cute::Stride<std::int64_t, cute::_1, std::int64_t, std::int64_t>;
+  using GmemTensor = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<const Element*>(nullptr)),
+                                                cute::make_layout(GmemShape{}, GmemStride{})));
+  using TmaQ = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutQ{},
+                                            cute::Shape<cute::Int<kBM>, cute::Int<kD>>{}, cute::_1{}));
+  using TmaKV = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensor{},
+                                             cute::take<0, 2>(SmemLayoutKV{}),
+                                             cute::Shape<cute::Int<kBN>, cute::Int<kD>>{}, cute::_1{}));
+
+  static constexpr std::uint32_t kQBytes = kBM * kD * sizeof(Element);
+  static constexpr std::uint32_t kKVBytes = kBN * kD * sizeof(Element);
+
+  struct SharedStorage {
+    alignas(1024) Element q[cute::cosize_v<SmemLayoutQ>];
+    alignas(1024) Element k[cute::cosize_v<SmemLayoutKV>];
+    alignas(1024) Element v[cute::cosize_v<SmemLayoutKV>];
+    alignas(8) std::uint64_t q_full;
+    std::uint64_t k_full[kStages], v_full[kStages], k_empty[kStages], v_empty[kStages];
+  };
+  // + 1 KB so that the kernel can align the dynamic shared memory to the swizzle's 1024 bytes.
+  static constexpr int smem_bytes() { return static_cast<int>(sizeof(SharedStorage)) + 1024; }
+};
+
+template <typename Traits>
+struct ForwardParams {
+  kernels::KernelParams base;
+  typename Traits::TmaQ tma_q;
+  typename Traits::TmaKV tma_k, tma_v;
+  typename Traits::GmemShape shape_q, shape_k, shape_v;
+};
+
+using Barrier = cutlass::arch::ClusterBarrier;
+using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
+
+__device__ __forceinline__ Barrier& barrier(std::uint64_t& b) { return *reinterpret_cast<Barrier*>(&b); }
+__device__ __forceinline__ TxBarrier& tx_barrier(std::uint64_t& b) { return *reinterpret_cast<TxBarrier*>(&b); }
+
+// C (+)= A B over every k-block of the fragments, issued as one wgmma batch (not waited for).
+// kRegisterA: A is a register fragment (fenced like C), not shared-memory descriptors.
+template <bool kZeroInit, bool kRegisterA, typename Mma, typename FragA, typename FragB, typename FragC>
+__device__ __forceinline__ void wgmma(Mma& mma, const FragA& a, const FragB& b, FragC& c) {
+  using namespace cute;
+  if constexpr (kRegisterA) warpgroup_fence_operand(const_cast<FragA&>(a));
+  warpgroup_fence_operand(c);
+  warpgroup_arrive();
+  if constexpr (kZeroInit) mma.accumulate_ = GMMA::ScaleOut::Zero;
+  CUTE_UNROLL
+  for (int kb = 0; kb < size<2>(a); ++kb) {
+    cute::gemm(mma, a(_, _, kb), b(_, _, kb), c);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  warpgroup_fence_operand(c);
+  if constexpr (kRegisterA) warpgroup_fence_operand(const_cast<FragA&>(a));
+}
+
+template <typename Traits>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    forward_kernel(const __grid_constant__ ForwardParams<Traits> P) {
+#if defined(__CUDA_ARCH__) && defined(CUTE_ARCH_MMA_SM90A_ENABLED)
+  using namespace cute;
+  using T = typename Traits::T;
+  using Element = typename Traits::Element;
+  constexpr int kBM = Traits::kBM, kBN = Traits::kBN, kD = Traits::kD, kStages = Traits::kStages;
+  using Storage = typename Traits::SharedStorage;
+  const kernels::KernelParams& p = P.base;
+
+  extern __shared__ unsigned char smem_raw[];
+  Storage& st = *reinterpret_cast<Storage*>((reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) & ~std::uintptr_t{1023});
+
+  const int b = blockIdx.z, h = blockIdx.y;
+  const int i_block = gridDim.x - 1 - blockIdx.x, i0 = i_block * kBM;
+  const kernels::Seq s = kernels::seq_of(p, b);
+  if (i0 >= s.sq) return;  // the whole CTA, before any barrier exists
+  const int hk = h / p.group;
+  const kernels::MaskRule rule = kernels::mask_rule(p, s);
+  int jb_begin = 0, jb_end = 0, all_lo = 0, all_hi = 0;
+  {
+    int lo0, hi0, lo1, hi1;
+    rule.range(i0, lo0, hi0);
+    rule.range(min(i0 + kBM, s.sq) - 1, lo1, hi1);
+    if (hi1 > lo0) {
+      jb_begin = lo0 / kBN;
+      jb_end = (hi1 + kBN - 1) / kBN;
+    }
+    all_lo = lo1;
+    all_hi = hi0;
+  }
+  const int n_blocks = jb_end - jb_begin;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  if (threadIdx.x == 0) {
+    tx_barrier(st.q_full).init(1);
+    for (int i = 0; i < kStages; ++i) {
+      tx_barrier(st.k_full[i]).init(1);
+      tx_barrier(st.v_full[i]).init(1);
+      barrier(st.k_empty[i]).init(Traits::kConsumerWarps);
+      barrier(st.v_empty[i]).init(Traits::kConsumerWarps);
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+
+  Tensor sQ = make_tensor(make_smem_ptr(st.q), typename Traits::SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(st.k), typename Traits::SmemLayoutKV{});
+  Tensor sV = make_tensor(make_smem_ptr(st.v), typename Traits::SmemLayoutKV{});
+  Tensor sVt = make_tensor(make_smem_ptr(st.v), typename Traits::SmemLayoutVt{});
+
+  if (warp >= Traits::kConsumerWarps) {
+    // ---- producer: one lane issues every copy ----
+    cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
+    if (warp == Traits::kConsumerWarps && lane == 0 && n_blocks > 0) {
+      const int qb = p.cu_q != nullptr ? 0 : b;
+      Tensor mQ = P.tma_q.get_tma_tensor(P.shape_q);
+      Tensor mK = P.tma_k.get_tma_tensor(P.shape_k);
+      Tensor mV = P.tma_v.get_tma_tensor(P.shape_v);
+      Tensor gQ = local_tile(domain_offset(make_coord(static_cast<int>(s.q_base), _0{}), mQ(_, _, h, qb)),
+                             Shape<Int<kBM>, Int<kD>>{}, make_coord(i_block, _0{}));
+      Tensor gK = local_tile(domain_offset(make_coord(static_cast<int>(s.k_base), _0{}), mK(_, _, hk, qb)),
+                             Shape<Int<kBN>, Int<kD>>{}, make_coord(_, _0{}));
+      Tensor gV = local_tile(domain_offset(make_coord(static_cast<int>(s.k_base), _0{}), mV(_, _, hk, qb)),
+                             Shape<Int<kBN>, Int<kD>>{}, make_coord(_, _0{}));
+      auto [tQg, tQs] = tma_partition(P.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+      auto [tKg, tKs] = tma_partition(P.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+      auto [tVg, tVs] = tma_partition(P.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+
+      tx_barrier(st.q_full).arrive_and_expect_tx(Traits::kQBytes);
+      copy(P.tma_q.with(st.q_full), tQg, tQs);
+      for (int n = 0; n < n_blocks; ++n) {
+        const int jb = jb_end - 1 - n, stage = n % kStages, use = n / kStages;
+        if (use > 0) barrier(st.k_empty[stage]).wait((use - 1) & 1);
+        tx_barrier(st.k_full[stage]).arrive_and_expect_tx(Traits::kKVBytes);
+        copy(P.tma_k.with(st.k_full[stage]), tKg(_, jb), tKs(_, stage));
+        if (use > 0) barrier(st.v_empty[stage]).wait((use - 1) & 1);
+        tx_barrier(st.v_full[stage]).arrive_and_expect_tx(Traits::kKVBytes);
+        copy(P.tma_v.with(st.v_full[stage]), tVg(_, jb), tVs(_, stage));
+      }
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
+  const int tid = threadIdx.x;
+  typename Traits::MmaQK mma_qk;
+  typename Traits::MmaPV mma_pv;
+  auto thr_qk = mma_qk.get_thread_slice(tid);
+  auto thr_pv = mma_pv.get_thread_slice(tid);
+  Tensor tSrQ = thr_qk.partition_fragment_A(sQ);   // descriptors
+  Tensor tSrK = thr_qk.partition_fragment_B(sK);   // (mma, n, k, stage)
+  Tensor tOrV = thr_pv.partition_fragment_B(sVt);  // (mma, n, k, stage)
+  Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kBM>, Int<kBN>>{});
+  Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<kBM>, Int<kD>>{});
+  Tensor tOrP = make_tensor<Element>(partition_shape_A(mma_pv, Shape<Int<kBM>, Int<kBN>>{}));
+  static_assert(size(tSrS) == size(tOrP), "P takes S's registers one for one");
+  constexpr int kSCols = kBN / 8, kOCols = kD / 8;  // 8-column groups of S and O per thread
+  static_assert(size(tSrS) == 4 * kSCols && size(tOrO) == 4 * kOCols, "m64nNk16 accumulator layout");
+  clear(tOrO);
+
+  // Accumulator element 4 c + 2 r + e: row g + 8 r of the warp's 16, column 8 c + 2 t + e.
+  const int g = lane / 4, t = lane % 4;
+  const int row0 = i0 + warp * 16 + g;
+  const float mult0 = p.scale_log2;
+  float m[2] = {kernels::neg_inf(), kernels::neg_inf()}, l[2] = {0.0f, 0.0f};
+
+  if (n_blocks > 0) tx_barrier(st.q_full).wait(0);
+  for (int n = 0; n < n_blocks; ++n) {
+    const int jb = jb_end - 1 - n, j0 = jb * kBN, stage = n % kStages, phase = (n / kStages) & 1;
+    tx_barrier(st.k_full[stage]).wait(phase);
+    wgmma<true, false>(mma_qk, tSrQ, tSrK(_, _, _, stage), tSrS);
+    warpgroup_wait<0>();
+    __syncwarp();
+    if (lane == 0) barrier(st.k_empty[stage]).arrive();
+
+    float mult = mult0;
+    if (!(j0 >= all_lo && j0 + kBN <= all_hi)) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        int lo, hi;
+        rule.range(row0 + 8 * r, lo, hi);
+#pragma unroll
+        for (int c = 0; c < kSCols; ++c)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int j = j0 + 8 * c + 2 * t + e;
+            float& x = tSrS(4 * c + 2 * r + e);
+            x = (j >= lo && j < hi) ? x * mult0 : kernels::neg_inf();
+          }
+      }
+      mult = 1.0f;
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = kernels::neg_inf();
+#pragma unroll
+      for (int c = 0; c < kSCols; ++c) mx = fmaxf(mx, fmaxf(tSrS(4 * c + 2 * r), tSrS(4 * c + 2 * r + 1)));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[r], mx * mult);
+      const float m_use = m_new == kernels::neg_inf() ? 0.0f : m_new;  // nothing visible yet
+      const float alpha = kernels::fast_exp2(m[r] - m_use);             // 0 when m = -inf
+      m[r] = m_new;
+      float sum = 0.0f;
+#pragma unroll
+      for (int c = 0; c < kSCols; ++c)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& x = tSrS(4 * c + 2 * r + e);
+          x = kernels::fast_exp2(fmaf(x, mult, -m_use));
+          sum += x;
+        }
+      l[r] = l[r] * alpha + sum;
+#pragma unroll
+      for (int c = 0; c < kOCols; ++c) {
+        tOrO(4 * c + 2 * r) *= alpha;
+        tOrO(4 * c + 2 * r + 1) *= alpha;
+      }
+    }
+    std::uint32_t* pw = reinterpret_cast<std::uint32_t*>(raw_pointer_cast(tOrP.data()));
+#pragma unroll
+    for (int i = 0; i < size(tSrS) / 2; ++i) pw[i] = kernels::pack2<T>(tSrS(2 * i), tSrS(2 * i + 1));
+
+    tx_barrier(st.v_full[stage]).wait(phase);
+    wgmma<false, true>(mma_pv, tOrP, tOrV(_, _, _, stage), tOrO);
+    warpgroup_wait<0>();
+    __syncwarp();
+    if (lane == 0) barrier(st.v_empty[stage]).arrive();
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = l[r] + __shfl_xor_sync(0xffffffffu, l[r], 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const int i = row0 + 8 * r;
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    if (i < s.sq) {
+      T* out = kernels::row_ptr<T>(p.out, b, s.q_base + i, h);
+#pragma unroll
+      for (int c = 0; c < kOCols; ++c)
+        *reinterpret_cast<std::uint32_t*>(out + 8 * c + 2 * t) =
+            kernels::pack2<T>(tOrO(4 * c + 2 * r) * inv, tOrO(4 * c + 2 * r + 1) * inv);
+      if (t == 0)
+        p.lse[kernels::lse_index(p, s, b, h, i)] = sum > 0.0f ? m[r] * kernels::kLn2 + logf(sum) : kernels::neg_inf();
+    }
+  }
+#endif
+}
+
+}  // namespace fusekit::attention::sm90
