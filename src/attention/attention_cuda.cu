@@ -254,7 +254,9 @@ void backward_cuda(const BackwardProblem& p, int device_index, Stream stream) {
     using T = typename C::T;
     if (any_rows) launch(op, "attention backward preprocess kernel", kernels::preprocess_kernel<T>,
                          dim3(blocks(rows, 8)), 256, 0, s, k, device_index);
-    if (k.want_dk || k.want_dv || k.atomic_dq || k.dbias_direct) {
+    if ((k.want_dk || k.want_dv || k.atomic_dq) && sm90::backward_supported(p, device_index)) {
+      sm90::dkdv(p, k, device_index, s);
+    } else if (k.want_dk || k.want_dv || k.atomic_dq || k.dbias_direct) {
       using Shape = kernels::DkdvShape<C::kD, C::kDkdvWarps, C::kDkdvBM, C::kDkdvBN>;
       const dim3 grid(blocks(p.seqlen_k, Shape::kBN), static_cast<unsigned>(p.heads_kv), static_cast<unsigned>(p.batch));
       launch(op, "attention backward dk/dv kernel",

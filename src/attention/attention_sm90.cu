@@ -1,6 +1,6 @@
-// Launcher of the Hopper attention forward (attention_sm90_kernels.cuh): builds the TMA
-// descriptors of q, k and v from the caller's strides and launches one CTA per (query block,
-// query head, batch).
+// Launchers of the Hopper attention kernels (attention_sm90_kernels.cuh): build the TMA
+// descriptors of q, k, v (and dout) from the caller's strides and launch one CTA per (query
+// block, query head, batch) forward or (key block, kv head, batch) for dK / dV.
 #include "attention/attention_sm90.h"
 
 #include <cuda_bf16.h>
@@ -66,7 +66,58 @@ void launch(const Problem& p, const kernels::KernelParams& k, int device_index, 
   detail::check_launch(op, "attention forward kernel (sm90)");
 }
 
+template <typename Traits>
+void launch_dkdv(const BackwardProblem& p, const kernels::KernelParams& k, int device_index, cudaStream_t stream) {
+  using namespace cute;
+  const char* op = "attention_backward";
+  const std::int64_t batch = p.varlen ? 1 : p.batch;
+  const std::int64_t tokens_q = p.varlen ? p.total_q : p.seqlen_q;
+  const std::int64_t tokens_k = p.varlen ? p.total_k : p.seqlen_k;
+  auto gq = gmem_tensor<Traits>(p.q, tokens_q, p.heads_q, batch, p.varlen);
+  auto go = gmem_tensor<Traits>(p.dout, tokens_q, p.heads_q, batch, p.varlen);
+  auto gk = gmem_tensor<Traits>(p.k, tokens_k, p.heads_kv, batch, p.varlen);
+  auto gv = gmem_tensor<Traits>(p.v, tokens_k, p.heads_kv, batch, p.varlen);
+  const auto q_tile = Shape<Int<Traits::kBM>, Int<Traits::kD>>{};
+  const auto kv_tile = Shape<Int<Traits::kBN>, Int<Traits::kD>>{};
+  BackwardParams<Traits> P{k,
+                           make_tma_copy(SM90_TMA_LOAD{}, gq, take<0, 2>(typename Traits::SmemLayoutQ{}), q_tile, _1{}),
+                           make_tma_copy(SM90_TMA_LOAD{}, go, take<0, 2>(typename Traits::SmemLayoutQ{}), q_tile, _1{}),
+                           make_tma_copy(SM90_TMA_LOAD{}, gk, typename Traits::SmemLayoutKV{}, kv_tile, _1{}),
+                           make_tma_copy(SM90_TMA_LOAD{}, gv, typename Traits::SmemLayoutKV{}, kv_tile, _1{}),
+                           gq.shape(),
+                           go.shape(),
+                           gk.shape(),
+                           gv.shape()};
+  auto kernel = dkdv_kernel<Traits>;
+  constexpr int smem = Traits::smem_bytes();
+  const std::size_t optin = detail::device_info(op, device_index).max_smem_per_block_optin;
+  if (static_cast<std::size_t>(smem) > optin)
+    throw Error(ErrorKind::unsupported, op,
+                "the Hopper attention dk/dv kernel needs " + std::to_string(smem) +
+                    " bytes of shared memory per block; the GPU allows " + std::to_string(optin));
+  FUSEKIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const dim3 grid(static_cast<unsigned>((p.seqlen_k + Traits::kBN - 1) / Traits::kBN),
+                  static_cast<unsigned>(p.heads_kv), static_cast<unsigned>(p.batch));
+  kernel<<<grid, Traits::kThreads, smem, stream>>>(P);
+  detail::check_launch(op, "attention backward dk/dv kernel (sm90)");
+}
+
 }  // namespace
+
+bool backward_supported(const BackwardProblem& p, int device_index) {
+  return forward_supported(p, device_index) && p.dbias.data == nullptr;
+}
+
+void dkdv(const BackwardProblem& p, const kernels::KernelParams& k, int device_index, cudaStream_t stream) {
+  const bool bf16 = p.dtype == DType::bf16;
+  if (p.head_dim == 64) {
+    if (bf16) launch_dkdv<BackwardTraits<__nv_bfloat16, 64>>(p, k, device_index, stream);
+    else launch_dkdv<BackwardTraits<__half, 64>>(p, k, device_index, stream);
+  } else {
+    if (bf16) launch_dkdv<BackwardTraits<__nv_bfloat16, 128>>(p, k, device_index, stream);
+    else launch_dkdv<BackwardTraits<__half, 128>>(p, k, device_index, stream);
+  }
+}
 
 bool forward_supported(const Problem& p, int device_index) {
   if (const char* env = std::getenv("FUSEKIT_ATTENTION_SM90"); env != nullptr && std::strcmp(env, "0") == 0)

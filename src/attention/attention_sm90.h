@@ -16,4 +16,11 @@ bool forward_supported(const Problem& p, int device_index);
 // Launches the Hopper forward on `stream`; `k` holds the kernel parameters the mma.sync path uses.
 void forward(const Problem& p, const kernels::KernelParams& k, int device_index, cudaStream_t stream);
 
+// Whether the Hopper dK / dV kernel serves this backward: the forward's conditions, and no dbias.
+bool backward_supported(const BackwardProblem& p, int device_index);
+
+// Launches the Hopper dK / dV kernel (with the dQ parts added to k.dq_accum when k.atomic_dq):
+// the step between the preprocess kernel and the dq conversion of attention_cuda.cu.
+void dkdv(const BackwardProblem& p, const kernels::KernelParams& k, int device_index, cudaStream_t stream);
+
 }  // namespace fusekit::attention::sm90

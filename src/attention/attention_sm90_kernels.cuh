@@ -334,4 +334,354 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #endif
 }
 
+
+// ---- backward: dK, dV (and the dQ parts) ---------------------------------------------------------
+//
+// One CTA per (block of 128 keys, kv head, batch); 384 threads as in the forward: two consumer
+// warpgroups owning 64 keys each, a producer warpgroup. K and V are copied once; the CTA walks
+// every query head of its GQA group and every block of 64 queries that sees its keys (one
+// interval of blocks), with Q, dO and the rows' lse and delta through a two-stage ring (the
+// producer warp's lanes copy lse and delta, its first lane issues the TMA copies). Per query
+// block a consumer warpgroup computes, with the keys as the M dimension,
+//   S^T = K Q^T and dP^T = V dO^T   (wgmma, both operands in shared memory),
+//   P^T = exp(S^T scale - lse), dS^T = P^T (dP^T - delta)   (registers),
+//   dV += P^T dO and dK += dS^T Q    (wgmma with A from registers: the accumulator layout of S^T
+//                                     is the A layout, as in the forward; B = Q or dO read
+//                                     transposed from its shared tile),
+// and, when dQ goes through the float32 accumulator (the non-deterministic mode), stores dS^T to
+// shared memory (double-buffered) so that after a barrier of both warpgroups
+//   dQ part = dS K                   (wgmma, both operands in shared memory; each warpgroup takes
+//                                     half of the head dim over all 128 keys)
+// is added to the accumulator with 16-byte float atomics. dK and dV are summed over the group's
+// heads inside the CTA in a fixed order (deterministic in both modes) and every key row is written.
+template <typename T_, int kD_>
+struct BackwardTraits {
+  using T = T_;
+  using Element = typename CuteElement<T>::type;
+  static constexpr int kD = kD_, kBN = 128, kBM = 64, kStages = 2;
+  static constexpr int kConsumerWarps = kBN / 16;
+  static constexpr int kConsumerThreads = kConsumerWarps * 32;
+  static constexpr int kThreads = kConsumerThreads + 128;
+  static constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
+
+  template <int M, int N, int K>
+  using Tile = cute::Shape<cute::Int<M>, cute::Int<N>, cute::Int<K>>;
+  using KeysAtoms = cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>;   // warpgroups along the keys
+  using HeadDimAtoms = cute::Layout<cute::Shape<cute::_1, cute::_2, cute::_1>>;  // along the head dim
+  using MmaSdP = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float, Tile<64, kBM, kD>>(), KeysAtoms{}));
+  using MmaKV = decltype(cute::make_tiled_mma(
+      cute::GMMA::rs_op_selector<Element, Element, float, Tile<64, kD, kBM>, cute::GMMA::Major::K,
+                                 cute::GMMA::Major::MN>(),
+      KeysAtoms{}));
+  using MmaQ = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float, Tile<64, kD / 2, kBN>, cute::GMMA::Major::K,
+                                 cute::GMMA::Major::MN>(),
+      HeadDimAtoms{}));
+
+  using SmemAtom = cute::GMMA::Layout_K_SW128_Atom<Element>;
+  using SmemLayoutKV = decltype(cute::tile_to_shape(SmemAtom{}, cute::Shape<cute::Int<kBN>, cute::Int<kD>>{}));
+  using SmemLayoutKt = decltype(cute::composition(
+      SmemLayoutKV{},
+      cute::make_ordered_layout(cute::Shape<cute::Int<kD>, cute::Int<kBN>>{}, cute::Step<cute::_2, cute::_1>{})));
+  using SmemLayoutQ =
+      decltype(cute::tile_to_shape(SmemAtom{}, cute::Shape<cute::Int<kBM>, cute::Int<kD>, cute::Int<kStages>>{}));
+  using SmemLayoutQt = decltype(cute::composition(
+      SmemLayoutQ{}, cute::make_ordered_layout(cute::Shape<cute::Int<kD>, cute::Int<kBM>, cute::Int<kStages>>{},
+                                               cute::Step<cute::_2, cute::_1, cute::_3>{})));
+  // dS as (query, key, buffer), keys contiguous: the K-major A operand of dQ = dS K; written
+  // through its transposed view (key, query, buffer) from the S^T accumulators.
+  using SmemLayoutDS =
+      decltype(cute::tile_to_shape(SmemAtom{}, cute::Shape<cute::Int<kBM>, cute::Int<kBN>, cute::_2>{}));
+  using SmemLayoutDSt = decltype(cute::composition(
+      SmemLayoutDS{}, cute::make_ordered_layout(cute::Shape<cute::Int<kBN>, cute::Int<kBM>, cute::_2>{},
+                                                cute::Step<cute::_2, cute::_1, cute::_3>{})));
+
+  using GmemShape = typename ForwardTraits<T, kD>::GmemShape;
+  using GmemTensor = typename ForwardTraits<T, kD>::GmemTensor;
+  using TmaQ = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensor{}, cute::take<0, 2>(SmemLayoutQ{}),
+                                            cute::Shape<cute::Int<kBM>, cute::Int<kD>>{}, cute::_1{}));
+  using TmaKV = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutKV{},
+                                             cute::Shape<cute::Int<kBN>, cute::Int<kD>>{}, cute::_1{}));
+
+  static constexpr std::uint32_t kQBytes = kBM * kD * sizeof(Element);
+  static constexpr std::uint32_t kKVBytes = kBN * kD * sizeof(Element);
+
+  struct SharedStorage {
+    alignas(1024) Element k[cute::cosize_v<SmemLayoutKV>];
+    alignas(1024) Element v[cute::cosize_v<SmemLayoutKV>];
+    alignas(1024) Element q[cute::cosize_v<SmemLayoutQ>];
+    alignas(1024) Element dout[cute::cosize_v<SmemLayoutQ>];
+    alignas(1024) Element ds[cute::cosize_v<SmemLayoutDS>];
+    float lse2[kStages][kBM], delta[kStages][kBM];  // lse in log2 units (+inf: the row sees nothing)
+    alignas(8) std::uint64_t kv_full;
+    std::uint64_t q_full[kStages], q_empty[kStages];
+  };
+  static constexpr int smem_bytes() { return static_cast<int>(sizeof(SharedStorage)) + 1024; }
+};
+
+template <typename Traits>
+struct BackwardParams {
+  kernels::KernelParams base;
+  typename Traits::TmaQ tma_q, tma_dout;
+  typename Traits::TmaKV tma_k, tma_v;
+  typename Traits::GmemShape shape_q, shape_dout, shape_k, shape_v;
+};
+
+template <typename Traits>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    dkdv_kernel(const __grid_constant__ BackwardParams<Traits> P) {
+#if defined(__CUDA_ARCH__) && defined(CUTE_ARCH_MMA_SM90A_ENABLED)
+  using namespace cute;
+  using T = typename Traits::T;
+  using Element = typename Traits::Element;
+  constexpr int kBM = Traits::kBM, kBN = Traits::kBN, kD = Traits::kD, kStages = Traits::kStages;
+  using Storage = typename Traits::SharedStorage;
+  const kernels::KernelParams& p = P.base;
+
+  extern __shared__ unsigned char smem_raw[];
+  Storage& st = *reinterpret_cast<Storage*>((reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) & ~std::uintptr_t{1023});
+
+  const int b = blockIdx.z, hk = blockIdx.y, jb = blockIdx.x, j0 = jb * kBN;
+  const kernels::Seq s = kernels::seq_of(p, b);
+  if (j0 >= s.sk) return;
+  const int j1 = min(j0 + kBN, s.sk);
+  const kernels::MaskRule rule = kernels::mask_rule(p, s);
+  // The query blocks that see this key block form one interval (lo and hi never decrease).
+  const int n_query_blocks = (s.sq + kBM - 1) / kBM;
+  int ib_first = n_query_blocks, ib_last = -1;
+  for (int ib = 0; ib < n_query_blocks; ++ib)
+    if (rule.block_visible(ib * kBM, min(ib * kBM + kBM, s.sq), j0, j1)) {
+      ib_first = min(ib_first, ib);
+      ib_last = ib;
+    }
+  const int blocks_per_head = ib_last >= ib_first ? ib_last - ib_first + 1 : 0;
+  const int n_steps = blocks_per_head * p.group;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  if (threadIdx.x == 0) {
+    tx_barrier(st.kv_full).init(1);
+    for (int i = 0; i < kStages; ++i) {
+      tx_barrier(st.q_full[i]).init(1 + 32);  // the copies' transaction count + the lanes' lse/delta
+      barrier(st.q_empty[i]).init(Traits::kConsumerWarps);
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+
+  Tensor sK = make_tensor(make_smem_ptr(st.k), typename Traits::SmemLayoutKV{});
+  Tensor sV = make_tensor(make_smem_ptr(st.v), typename Traits::SmemLayoutKV{});
+  Tensor sKt = make_tensor(make_smem_ptr(st.k), typename Traits::SmemLayoutKt{});
+  Tensor sQ = make_tensor(make_smem_ptr(st.q), typename Traits::SmemLayoutQ{});
+  Tensor sQt = make_tensor(make_smem_ptr(st.q), typename Traits::SmemLayoutQt{});
+  Tensor sO = make_tensor(make_smem_ptr(st.dout), typename Traits::SmemLayoutQ{});
+  Tensor sOt = make_tensor(make_smem_ptr(st.dout), typename Traits::SmemLayoutQt{});
+  Tensor sDS = make_tensor(make_smem_ptr(st.ds), typename Traits::SmemLayoutDS{});
+  Tensor sDSt = make_tensor(make_smem_ptr(st.ds), typename Traits::SmemLayoutDSt{});
+
+  if (warp >= Traits::kConsumerWarps) {
+    // ---- producer ----
+    cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
+    if (warp != Traits::kConsumerWarps || n_steps == 0) return;
+    const int qb = p.cu_q != nullptr ? 0 : b;
+    Tensor mQ = P.tma_q.get_tma_tensor(P.shape_q);
+    Tensor mO = P.tma_dout.get_tma_tensor(P.shape_dout);
+    Tensor mK = P.tma_k.get_tma_tensor(P.shape_k);
+    Tensor mV = P.tma_v.get_tma_tensor(P.shape_v);
+    if (lane == 0) {
+      Tensor gK = local_tile(domain_offset(make_coord(static_cast<int>(s.k_base), _0{}), mK(_, _, hk, qb)),
+                             Shape<Int<kBN>, Int<kD>>{}, make_coord(jb, _0{}));
+      Tensor gV = local_tile(domain_offset(make_coord(static_cast<int>(s.k_base), _0{}), mV(_, _, hk, qb)),
+                             Shape<Int<kBN>, Int<kD>>{}, make_coord(jb, _0{}));
+      auto [tKg, tKs] = tma_partition(P.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+      auto [tVg, tVs] = tma_partition(P.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+      tx_barrier(st.kv_full).arrive_and_expect_tx(2 * Traits::kKVBytes);
+      copy(P.tma_k.with(st.kv_full), tKg, tKs);
+      copy(P.tma_v.with(st.kv_full), tVg, tVs);
+    }
+    for (int n = 0; n < n_steps; ++n) {
+      const int h = hk * p.group + n / blocks_per_head, ib = ib_first + n % blocks_per_head, i0 = ib * kBM;
+      const int stage = n % kStages, use = n / kStages;
+      if (use > 0) barrier(st.q_empty[stage]).wait((use - 1) & 1);
+      if (lane == 0) {
+        Tensor gQ = local_tile(domain_offset(make_coord(static_cast<int>(s.q_base), _0{}), mQ(_, _, h, qb)),
+                               Shape<Int<kBM>, Int<kD>>{}, make_coord(ib, _0{}));
+        Tensor gO = local_tile(domain_offset(make_coord(static_cast<int>(s.q_base), _0{}), mO(_, _, h, qb)),
+                               Shape<Int<kBM>, Int<kD>>{}, make_coord(ib, _0{}));
+        auto [tQg, tQs] = tma_partition(P.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+        auto [tOg, tOs] = tma_partition(P.tma_dout, _0{}, Layout<_1>{}, group_modes<0, 2>(sO), group_modes<0, 2>(gO));
+        tx_barrier(st.q_full[stage]).arrive_and_expect_tx(2 * Traits::kQBytes);
+        copy(P.tma_q.with(st.q_full[stage]), tQg, tQs(_, stage));
+        copy(P.tma_dout.with(st.q_full[stage]), tOg, tOs(_, stage));
+      }
+      for (int il = lane; il < kBM; il += 32) {
+        const int i = i0 + il;
+        float lse2 = kernels::pos_inf(), delta = 0.0f;
+        if (i < s.sq) {
+          const std::int64_t index = kernels::lse_index(p, s, b, h, i);
+          const float lse = p.lse[index];
+          // A fully masked row (lse = -inf) contributes nothing: P = exp(S - inf) = 0, never NaN.
+          lse2 = lse == kernels::neg_inf() ? kernels::pos_inf() : lse * kernels::kLog2e;
+          delta = p.delta[index];
+        }
+        st.lse2[stage][il] = lse2;
+        st.delta[stage][il] = delta;
+      }
+      tx_barrier(st.q_full[stage]).arrive();  // releases this lane's stores to the consumers
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
+  const int tid = threadIdx.x;
+  typename Traits::MmaSdP mma_sdp;
+  typename Traits::MmaKV mma_kv;
+  typename Traits::MmaQ mma_q;
+  auto thr_sdp = mma_sdp.get_thread_slice(tid);
+  auto thr_kv = mma_kv.get_thread_slice(tid);
+  auto thr_q = mma_q.get_thread_slice(tid);
+  Tensor tSrK = thr_sdp.partition_fragment_A(sK);   // this warpgroup's 64 keys
+  Tensor tSrV = thr_sdp.partition_fragment_A(sV);
+  Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);   // (mma, n, k, stage)
+  Tensor tSrO = thr_sdp.partition_fragment_B(sO);
+  Tensor tKVrQt = thr_kv.partition_fragment_B(sQt);  // (mma, n, k, stage)
+  Tensor tKVrOt = thr_kv.partition_fragment_B(sOt);
+  Tensor tQrDS = thr_q.partition_fragment_A(sDS);    // (mma, m, k, buffer)
+  Tensor tQrKt = thr_q.partition_fragment_B(sKt);
+  Tensor tSsDSt = thr_sdp.partition_C(sDSt);         // where this thread's dS^T elements go
+  Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBN>, Int<kBM>>{});
+  Tensor tSrDP = partition_fragment_C(mma_sdp, Shape<Int<kBN>, Int<kBM>>{});
+  Tensor tKVrDK = partition_fragment_C(mma_kv, Shape<Int<kBN>, Int<kD>>{});
+  Tensor tKVrDV = partition_fragment_C(mma_kv, Shape<Int<kBN>, Int<kD>>{});
+  Tensor tQrDQ = partition_fragment_C(mma_q, Shape<Int<kBM>, Int<kD>>{});
+  Tensor tKVrP = make_tensor<Element>(partition_shape_A(mma_kv, Shape<Int<kBN>, Int<kBM>>{}));
+  Tensor tKVrDS = make_tensor<Element>(partition_shape_A(mma_kv, Shape<Int<kBN>, Int<kBM>>{}));
+  constexpr int kSCols = kBM / 8, kDCols = kD / 8;
+  static_assert(size(tSrS) == 4 * kSCols && size(tKVrP) == size(tSrS), "m64nNk16 accumulator layout");
+  static_assert(size(tKVrDK) == 4 * kDCols && size(tQrDQ) == 2 * kDCols, "dK / dQ accumulator layouts");
+  clear(tKVrDK);
+  clear(tKVrDV);
+
+  // S^T element 4 c + 2 r + e: key g + 8 r of the warp's 16, query 8 c + 2 t + e of the block.
+  const int g = lane / 4, t = lane % 4;
+  const int jrow = j0 + warp * 16 + g;  // the thread's key of r = 0
+  const float mult0 = p.scale_log2;
+  const bool want_dk = p.want_dk != 0, want_dv = p.want_dv != 0, want_dq = p.atomic_dq != 0;
+
+  if (n_steps > 0) tx_barrier(st.kv_full).wait(0);
+  for (int n = 0; n < n_steps; ++n) {
+    const int h = hk * p.group + n / blocks_per_head, ib = ib_first + n % blocks_per_head, i0 = ib * kBM;
+    const int stage = n % kStages, phase = (n / kStages) & 1, buf = n & 1;
+    tx_barrier(st.q_full[stage]).wait(phase);
+    wgmma<true, false>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
+    wgmma<true, false>(mma_sdp, tSrV, tSrO(_, _, _, stage), tSrDP);
+    warpgroup_wait<0>();
+
+    // Queries every key of the block sees in full keep the raw scores and fold the scale into
+    // the exponent's FMA; other blocks are scaled and masked per element.
+    int blk_lo, blk_hi, unused_lo, unused_hi;
+    rule.range(min(i0 + kBM, s.sq) - 1, blk_lo, unused_hi);
+    rule.range(i0, unused_lo, blk_hi);
+    const float* lse2 = st.lse2[stage];
+    const float* delta = st.delta[stage];
+    if (j0 >= blk_lo && j0 + kBN <= blk_hi) {
+#pragma unroll
+      for (int c = 0; c < kSCols; ++c)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int il = 8 * c + 2 * t + e;
+          const float l2 = lse2[il], dl = delta[il];
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int x = 4 * c + 2 * r + e;
+            const float prob = kernels::fast_exp2(fmaf(tSrS(x), mult0, -l2));
+            tSrS(x) = prob;
+            tSrDP(x) = prob * (tSrDP(x) - dl);
+          }
+        }
+    } else {
+#pragma unroll
+      for (int c = 0; c < kSCols; ++c)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int il = 8 * c + 2 * t + e;
+          const float l2 = lse2[il], dl = delta[il];
+          int lo, hi;
+          rule.range(i0 + il, lo, hi);
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int x = 4 * c + 2 * r + e, j = jrow + 8 * r;
+            const float logit = (j >= lo && j < hi) ? tSrS(x) * mult0 : kernels::neg_inf();
+            const float prob = kernels::fast_exp2(logit - l2);
+            tSrS(x) = prob;
+            tSrDP(x) = prob * (tSrDP(x) - dl);
+          }
+        }
+    }
+    {
+      std::uint32_t* pw = reinterpret_cast<std::uint32_t*>(raw_pointer_cast(tKVrP.data()));
+      std::uint32_t* dw = reinterpret_cast<std::uint32_t*>(raw_pointer_cast(tKVrDS.data()));
+#pragma unroll
+      for (int i = 0; i < size(tSrS) / 2; ++i) {
+        pw[i] = kernels::pack2<T>(tSrS(2 * i), tSrS(2 * i + 1));
+        dw[i] = kernels::pack2<T>(tSrDP(2 * i), tSrDP(2 * i + 1));
+      }
+    }
+    if (want_dq) {
+      // dS^T into this step's buffer (the other one may still be read by the other warpgroup's
+      // dQ of the previous step), then both warpgroups meet before dQ reads both halves.
+#pragma unroll
+      for (int i = 0; i < size(tKVrDS); ++i) tSsDSt(i, _0{}, _0{}, buf) = tKVrDS(i);
+      cutlass::arch::fence_view_async_shared();
+      asm volatile("bar.sync 1, %0;\n" ::"n"(Traits::kConsumerThreads));
+      wgmma<true, false>(mma_q, tQrDS(_, _, _, buf), tQrKt, tQrDQ);
+    }
+    if (want_dv) wgmma<false, true>(mma_kv, tKVrP, tKVrOt(_, _, _, stage), tKVrDV);
+    if (want_dk) wgmma<false, true>(mma_kv, tKVrDS, tKVrQt(_, _, _, stage), tKVrDK);
+    warpgroup_wait<0>();
+    __syncwarp();
+    if (lane == 0) barrier(st.q_empty[stage]).arrive();
+
+    if (want_dq) {
+      // dQ fragment element 4 c + 2 r + e: query g + 8 r of the warp's 16 (warps 0-3 and 4-7 both
+      // cover queries 0-63), head-dim column (warpgroup) kD / 2 + 8 c + 2 t + e. 16-byte atomics: lanes t and t ^ 1 swap halves so
+      // that the even lane holds four consecutive columns of row g and the odd lane of row g + 8.
+      const int wg = warp / 4, wq = warp % 4;
+      const bool odd = t & 1;
+      const int i = i0 + wq * 16 + g + (odd ? 8 : 0);
+      float* row = i < s.sq ? p.dq_accum + (kernels::q_token(p, s, b, i) * p.heads_q + h) * p.d : nullptr;
+#pragma unroll
+      for (int c = 0; c < kDCols / 2; ++c) {
+        const float r0 = __shfl_xor_sync(0xffffffffu, odd ? tQrDQ(4 * c) : tQrDQ(4 * c + 2), 1);
+        const float r1 = __shfl_xor_sync(0xffffffffu, odd ? tQrDQ(4 * c + 1) : tQrDQ(4 * c + 3), 1);
+        const int col = wg * (kD / 2) + 8 * c + 2 * (t & ~1);
+        if (row != nullptr) {
+          const float4 v = odd ? make_float4(r0, r1, tQrDQ(4 * c + 2), tQrDQ(4 * c + 3))
+                               : make_float4(tQrDQ(4 * c), tQrDQ(4 * c + 1), r0, r1);
+          atomicAdd(reinterpret_cast<float4*>(row + col), v);
+        }
+      }
+    }
+  }
+
+  // dK and dV rows: key g + 8 r of the warp's 16, column 8 c + 2 t + e (element 4 c + 2 r + e).
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int j = jrow + 8 * r;
+    if (j >= s.sk) continue;
+#pragma unroll
+    for (int c = 0; c < kDCols; ++c) {
+      const int col = 8 * c + 2 * t;
+      if (want_dk)
+        *reinterpret_cast<std::uint32_t*>(kernels::row_ptr<T>(p.grad_k, b, s.k_base + j, hk) + col) =
+            kernels::pack2<T>(tKVrDK(4 * c + 2 * r) * p.scale, tKVrDK(4 * c + 2 * r + 1) * p.scale);
+      if (want_dv)
+        *reinterpret_cast<std::uint32_t*>(kernels::row_ptr<T>(p.grad_v, b, s.k_base + j, hk) + col) =
+            kernels::pack2<T>(tKVrDV(4 * c + 2 * r), tKVrDV(4 * c + 2 * r + 1));
+    }
+  }
+#endif
+}
+
 }  // namespace fusekit::attention::sm90
