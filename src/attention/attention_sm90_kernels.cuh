@@ -358,7 +358,9 @@ template <typename T_, int kD_>
 struct BackwardTraits {
   using T = T_;
   using Element = typename CuteElement<T>::type;
-  static constexpr int kD = kD_, kBN = 128, kBM = 64, kStages = 2;
+  // 64 queries per step at D = 128 (register budget: dK and dV take 128 per thread); 128 at
+  // D = 64, where the step's matrix products would otherwise be too small to keep wgmma busy.
+  static constexpr int kD = kD_, kBN = 128, kBM = kD == 64 ? 128 : 64, kStages = 2;
   static constexpr int kConsumerWarps = kBN / 16;
   static constexpr int kConsumerThreads = kConsumerWarps * 32;
   static constexpr int kThreads = kConsumerThreads + 128;
@@ -374,10 +376,14 @@ struct BackwardTraits {
       cute::GMMA::rs_op_selector<Element, Element, float, Tile<64, kD, kBM>, cute::GMMA::Major::K,
                                  cute::GMMA::Major::MN>(),
       KeysAtoms{}));
+  // dQ part (kBM x kD) over the 128 keys: with 128 queries each warpgroup takes 64 of them, with
+  // 64 queries each takes half of the head dim.
+  static constexpr bool kDQSplitsQueries = kBM == 128;
+  static constexpr int kDQCols = kDQSplitsQueries ? kD : kD / 2;  // per warpgroup
   using MmaQ = decltype(cute::make_tiled_mma(
-      cute::GMMA::ss_op_selector<Element, Element, float, Tile<64, kD / 2, kBN>, cute::GMMA::Major::K,
+      cute::GMMA::ss_op_selector<Element, Element, float, Tile<64, kDQCols, kBN>, cute::GMMA::Major::K,
                                  cute::GMMA::Major::MN>(),
-      HeadDimAtoms{}));
+      std::conditional_t<kDQSplitsQueries, KeysAtoms, HeadDimAtoms>{}));
 
   using SmemAtom = cute::GMMA::Layout_K_SW128_Atom<Element>;
   using SmemLayoutKV = decltype(cute::tile_to_shape(SmemAtom{}, cute::Shape<cute::Int<kBN>, cute::Int<kD>>{}));
@@ -559,7 +565,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Tensor tKVrDS = make_tensor<Element>(partition_shape_A(mma_kv, Shape<Int<kBN>, Int<kBM>>{}));
   constexpr int kSCols = kBM / 8, kDCols = kD / 8;
   static_assert(size(tSrS) == 4 * kSCols && size(tKVrP) == size(tSrS), "m64nNk16 accumulator layout");
-  static_assert(size(tKVrDK) == 4 * kDCols && size(tQrDQ) == 2 * kDCols, "dK / dQ accumulator layouts");
+  static_assert(size(tKVrDK) == 4 * kDCols && size(tQrDQ) == Traits::kDQCols / 2, "dK / dQ accumulator layouts");
   clear(tKVrDK);
   clear(tKVrDV);
 
@@ -644,18 +650,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if (lane == 0) barrier(st.q_empty[stage]).arrive();
 
     if (want_dq) {
-      // dQ fragment element 4 c + 2 r + e: query g + 8 r of the warp's 16 (warps 0-3 and 4-7 both
-      // cover queries 0-63), head-dim column (warpgroup) kD / 2 + 8 c + 2 t + e. 16-byte atomics: lanes t and t ^ 1 swap halves so
-      // that the even lane holds four consecutive columns of row g and the odd lane of row g + 8.
+      // dQ fragment element 4 c + 2 r + e: query g + 8 r of the warp's 16 (of the warpgroup's 64
+      // when the warpgroups split the queries, else of queries 0-63 for both), head-dim column
+      // (its half's first column) + 8 c + 2 t + e. 16-byte atomics: lanes t and t ^ 1 swap halves
+      // so that the even lane holds four consecutive columns of row g and the odd lane of row g + 8.
       const int wg = warp / 4, wq = warp % 4;
       const bool odd = t & 1;
-      const int i = i0 + wq * 16 + g + (odd ? 8 : 0);
+      const int i = i0 + (Traits::kDQSplitsQueries ? wg * 64 : 0) + wq * 16 + g + (odd ? 8 : 0);
       float* row = i < s.sq ? p.dq_accum + (kernels::q_token(p, s, b, i) * p.heads_q + h) * p.d : nullptr;
 #pragma unroll
-      for (int c = 0; c < kDCols / 2; ++c) {
+      for (int c = 0; c < Traits::kDQCols / 8; ++c) {
         const float r0 = __shfl_xor_sync(0xffffffffu, odd ? tQrDQ(4 * c) : tQrDQ(4 * c + 2), 1);
         const float r1 = __shfl_xor_sync(0xffffffffu, odd ? tQrDQ(4 * c + 1) : tQrDQ(4 * c + 3), 1);
-        const int col = wg * (kD / 2) + 8 * c + 2 * (t & ~1);
+        const int col = (Traits::kDQSplitsQueries ? 0 : wg * (kD / 2)) + 8 * c + 2 * (t & ~1);
         if (row != nullptr) {
           const float4 v = odd ? make_float4(r0, r1, tQrDQ(4 * c + 2), tQrDQ(4 * c + 3))
                                : make_float4(tQrDQ(4 * c), tQrDQ(4 * c + 1), r0, r1);
