@@ -340,8 +340,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 // One CTA per (block of 128 keys, kv head, batch); 384 threads as in the forward: two consumer
 // warpgroups owning 64 keys each, a producer warpgroup. K and V are copied once; the CTA walks
 // every query head of its GQA group and every block of 64 queries that sees its keys (one
-// interval of blocks), with Q, dO and the rows' lse and delta through a two-stage ring (the
-// producer warp's lanes copy lse and delta, its first lane issues the TMA copies). Per query
+// interval of blocks), with Q and dO through a two-stage ring of TMA copies (issued by the
+// producer's first lane) and the rows' lse and delta loaded by the consumers one step ahead into a
+// double buffer (a barrier of the consumer warpgroups per step orders its reuse). Per query
 // block a consumer warpgroup computes, with the keys as the M dimension,
 //   S^T = K Q^T and dP^T = V dO^T   (wgmma, both operands in shared memory),
 //   P^T = exp(S^T scale - lse), dS^T = P^T (dP^T - delta)   (registers),
@@ -468,7 +469,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if (threadIdx.x == 0) {
     tx_barrier(st.kv_full).init(1);
     for (int i = 0; i < kStages; ++i) {
-      tx_barrier(st.q_full[i]).init(1 + 32);  // the copies' transaction count + the lanes' lse/delta
+      tx_barrier(st.q_full[i]).init(1);
       barrier(st.q_empty[i]).init(Traits::kConsumerWarps);
     }
     cutlass::arch::fence_barrier_init();
@@ -488,13 +489,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if (warp >= Traits::kConsumerWarps) {
     // ---- producer ----
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
-    if (warp != Traits::kConsumerWarps || n_steps == 0) return;
+    if (warp != Traits::kConsumerWarps || lane != 0 || n_steps == 0) return;
     const int qb = p.cu_q != nullptr ? 0 : b;
     Tensor mQ = P.tma_q.get_tma_tensor(P.shape_q);
     Tensor mO = P.tma_dout.get_tma_tensor(P.shape_dout);
     Tensor mK = P.tma_k.get_tma_tensor(P.shape_k);
     Tensor mV = P.tma_v.get_tma_tensor(P.shape_v);
-    if (lane == 0) {
+    {
       Tensor gK = local_tile(domain_offset(make_coord(static_cast<int>(s.k_base), _0{}), mK(_, _, hk, qb)),
                              Shape<Int<kBN>, Int<kD>>{}, make_coord(jb, _0{}));
       Tensor gV = local_tile(domain_offset(make_coord(static_cast<int>(s.k_base), _0{}), mV(_, _, hk, qb)),
@@ -509,7 +510,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       const int h = hk * p.group + n / blocks_per_head, ib = ib_first + n % blocks_per_head, i0 = ib * kBM;
       const int stage = n % kStages, use = n / kStages;
       if (use > 0) barrier(st.q_empty[stage]).wait((use - 1) & 1);
-      if (lane == 0) {
+      {
         Tensor gQ = local_tile(domain_offset(make_coord(static_cast<int>(s.q_base), _0{}), mQ(_, _, h, qb)),
                                Shape<Int<kBM>, Int<kD>>{}, make_coord(ib, _0{}));
         Tensor gO = local_tile(domain_offset(make_coord(static_cast<int>(s.q_base), _0{}), mO(_, _, h, qb)),
@@ -520,20 +521,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         copy(P.tma_q.with(st.q_full[stage]), tQg, tQs(_, stage));
         copy(P.tma_dout.with(st.q_full[stage]), tOg, tOs(_, stage));
       }
-      for (int il = lane; il < kBM; il += 32) {
-        const int i = i0 + il;
-        float lse2 = kernels::pos_inf(), delta = 0.0f;
-        if (i < s.sq) {
-          const std::int64_t index = kernels::lse_index(p, s, b, h, i);
-          const float lse = p.lse[index];
-          // A fully masked row (lse = -inf) contributes nothing: P = exp(S - inf) = 0, never NaN.
-          lse2 = lse == kernels::neg_inf() ? kernels::pos_inf() : lse * kernels::kLog2e;
-          delta = p.delta[index];
-        }
-        st.lse2[stage][il] = lse2;
-        st.delta[stage][il] = delta;
-      }
-      tx_barrier(st.q_full[stage]).arrive();  // releases this lane's stores to the consumers
     }
     return;
   }
@@ -575,10 +562,30 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const float mult0 = p.scale_log2;
   const bool want_dk = p.want_dk != 0, want_dv = p.want_dv != 0, want_dq = p.atomic_dq != 0;
 
+  // lse (log2 units) and delta of step n's query rows, into buffer n & 1 (threads tid < kBM).
+  auto load_row_scalars = [&](int n) {
+    if (n >= n_steps || tid >= kBM) return;
+    const int h = hk * p.group + n / blocks_per_head, i = (ib_first + n % blocks_per_head) * kBM + tid;
+    float lse2 = kernels::pos_inf(), delta = 0.0f;
+    if (i < s.sq) {
+      const std::int64_t index = kernels::lse_index(p, s, b, h, i);
+      const float lse = p.lse[index];
+      // A fully masked row (lse = -inf) contributes nothing: P = exp(S - inf) = 0, never NaN.
+      lse2 = lse == kernels::neg_inf() ? kernels::pos_inf() : lse * kernels::kLog2e;
+      delta = p.delta[index];
+    }
+    st.lse2[n & 1][tid] = lse2;
+    st.delta[n & 1][tid] = delta;
+  };
+  load_row_scalars(0);
   if (n_steps > 0) tx_barrier(st.kv_full).wait(0);
   for (int n = 0; n < n_steps; ++n) {
     const int h = hk * p.group + n / blocks_per_head, ib = ib_first + n % blocks_per_head, i0 = ib * kBM;
     const int stage = n % kStages, phase = (n / kStages) & 1, buf = n & 1;
+    // Every consumer finished step n - 1 (its reads of buffer (n + 1) & 1) and the scalars of step
+    // n are stored; then step n + 1's are loaded during this step.
+    asm volatile("bar.sync 2, %0;\n" ::"n"(Traits::kConsumerThreads));
+    load_row_scalars(n + 1);
     tx_barrier(st.q_full[stage]).wait(phase);
     wgmma<true, false>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
     wgmma<true, false>(mma_sdp, tSrV, tSrO(_, _, _, stage), tSrDP);
@@ -589,8 +596,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     int blk_lo, blk_hi, unused_lo, unused_hi;
     rule.range(min(i0 + kBM, s.sq) - 1, blk_lo, unused_hi);
     rule.range(i0, unused_lo, blk_hi);
-    const float* lse2 = st.lse2[stage];
-    const float* delta = st.delta[stage];
+    const float* lse2 = st.lse2[buf];
+    const float* delta = st.delta[buf];
     if (j0 >= blk_lo && j0 + kBN <= blk_hi) {
 #pragma unroll
       for (int c = 0; c < kSCols; ++c)
