@@ -578,17 +578,20 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     st.delta[n & 1][tid] = delta;
   };
   load_row_scalars(0);
+  asm volatile("bar.sync 2, %0;\n" ::"n"(Traits::kConsumerThreads));
   if (n_steps > 0) tx_barrier(st.kv_full).wait(0);
   for (int n = 0; n < n_steps; ++n) {
     const int h = hk * p.group + n / blocks_per_head, ib = ib_first + n % blocks_per_head, i0 = ib * kBM;
     const int stage = n % kStages, phase = (n / kStages) & 1, buf = n & 1;
-    // Every consumer finished step n - 1 (its reads of buffer (n + 1) & 1) and the scalars of step
-    // n are stored; then step n + 1's are loaded during this step.
-    asm volatile("bar.sync 2, %0;\n" ::"n"(Traits::kConsumerThreads));
-    load_row_scalars(n + 1);
+    // Buffer (n + 1) & 1 is written during step n, before a barrier of both consumer warpgroups
+    // that step n + 1's reads follow: with dQ that is the dS barrier of step n (and the last reads
+    // of that buffer, step n - 1's, precede the dS barrier of step n - 1); without dQ a barrier
+    // at the top of each step.
+    if (!want_dq) asm volatile("bar.sync 2, %0;\n" ::"n"(Traits::kConsumerThreads));
     tx_barrier(st.q_full[stage]).wait(phase);
     wgmma<true, false>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
     wgmma<true, false>(mma_sdp, tSrV, tSrO(_, _, _, stage), tSrDP);
+    load_row_scalars(n + 1);  // its load latency runs under the matrix products
     warpgroup_wait<0>();
 
     // Queries every key of the block sees in full keep the raw scores and fold the scale into
