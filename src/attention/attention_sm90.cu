@@ -88,7 +88,7 @@ void launch_dkdv(const BackwardProblem& p, const kernels::KernelParams& k, int d
                            go.shape(),
                            gk.shape(),
                            gv.shape()};
-  auto kernel = dkdv_kernel<Traits>;
+  auto kernel = k.atomic_dq != 0 ? dkdv_kernel<Traits, true> : dkdv_kernel<Traits, false>;
   constexpr int smem = Traits::smem_bytes();
   const std::size_t optin = detail::device_info(op, device_index).max_smem_per_block_optin;
   if (static_cast<std::size_t>(smem) > optin)

@@ -435,7 +435,9 @@ struct BackwardParams {
   typename Traits::GmemShape shape_q, shape_dout, shape_k, shape_v;
 };
 
-template <typename Traits>
+// kAtomicDQ: the dQ parts go to the float32 accumulator (p.atomic_dq). A compile-time switch: with
+// a run-time one, ptxas serializes every wgmma of the kernel (C7514) and spills.
+template <typename Traits, bool kAtomicDQ>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     dkdv_kernel(const __grid_constant__ BackwardParams<Traits> P) {
 #if defined(__CUDA_ARCH__) && defined(CUTE_ARCH_MMA_SM90A_ENABLED)
@@ -507,7 +509,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       copy(P.tma_v.with(st.kv_full), tVg, tVs);
     }
     for (int n = 0; n < n_steps; ++n) {
-      const int h = hk * p.group + n / blocks_per_head, ib = ib_first + n % blocks_per_head, i0 = ib * kBM;
+      const int h = hk * p.group + n / blocks_per_head, ib = ib_first + n % blocks_per_head;
       const int stage = n % kStages, use = n / kStages;
       if (use > 0) barrier(st.q_empty[stage]).wait((use - 1) & 1);
       {
@@ -560,7 +562,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int g = lane / 4, t = lane % 4;
   const int jrow = j0 + warp * 16 + g;  // the thread's key of r = 0
   const float mult0 = p.scale_log2;
-  const bool want_dk = p.want_dk != 0, want_dv = p.want_dv != 0, want_dq = p.atomic_dq != 0;
+  const bool want_dk = p.want_dk != 0, want_dv = p.want_dv != 0;
+  constexpr bool want_dq = kAtomicDQ;
 
   // lse (log2 units) and delta of step n's query rows, into buffer n & 1 (threads tid < kBM).
   auto load_row_scalars = [&](int n) {
@@ -587,7 +590,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // that step n + 1's reads follow: with dQ that is the dS barrier of step n (and the last reads
     // of that buffer, step n - 1's, precede the dS barrier of step n - 1); without dQ a barrier
     // at the top of each step.
-    if (!want_dq) asm volatile("bar.sync 2, %0;\n" ::"n"(Traits::kConsumerThreads));
+    if constexpr (!want_dq) asm volatile("bar.sync 2, %0;\n" ::"n"(Traits::kConsumerThreads));
     tx_barrier(st.q_full[stage]).wait(phase);
     wgmma<true, false>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
     wgmma<true, false>(mma_sdp, tSrV, tSrO(_, _, _, stage), tSrDP);
@@ -644,7 +647,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         dw[i] = kernels::pack2<T>(tSrDP(2 * i), tSrDP(2 * i + 1));
       }
     }
-    if (want_dq) {
+    // dV first: it needs nothing from the other warpgroup, and the dS^T stores and the barrier
+    // run under it. Then dQ and dK; the dQ atomics run under dK.
+    if (want_dv) wgmma<false, true>(mma_kv, tKVrP, tKVrOt(_, _, _, stage), tKVrDV);
+    if constexpr (want_dq) {
       // dS^T into this step's buffer (the other one may still be read by the other warpgroup's
       // dQ of the previous step), then both warpgroups meet before dQ reads both halves.
 #pragma unroll
@@ -653,13 +659,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       asm volatile("bar.sync 1, %0;\n" ::"n"(Traits::kConsumerThreads));
       wgmma<true, false>(mma_q, tQrDS(_, _, _, buf), tQrKt, tQrDQ);
     }
-    if (want_dv) wgmma<false, true>(mma_kv, tKVrP, tKVrOt(_, _, _, stage), tKVrDV);
-    if (want_dk) wgmma<false, true>(mma_kv, tKVrDS, tKVrQt(_, _, _, stage), tKVrDK);
-    warpgroup_wait<0>();
-    __syncwarp();
-    if (lane == 0) barrier(st.q_empty[stage]).arrive();
+    if (want_dk) {
+      wgmma<false, true>(mma_kv, tKVrDS, tKVrQt(_, _, _, stage), tKVrDK);
+      warpgroup_wait<1>();  // dV and dQ are done (batches complete in order); dK runs on
+    } else {
+      warpgroup_wait<0>();
+    }
 
-    if (want_dq) {
+    if constexpr (want_dq) {
       // dQ fragment element 4 c + 2 r + e: query g + 8 r of the warp's 16 (of the warpgroup's 64
       // when the warpgroups split the queries, else of queries 0-63 for both), head-dim column
       // (its half's first column) + 8 c + 2 t + e. 16-byte atomics: lanes t and t ^ 1 swap halves
@@ -680,6 +687,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         }
       }
     }
+    warpgroup_wait<0>();
+    __syncwarp();
+    if (lane == 0) barrier(st.q_empty[stage]).arrive();
   }
 
   // dK and dV rows: key g + 8 r of the warp's 16, column 8 c + 2 t + e (element 4 c + 2 r + e).
