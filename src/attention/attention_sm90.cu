@@ -52,7 +52,7 @@ void launch(const Problem& p, const kernels::KernelParams& k, int device_index, 
                     Shape<Int<Traits::kBN>, Int<Traits::kD>>{}, _1{}),
       gq.shape(), gk.shape(), gv.shape()};
 
-  auto kernel = forward_kernel<Traits>;
+  auto kernel = k.dropout ? forward_kernel<Traits, true> : forward_kernel<Traits, false>;
   constexpr int smem = Traits::smem_bytes();
   const std::size_t optin = detail::device_info(op, device_index).max_smem_per_block_optin;
   if (static_cast<std::size_t>(smem) > optin)
@@ -88,7 +88,8 @@ void launch_dkdv(const BackwardProblem& p, const kernels::KernelParams& k, int d
                            go.shape(),
                            gk.shape(),
                            gv.shape()};
-  auto kernel = k.atomic_dq != 0 ? dkdv_kernel<Traits, true> : dkdv_kernel<Traits, false>;
+  auto kernel = k.atomic_dq != 0 ? (k.dropout ? dkdv_kernel<Traits, true, true> : dkdv_kernel<Traits, true, false>)
+                                  : (k.dropout ? dkdv_kernel<Traits, false, true> : dkdv_kernel<Traits, false, false>);
   constexpr int smem = Traits::smem_bytes();
   const std::size_t optin = detail::device_info(op, device_index).max_smem_per_block_optin;
   if (static_cast<std::size_t>(smem) > optin)
@@ -126,7 +127,7 @@ bool forward_supported(const Problem& p, int device_index) {
   if (info.major != 9) return false;
   if (p.dtype != DType::bf16 && p.dtype != DType::f16) return false;
   if (p.head_dim != p.head_dim_v || (p.head_dim != 64 && p.head_dim != 128)) return false;
-  return p.bias.data == nullptr && p.dropout_p == 0.0f && p.scale > 0.0;
+  return p.bias.data == nullptr && p.scale > 0.0;
 }
 
 void forward(const Problem& p, const kernels::KernelParams& k, int device_index, cudaStream_t stream) {

@@ -1,7 +1,7 @@
 // Attention forward for Hopper (sm_90a): warpgroup MMA (wgmma) on shared-memory operands, tiles
 // brought in by TMA. Serves the common case at the speed the mma.sync kernel cannot reach:
-// f16 / bf16, D = Dv = 64 or 128, no bias, no dropout, scale > 0; every mask, window, variable
-// lengths and grouped-query heads (attention_sm90.cu decides; everything else stays on
+// f16 / bf16, D = Dv = 64 or 128, no bias, scale > 0; every mask, window, variable lengths,
+// dropout and grouped-query heads (attention_sm90.cu decides; everything else stays on
 // attention_kernels.cuh's forward_kernel, which defines the same outputs).
 //
 // One CTA per (block of 128 query rows, query head, batch); 384 threads:
@@ -14,7 +14,8 @@
 // Per key block a consumer warpgroup computes S = Q K^T (wgmma, A and B from shared memory, the
 //   64 x 128 float accumulator in registers), the online softmax on S in registers (as the
 //   mma.sync kernel does: blocks every row sees in full fold the scale into the exponent's FMA,
-//   others are scaled and masked per element), rounds P to the input dtype in registers, and
+//   others are scaled and masked per element), zeroes the dropped probabilities (keep bits made
+//   under the S product, see forward_keep_words), rounds P to the input dtype in registers, and
 //   accumulates O += P V (wgmma with A from registers, B = V read transposed from its shared
 //   tile, which the 128-byte swizzle allows without a copy). The accumulator of S has the
 //   register layout of wgmma's A operand element for element (the m64nNk16 C layout per 8
@@ -142,7 +143,73 @@ __device__ __forceinline__ void wgmma(Mma& mma, const FragA& a, const FragB& b, 
   if constexpr (kRegisterA) warpgroup_fence_operand(const_cast<FragA&>(a));
 }
 
-template <typename Traits>
+// ---- dropout keep bits in the accumulator layouts ------------------------------------------------
+//
+// One philox::random4 call gives one byte: the keep bits of keys 8 m .. 8 m + 7 of one query (the
+// mapping of attention_dropout_keeps, the one the mma.sync kernels and the CPU reference use). A
+// byte's bits belong to several lanes of an accumulator, so every lane computes a share of the
+// calls and the bytes are exchanged by shuffles: no call is made twice, nothing goes through
+// shared memory, and the calls run while the tensor cores compute the step's scores.
+__device__ __forceinline__ std::uint32_t keep_byte(const kernels::KernelParams& p, std::uint64_t subsequence, int i,
+                                                   int key_group) {
+  const philox::Words4 w =
+      philox::random4(p.seed, subsequence, (static_cast<std::uint64_t>(i) << 29) + static_cast<std::uint64_t>(key_group));
+  std::uint32_t bits = 0;
+#pragma unroll
+  for (int e = 0; e < 8; ++e)
+    bits |= static_cast<std::uint32_t>(dropout_random16_of_group(w, static_cast<std::uint64_t>(e)) >= p.threshold) << e;
+  return bits;
+}
+
+// Forward, queries as rows: lane (g, t) holds rows row0 + 8 r and keys j0 + 8 c + 2 t + e of a
+// 128-key block (c < 16). The byte of (r, c) is made by lane c % 4 of the quad, as byte c / 4 of
+// its word for row r; words[r][s] is lane s's word, so the element's bit is
+// (words[r][c % 4] >> (8 (c / 4) + 2 t + e)) & 1.
+__device__ __forceinline__ void forward_keep_words(std::uint32_t (&words)[2][4], const kernels::KernelParams& p,
+                                                   std::uint64_t subsequence, int row0, int j0, int lane) {
+  const int t = lane % 4;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    std::uint32_t own = 0;
+#pragma unroll
+    for (int m = 0; m < 4; ++m) own |= keep_byte(p, subsequence, row0 + 8 * r, j0 / 8 + t + 4 * m) << (8 * m);
+#pragma unroll
+    for (int src = 0; src < 4; ++src) words[r][src] = __shfl_sync(0xffffffffu, own, (lane & ~3) | src);
+  }
+}
+
+// Backward, keys as rows: lane (g, t) holds keys 8 key_group0 + g + 8 r and queries
+// i0 + 8 c + 2 t + e. The byte of (query, r) has one bit for each of the 8 lanes g of that t; the
+// kBM / 2 bytes of a t are made kBM / 16 per lane (call k = 4 c + 2 e + r by lane k / (kBM / 16))
+// and transposed by shuffles: bit k of the result is the keep bit of the lane's element (r, c, e).
+template <int kBM>
+__device__ __forceinline__ std::uint64_t backward_keep_mask(const kernels::KernelParams& p, std::uint64_t subsequence,
+                                                            int i0, int key_group0, int lane) {
+  constexpr int kCalls = kBM / 16, kWords = kCalls / 4;
+  static_assert(kCalls % 4 == 0 && kBM / 2 <= 64, "calls pack into whole words, the mask into 64 bits");
+  const int g = lane / 4, t = lane % 4;
+  std::uint32_t own[kWords] = {};
+#pragma unroll
+  for (int m = 0; m < kCalls; ++m) {
+    const int k = g * kCalls + m, c = k >> 2, e = (k >> 1) & 1, r = k & 1;
+    own[m / 4] |= keep_byte(p, subsequence, i0 + 8 * c + 2 * t + e, key_group0 + r) << (8 * (m % 4));
+  }
+  std::uint64_t mask = 0;
+#pragma unroll
+  for (int src = 0; src < 8; ++src)
+#pragma unroll
+    for (int wi = 0; wi < kWords; ++wi) {
+      const std::uint32_t w = __shfl_sync(0xffffffffu, own[wi], src * 4 + t);
+      // bit g of each of the word's four bytes, gathered into four bits (the product's bits
+      // 24-27 are exactly those bytes' low bits; no other partial products reach them)
+      const std::uint32_t four = (((w >> g) & 0x01010101u) * 0x01020408u) >> 24;
+      mask |= static_cast<std::uint64_t>(four) << (src * kCalls + 4 * wi);
+    }
+  return mask;
+}
+
+// kDropout: dropout on P (a compile-time switch, so that the common case pays nothing for it).
+template <typename Traits, bool kDropout>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     forward_kernel(const __grid_constant__ ForwardParams<Traits> P) {
 #if defined(__CUDA_ARCH__) && defined(CUTE_ARCH_MMA_SM90A_ENABLED)
@@ -243,6 +310,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   static_assert(size(tSrS) == size(tOrP), "P takes S's registers one for one");
   constexpr int kSCols = kBN / 8, kOCols = kD / 8;  // 8-column groups of S and O per thread
   static_assert(size(tSrS) == 4 * kSCols && size(tOrO) == 4 * kOCols, "m64nNk16 accumulator layout");
+  static_assert(kSCols == 16, "forward_keep_words covers 128-key blocks");
   clear(tOrO);
 
   // Accumulator element 4 c + 2 r + e: row g + 8 r of the warp's 16, column 8 c + 2 t + e.
@@ -250,12 +318,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int row0 = i0 + warp * 16 + g;
   const float mult0 = p.scale_log2;
   float m[2] = {kernels::neg_inf(), kernels::neg_inf()}, l[2] = {0.0f, 0.0f};
+  const std::uint64_t subsequence = kDropout ? attention_dropout_subsequence(p.offset, b, h, p.heads_q) : 0;
 
   if (n_blocks > 0) tx_barrier(st.q_full).wait(0);
   for (int n = 0; n < n_blocks; ++n) {
     const int jb = jb_end - 1 - n, j0 = jb * kBN, stage = n % kStages, phase = (n / kStages) & 1;
     tx_barrier(st.k_full[stage]).wait(phase);
     wgmma<true, false>(mma_qk, tSrQ, tSrK(_, _, _, stage), tSrS);
+    std::uint32_t keep[2][4];
+    if constexpr (kDropout) forward_keep_words(keep, p, subsequence, row0, j0, lane);  // under the wgmma
     warpgroup_wait<0>();
     __syncwarp();
     if (lane == 0) barrier(st.k_empty[stage]).arrive();
@@ -304,6 +375,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         tOrO(4 * c + 2 * r + 1) *= alpha;
       }
     }
+    if constexpr (kDropout) {
+      // the row sums above count every probability; O sums the kept ones (scaled at the end)
+#pragma unroll
+      for (int c = 0; c < kSCols; ++c)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            if (!((keep[r][c % 4] >> (8 * (c / 4) + 2 * t + e)) & 1u)) tSrS(4 * c + 2 * r + e) = 0.0f;
+    }
     std::uint32_t* pw = reinterpret_cast<std::uint32_t*>(raw_pointer_cast(tOrP.data()));
 #pragma unroll
     for (int i = 0; i < size(tSrS) / 2; ++i) pw[i] = kernels::pack2<T>(tSrS(2 * i), tSrS(2 * i + 1));
@@ -320,7 +401,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     float sum = l[r] + __shfl_xor_sync(0xffffffffu, l[r], 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     const int i = row0 + 8 * r;
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    const float inv = sum > 0.0f ? (kDropout ? p.keep_scale : 1.0f) / sum : 0.0f;
     if (i < s.sq) {
       T* out = kernels::row_ptr<T>(p.out, b, s.q_base + i, h);
 #pragma unroll
@@ -437,7 +518,8 @@ struct BackwardParams {
 
 // kAtomicDQ: the dQ parts go to the float32 accumulator (p.atomic_dq). A compile-time switch: with
 // a run-time one, ptxas serializes every wgmma of the kernel (C7514) and spills.
-template <typename Traits, bool kAtomicDQ>
+// kDropout as in the forward.
+template <typename Traits, bool kAtomicDQ, bool kDropout>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     dkdv_kernel(const __grid_constant__ BackwardParams<Traits> P) {
 #if defined(__CUDA_ARCH__) && defined(CUTE_ARCH_MMA_SM90A_ENABLED)
@@ -580,6 +662,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     st.lse2[n & 1][tid] = lse2;
     st.delta[n & 1][tid] = delta;
   };
+  // Dropout keep bits of step n (bit 4 c + 2 e + r: element (r, c, e) is kept), made one step
+  // ahead, under the previous step's dK product after the dQ atomics, where only dK, dV and
+  // dS^T are live. Measured against the alternatives: under the step's own S^T and dP^T
+  // products the calls cost 3% more at D = 128 (and at D = 64 ptxas runs out of registers and
+  // serializes wgmma); half under the dV product, half here, 2.6% more.
+  auto make_keep = [&](int n) -> std::uint64_t {
+    if (!kDropout || n >= n_steps) return 0;
+    const int h = hk * p.group + n / blocks_per_head, i0 = (ib_first + n % blocks_per_head) * kBM;
+    return backward_keep_mask<kBM>(p, attention_dropout_subsequence(p.offset, b, h, p.heads_q), i0,
+                                   (j0 + 16 * warp) / 8, lane);
+  };
+  std::uint64_t keep_next = make_keep(0);
   load_row_scalars(0);
   asm volatile("bar.sync 2, %0;\n" ::"n"(Traits::kConsumerThreads));
   if (n_steps > 0) tx_barrier(st.kv_full).wait(0);
@@ -595,6 +689,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     wgmma<true, false>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
     wgmma<true, false>(mma_sdp, tSrV, tSrO(_, _, _, stage), tSrDP);
     load_row_scalars(n + 1);  // its load latency runs under the matrix products
+    const std::uint64_t keep = keep_next;
     warpgroup_wait<0>();
 
     // Queries every key of the block sees in full keep the raw scores and fold the scale into
@@ -604,6 +699,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     rule.range(i0, unused_lo, blk_hi);
     const float* lse2 = st.lse2[buf];
     const float* delta = st.delta[buf];
+    // P^T (what dV takes: the kept probabilities, scaled) and dS^T = P^T (dP^T - delta) with
+    // dP^T masked and scaled as the forward's P was.
+    auto apply_dropout = [&](int x, int bit, float prob, float dl) {
+      if constexpr (kDropout) {
+        const bool kept = (keep >> bit) & 1u;
+        tSrS(x) = kept ? prob * p.keep_scale : 0.0f;
+        tSrDP(x) = prob * ((kept ? tSrDP(x) * p.keep_scale : 0.0f) - dl);
+      } else {
+        tSrS(x) = prob;
+        tSrDP(x) = prob * (tSrDP(x) - dl);
+      }
+    };
     if (j0 >= blk_lo && j0 + kBN <= blk_hi) {
 #pragma unroll
       for (int c = 0; c < kSCols; ++c)
@@ -615,8 +722,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           for (int r = 0; r < 2; ++r) {
             const int x = 4 * c + 2 * r + e;
             const float prob = kernels::fast_exp2(fmaf(tSrS(x), mult0, -l2));
-            tSrS(x) = prob;
-            tSrDP(x) = prob * (tSrDP(x) - dl);
+            apply_dropout(x, 4 * c + 2 * e + r, prob, dl);
           }
         }
     } else {
@@ -633,8 +739,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
             const int x = 4 * c + 2 * r + e, j = jrow + 8 * r;
             const float logit = (j >= lo && j < hi) ? tSrS(x) * mult0 : kernels::neg_inf();
             const float prob = kernels::fast_exp2(logit - l2);
-            tSrS(x) = prob;
-            tSrDP(x) = prob * (tSrDP(x) - dl);
+            apply_dropout(x, 4 * c + 2 * e + r, prob, dl);
           }
         }
     }
@@ -687,6 +792,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         }
       }
     }
+    if constexpr (kDropout) keep_next = make_keep(n + 1);
     warpgroup_wait<0>();
     __syncwarp();
     if (lane == 0) barrier(st.q_empty[stage]).arrive();

@@ -225,15 +225,18 @@ TEST(AttentionGpu, BiasBroadcastAndDbias) {
     }
 }
 
-TEST(AttentionGpu, DropoutMaskIsBitIdentical) {
-  FUSEKIT_REQUIRE_GPU();
-  // One-hot values: out[i, j] = P[i, j] * Z[i, j] exposes the mask of every visible element.
+// One-hot values: out[i, j] = P[i, j] * Z[i, j] exposes the mask of every visible element. Two
+// shapes: D = 32 runs the mma.sync kernels everywhere; D = Dv = 128 the Hopper kernels on sm_90
+// (three query blocks; their key blocks at other offsets are covered by HopperKernelShapes).
+void expect_dropout_mask_bit_identical(std::int64_t sq, std::int64_t sk, std::int64_t d, std::int64_t dv,
+                                       std::uint64_t salt) {
   Spec s;
   s.dtype = DType::bf16;
-  s.B = 2, s.Hq = 3, s.Hkv = 1, s.Sq = 50, s.Sk = 64, s.D = 32, s.Dv = 64;
+  s.B = 2, s.Hq = 3, s.Hkv = 1, s.Sq = sq, s.Sk = sk, s.D = d, s.Dv = dv;
+  SCOPED_TRACE(s.str());
   s.cfg.dropout_p = 0.37f, s.cfg.seed = 0x0123456789ABCDEFull, s.cfg.offset = 0xFFFFFFF0u;
   Problem gpu(s, Device::cuda(0));
-  auto rng = testing::make_rng(1400);
+  auto rng = testing::make_rng(salt);
   gpu.fill(rng, 0.5);
   std::vector<double> onehot(static_cast<std::size_t>(s.B * s.Sk * s.Hkv * s.Dv), 0.0);
   for (std::int64_t b = 0; b < s.B; ++b)
@@ -255,8 +258,14 @@ TEST(AttentionGpu, DropoutMaskIsBitIdentical) {
   EXPECT_EQ(mismatches, 0) << "of " << s.B * s.Sq * s.Hq * s.Sk << " elements";
   EXPECT_NEAR(static_cast<double>(kept) / (s.B * s.Sq * s.Hq * s.Sk), 1.0 - s.cfg.dropout_p, 0.02);
   // And the whole op against the reference with that config (forward and every gradient).
-  s.bias = true, s.bias_dtype = DType::f32, s.bias_full[0] = false;
-  check_case(s, 1401);
+  if (d == 32) s.bias = true, s.bias_dtype = DType::f32, s.bias_full[0] = false;
+  check_case(s, salt + 1);
+}
+
+TEST(AttentionGpu, DropoutMaskIsBitIdentical) {
+  FUSEKIT_REQUIRE_GPU();
+  expect_dropout_mask_bit_identical(50, 64, 32, 64, 1400);
+  expect_dropout_mask_bit_identical(300, 128, 128, 128, 1410);
 }
 
 TEST(AttentionGpu, VarlenWithEmptySequences) {
@@ -386,13 +395,13 @@ TEST(AttentionGpu, PackedQkvLayout) {
 
 TEST(AttentionGpu, DeterministicBackwardIsBitwiseReproducible) {
   FUSEKIT_REQUIRE_GPU();
-  for (int variant = 0; variant < 2; ++variant) {
+  for (int variant = 0; variant < 3; ++variant) {
     Spec s;
     s.dtype = DType::bf16;
     s.B = 2, s.Hq = 6, s.Hkv = 2, s.Sq = 150, s.Sk = 170, s.D = 64, s.Dv = 64;
     s.cfg.mask = AttentionMask::causal_bottom_right;
     s.cfg.dropout_p = 0.15f, s.cfg.seed = 11;
-    s.bias = true, s.bias_dtype = DType::f32;
+    s.bias = variant < 2, s.bias_dtype = DType::f32;  // variant 2: no bias (the Hopper kernels on sm_90)
     if (variant == 1) s.bias_full[0] = false, s.bias_full[1] = false;  // dbias reduced over batch and heads
     SCOPED_TRACE(s.str());
     Problem gpu(s, Device::cuda(0));
@@ -401,18 +410,18 @@ TEST(AttentionGpu, DeterministicBackwardIsBitwiseReproducible) {
     gpu.forward();
     auto bytes = [&] {
       return std::vector<std::vector<unsigned char>>{gpu.dq->raw_bytes(), gpu.dk->raw_bytes(), gpu.dv->raw_bytes(),
-                                                     gpu.dbias->raw_bytes()};
+                                                     s.bias ? gpu.dbias->raw_bytes() : std::vector<unsigned char>{}};
     };
-    gpu.backward(true, true, true, true, true);
+    gpu.backward(true, true, true, s.bias, true);
     const auto first = bytes();
     for (int run = 0; run < 2; ++run) {
       gpu.poison_gradients();
-      gpu.backward(true, true, true, true, true);
+      gpu.backward(true, true, true, s.bias, true);
       EXPECT_TRUE(bytes() == first) << "deterministic run " << run + 1 << " differs";
     }
     // dk, dv and dbias are reduced in a fixed order in the atomic-dq mode too.
     gpu.poison_gradients();
-    gpu.backward(true, true, true, true, false);
+    gpu.backward(true, true, true, s.bias, false);
     const auto atomic = bytes();
     EXPECT_TRUE(atomic[1] == first[1] && atomic[2] == first[2] && atomic[3] == first[3]);
   }
@@ -463,26 +472,32 @@ TEST(AttentionGpu, LongCausalSequence) {
   check_case(s, 2101);
 }
 
-// The Hopper forward (wgmma + TMA; f16 / bf16, D = Dv = 64 or 128, no bias, no dropout) takes
+// The Hopper kernels (wgmma + TMA; f16 / bf16, D = Dv = 64 or 128, no bias) take
 // every call it can on an sm_90 GPU. Its cases here: several 128-row query blocks and 128-key
 // blocks with ragged ends, every mask and window kind, grouped-query heads, the (B, H, S, D)
 // layout and variable lengths (queries of one sequence next to another's tokens in the tile).
-TEST(AttentionGpu, HopperForwardShapes) {
+TEST(AttentionGpu, HopperKernelShapes) {
   FUSEKIT_REQUIRE_GPU();
   struct Case {
     std::int64_t d, sq, sk, hq, hkv;
     AttentionMask mask;
     std::int64_t wl, wr;
     bool bhsd, varlen;
+    float dropout_p;
   };
   const Case cases[] = {
-      {128, 257, 300, 2, 1, AttentionMask::none, -1, -1, false, false},
-      {64, 300, 257, 4, 2, AttentionMask::causal_top_left, -1, -1, false, false},
-      {128, 200, 390, 2, 2, AttentionMask::causal_bottom_right, -1, -1, true, false},
-      {64, 390, 390, 3, 1, AttentionMask::none, 130, 7, false, false},
-      {128, 129, 129, 2, 1, AttentionMask::causal_top_left, 40, -1, true, false},
-      {64, 0, 0, 4, 2, AttentionMask::causal_bottom_right, -1, -1, false, true},
-      {128, 0, 0, 2, 1, AttentionMask::none, -1, -1, false, true},
+      {128, 257, 300, 2, 1, AttentionMask::none, -1, -1, false, false, 0.0f},
+      {64, 300, 257, 4, 2, AttentionMask::causal_top_left, -1, -1, false, false, 0.0f},
+      {128, 200, 390, 2, 2, AttentionMask::causal_bottom_right, -1, -1, true, false, 0.0f},
+      {64, 390, 390, 3, 1, AttentionMask::none, 130, 7, false, false, 0.0f},
+      {128, 129, 129, 2, 1, AttentionMask::causal_top_left, 40, -1, true, false, 0.0f},
+      {64, 0, 0, 4, 2, AttentionMask::causal_bottom_right, -1, -1, false, true, 0.0f},
+      {128, 0, 0, 2, 1, AttentionMask::none, -1, -1, false, true, 0.0f},
+      // dropout: several query and key blocks, GQA, masks, variable lengths
+      {128, 300, 270, 4, 2, AttentionMask::none, -1, -1, false, false, 0.2f},
+      {64, 270, 300, 2, 1, AttentionMask::causal_bottom_right, -1, -1, true, false, 0.1f},
+      {64, 0, 0, 2, 2, AttentionMask::causal_top_left, 100, -1, false, true, 0.3f},
+      {128, 0, 0, 3, 1, AttentionMask::none, -1, -1, false, true, 0.1f},
   };
   std::uint64_t salt = 2300;
   for (const Case& c : cases) {
@@ -492,6 +507,7 @@ TEST(AttentionGpu, HopperForwardShapes) {
     s.cfg.mask = c.mask;
     s.cfg.window_left = c.wl, s.cfg.window_right = c.wr;
     s.bhsd = c.bhsd;
+    if (c.dropout_p > 0.0f) s.cfg.dropout_p = c.dropout_p, s.cfg.seed = 0xD00D + salt, s.cfg.offset = salt * 977;
     if (c.varlen) {
       s.seqlens_q = {130, 1, 0, 255, 64};
       s.seqlens_k = {200, 70, 3, 129, 0};
