@@ -252,8 +252,10 @@ void backward_cuda(const BackwardProblem& p, int device_index, Stream stream) {
   dispatch(p.dtype, bucket_of(p.head_dim, p.head_dim_v), [&](auto cfg) {
     using C = decltype(cfg);
     using T = typename C::T;
-    if (any_rows) launch(op, "attention backward preprocess kernel", kernels::preprocess_kernel<T>,
-                         dim3(blocks(rows, 8)), 256, 0, s, k, device_index);
+    constexpr int kRowThreads = C::kD / 8 < 32 ? C::kD / 8 : 32;  // see preprocess_kernel
+    constexpr int kRowsPerBlock = 256 / kRowThreads;
+    if (any_rows) launch(op, "attention backward preprocess kernel", kernels::preprocess_kernel<T, kRowThreads>,
+                         dim3(blocks(rows, kRowsPerBlock)), 256, 0, s, k, device_index);
     if ((k.want_dk || k.want_dv || k.atomic_dq) && sm90::backward_supported(p, device_index)) {
       sm90::dkdv(p, k, device_index, s);
     } else if (k.want_dk || k.want_dv || k.atomic_dq || k.dbias_direct) {
@@ -270,8 +272,8 @@ void backward_cuda(const BackwardProblem& p, int device_index, Stream stream) {
              RowShape::smem_bytes(), s, k, device_index);
     }
     if (k.atomic_dq && any_rows)
-      launch(op, "attention backward dq conversion kernel", kernels::convert_dq_kernel<T>, dim3(blocks(rows, 8)), 256,
-             0, s, k, device_index);
+      launch(op, "attention backward dq conversion kernel", kernels::convert_dq_kernel<T, kRowThreads>,
+             dim3(blocks(rows, kRowsPerBlock)), 256, 0, s, k, device_index);
     if (dbias_reduce && dbias_numel > 0) {
       const std::int64_t row_tiles = p.dbias.shape[2] == 1 ? 1 : (p.dbias.shape[2] + RowShape::kBM - 1) / RowShape::kBM;
       const std::int64_t key_tiles = (p.dbias.shape[3] + C::kBN - 1) / C::kBN;

@@ -793,62 +793,78 @@ __global__ void __launch_bounds__(128) forward_kernel(const KernelParams p) {
     }
 }
 
-// ---- backward: delta = rowsum(dout * out), dq accumulator zeroing ----------------------------------
+// ---- backward: delta = rowsum(dout * out), dq accumulator zeroing, dq conversion -------------------
+//
+// Memory-bound row kernels over the (token, head) rows: kRowThreads threads per row, each taking
+// 16-byte pieces (8 elements of out / dout / dq, 4 or 8 floats of the accumulator), so that short
+// rows (D = 64) still give every lane full-width accesses; 256 threads per block.
+// The launcher takes kRowThreads = (head-dim bucket) / 8: 8 for D <= 64, 16 up to 128, 32 above.
 
-// One warp per (token, head) row; 8 rows per block of 256 threads.
-template <typename T>
-__global__ void __launch_bounds__(256) preprocess_kernel(const KernelParams p) {
-  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * 8 + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= p.total_q * p.heads_q) return;
+struct RowOf {
+  std::int64_t row;  // token * heads_q + h
+  int b, h;
+  std::int64_t tok;  // within the sequence (or the packed token with variable lengths)
+};
+
+__device__ __forceinline__ RowOf row_of(const KernelParams& p, std::int64_t row) {
   const std::int64_t token = row / p.heads_q;
-  const int h = static_cast<int>(row % p.heads_q);
-  int b = 0;
-  std::int64_t tok = token, index;
-  if (p.cu_q != nullptr) {
-    index = static_cast<std::int64_t>(h) * p.total_q + token;
-  } else {
-    b = static_cast<int>(token / p.seqlen_q);
-    tok = token % p.seqlen_q;
-    index = (static_cast<std::int64_t>(b) * p.heads_q + h) * p.seqlen_q + tok;
+  RowOf r{row, 0, static_cast<int>(row % p.heads_q), token};
+  if (p.cu_q == nullptr) {
+    r.b = static_cast<int>(token / p.seqlen_q);
+    r.tok = token % p.seqlen_q;
   }
-  const T* o = row_ptr<const T>(p.out, b, tok, h);
-  const T* g = row_ptr<const T>(p.dout, b, tok, h);
+  return r;
+}
+
+template <typename T, int kRowThreads>
+__global__ void __launch_bounds__(256) preprocess_kernel(const KernelParams p) {
+  constexpr int kRowsPerBlock = 256 / kRowThreads;
+  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kRowThreads;
+  const int part = threadIdx.x % kRowThreads;
+  const bool valid = row < p.total_q * p.heads_q;
+  const RowOf r = row_of(p, valid ? row : 0);
   float sum = 0.0f;
-  for (int c = lane * 8; c < p.dv; c += 256) {
-    const uint4 ov = *reinterpret_cast<const uint4*>(o + c), gv = *reinterpret_cast<const uint4*>(g + c);
-    const std::uint32_t ow[4] = {ov.x, ov.y, ov.z, ov.w}, gw[4] = {gv.x, gv.y, gv.z, gv.w};
+  if (valid) {
+    const T* o = row_ptr<const T>(p.out, r.b, r.tok, r.h);
+    const T* g = row_ptr<const T>(p.dout, r.b, r.tok, r.h);
+    for (int c = part * 8; c < p.dv; c += kRowThreads * 8) {
+      const uint4 ov = *reinterpret_cast<const uint4*>(o + c), gv = *reinterpret_cast<const uint4*>(g + c);
+      const std::uint32_t ow[4] = {ov.x, ov.y, ov.z, ov.w}, gw[4] = {gv.x, gv.y, gv.z, gv.w};
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float2 a = unpack2<T>(ow[k]), d = unpack2<T>(gw[k]);
-      sum += a.x * d.x + a.y * d.y;
+      for (int k = 0; k < 4; ++k) {
+        const float2 a = unpack2<T>(ow[k]), d = unpack2<T>(gw[k]);
+        sum += a.x * d.x + a.y * d.y;
+      }
     }
   }
 #pragma unroll
-  for (int s = 16; s >= 1; s /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, s);
-  if (lane == 0) p.delta[index] = sum;
-  if (p.dq_accum != nullptr)
-    for (int c = lane; c < p.d; c += 32) p.dq_accum[row * p.d + c] = 0.0f;
+  for (int s = kRowThreads / 2; s >= 1; s /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, s);
+  if (!valid) return;
+  if (part == 0)
+    p.delta[p.cu_q != nullptr ? static_cast<std::int64_t>(r.h) * p.total_q + r.tok
+                               : (static_cast<std::int64_t>(r.b) * p.heads_q + r.h) * p.seqlen_q + r.tok] = sum;
+  if (p.dq_accum != nullptr) {
+    float4* acc = reinterpret_cast<float4*>(p.dq_accum + row * p.d);
+    for (int c = part; c < p.d / 4; c += kRowThreads) acc[c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
 }
 
-// dq = scale * accumulator, rounded; one warp per (token, head) row.
-template <typename T>
+// dq = scale * accumulator, rounded.
+template <typename T, int kRowThreads>
 __global__ void __launch_bounds__(256) convert_dq_kernel(const KernelParams p) {
-  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * 8 + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
+  constexpr int kRowsPerBlock = 256 / kRowThreads;
+  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kRowThreads;
+  const int part = threadIdx.x % kRowThreads;
   if (row >= p.total_q * p.heads_q) return;
-  const std::int64_t token = row / p.heads_q;
-  const int h = static_cast<int>(row % p.heads_q);
-  int b = 0;
-  std::int64_t tok = token;
-  if (p.cu_q == nullptr) {
-    b = static_cast<int>(token / p.seqlen_q);
-    tok = token % p.seqlen_q;
+  const RowOf r = row_of(p, row);
+  T* dq = row_ptr<T>(p.grad_q, r.b, r.tok, r.h);
+  const float4* acc = reinterpret_cast<const float4*>(p.dq_accum + row * p.d);
+  for (int c = part * 8; c < p.d; c += kRowThreads * 8) {
+    const float4 a = acc[c / 4], b = acc[c / 4 + 1];
+    *reinterpret_cast<uint4*>(dq + c) =
+        make_uint4(pack2<T>(a.x * p.scale, a.y * p.scale), pack2<T>(a.z * p.scale, a.w * p.scale),
+                   pack2<T>(b.x * p.scale, b.y * p.scale), pack2<T>(b.z * p.scale, b.w * p.scale));
   }
-  T* dq = row_ptr<T>(p.grad_q, b, tok, h);
-  const float* acc = p.dq_accum + row * p.d;
-  for (int c = lane * 2; c < p.d; c += 64)
-    *reinterpret_cast<std::uint32_t*>(dq + c) = pack2<T>(acc[c] * p.scale, acc[c + 1] * p.scale);
 }
 
 // Every logical element of dbias set to 0 (the direct path then overwrites what it produces).
