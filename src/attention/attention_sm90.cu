@@ -127,6 +127,9 @@ bool forward_supported(const Problem& p, int device_index) {
   if (info.major != 9) return false;
   if (p.dtype != DType::bf16 && p.dtype != DType::f16) return false;
   if (p.head_dim != p.head_dim_v || (p.head_dim != 64 && p.head_dim != 128)) return false;
+  // A TMA descriptor needs every extent >= 1: no query or no key tokens at all (variable lengths
+  // that are all 0) stay with the mma.sync kernels, which define those outputs (zeros, -inf).
+  if (p.total_q == 0 || p.total_k == 0 || p.heads_q == 0 || p.heads_kv == 0 || p.batch == 0) return false;
   return p.bias.data == nullptr && p.scale > 0.0;
 }
 

@@ -9,7 +9,7 @@
 namespace fusekit::attention::sm90 {
 
 // Whether the Hopper forward serves this call: an sm_90 GPU, f16 / bf16, D = Dv = 64 or 128, no
-// bias, scale > 0, and FUSEKIT_ATTENTION_SM90 not set to 0 (the switch that keeps the
+// bias, scale > 0, at least one query and one key token, and FUSEKIT_ATTENTION_SM90 not set to 0 (the switch that keeps the
 // mma.sync kernel reachable for comparisons).
 bool forward_supported(const Problem& p, int device_index);
 
