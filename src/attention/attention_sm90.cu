@@ -23,13 +23,21 @@ typename Traits::GmemTensor gmem_tensor(const Operand& op, std::int64_t tokens, 
                                         std::int64_t batch, bool varlen) {
   using namespace cute;
   using E = typename Traits::Element;
-  // With variable lengths tokens are packed and the batch extent is 1; its stride is then never
-  // stepped, but TMA wants a non-zero multiple of 16 bytes.
-  const std::int64_t b_stride = varlen ? op.s_stride : op.b_stride;
+  // A dim of extent 1 is never stepped, and its stride may be anything the caller's view had (the
+  // argument checks skip it), but TMA wants every stride a non-zero multiple of 16 bytes: such a
+  // dim gets the row length (kD elements) instead. With variable lengths the batch extent is 1.
+  auto stride_of = [](std::int64_t extent, std::int64_t stride) { return extent > 1 ? stride : std::int64_t{Traits::kD}; };
   return make_tensor(make_gmem_ptr(static_cast<const E*>(op.data)),
                      make_layout(make_shape(static_cast<std::int32_t>(tokens), static_cast<std::int32_t>(Traits::kD),
                                             static_cast<std::int32_t>(heads), static_cast<std::int32_t>(batch)),
-                                 make_stride(op.s_stride, _1{}, op.h_stride, b_stride)));
+                                 make_stride(stride_of(tokens, op.s_stride), _1{}, stride_of(heads, op.h_stride),
+                                             stride_of(batch, varlen ? 0 : op.b_stride))));
+}
+
+// Whether TMA can describe the operand: every dim it steps has a positive stride (the argument
+// checks allow 0, a view broadcast over heads or tokens; the mma.sync kernels take those).
+bool tma_describable(const Operand& op, std::int64_t tokens, std::int64_t heads, std::int64_t batch) {
+  return (tokens <= 1 || op.s_stride > 0) && (heads <= 1 || op.h_stride > 0) && (batch <= 1 || op.b_stride > 0);
 }
 
 template <typename Traits>
@@ -106,7 +114,9 @@ void launch_dkdv(const BackwardProblem& p, const kernels::KernelParams& k, int d
 }  // namespace
 
 bool backward_supported(const BackwardProblem& p, int device_index) {
-  return forward_supported(p, device_index) && p.dbias.data == nullptr;
+  const std::int64_t batch = p.varlen ? 1 : p.batch, tokens_q = p.varlen ? p.total_q : p.seqlen_q;
+  return forward_supported(p, device_index) && p.dbias.data == nullptr &&
+         tma_describable(p.dout, tokens_q, p.heads_q, batch);
 }
 
 void dkdv(const BackwardProblem& p, const kernels::KernelParams& k, int device_index, cudaStream_t stream) {
@@ -130,6 +140,11 @@ bool forward_supported(const Problem& p, int device_index) {
   // A TMA descriptor needs every extent >= 1: no query or no key tokens at all (variable lengths
   // that are all 0) stay with the mma.sync kernels, which define those outputs (zeros, -inf).
   if (p.total_q == 0 || p.total_k == 0 || p.heads_q == 0 || p.heads_kv == 0 || p.batch == 0) return false;
+  const std::int64_t batch = p.varlen ? 1 : p.batch;
+  const std::int64_t tokens_q = p.varlen ? p.total_q : p.seqlen_q, tokens_k = p.varlen ? p.total_k : p.seqlen_k;
+  if (!tma_describable(p.q, tokens_q, p.heads_q, batch) || !tma_describable(p.k, tokens_k, p.heads_kv, batch) ||
+      !tma_describable(p.v, tokens_k, p.heads_kv, batch))
+    return false;
   return p.bias.data == nullptr && p.scale > 0.0;
 }
 

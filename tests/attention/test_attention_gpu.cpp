@@ -542,6 +542,64 @@ TEST(AttentionGpu, VarlenWithNoTokensOnOneSide) {
     }
 }
 
+// Views TMA cannot describe as given: a dim of extent 1 whose stride is not a multiple of 16
+// bytes (the argument checks skip the strides of such dims), and k / v broadcast over the kv
+// heads (head stride 0). The first runs the Hopper kernels with a substituted stride and must
+// give the very bits of the contiguous call; the second takes the mma.sync kernels and must agree
+// with the same heads materialized (the Hopper kernels) within twice the bf16 bar.
+TEST(AttentionGpu, ViewsTmaCannotDescribe) {
+  FUSEKIT_REQUIRE_GPU();
+  const std::int64_t S = 150, H = 2, D = 128;
+  const DType dt = DType::bf16;
+  const Device gpu = Device::cuda(0);
+  AttentionConfig cfg;
+  cfg.mask = AttentionMask::causal_bottom_right;
+  const AttentionShape shape{1, S, S, H, H, D, D, dt, false};
+  const auto ws_bytes = static_cast<std::int64_t>(attention_backward_workspace_size(shape, cfg, true, gpu));
+  auto rng = testing::make_rng(2500);
+  Buffer q(dt, gpu, {1, S, H, D}), k(dt, gpu, {1, S, H, D}), v(dt, gpu, {1, S, H, D}), dout(dt, gpu, {1, S, H, D});
+  for (Buffer* b : {&q, &k, &v, &dout}) b->fill_normal(rng);
+  using Results = std::vector<std::vector<double>>;  // out, lse, dq, dk, dv
+  auto run = [&](const Buffer& q_, const Buffer& k_, const Buffer& v_) {
+    std::vector<Buffer> o;
+    o.emplace_back(dt, gpu, std::vector<std::int64_t>{1, S, H, D});
+    o.emplace_back(DType::f32, gpu, std::vector<std::int64_t>{1, H, S});
+    for (int i = 0; i < 3; ++i) o.emplace_back(dt, gpu, std::vector<std::int64_t>{1, S, H, D});
+    for (Buffer& b : o) b.poison();
+    Buffer ws(DType::u8, gpu, {ws_bytes});
+    attention_forward(q_.view(), k_.view(), v_.view(), std::nullopt, cfg, o[0].view(), o[1].view());
+    attention_backward(dout.view(), q_.view(), k_.view(), v_.view(), o[0].view(), o[1].view(), std::nullopt, cfg,
+                       o[2].view(), o[3].view(), o[4].view(), std::nullopt, std::nullopt, true, ws.view());
+    Results r;
+    for (const Buffer& b : o) r.push_back(b.values());
+    return r;
+  };
+  const Results contiguous = run(q, k, v);
+
+  // batch stride 3 elements (6 bytes) on the extent-1 batch dim of q, k and v
+  auto odd_batch_stride = [&](const Buffer& from) {
+    Buffer b(dt, gpu, {1, S, H, D}, {3, H * D, D, 1});
+    b.set_values(from.values());
+    return b;
+  };
+  const Buffer qo = odd_batch_stride(q), ko = odd_batch_stride(k), vo = odd_batch_stride(v);
+  EXPECT_TRUE(run(qo, ko, vo) == contiguous) << "a batch stride of 3 elements changed the results";
+
+  // k and v broadcast over the kv heads
+  Buffer kb(dt, gpu, {1, S, H, D}, {S * D, D, 0, 1}), vb(dt, gpu, {1, S, H, D}, {S * D, D, 0, 1});
+  kb.fill_normal(rng), vb.fill_normal(rng);
+  Buffer kc(dt, gpu, {1, S, H, D}), vc(dt, gpu, {1, S, H, D});
+  kc.set_values(kb.values()), vc.set_values(vb.values());
+  const Results broadcast = run(q, kb, vb), materialized = run(q, kc, vc);
+  const char* names[] = {"out", "lse", "dq", "dk", "dv"};
+  for (int i = 0; i < 5; ++i) {
+    const DType bar = i == 1 ? DType::f32 : dt;
+    const testing::ErrorStats e = testing::compare(broadcast[i], materialized[i]);
+    EXPECT_EQ(e.non_finite, 0) << names[i];
+    EXPECT_LE(e.rel_l2, 2.0 * testing::tolerance(bar, materialized[i])) << names[i];
+  }
+}
+
 TEST(AttentionGpu, WorkspaceIsChecked) {
   FUSEKIT_REQUIRE_GPU();
   Spec s;
