@@ -183,8 +183,12 @@ __device__ __forceinline__ void forward_keep_words(std::uint32_t (&words)[2][4],
 // i0 + 8 c + 2 t + e. The byte of (query, r) has one bit for each of the 8 lanes g of that t; the
 // kBM / 2 bytes of a t are made kBM / 16 per lane (call k = 4 c + 2 e + r by lane k / (kBM / 16))
 // and transposed by shuffles: bit k of the result is the keep bit of the lane's element (r, c, e).
+// The mask's type: 32 bits with 64 queries per step (the common case: no 64-bit shifts).
 template <int kBM>
-__device__ __forceinline__ std::uint64_t backward_keep_mask(const kernels::KernelParams& p, std::uint64_t subsequence,
+using KeepMask = std::conditional_t<(kBM / 2 <= 32), std::uint32_t, std::uint64_t>;
+
+template <int kBM>
+__device__ __forceinline__ KeepMask<kBM> backward_keep_mask(const kernels::KernelParams& p, std::uint64_t subsequence,
                                                             int i0, int key_group0, int lane) {
   constexpr int kCalls = kBM / 16, kWords = kCalls / 4;
   static_assert(kCalls % 4 == 0 && kBM / 2 <= 64, "calls pack into whole words, the mask into 64 bits");
@@ -195,7 +199,7 @@ __device__ __forceinline__ std::uint64_t backward_keep_mask(const kernels::Kerne
     const int k = g * kCalls + m, c = k >> 2, e = (k >> 1) & 1, r = k & 1;
     own[m / 4] |= keep_byte(p, subsequence, i0 + 8 * c + 2 * t + e, key_group0 + r) << (8 * (m % 4));
   }
-  std::uint64_t mask = 0;
+  KeepMask<kBM> mask = 0;
 #pragma unroll
   for (int src = 0; src < 8; ++src)
 #pragma unroll
@@ -204,7 +208,7 @@ __device__ __forceinline__ std::uint64_t backward_keep_mask(const kernels::Kerne
       // bit g of each of the word's four bytes, gathered into four bits (the product's bits
       // 24-27 are exactly those bytes' low bits; no other partial products reach them)
       const std::uint32_t four = (((w >> g) & 0x01010101u) * 0x01020408u) >> 24;
-      mask |= static_cast<std::uint64_t>(four) << (src * kCalls + 4 * wi);
+      mask |= static_cast<KeepMask<kBM>>(four) << (src * kCalls + 4 * wi);
     }
   return mask;
 }
@@ -668,13 +672,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // dS^T are live. Measured against the alternatives: under the step's own S^T and dP^T
   // products the calls cost 3% more at D = 128 (and at D = 64 ptxas runs out of registers and
   // serializes wgmma); half under the dV product, half here, 2.6% more.
-  auto make_keep = [&](int n) -> std::uint64_t {
+  auto make_keep = [&](int n) -> KeepMask<kBM> {
     if (!kDropout || n >= n_steps) return 0;
     const int h = hk * p.group + n / blocks_per_head, i0 = (ib_first + n % blocks_per_head) * kBM;
     return backward_keep_mask<kBM>(p, attention_dropout_subsequence(p.offset, b, h, p.heads_q), i0,
                                    (j0 + 16 * warp) / 8, lane);
   };
-  std::uint64_t keep_next = make_keep(0);
+  KeepMask<kBM> keep_next = make_keep(0);
   load_row_scalars(0);
   asm volatile("bar.sync 2, %0;\n" ::"n"(Traits::kConsumerThreads));
   if (n_steps > 0) tx_barrier(st.kv_full).wait(0);
@@ -690,7 +694,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     wgmma<true, false>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
     wgmma<true, false>(mma_sdp, tSrV, tSrO(_, _, _, stage), tSrDP);
     load_row_scalars(n + 1);  // its load latency runs under the matrix products
-    const std::uint64_t keep = keep_next;
+    const KeepMask<kBM> keep = keep_next;
     warpgroup_wait<0>();
 
     // Queries every key of the block sees in full keep the raw scores and fold the scale into
@@ -704,6 +708,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // dP^T masked and scaled as the forward's P was.
     auto apply_dropout = [&](int x, int bit, float prob, float dl) {
       if constexpr (kDropout) {
+        // (one multiplier z = kept ? keep_scale : 0 and an FMA look cheaper, but make ptxas spill)
         const bool kept = (keep >> bit) & 1u;
         tSrS(x) = kept ? prob * p.keep_scale : 0.0f;
         tSrDP(x) = prob * ((kept ? tSrDP(x) * p.keep_scale : 0.0f) - dl);
