@@ -195,6 +195,23 @@ struct MaskRule {
     range(i1 - 1, lo1, hi1);
     return max(lo0, j0) < min(hi1, j1);
   }
+  // For the query rows [i0, i1) (i1 <= sq): the blocks of kBN keys any of them sees,
+  // [jb_begin, jb_end) (empty if none), and the keys every one of them sees, [all_lo, all_hi)
+  // (lo and hi never decrease with the row, so the first and the last row decide).
+  template <int kBN>
+  __device__ __forceinline__ void key_blocks(int i0, int i1, int& jb_begin, int& jb_end, int& all_lo,
+                                             int& all_hi) const {
+    int lo0, hi0, lo1, hi1;
+    range(i0, lo0, hi0);
+    range(i1 - 1, lo1, hi1);
+    jb_begin = jb_end = 0;
+    if (hi1 > lo0) {
+      jb_begin = lo0 / kBN;
+      jb_end = (hi1 + kBN - 1) / kBN;
+    }
+    all_lo = lo1;
+    all_hi = hi0;
+  }
 };
 
 __device__ __forceinline__ MaskRule mask_rule(const KernelParams& p, const Seq& s) {
@@ -607,19 +624,8 @@ __global__ void __launch_bounds__(128) forward_kernel(const KernelParams p) {
   const int row0 = i0 + wrow + g;    // the thread's row of m-tile 0, r = 0
 
   const MaskRule rule = mask_rule(p, s);
-  // Key blocks any row sees, and the keys every row sees (lo and hi never decrease with the row).
-  int jb_begin = 0, jb_end = 0, all_lo = 0, all_hi = 0;
-  {
-    int lo0, hi0, lo1, hi1;
-    rule.range(i0, lo0, hi0);
-    rule.range(min(i0 + kBM, s.sq) - 1, lo1, hi1);
-    if (hi1 > lo0) {
-      jb_begin = lo0 / kBN;
-      jb_end = (hi1 + kBN - 1) / kBN;
-    }
-    all_lo = lo1;
-    all_hi = hi0;
-  }
+  int jb_begin, jb_end, all_lo, all_hi;
+  rule.key_blocks<kBN>(i0, min(i0 + kBM, s.sq), jb_begin, jb_end, all_lo, all_hi);
   // logits = (S + bias / scale) * mult. scale = 0 (allowed, if odd) skips Q K^T: logits = bias.
   const bool has_qk = p.scale != 0.0f;
   const float mult0 = has_qk ? p.scale_log2 : kLog2e;

@@ -122,7 +122,25 @@ using Barrier = cutlass::arch::ClusterBarrier;
 using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
 
 __device__ __forceinline__ Barrier& barrier(std::uint64_t& b) { return *reinterpret_cast<Barrier*>(&b); }
+
+// The kernel's shared storage at the dynamic shared memory aligned up to the 1024 bytes of the
+// 128-byte swizzle pattern (smem_bytes() reserves the slack).
+template <typename Storage>
+__device__ __forceinline__ Storage& shared_storage() {
+  extern __shared__ unsigned char smem_raw[];
+  return *reinterpret_cast<Storage*>((reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) & ~std::uintptr_t{1023});
+}
 __device__ __forceinline__ TxBarrier& tx_barrier(std::uint64_t& b) { return *reinterpret_cast<TxBarrier*>(&b); }
+
+// The (kRows x kD) tiles of one head of one sequence in a (token, d, head, batch) TMA tensor,
+// tokens counted from the sequence's first (`base`, packed with variable lengths): block `block`
+// of them, or all of them with block = cute::_ (indexed later by block).
+template <int kRows, int kD, typename TmaTensor, typename Block>
+__device__ __forceinline__ auto head_tiles(const TmaTensor& m, std::int64_t base, int head, int batch, Block block) {
+  using namespace cute;
+  return local_tile(domain_offset(make_coord(static_cast<int>(base), _0{}), m(_, _, head, batch)),
+                    Shape<Int<kRows>, Int<kD>>{}, make_coord(block, _0{}));
+}
 
 // C (+)= A B over every k-block of the fragments, issued as one wgmma batch (not waited for).
 // kRegisterA: A is a register fragment (fenced like C), not shared-memory descriptors.
@@ -225,8 +243,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   using Storage = typename Traits::SharedStorage;
   const kernels::KernelParams& p = P.base;
 
-  extern __shared__ unsigned char smem_raw[];
-  Storage& st = *reinterpret_cast<Storage*>((reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) & ~std::uintptr_t{1023});
+  Storage& st = shared_storage<Storage>();
 
   const int b = blockIdx.z, h = blockIdx.y;
   const int i_block = gridDim.x - 1 - blockIdx.x, i0 = i_block * kBM;
@@ -234,18 +251,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if (i0 >= s.sq) return;  // the whole CTA, before any barrier exists
   const int hk = h / p.group;
   const kernels::MaskRule rule = kernels::mask_rule(p, s);
-  int jb_begin = 0, jb_end = 0, all_lo = 0, all_hi = 0;
-  {
-    int lo0, hi0, lo1, hi1;
-    rule.range(i0, lo0, hi0);
-    rule.range(min(i0 + kBM, s.sq) - 1, lo1, hi1);
-    if (hi1 > lo0) {
-      jb_begin = lo0 / kBN;
-      jb_end = (hi1 + kBN - 1) / kBN;
-    }
-    all_lo = lo1;
-    all_hi = hi0;
-  }
+  int jb_begin, jb_end, all_lo, all_hi;
+  rule.key_blocks<kBN>(i0, min(i0 + kBM, s.sq), jb_begin, jb_end, all_lo, all_hi);
   const int n_blocks = jb_end - jb_begin;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
@@ -274,12 +281,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       Tensor mQ = P.tma_q.get_tma_tensor(P.shape_q);
       Tensor mK = P.tma_k.get_tma_tensor(P.shape_k);
       Tensor mV = P.tma_v.get_tma_tensor(P.shape_v);
-      Tensor gQ = local_tile(domain_offset(make_coord(static_cast<int>(s.q_base), _0{}), mQ(_, _, h, qb)),
-                             Shape<Int<kBM>, Int<kD>>{}, make_coord(i_block, _0{}));
-      Tensor gK = local_tile(domain_offset(make_coord(static_cast<int>(s.k_base), _0{}), mK(_, _, hk, qb)),
-                             Shape<Int<kBN>, Int<kD>>{}, make_coord(_, _0{}));
-      Tensor gV = local_tile(domain_offset(make_coord(static_cast<int>(s.k_base), _0{}), mV(_, _, hk, qb)),
-                             Shape<Int<kBN>, Int<kD>>{}, make_coord(_, _0{}));
+      Tensor gQ = head_tiles<kBM, kD>(mQ, s.q_base, h, qb, i_block);
+      Tensor gK = head_tiles<kBN, kD>(mK, s.k_base, hk, qb, _);
+      Tensor gV = head_tiles<kBN, kD>(mV, s.k_base, hk, qb, _);
       auto [tQg, tQs] = tma_partition(P.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
       auto [tKg, tKs] = tma_partition(P.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
       auto [tVg, tVs] = tma_partition(P.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
@@ -535,8 +539,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   using Storage = typename Traits::SharedStorage;
   const kernels::KernelParams& p = P.base;
 
-  extern __shared__ unsigned char smem_raw[];
-  Storage& st = *reinterpret_cast<Storage*>((reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) & ~std::uintptr_t{1023});
+  Storage& st = shared_storage<Storage>();
 
   const int b = blockIdx.z, hk = blockIdx.y, jb = blockIdx.x, j0 = jb * kBN;
   const kernels::Seq s = kernels::seq_of(p, b);
@@ -585,10 +588,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     Tensor mK = P.tma_k.get_tma_tensor(P.shape_k);
     Tensor mV = P.tma_v.get_tma_tensor(P.shape_v);
     {
-      Tensor gK = local_tile(domain_offset(make_coord(static_cast<int>(s.k_base), _0{}), mK(_, _, hk, qb)),
-                             Shape<Int<kBN>, Int<kD>>{}, make_coord(jb, _0{}));
-      Tensor gV = local_tile(domain_offset(make_coord(static_cast<int>(s.k_base), _0{}), mV(_, _, hk, qb)),
-                             Shape<Int<kBN>, Int<kD>>{}, make_coord(jb, _0{}));
+      Tensor gK = head_tiles<kBN, kD>(mK, s.k_base, hk, qb, jb);
+      Tensor gV = head_tiles<kBN, kD>(mV, s.k_base, hk, qb, jb);
       auto [tKg, tKs] = tma_partition(P.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
       auto [tVg, tVs] = tma_partition(P.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
       tx_barrier(st.kv_full).arrive_and_expect_tx(2 * Traits::kKVBytes);
@@ -600,10 +601,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       const int stage = n % kStages, use = n / kStages;
       if (use > 0) barrier(st.q_empty[stage]).wait((use - 1) & 1);
       {
-        Tensor gQ = local_tile(domain_offset(make_coord(static_cast<int>(s.q_base), _0{}), mQ(_, _, h, qb)),
-                               Shape<Int<kBM>, Int<kD>>{}, make_coord(ib, _0{}));
-        Tensor gO = local_tile(domain_offset(make_coord(static_cast<int>(s.q_base), _0{}), mO(_, _, h, qb)),
-                               Shape<Int<kBM>, Int<kD>>{}, make_coord(ib, _0{}));
+        Tensor gQ = head_tiles<kBM, kD>(mQ, s.q_base, h, qb, ib);
+        Tensor gO = head_tiles<kBM, kD>(mO, s.q_base, h, qb, ib);
         auto [tQg, tQs] = tma_partition(P.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
         auto [tOg, tOs] = tma_partition(P.tma_dout, _0{}, Layout<_1>{}, group_modes<0, 2>(sO), group_modes<0, 2>(gO));
         tx_barrier(st.q_full[stage]).arrive_and_expect_tx(2 * Traits::kQBytes);
