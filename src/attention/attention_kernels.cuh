@@ -212,6 +212,19 @@ struct MaskRule {
     all_lo = lo1;
     all_hi = hi0;
   }
+  // The blocks of kBM query rows that see keys [j0, j1): one interval [ib_first, ib_last] (lo
+  // and hi never decrease with the row); ib_last < ib_first when none does.
+  template <int kBM>
+  __device__ __forceinline__ void query_blocks(int j0, int j1, int& ib_first, int& ib_last) const {
+    const int n_query_blocks = (sq + kBM - 1) / kBM;
+    ib_first = n_query_blocks;
+    ib_last = -1;
+    for (int ib = 0; ib < n_query_blocks; ++ib)
+      if (block_visible(ib * kBM, min(ib * kBM + kBM, sq), j0, j1)) {
+        ib_first = min(ib_first, ib);
+        ib_last = ib;
+      }
+  }
 };
 
 __device__ __forceinline__ MaskRule mask_rule(const KernelParams& p, const Seq& s) {
@@ -1216,14 +1229,8 @@ __global__ void __launch_bounds__(kWarps * 32, (DkdvShape<kD, kWarps, kBM, kBN>:
   float dk[kDW / 8][4], dv[kDW / 8][4];
   zero(dk);
   zero(dv);
-  // The query blocks that see this key block form one interval (lo and hi never decrease).
-  const int n_query_blocks = (s.sq + kBM - 1) / kBM;
-  int ib_first = n_query_blocks, ib_last = -1;
-  for (int ib = 0; ib < n_query_blocks; ++ib)
-    if (rule.block_visible(ib * kBM, min(ib * kBM + kBM, s.sq), j0, j1)) {
-      ib_first = min(ib_first, ib);
-      ib_last = ib;
-    }
+  int ib_first, ib_last;
+  rule.query_blocks<kBM>(j0, j1, ib_first, ib_last);
   // Q, dO (and the bias tile) of query block i0 of head h. Issued one block ahead, while the
   // previous block's phase 3 runs.
   auto issue_loads = [&](int h, int i0) {

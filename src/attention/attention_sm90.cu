@@ -40,6 +40,21 @@ bool tma_describable(const Operand& op, std::int64_t tokens, std::int64_t heads,
   return (tokens <= 1 || op.s_stride > 0) && (heads <= 1 || op.h_stride > 0) && (batch <= 1 || op.b_stride > 0);
 }
 
+// Launches `kernel` with `smem` bytes of dynamic shared memory (more than the default 48 KB: the
+// kernel must be allowed it first, and the GPU must have it).
+template <typename Kernel, typename Params>
+void launch_kernel(const char* op, const char* what, Kernel kernel, dim3 grid, int threads, int smem, const Params& P,
+                   int device_index, cudaStream_t stream) {
+  const std::size_t optin = detail::device_info(op, device_index).max_smem_per_block_optin;
+  if (static_cast<std::size_t>(smem) > optin)
+    throw Error(ErrorKind::unsupported, op,
+                std::string("the ") + what + " needs " + std::to_string(smem) +
+                    " bytes of shared memory per block; the GPU allows " + std::to_string(optin));
+  FUSEKIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  kernel<<<grid, threads, smem, stream>>>(P);
+  detail::check_launch(op, what);
+}
+
 template <typename Traits>
 void launch(const Problem& p, const kernels::KernelParams& k, int device_index, cudaStream_t stream) {
   using namespace cute;
@@ -61,17 +76,10 @@ void launch(const Problem& p, const kernels::KernelParams& k, int device_index, 
       gq.shape(), gk.shape(), gv.shape()};
 
   auto kernel = k.dropout ? forward_kernel<Traits, true> : forward_kernel<Traits, false>;
-  constexpr int smem = Traits::smem_bytes();
-  const std::size_t optin = detail::device_info(op, device_index).max_smem_per_block_optin;
-  if (static_cast<std::size_t>(smem) > optin)
-    throw Error(ErrorKind::unsupported, op,
-                "the Hopper attention forward needs " + std::to_string(smem) +
-                    " bytes of shared memory per block; the GPU allows " + std::to_string(optin));
-  FUSEKIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const dim3 grid(static_cast<unsigned>((p.seqlen_q + Traits::kBM - 1) / Traits::kBM),
                   static_cast<unsigned>(p.heads_q), static_cast<unsigned>(p.batch));
-  kernel<<<grid, Traits::kThreads, smem, stream>>>(P);
-  detail::check_launch(op, "attention forward kernel (sm90)");
+  launch_kernel(op, "attention forward kernel (sm90)", kernel, grid, Traits::kThreads, Traits::smem_bytes(), P,
+                device_index, stream);
 }
 
 template <typename Traits>
@@ -98,17 +106,10 @@ void launch_dkdv(const BackwardProblem& p, const kernels::KernelParams& k, int d
                            gv.shape()};
   auto kernel = k.atomic_dq != 0 ? (k.dropout ? dkdv_kernel<Traits, true, true> : dkdv_kernel<Traits, true, false>)
                                   : (k.dropout ? dkdv_kernel<Traits, false, true> : dkdv_kernel<Traits, false, false>);
-  constexpr int smem = Traits::smem_bytes();
-  const std::size_t optin = detail::device_info(op, device_index).max_smem_per_block_optin;
-  if (static_cast<std::size_t>(smem) > optin)
-    throw Error(ErrorKind::unsupported, op,
-                "the Hopper attention dk/dv kernel needs " + std::to_string(smem) +
-                    " bytes of shared memory per block; the GPU allows " + std::to_string(optin));
-  FUSEKIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const dim3 grid(static_cast<unsigned>((p.seqlen_k + Traits::kBN - 1) / Traits::kBN),
                   static_cast<unsigned>(p.heads_kv), static_cast<unsigned>(p.batch));
-  kernel<<<grid, Traits::kThreads, smem, stream>>>(P);
-  detail::check_launch(op, "attention backward dk/dv kernel (sm90)");
+  launch_kernel(op, "attention backward dk/dv kernel (sm90)", kernel, grid, Traits::kThreads, Traits::smem_bytes(), P,
+                device_index, stream);
 }
 
 }  // namespace

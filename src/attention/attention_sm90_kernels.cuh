@@ -546,14 +546,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if (j0 >= s.sk) return;
   const int j1 = min(j0 + kBN, s.sk);
   const kernels::MaskRule rule = kernels::mask_rule(p, s);
-  // The query blocks that see this key block form one interval (lo and hi never decrease).
-  const int n_query_blocks = (s.sq + kBM - 1) / kBM;
-  int ib_first = n_query_blocks, ib_last = -1;
-  for (int ib = 0; ib < n_query_blocks; ++ib)
-    if (rule.block_visible(ib * kBM, min(ib * kBM + kBM, s.sq), j0, j1)) {
-      ib_first = min(ib_first, ib);
-      ib_last = ib;
-    }
+  int ib_first, ib_last;
+  rule.query_blocks<kBM>(j0, j1, ib_first, ib_last);
   const int blocks_per_head = ib_last >= ib_first ? ib_last - ib_first + 1 : 0;
   const int n_steps = blocks_per_head * p.group;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
