@@ -96,18 +96,38 @@ struct ForwardTraits {
                                              cute::take<0, 2>(SmemLayoutKV{}),
                                              cute::Shape<cute::Int<kBN>, cute::Int<kD>>{}, cute::_1{}));
 
+  // The bias tile of a (query block, key block), in the input dtype: (query, key, stage), keys
+  // contiguous, swizzled as Q is; it travels with K through K's ring.
+  using SmemLayoutBias =
+      decltype(cute::tile_to_shape(SmemAtom{}, cute::Shape<cute::Int<kBM>, cute::Int<kBN>, cute::Int<kStages>>{}));
+  using TmaBias = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensor{}, cute::take<0, 2>(SmemLayoutBias{}),
+                                               cute::Shape<cute::Int<kBM>, cute::Int<kBN>>{}, cute::_1{}));
+
   static constexpr std::uint32_t kQBytes = kBM * kD * sizeof(Element);
   static constexpr std::uint32_t kKVBytes = kBN * kD * sizeof(Element);
+  static constexpr std::uint32_t kBiasBytes = kBM * kBN * sizeof(Element);
 
+  template <bool kBias>
   struct SharedStorage {
     alignas(1024) Element q[cute::cosize_v<SmemLayoutQ>];
     alignas(1024) Element k[cute::cosize_v<SmemLayoutKV>];
     alignas(1024) Element v[cute::cosize_v<SmemLayoutKV>];
+    alignas(1024) Element bias[kBias ? cute::cosize_v<SmemLayoutBias> : 8];
     alignas(8) std::uint64_t q_full;
     std::uint64_t k_full[kStages], v_full[kStages], k_empty[kStages], v_empty[kStages];
   };
   // + 1 KB so that the kernel can align the dynamic shared memory to the swizzle's 1024 bytes.
-  static constexpr int smem_bytes() { return static_cast<int>(sizeof(SharedStorage)) + 1024; }
+  template <bool kBias>
+  static constexpr int smem_bytes() { return static_cast<int>(sizeof(SharedStorage<kBias>)) + 1024; }
+};
+
+// Where a kernel finds the bias (or dbias) of query head h, batch b in its TMA tensor
+// (query, key, head, batch): a dimension the bias broadcasts has extent 1 there (TMA cannot step
+// by 0), and its coordinate is always 0.
+struct BiasCoords {
+  int head_step = 0, batch_step = 0;  // 1: the dim is materialized, 0: broadcast
+  __device__ __forceinline__ int head(int h) const { return h * head_step; }
+  __device__ __forceinline__ int batch(int b) const { return b * batch_step; }
 };
 
 template <typename Traits>
@@ -116,6 +136,9 @@ struct ForwardParams {
   typename Traits::TmaQ tma_q;
   typename Traits::TmaKV tma_k, tma_v;
   typename Traits::GmemShape shape_q, shape_k, shape_v;
+  typename Traits::TmaBias tma_bias;  // set only with a bias
+  typename Traits::GmemShape shape_bias;
+  BiasCoords bias;
 };
 
 using Barrier = cutlass::arch::ClusterBarrier;
@@ -131,6 +154,16 @@ __device__ __forceinline__ Storage& shared_storage() {
   return *reinterpret_cast<Storage*>((reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) & ~std::uintptr_t{1023});
 }
 __device__ __forceinline__ TxBarrier& tx_barrier(std::uint64_t& b) { return *reinterpret_cast<TxBarrier*>(&b); }
+
+// Byte offset of element (row, col) of a (kRows x N) 16-bit tile in the layout above
+// (GMMA::Layout_K_SW128_Atom tiled down the rows, then across 64-column panels), col a multiple
+// of 8: rows are 128 bytes within a panel, and the 16-byte chunk c of row r sits at chunk
+// c ^ (r % 8) (the 128-byte swizzle TMA writes and wgmma reads; 1024-byte aligned tiles).
+// ldmatrix takes these 16-byte row pieces directly.
+template <int kRows>
+__device__ __forceinline__ int sw128_offset(int row, int col) {
+  return (col / 64) * (kRows * 128) + row * 128 + ((((col % 64) / 8) ^ (row % 8)) << 4);
+}
 
 // The (kRows x kD) tiles of one head of one sequence in a (token, d, head, batch) TMA tensor,
 // tokens counted from the sequence's first (`base`, packed with variable lengths): block `block`
@@ -232,7 +265,9 @@ __device__ __forceinline__ KeepMask<kBM> backward_keep_mask(const kernels::Kerne
 }
 
 // kDropout: dropout on P (a compile-time switch, so that the common case pays nothing for it).
-template <typename Traits, bool kDropout>
+// kBias: an additive bias in the input dtype, its tiles brought by TMA with K's (attention_sm90.cu
+// decides which biases TMA can describe).
+template <typename Traits, bool kDropout, bool kBias>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     forward_kernel(const __grid_constant__ ForwardParams<Traits> P) {
 #if defined(__CUDA_ARCH__) && defined(CUTE_ARCH_MMA_SM90A_ENABLED)
@@ -240,7 +275,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   using T = typename Traits::T;
   using Element = typename Traits::Element;
   constexpr int kBM = Traits::kBM, kBN = Traits::kBN, kD = Traits::kD, kStages = Traits::kStages;
-  using Storage = typename Traits::SharedStorage;
+  using Storage = typename Traits::template SharedStorage<kBias>;
   const kernels::KernelParams& p = P.base;
 
   Storage& st = shared_storage<Storage>();
@@ -272,6 +307,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Tensor sK = make_tensor(make_smem_ptr(st.k), typename Traits::SmemLayoutKV{});
   Tensor sV = make_tensor(make_smem_ptr(st.v), typename Traits::SmemLayoutKV{});
   Tensor sVt = make_tensor(make_smem_ptr(st.v), typename Traits::SmemLayoutVt{});
+  Tensor sBias = make_tensor(make_smem_ptr(st.bias), typename Traits::SmemLayoutBias{});
 
   if (warp >= Traits::kConsumerWarps) {
     // ---- producer: one lane issues every copy ----
@@ -293,8 +329,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       for (int n = 0; n < n_blocks; ++n) {
         const int jb = jb_end - 1 - n, stage = n % kStages, use = n / kStages;
         if (use > 0) barrier(st.k_empty[stage]).wait((use - 1) & 1);
-        tx_barrier(st.k_full[stage]).arrive_and_expect_tx(Traits::kKVBytes);
+        tx_barrier(st.k_full[stage]).arrive_and_expect_tx(Traits::kKVBytes + (kBias ? Traits::kBiasBytes : 0));
         copy(P.tma_k.with(st.k_full[stage]), tKg(_, jb), tKs(_, stage));
+        if constexpr (kBias) {
+          Tensor mB = P.tma_bias.get_tma_tensor(P.shape_bias);
+          Tensor gB = local_tile(mB(_, _, P.bias.head(h), P.bias.batch(b)), Shape<Int<kBM>, Int<kBN>>{},
+                                 make_coord(i_block, jb));
+          auto [tBg, tBs] =
+              tma_partition(P.tma_bias, _0{}, Layout<_1>{}, group_modes<0, 2>(sBias), group_modes<0, 2>(gB));
+          copy(P.tma_bias.with(st.k_full[stage]), tBg, tBs(_, stage));
+        }
         if (use > 0) barrier(st.v_empty[stage]).wait((use - 1) & 1);
         tx_barrier(st.v_full[stage]).arrive_and_expect_tx(Traits::kKVBytes);
         copy(P.tma_v.with(st.v_full[stage]), tVg(_, jb), tVs(_, stage));
@@ -338,10 +382,50 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if constexpr (kDropout) forward_keep_words(keep, p, subsequence, row0, j0, lane);  // under the wgmma
     warpgroup_wait<0>();
     __syncwarp();
-    if (lane == 0) barrier(st.k_empty[stage]).arrive();
+    if (!kBias && lane == 0) barrier(st.k_empty[stage]).arrive();  // with a bias: once it is read
 
     float mult = mult0;
-    if (!(j0 >= all_lo && j0 + kBN <= all_hi)) {
+    const bool every_key_visible = j0 >= all_lo && j0 + kBN <= all_hi;
+    if constexpr (kBias) {
+      // logits (log2 units) = S scale log2(e) + bias log2(e), masked per element unless every
+      // key of the block is visible to every row. The bias fragment comes by ldmatrix in S's
+      // accumulator layout: matrix m of an x4 is rows + 8 (m % 2), columns + 8 (m / 2).
+      const unsigned char* tile = reinterpret_cast<const unsigned char*>(st.bias) + stage * Traits::kBiasBytes;
+      const int lm_row = warp * 16 + lane % 8 + 8 * ((lane / 8) % 2);
+      auto add_bias = [&](auto full) {
+        constexpr bool kFull = decltype(full)::value;
+        int lo[2] = {0, 0}, hi[2] = {0, 0};
+        if constexpr (!kFull)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) rule.range(row0 + 8 * r, lo[r], hi[r]);
+#pragma unroll
+        for (int cp = 0; cp < kSCols; cp += 2) {
+          std::uint32_t w[4];
+          kernels::ldsm_x4(w, tile + sw128_offset<kBM>(lm_row, 8 * (cp + lane / 16)));
+#pragma unroll
+          for (int m = 0; m < 4; ++m) {
+            const int r = m % 2, c = cp + m / 2;
+            const float2 bias = kernels::unpack2<T>(w[m]);
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float& x = tSrS(4 * c + 2 * r + e);
+              const float logit = fmaf(x, mult0, (e ? bias.y : bias.x) * kernels::kLog2e);
+              if constexpr (kFull) {
+                x = logit;
+              } else {
+                const int j = j0 + 8 * c + 2 * t + e;
+                x = (j >= lo[r] && j < hi[r]) ? logit : kernels::neg_inf();
+              }
+            }
+          }
+        }
+      };
+      if (every_key_visible) add_bias(std::true_type{});
+      else add_bias(std::false_type{});
+      __syncwarp();
+      if (lane == 0) barrier(st.k_empty[stage]).arrive();
+      mult = 1.0f;
+    } else if (!every_key_visible) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         int lo, hi;
@@ -500,9 +584,19 @@ struct BackwardTraits {
                                             cute::Shape<cute::Int<kBM>, cute::Int<kD>>{}, cute::_1{}));
   using TmaKV = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutKV{},
                                              cute::Shape<cute::Int<kBN>, cute::Int<kD>>{}, cute::_1{}));
+  // The bias tile of a step lands in the dS buffer of that step (same shape and layout; each
+  // warp reads the bias of its 16 keys before it writes their dS over it), and dbias leaves from
+  // there once dS is complete.
+  using GmemTensorOut = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<Element*>(nullptr)),
+                                                   cute::make_layout(GmemShape{}, typename ForwardTraits<T, kD>::GmemStride{})));
+  using TmaBias = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensor{}, cute::take<0, 2>(SmemLayoutDS{}),
+                                               cute::Shape<cute::Int<kBM>, cute::Int<kBN>>{}, cute::_1{}));
+  using TmaDbias = decltype(cute::make_tma_copy(cute::SM90_TMA_STORE{}, GmemTensorOut{}, cute::take<0, 2>(SmemLayoutDS{}),
+                                                cute::Shape<cute::Int<kBM>, cute::Int<kBN>>{}, cute::_1{}));
 
   static constexpr std::uint32_t kQBytes = kBM * kD * sizeof(Element);
   static constexpr std::uint32_t kKVBytes = kBN * kD * sizeof(Element);
+  static constexpr std::uint32_t kBiasBytes = kBM * kBN * sizeof(Element);
 
   struct SharedStorage {
     alignas(1024) Element k[cute::cosize_v<SmemLayoutKV>];
@@ -523,14 +617,20 @@ struct BackwardParams {
   typename Traits::TmaQ tma_q, tma_dout;
   typename Traits::TmaKV tma_k, tma_v;
   typename Traits::GmemShape shape_q, shape_dout, shape_k, shape_v;
+  typename Traits::TmaBias tma_bias;    // set only with a bias
+  typename Traits::TmaDbias tma_dbias;  // set only with dbias (p.dbias_direct)
+  typename Traits::GmemShape shape_bias, shape_dbias;
+  BiasCoords bias;
 };
 
 // kAtomicDQ: the dQ parts go to the float32 accumulator (p.atomic_dq). A compile-time switch: with
 // a run-time one, ptxas serializes every wgmma of the kernel (C7514) and spills.
-// kDropout as in the forward.
-template <typename Traits, bool kAtomicDQ, bool kDropout>
+// kDropout as in the forward. kBias: an additive bias in the input dtype, and dbias (written
+// from the dS tile by TMA) when p.dbias_direct; needs kAtomicDQ, whose dS tile it uses.
+template <typename Traits, bool kAtomicDQ, bool kDropout, bool kBias>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     dkdv_kernel(const __grid_constant__ BackwardParams<Traits> P) {
+  static_assert(!kBias || kAtomicDQ, "the bias tiles use the dS buffers of the dQ product");
 #if defined(__CUDA_ARCH__) && defined(CUTE_ARCH_MMA_SM90A_ENABLED)
   using namespace cute;
   using T = typename Traits::T;
@@ -599,9 +699,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         Tensor gO = head_tiles<kBM, kD>(mO, s.q_base, h, qb, ib);
         auto [tQg, tQs] = tma_partition(P.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
         auto [tOg, tOs] = tma_partition(P.tma_dout, _0{}, Layout<_1>{}, group_modes<0, 2>(sO), group_modes<0, 2>(gO));
-        tx_barrier(st.q_full[stage]).arrive_and_expect_tx(2 * Traits::kQBytes);
+        tx_barrier(st.q_full[stage]).arrive_and_expect_tx(2 * Traits::kQBytes + (kBias ? Traits::kBiasBytes : 0));
         copy(P.tma_q.with(st.q_full[stage]), tQg, tQs(_, stage));
         copy(P.tma_dout.with(st.q_full[stage]), tOg, tOs(_, stage));
+        if constexpr (kBias) {
+          Tensor mB = P.tma_bias.get_tma_tensor(P.shape_bias);
+          Tensor gB = local_tile(mB(_, _, P.bias.head(h), P.bias.batch(b)), Shape<Int<kBM>, Int<kBN>>{},
+                                 make_coord(ib, jb));
+          auto [tBg, tBs] =
+              tma_partition(P.tma_bias, _0{}, Layout<_1>{}, group_modes<0, 2>(sDS), group_modes<0, 2>(gB));
+          copy(P.tma_bias.with(st.q_full[stage]), tBg, tBs(_, stage));
+        }
       }
     }
     return;
@@ -710,7 +818,48 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         tSrDP(x) = prob * (tSrDP(x) - dl);
       }
     };
-    if (j0 >= blk_lo && j0 + kBN <= blk_hi) {
+    if constexpr (kBias) {
+      // logit = S scale log2(e) + bias log2(e). The bias fragment comes by ldmatrix.trans from the
+      // (query, key) tile in S^T's accumulator layout: matrix m of an x4 is keys + 8 (m % 2),
+      // queries + 8 (m / 2).
+      const unsigned char* tile = reinterpret_cast<const unsigned char*>(st.ds) + stage * Traits::kBiasBytes;
+      const int lm_key = warp * 16 + 8 * ((lane / 8) % 2);
+      auto add_bias = [&](auto full) {
+        constexpr bool kFull = decltype(full)::value;
+#pragma unroll
+        for (int cp = 0; cp < kSCols; cp += 2) {
+          std::uint32_t w[4];
+          kernels::ldsm_x4_trans(w, tile + sw128_offset<kBM>(8 * (cp + lane / 16) + lane % 8, lm_key));
+#pragma unroll
+          for (int half = 0; half < 2; ++half)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int c = cp + half, il = 8 * c + 2 * t + e;
+              const float l2 = lse2[il], dl = delta[il];
+              int lo = 0, hi = 0;
+              if constexpr (!kFull) rule.range(i0 + il, lo, hi);
+#pragma unroll
+              for (int r = 0; r < 2; ++r) {
+                const int x = 4 * c + 2 * r + e;
+                const float2 bias = kernels::unpack2<T>(w[2 * half + r]);
+                const float bias2 = (e ? bias.y : bias.x) * kernels::kLog2e;
+                float prob;
+                if constexpr (kFull) {
+                  prob = kernels::fast_exp2(fmaf(tSrS(x), mult0, bias2 - l2));
+                } else {
+                  const int j = jrow + 8 * r;
+                  const float logit = (j >= lo && j < hi) ? fmaf(tSrS(x), mult0, bias2) : kernels::neg_inf();
+                  prob = kernels::fast_exp2(logit - l2);
+                }
+                apply_dropout(x, 4 * c + 2 * e + r, prob, dl);
+              }
+            }
+        }
+      };
+      if (j0 >= blk_lo && j0 + kBN <= blk_hi) add_bias(std::true_type{});
+      else add_bias(std::false_type{});
+      __syncwarp();  // the warp's bias reads precede its dS writes over them
+    } else if (j0 >= blk_lo && j0 + kBN <= blk_hi) {
 #pragma unroll
       for (int c = 0; c < kSCols; ++c)
 #pragma unroll
@@ -761,6 +910,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       for (int i = 0; i < size(tKVrDS); ++i) tSsDSt(i, _0{}, _0{}, buf) = tKVrDS(i);
       cutlass::arch::fence_view_async_shared();
       asm volatile("bar.sync 1, %0;\n" ::"n"(Traits::kConsumerThreads));
+      if constexpr (kBias) {
+        if (tid == 0 && p.dbias_direct != 0) {  // dbias = dS: one thread sends the whole tile
+          Tensor mDB = P.tma_dbias.get_tma_tensor(P.shape_dbias);
+          Tensor gDB = local_tile(mDB(_, _, h, b), Shape<Int<kBM>, Int<kBN>>{}, make_coord(ib, jb));
+          auto [tDBg, tDBs] =
+              tma_partition(P.tma_dbias, _0{}, Layout<_1>{}, group_modes<0, 2>(sDS), group_modes<0, 2>(gDB));
+          copy(P.tma_dbias, tDBs(_, buf), tDBg);
+          tma_store_arrive();
+        }
+      }
       wgmma<true, false>(mma_q, tQrDS(_, _, _, buf), tQrKt, tQrDQ);
     }
     if (want_dk) {
@@ -793,6 +952,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
     if constexpr (kDropout) keep_next = make_keep(n + 1);
     warpgroup_wait<0>();
+    // the next use of this stage's dS buffer (a bias tile) waits for dbias to have left it
+    if constexpr (kBias)
+      if (tid == 0 && p.dbias_direct != 0) tma_store_wait<0>();
     __syncwarp();
     if (lane == 0) barrier(st.q_empty[stage]).arrive();
   }

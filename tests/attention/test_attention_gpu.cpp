@@ -295,44 +295,50 @@ TEST(AttentionGpu, VarlenWithEmptySequences) {
   check_case(s, salt++);
 }
 
+// Twice: a float32 bias with the deterministic backward (the mma.sync kernels), and a bias in the
+// input dtype with the atomic-dQ backward (on sm_90 the Hopper kernels, dbias from the dS tiles).
 TEST(AttentionGpu, FullyMaskedRowsAreZeroAndFinite) {
   FUSEKIT_REQUIRE_GPU();
-  Spec s;
-  s.dtype = DType::f16;
-  s.B = 2, s.Hq = 2, s.Hkv = 1, s.Sq = 100, s.Sk = 40, s.D = 64, s.Dv = 64;
-  s.cfg.mask = AttentionMask::causal_bottom_right;  // rows i < 60 see no key
-  s.bias = true, s.bias_dtype = DType::f32;
-  Pair p(s);
-  auto rng = testing::make_rng(1600);
-  p.fill(rng);
-  auto bv = p.gpu.bias->values();  // row 80 of (b 1, h 0): -inf bias on every key
-  for (std::int64_t j = 0; j < s.Sk; ++j) bv[p.gpu.bias_index(1, 0, 80, j)] = -kInf;
-  p.gpu.bias->set_values(bv);
-  p.sync_inputs();
-  p.forward();
-  expect_forward(p);
-  p.share_saved_tensors();
-  p.cpu.backward();
-  p.gpu.poison_gradients();
-  p.gpu.backward(true, true, true, true, true);
-  expect_gradients(p, typical_backward(p.cpu, s.dtype, dbias_bar_dtype(s)), Want{}, "");
-  const auto out = p.gpu.out->values(), lse = p.gpu.lse->values(), dq = p.gpu.dq->values(), db = p.gpu.dbias->values();
-  for (const auto* vals : {&out, &dq, &db})
-    for (double x : *vals) ASSERT_FALSE(std::isnan(x));
-  for (double x : p.gpu.dk->values()) ASSERT_TRUE(std::isfinite(x));
-  for (double x : p.gpu.dv->values()) ASSERT_TRUE(std::isfinite(x));
-  for (std::int64_t b = 0; b < s.B; ++b)
-    for (std::int64_t h = 0; h < s.Hq; ++h)
-      for (std::int64_t i = 0; i < s.Sq; ++i) {
-        const bool masked = i < s.Sq - s.Sk || (b == 1 && h == 0 && i == 80);
-        EXPECT_EQ(lse[(b * s.Hq + h) * s.Sq + i] == -kInf, masked) << b << " " << h << " " << i;
-        if (!masked) continue;
-        for (std::int64_t d = 0; d < s.D; ++d) {
-          EXPECT_EQ(out[((b * s.Sq + i) * s.Hq + h) * s.Dv + d], 0.0);
-          EXPECT_EQ(dq[((b * s.Sq + i) * s.Hq + h) * s.D + d], 0.0);
+  for (const bool hopper : {false, true}) {
+    Spec s;
+    s.dtype = DType::f16;
+    s.B = 2, s.Hq = 2, s.Hkv = 1, s.Sq = 100, s.Sk = 40, s.D = 64, s.Dv = 64;
+    s.cfg.mask = AttentionMask::causal_bottom_right;  // rows i < 60 see no key
+    s.bias = true, s.bias_dtype = hopper ? DType::f16 : DType::f32;
+    SCOPED_TRACE(s.str());
+    Pair p(s);
+    auto rng = testing::make_rng(1600);
+    p.fill(rng);
+    auto bv = p.gpu.bias->values();  // row 80 of (b 1, h 0): -inf bias on every key
+    for (std::int64_t j = 0; j < s.Sk; ++j) bv[p.gpu.bias_index(1, 0, 80, j)] = -kInf;
+    p.gpu.bias->set_values(bv);
+    p.sync_inputs();
+    p.forward();
+    expect_forward(p);
+    p.share_saved_tensors();
+    p.cpu.backward();
+    p.gpu.poison_gradients();
+    p.gpu.backward(true, true, true, true, !hopper);
+    expect_gradients(p, typical_backward(p.cpu, s.dtype, dbias_bar_dtype(s)), Want{}, "");
+    const auto out = p.gpu.out->values(), lse = p.gpu.lse->values(), dq = p.gpu.dq->values();
+    const auto db = p.gpu.dbias->values();
+    for (const auto* vals : {&out, &dq, &db})
+      for (double x : *vals) ASSERT_FALSE(std::isnan(x));
+    for (double x : p.gpu.dk->values()) ASSERT_TRUE(std::isfinite(x));
+    for (double x : p.gpu.dv->values()) ASSERT_TRUE(std::isfinite(x));
+    for (std::int64_t b = 0; b < s.B; ++b)
+      for (std::int64_t h = 0; h < s.Hq; ++h)
+        for (std::int64_t i = 0; i < s.Sq; ++i) {
+          const bool masked = i < s.Sq - s.Sk || (b == 1 && h == 0 && i == 80);
+          EXPECT_EQ(lse[(b * s.Hq + h) * s.Sq + i] == -kInf, masked) << b << " " << h << " " << i;
+          if (!masked) continue;
+          for (std::int64_t d = 0; d < s.D; ++d) {
+            EXPECT_EQ(out[((b * s.Sq + i) * s.Hq + h) * s.Dv + d], 0.0);
+            EXPECT_EQ(dq[((b * s.Sq + i) * s.Hq + h) * s.D + d], 0.0);
+          }
+          for (std::int64_t j = 0; j < s.Sk; ++j) EXPECT_EQ(db[p.gpu.bias_index(b, h, i, j)], 0.0);
         }
-        for (std::int64_t j = 0; j < s.Sk; ++j) EXPECT_EQ(db[p.gpu.bias_index(b, h, i, j)], 0.0);
-      }
+  }
 }
 
 TEST(AttentionGpu, LargeLogits) {
@@ -521,6 +527,57 @@ TEST(AttentionGpu, HopperKernelShapes) {
       s.B = 5, s.Sq = 255, s.Sk = 200;
     }
     check_case(s, salt++);
+  }
+}
+
+// The Hopper kernels with a bias in the input dtype: the forward, and the atomic-dQ backward with
+// dbias written from the dS tiles by TMA (or not wanted): tails in both dims, key rows that are
+// not a multiple of 8 keys (padded), masks, a window, GQA, dropout, and bias dims broadcast or
+// expanded (TMA reads them at coordinate 0; their dbias needs a reduction, which the mma.sync
+// kernels do). Every case also runs with dbias not wanted.
+TEST(AttentionGpu, HopperBias) {
+  FUSEKIT_REQUIRE_GPU();
+  struct Case {
+    std::int64_t d, sq, sk, hq, hkv;
+    AttentionMask mask;
+    std::int64_t wl, wr;
+    bool full_batch, full_heads, expand;
+    float dropout_p;
+  };
+  const Case cases[] = {
+      {128, 257, 300, 2, 1, AttentionMask::none, -1, -1, true, true, false, 0.0f},
+      {64, 300, 257, 4, 2, AttentionMask::causal_top_left, -1, -1, true, true, false, 0.0f},
+      {128, 200, 390, 2, 2, AttentionMask::causal_bottom_right, -1, -1, true, true, false, 0.1f},
+      {64, 390, 390, 3, 1, AttentionMask::none, 130, 7, true, true, false, 0.0f},
+      {128, 129, 136, 4, 2, AttentionMask::none, -1, -1, false, true, false, 0.0f},
+      {64, 190, 256, 2, 1, AttentionMask::causal_bottom_right, -1, -1, true, false, true, 0.2f},
+      {128, 1, 77, 2, 1, AttentionMask::none, -1, -1, true, true, false, 0.0f},
+  };
+  std::uint64_t salt = 2500;
+  for (const Case& c : cases) {
+    Spec s;
+    s.dtype = salt % 2 ? DType::f16 : DType::bf16;
+    s.B = 2, s.Hq = c.hq, s.Hkv = c.hkv, s.D = c.d, s.Dv = c.d, s.Sq = c.sq, s.Sk = c.sk;
+    s.cfg.mask = c.mask;
+    s.cfg.window_left = c.wl, s.cfg.window_right = c.wr;
+    if (c.dropout_p > 0.0f) s.cfg.dropout_p = c.dropout_p, s.cfg.seed = 0xB1A5 + salt, s.cfg.offset = salt * 131;
+    s.bias = true, s.bias_dtype = s.dtype;
+    s.bias_full[0] = c.full_batch, s.bias_full[1] = c.full_heads, s.bias_full[2] = true;
+    s.bias_expand = c.expand;
+    SCOPED_TRACE(s.str());
+    auto rng = testing::make_rng(salt++);
+    Pair p(s);
+    p.fill(rng);
+    p.forward();
+    expect_forward(p);
+    p.share_saved_tensors();
+    p.cpu.backward(true, true, true, true, true);
+    const TypicalBackward typical = typical_backward(p.cpu, s.dtype, dbias_bar_dtype(s));
+    for (const bool want_dbias : {true, false}) {
+      p.gpu.poison_gradients();
+      p.gpu.backward(true, true, true, want_dbias, false);
+      expect_gradients(p, typical, Want{true, true, true, want_dbias}, want_dbias ? "(with dbias)" : "(no dbias)");
+    }
   }
 }
 

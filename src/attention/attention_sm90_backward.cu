@@ -1,0 +1,106 @@
+// Launcher of the Hopper attention dK / dV kernel (attention_sm90_kernels.cuh): builds the TMA
+// descriptors of q, dout, k, v (and the bias, dbias) from the caller's strides and launches one
+// CTA per (key block, kv head, batch).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "attention/attention_sm90.h"
+#include "attention/attention_sm90_launch.h"
+
+namespace fusekit::attention::sm90 {
+namespace {
+
+using namespace launch_detail;
+
+// Dropout and a bias together at D = 64 (128 queries per step) need more registers than a
+// consumer has: ptxas would serialize the kernel's wgmma (C7512). Those calls take the mma.sync
+// kernels.
+template <typename Traits>
+constexpr bool kDropoutWithBias = Traits::kD != 64;
+
+template <typename Traits, bool kAtomicDQ, bool kBias>
+void launch_dkdv(const BackwardProblem& p, const kernels::KernelParams& k, int device_index, cudaStream_t stream) {
+  using namespace cute;
+  using E = typename Traits::Element;
+  const char* op = "attention_backward";
+  const std::int64_t batch = p.varlen ? 1 : p.batch;
+  const std::int64_t tokens_q = p.varlen ? p.total_q : p.seqlen_q;
+  const std::int64_t tokens_k = p.varlen ? p.total_k : p.seqlen_k;
+  auto gq = gmem_tensor<Traits>(p.q, tokens_q, p.heads_q, batch, p.varlen);
+  auto go = gmem_tensor<Traits>(p.dout, tokens_q, p.heads_q, batch, p.varlen);
+  auto gk = gmem_tensor<Traits>(p.k, tokens_k, p.heads_kv, batch, p.varlen);
+  auto gv = gmem_tensor<Traits>(p.v, tokens_k, p.heads_kv, batch, p.varlen);
+  const auto q_tile = Shape<Int<Traits::kBM>, Int<Traits::kD>>{};
+  const auto kv_tile = Shape<Int<Traits::kBN>, Int<Traits::kD>>{};
+  BackwardParams<Traits> P{k,
+                           make_tma_copy(SM90_TMA_LOAD{}, gq, take<0, 2>(typename Traits::SmemLayoutQ{}), q_tile, _1{}),
+                           make_tma_copy(SM90_TMA_LOAD{}, go, take<0, 2>(typename Traits::SmemLayoutQ{}), q_tile, _1{}),
+                           make_tma_copy(SM90_TMA_LOAD{}, gk, typename Traits::SmemLayoutKV{}, kv_tile, _1{}),
+                           make_tma_copy(SM90_TMA_LOAD{}, gv, typename Traits::SmemLayoutKV{}, kv_tile, _1{}),
+                           gq.shape(),
+                           go.shape(),
+                           gk.shape(),
+                           gv.shape(),
+                           {}, {}, {}, {}, {}};  // the bias's members: below
+  if constexpr (kBias) {
+    const auto bias_tile = Shape<Int<Traits::kBM>, Int<Traits::kBN>>{};
+    auto gb = bias_tensor(p.bias, static_cast<const E*>(p.bias.data));
+    P.tma_bias = make_tma_copy(SM90_TMA_LOAD{}, gb, take<0, 2>(typename Traits::SmemLayoutDS{}), bias_tile, _1{});
+    P.shape_bias = gb.shape();
+    P.bias = bias_coords(p.bias);
+    if (k.dbias_direct != 0) {
+      auto gdb = bias_tensor(p.dbias, static_cast<E*>(p.dbias.data));
+      P.tma_dbias = make_tma_copy(SM90_TMA_STORE{}, gdb, take<0, 2>(typename Traits::SmemLayoutDS{}), bias_tile, _1{});
+      P.shape_dbias = gdb.shape();
+    }
+  }
+  auto kernel = dkdv_kernel<Traits, kAtomicDQ, false, kBias>;
+  if (k.dropout) {
+    if constexpr (kDropoutWithBias<Traits> || !kBias) kernel = dkdv_kernel<Traits, kAtomicDQ, true, kBias>;
+  }
+  const dim3 grid(static_cast<unsigned>((p.seqlen_k + Traits::kBN - 1) / Traits::kBN),
+                  static_cast<unsigned>(p.heads_kv), static_cast<unsigned>(p.batch));
+  launch_kernel(op, "attention backward dk/dv kernel (sm90)", kernel, grid, Traits::kThreads, Traits::smem_bytes(), P,
+                device_index, stream);
+}
+
+template <typename Traits>
+void launch_dkdv(const BackwardProblem& p, const kernels::KernelParams& k, int device_index, cudaStream_t stream) {
+  if (k.atomic_dq == 0) launch_dkdv<Traits, false, false>(p, k, device_index, stream);  // no bias: see below
+  else if (p.bias.data != nullptr) launch_dkdv<Traits, true, true>(p, k, device_index, stream);
+  else launch_dkdv<Traits, true, false>(p, k, device_index, stream);
+}
+
+// dbias straight from the dS tile: no reduction over a broadcast dim, in the input dtype.
+bool dbias_on_tma(const BackwardProblem& p) {
+  const BiasOperand& d = p.dbias;
+  if (d.data == nullptr) return true;
+  const std::int64_t full[3] = {p.batch, p.heads_q, p.seqlen_q};
+  for (int i = 0; i < 3; ++i)
+    if (d.shape[i] != full[i]) return false;
+  return d.dtype == p.dtype;
+}
+
+}  // namespace
+
+bool backward_supported(const BackwardProblem& p, int device_index) {
+  const std::int64_t batch = p.varlen ? 1 : p.batch, tokens_q = p.varlen ? p.total_q : p.seqlen_q;
+  if (!forward_supported(p, device_index) || !tma_describable(p.dout, tokens_q, p.heads_q, batch)) return false;
+  // A bias (and dbias) rides on the dS tiles of the dQ product: the atomic-dQ mode only.
+  if (p.bias.data != nullptr && (p.dq.data == nullptr || p.deterministic)) return false;
+  if (p.bias.data != nullptr && p.dropout_p > 0.0f && p.head_dim == 64) return false;  // kDropoutWithBias
+  return dbias_on_tma(p);
+}
+
+void dkdv(const BackwardProblem& p, const kernels::KernelParams& k, int device_index, cudaStream_t stream) {
+  const bool bf16 = p.dtype == DType::bf16;
+  if (p.head_dim == 64) {
+    if (bf16) launch_dkdv<BackwardTraits<__nv_bfloat16, 64>>(p, k, device_index, stream);
+    else launch_dkdv<BackwardTraits<__half, 64>>(p, k, device_index, stream);
+  } else {
+    if (bf16) launch_dkdv<BackwardTraits<__nv_bfloat16, 128>>(p, k, device_index, stream);
+    else launch_dkdv<BackwardTraits<__half, 128>>(p, k, device_index, stream);
+  }
+}
+
+}  // namespace fusekit::attention::sm90

@@ -1,0 +1,89 @@
+// Launcher of the Hopper attention forward (attention_sm90_kernels.cuh): builds the TMA
+// descriptors of q, k, v (and the bias) from the caller's strides and launches one CTA per
+// (query block, query head, batch).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "attention/attention_sm90.h"
+#include "attention/attention_sm90_launch.h"
+
+namespace fusekit::attention::sm90 {
+namespace {
+
+using namespace launch_detail;
+
+template <typename Traits, bool kBias>
+void launch(const Problem& p, const kernels::KernelParams& k, int device_index, cudaStream_t stream) {
+  using namespace cute;
+  using E = typename Traits::Element;
+  const char* op = "attention_forward";
+  const std::int64_t batch = p.varlen ? 1 : p.batch;
+  const std::int64_t tokens_q = p.varlen ? p.total_q : p.seqlen_q;
+  const std::int64_t tokens_k = p.varlen ? p.total_k : p.seqlen_k;
+  auto gq = gmem_tensor<Traits>(p.q, tokens_q, p.heads_q, batch, p.varlen);
+  auto gk = gmem_tensor<Traits>(p.k, tokens_k, p.heads_kv, batch, p.varlen);
+  auto gv = gmem_tensor<Traits>(p.v, tokens_k, p.heads_kv, batch, p.varlen);
+  ForwardParams<Traits> P{
+      k,
+      make_tma_copy(SM90_TMA_LOAD{}, gq, typename Traits::SmemLayoutQ{}, Shape<Int<Traits::kBM>, Int<Traits::kD>>{},
+                    _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, gk, take<0, 2>(typename Traits::SmemLayoutKV{}),
+                    Shape<Int<Traits::kBN>, Int<Traits::kD>>{}, _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, gv, take<0, 2>(typename Traits::SmemLayoutKV{}),
+                    Shape<Int<Traits::kBN>, Int<Traits::kD>>{}, _1{}),
+      gq.shape(), gk.shape(), gv.shape(), {}, {}, {}};  // the bias's members: below
+  if constexpr (kBias) {
+    auto gb = bias_tensor(p.bias, static_cast<const E*>(p.bias.data));
+    P.tma_bias = make_tma_copy(SM90_TMA_LOAD{}, gb, take<0, 2>(typename Traits::SmemLayoutBias{}),
+                               Shape<Int<Traits::kBM>, Int<Traits::kBN>>{}, _1{});
+    P.shape_bias = gb.shape();
+    P.bias = bias_coords(p.bias);
+  }
+  auto kernel = k.dropout ? forward_kernel<Traits, true, kBias> : forward_kernel<Traits, false, kBias>;
+  const dim3 grid(static_cast<unsigned>((p.seqlen_q + Traits::kBM - 1) / Traits::kBM),
+                  static_cast<unsigned>(p.heads_q), static_cast<unsigned>(p.batch));
+  launch_kernel(op, "attention forward kernel (sm90)", kernel, grid, Traits::kThreads,
+                Traits::template smem_bytes<kBias>(), P, device_index, stream);
+}
+
+template <typename Traits>
+void launch(const Problem& p, const kernels::KernelParams& k, int device_index, cudaStream_t stream) {
+  if (p.bias.data != nullptr) launch<Traits, true>(p, k, device_index, stream);
+  else launch<Traits, false>(p, k, device_index, stream);
+}
+
+}  // namespace
+
+bool forward_supported(const Problem& p, int device_index) {
+  if (const char* env = std::getenv("FUSEKIT_ATTENTION_SM90"); env != nullptr && std::strcmp(env, "0") == 0)
+    return false;
+  const detail::DeviceInfo& info = detail::device_info("attention_forward", device_index);
+  if (info.major != 9) return false;
+  if (p.dtype != DType::bf16 && p.dtype != DType::f16) return false;
+  if (p.head_dim != p.head_dim_v || (p.head_dim != 64 && p.head_dim != 128)) return false;
+  // A TMA descriptor needs every extent >= 1: no query or no key tokens at all (variable lengths
+  // that are all 0) stay with the mma.sync kernels, which define those outputs (zeros, -inf).
+  if (p.total_q == 0 || p.total_k == 0 || p.heads_q == 0 || p.heads_kv == 0 || p.batch == 0) return false;
+  const std::int64_t batch = p.varlen ? 1 : p.batch;
+  const std::int64_t tokens_q = p.varlen ? p.total_q : p.seqlen_q, tokens_k = p.varlen ? p.total_k : p.seqlen_k;
+  if (!tma_describable(p.q, tokens_q, p.heads_q, batch) || !tma_describable(p.k, tokens_k, p.heads_kv, batch) ||
+      !tma_describable(p.v, tokens_k, p.heads_kv, batch))
+    return false;
+  return bias_on_tma(p) && p.scale > 0.0;
+}
+
+void forward(const Problem& p, const kernels::KernelParams& k, int device_index, cudaStream_t stream) {
+  const bool bf16 = p.dtype == DType::bf16;
+  if (p.head_dim == 64) {
+    if (bf16) launch<ForwardTraits<__nv_bfloat16, 64>>(p, k, device_index, stream);
+    else launch<ForwardTraits<__half, 64>>(p, k, device_index, stream);
+  } else {
+    if (bf16) launch<ForwardTraits<__nv_bfloat16, 128>>(p, k, device_index, stream);
+    else launch<ForwardTraits<__half, 128>>(p, k, device_index, stream);
+  }
+}
+
+}  // namespace fusekit::attention::sm90

@@ -1,0 +1,79 @@
+// Host-side helpers of the Hopper attention launchers (attention_sm90_forward.cu,
+// attention_sm90_backward.cu): TMA tensors over the caller's views, and the launch itself.
+// Internal to the CUDA backend.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "attention/attention_params.h"
+#include "attention/attention_sm90_kernels.cuh"
+#include "core/cuda_check.h"
+#include "core/device_info.h"
+#include "fusekit/error.h"
+
+namespace fusekit::attention::sm90::launch_detail {
+
+template <typename Traits>
+typename Traits::GmemTensor gmem_tensor(const Operand& op, std::int64_t tokens, std::int64_t heads,
+                                        std::int64_t batch, bool varlen) {
+  using namespace cute;
+  using E = typename Traits::Element;
+  // A dim of extent 1 is never stepped, and its stride may be anything the caller's view had (the
+  // argument checks skip it), but TMA wants every stride a non-zero multiple of 16 bytes: such a
+  // dim gets the row length (kD elements) instead. With variable lengths the batch extent is 1.
+  auto stride_of = [](std::int64_t extent, std::int64_t stride) { return extent > 1 ? stride : std::int64_t{Traits::kD}; };
+  return make_tensor(make_gmem_ptr(static_cast<const E*>(op.data)),
+                     make_layout(make_shape(static_cast<std::int32_t>(tokens), static_cast<std::int32_t>(Traits::kD),
+                                            static_cast<std::int32_t>(heads), static_cast<std::int32_t>(batch)),
+                                 make_stride(stride_of(tokens, op.s_stride), _1{}, stride_of(heads, op.h_stride),
+                                             stride_of(batch, varlen ? 0 : op.b_stride))));
+}
+
+// Whether TMA can describe the operand: every dim it steps has a positive stride (the argument
+// checks allow 0, a view broadcast over heads or tokens; the mma.sync kernels take those).
+inline bool tma_describable(const Operand& op, std::int64_t tokens, std::int64_t heads, std::int64_t batch) {
+  return (tokens <= 1 || op.s_stride > 0) && (heads <= 1 || op.h_stride > 0) && (batch <= 1 || op.b_stride > 0);
+}
+
+// Launches `kernel` with `smem` bytes of dynamic shared memory (more than the default 48 KB: the
+// kernel must be allowed it first, and the GPU must have it).
+template <typename Kernel, typename Params>
+void launch_kernel(const char* op, const char* what, Kernel kernel, dim3 grid, int threads, int smem, const Params& P,
+                   int device_index, cudaStream_t stream) {
+  const std::size_t optin = detail::device_info(op, device_index).max_smem_per_block_optin;
+  if (static_cast<std::size_t>(smem) > optin)
+    throw Error(ErrorKind::unsupported, op,
+                std::string("the ") + what + " needs " + std::to_string(smem) +
+                    " bytes of shared memory per block; the GPU allows " + std::to_string(optin));
+  FUSEKIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  kernel<<<grid, threads, smem, stream>>>(P);
+  detail::check_launch(op, what);
+}
+
+// The bias (or dbias) as a (query, key, head, batch) TMA tensor: a dimension the view broadcasts
+// (stride 0) gets extent 1 and a valid TMA stride (the padded key row) and is always read at 0
+// (BiasCoords). Only views bias_on_tma accepts come here.
+template <typename Element>
+auto bias_tensor(const BiasOperand& b, Element* data) {
+  using namespace cute;
+  const std::int64_t keys = b.shape[3], row = (keys + 7) / 8 * 8;
+  auto extent = [](std::int64_t n, std::int64_t stride) { return static_cast<std::int32_t>(stride > 0 ? n : 1); };
+  auto step = [&](std::int64_t stride) { return stride > 0 ? stride : row; };
+  return make_tensor(make_gmem_ptr(data),
+                     make_layout(make_shape(extent(b.shape[2], b.i_stride), static_cast<std::int32_t>(keys),
+                                            extent(b.shape[1], b.h_stride), extent(b.shape[0], b.b_stride)),
+                                 make_stride(step(b.i_stride), _1{}, step(b.h_stride), step(b.b_stride))));
+}
+
+inline BiasCoords bias_coords(const BiasOperand& b) { return {b.h_stride > 0 ? 1 : 0, b.b_stride > 0 ? 1 : 0}; }
+
+// Whether the Hopper kernels can take this bias: in the input dtype (the tile shares the dS
+// buffer's layout), fixed lengths, and a materialized query dim (TMA cannot repeat a row).
+inline bool bias_on_tma(const Problem& p) {
+  const BiasOperand& b = p.bias;
+  return b.data == nullptr ||
+         (b.dtype == p.dtype && !p.varlen && (b.i_stride > 0 || p.seqlen_q == 1) && b.shape[3] == p.seqlen_k);
+}
+
+}  // namespace fusekit::attention::sm90::launch_detail
