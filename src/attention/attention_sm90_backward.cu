@@ -4,6 +4,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+#include <climits>
+
 #include "attention/attention_sm90.h"
 #include "attention/attention_sm90_launch.h"
 
@@ -17,6 +20,18 @@ using namespace launch_detail;
 // kernels.
 template <typename Traits>
 constexpr bool kDropoutWithBias = Traits::kD != 64;
+
+// CTA order (dkdv_block_of): under a causal mask, groups of (kv head, batch) pairs whose Q and
+// dO fit in 16 MB of L2 (at most 16 pairs: enough to fill a wave with heavy key blocks first);
+// one pair at a time without a mask, or when fewer than 8 pairs fit. Measured on an H200 (B = 16,
+// S = 1024 and B = 4, S = 4096, causal, D = 64 and 128): 1.5-3.7% faster; groups of 2 pairs
+// (S = 16384) were 1% slower, and groups without a mask 1-3% slower.
+int cta_group(const BackwardProblem& p) {
+  if (p.mask == AttentionMask::none) return 1;
+  const std::int64_t bytes_per_pair = p.seqlen_q * (p.heads_q / p.heads_kv) * p.head_dim * 2 * 2;
+  const std::int64_t fit = (std::int64_t{16} << 20) / std::max<std::int64_t>(bytes_per_pair, 1);
+  return fit < 8 ? 1 : static_cast<int>(std::min<std::int64_t>(fit, 16));
+}
 
 template <typename Traits, bool kAtomicDQ, bool kBias>
 void launch_dkdv(const BackwardProblem& p, const kernels::KernelParams& k, int device_index, cudaStream_t stream) {
@@ -41,7 +56,8 @@ void launch_dkdv(const BackwardProblem& p, const kernels::KernelParams& k, int d
                            go.shape(),
                            gk.shape(),
                            gv.shape(),
-                           {}, {}, {}, {}, {}};  // the bias's members: below
+                           {}, {}, {}, {}, {},  // the bias's members: below
+                           cta_group(p)};
   if constexpr (kBias) {
     const auto bias_tile = Shape<Int<Traits::kBM>, Int<Traits::kBN>>{};
     auto gb = bias_tensor(p.bias, static_cast<const E*>(p.bias.data));
@@ -58,8 +74,7 @@ void launch_dkdv(const BackwardProblem& p, const kernels::KernelParams& k, int d
   if (k.dropout) {
     if constexpr (kDropoutWithBias<Traits> || !kBias) kernel = dkdv_kernel<Traits, kAtomicDQ, true, kBias>;
   }
-  const dim3 grid(static_cast<unsigned>((p.seqlen_k + Traits::kBN - 1) / Traits::kBN),
-                  static_cast<unsigned>(p.heads_kv), static_cast<unsigned>(p.batch));
+  const dim3 grid(static_cast<unsigned>((p.seqlen_k + Traits::kBN - 1) / Traits::kBN * p.heads_kv * p.batch));
   launch_kernel(op, "attention backward dk/dv kernel (sm90)", kernel, grid, Traits::kThreads, Traits::smem_bytes(), P,
                 device_index, stream);
 }
@@ -86,6 +101,8 @@ bool dbias_on_tma(const BackwardProblem& p) {
 bool backward_supported(const BackwardProblem& p, int device_index) {
   const std::int64_t batch = p.varlen ? 1 : p.batch, tokens_q = p.varlen ? p.total_q : p.seqlen_q;
   if (!forward_supported(p, device_index) || !tma_describable(p.dout, tokens_q, p.heads_q, batch)) return false;
+  // one CTA per (key block of 128, kv head, batch) in a 1-D grid of int-indexed CTAs (dkdv_block_of)
+  if ((p.seqlen_k + 127) / 128 * p.heads_kv * p.batch > INT_MAX) return false;
   // A bias (and dbias) rides on the dS tiles of the dQ product: the atomic-dQ mode only.
   if (p.bias.data != nullptr && (p.dq.data == nullptr || p.deterministic)) return false;
   if (p.bias.data != nullptr && p.dropout_p > 0.0f && p.head_dim == 64) return false;  // kDropoutWithBias

@@ -621,7 +621,24 @@ struct BackwardParams {
   typename Traits::TmaDbias tma_dbias;  // set only with dbias (p.dbias_direct)
   typename Traits::GmemShape shape_bias, shape_dbias;
   BiasCoords bias;
+  int cta_group;  // (kv head, batch) pairs per group of CTAs (dkdv_block_of)
 };
+
+// The (batch, kv head, key block) of a dK / dV CTA: CTAs come in groups of `group_size` (kv head,
+// batch) pairs, key-block major within a group. Under a causal mask the first key blocks are the
+// heaviest (they see every query): each group starts with them and ends with light ones, which
+// fill the grid's last wave. The launcher sizes the groups so that a group's Q and dO (read by
+// each of its key blocks) stay in L2; 1 without a mask (the key blocks of a pair adjacent).
+__device__ __forceinline__ void dkdv_block_of(const kernels::KernelParams& p, int block_keys, int group_size, int cta,
+                                              int& b, int& hk, int& jb) {
+  const int key_blocks = (p.seqlen_k + block_keys - 1) / block_keys, pairs = p.heads_kv * p.batch;
+  const int group = cta / (group_size * key_blocks), in_group = cta % (group_size * key_blocks);
+  const int group_pairs = min(group_size, pairs - group * group_size);
+  jb = in_group / group_pairs;
+  const int pair = group * group_size + in_group % group_pairs;
+  hk = pair % p.heads_kv;
+  b = pair / p.heads_kv;
+}
 
 // kAtomicDQ: the dQ parts go to the float32 accumulator (p.atomic_dq). A compile-time switch: with
 // a run-time one, ptxas serializes every wgmma of the kernel (C7514) and spills.
@@ -641,7 +658,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   Storage& st = shared_storage<Storage>();
 
-  const int b = blockIdx.z, hk = blockIdx.y, jb = blockIdx.x, j0 = jb * kBN;
+  int b, hk, jb;
+  dkdv_block_of(p, kBN, P.cta_group, blockIdx.x, b, hk, jb);
+  const int j0 = jb * kBN;
   const kernels::Seq s = kernels::seq_of(p, b);
   if (j0 >= s.sk) return;
   const int j1 = min(j0 + kBN, s.sk);
