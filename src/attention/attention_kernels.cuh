@@ -888,7 +888,7 @@ __global__ void __launch_bounds__(256) convert_dq_kernel(const KernelParams p) {
 
 // Every logical element of dbias set to 0 (the direct path then overwrites what it produces).
 // One row (b, h, i) per block iteration, threads along the keys.
-// static: this header is included by more than one translation unit (attention_sm90.cu).
+// static: this header is included by more than one translation unit (attention_sm90_forward.cu, attention_sm90_backward.cu).
 static __global__ void __launch_bounds__(256) zero_dbias_kernel(const BiasArg db) {
   const std::int64_t rows = db.shape[0] * db.shape[1] * db.shape[2];
   for (std::int64_t row = blockIdx.x; row < rows; row += gridDim.x) {

@@ -1,8 +1,10 @@
 // Attention forward for Hopper (sm_90a): warpgroup MMA (wgmma) on shared-memory operands, tiles
 // brought in by TMA. Serves the common case at the speed the mma.sync kernel cannot reach:
-// f16 / bf16, D = Dv = 64 or 128, no bias, scale > 0; every mask, window, variable lengths,
-// dropout and grouped-query heads (attention_sm90.cu decides; everything else stays on
-// attention_kernels.cuh's forward_kernel, which defines the same outputs).
+// f16 / bf16, D = Dv = 64 or 128, scale > 0; every mask, window, variable lengths, dropout,
+// grouped-query heads, and a bias in the input dtype with fixed lengths (attention_sm90_forward.cu
+// decides; everything else stays on attention_kernels.cuh's forward_kernel, which defines the
+// same outputs). A bias tile (128 queries x 128 keys) comes by TMA with each K tile, through K's
+// ring, and is added to the scores in registers (read by ldmatrix in the accumulator layout).
 //
 // One CTA per (block of 128 query rows, query head, batch); 384 threads:
 //   two consumer warpgroups (warps 0-7), each owning 64 query rows, and a producer warpgroup
@@ -265,8 +267,8 @@ __device__ __forceinline__ KeepMask<kBM> backward_keep_mask(const kernels::Kerne
 }
 
 // kDropout: dropout on P (a compile-time switch, so that the common case pays nothing for it).
-// kBias: an additive bias in the input dtype, its tiles brought by TMA with K's (attention_sm90.cu
-// decides which biases TMA can describe).
+// kBias: an additive bias in the input dtype, its tiles brought by TMA with K's
+// (attention_sm90_forward.cu decides which biases TMA can describe).
 template <typename Traits, bool kDropout, bool kBias>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     forward_kernel(const __grid_constant__ ForwardParams<Traits> P) {
@@ -529,6 +531,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 //                                     half of the head dim over all 128 keys)
 // is added to the accumulator with 16-byte float atomics. dK and dV are summed over the group's
 // heads inside the CTA in a fixed order (deterministic in both modes) and every key row is written.
+// With a bias (atomic-dQ mode only) the step's bias tile comes by TMA with Q and dO into the
+// step's dS buffer, is read by ldmatrix.trans in S^T's layout and overwritten by dS, which is dbias:
+// one thread sends the finished tile to dbias by a TMA store. CTAs are ordered by dkdv_block_of.
 template <typename T_, int kD_>
 struct BackwardTraits {
   using T = T_;
