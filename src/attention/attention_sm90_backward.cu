@@ -110,14 +110,7 @@ bool backward_supported(const BackwardProblem& p, int device_index) {
 }
 
 void dkdv(const BackwardProblem& p, const kernels::KernelParams& k, int device_index, cudaStream_t stream) {
-  const bool bf16 = p.dtype == DType::bf16;
-  if (p.head_dim == 64) {
-    if (bf16) launch_dkdv<BackwardTraits<__nv_bfloat16, 64>>(p, k, device_index, stream);
-    else launch_dkdv<BackwardTraits<__half, 64>>(p, k, device_index, stream);
-  } else {
-    if (bf16) launch_dkdv<BackwardTraits<__nv_bfloat16, 128>>(p, k, device_index, stream);
-    else launch_dkdv<BackwardTraits<__half, 128>>(p, k, device_index, stream);
-  }
+  with_traits<BackwardTraits>(p, [&](auto traits) { launch_dkdv<decltype(traits)>(p, k, device_index, stream); });
 }
 
 }  // namespace fusekit::attention::sm90

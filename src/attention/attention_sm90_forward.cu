@@ -76,14 +76,7 @@ bool forward_supported(const Problem& p, int device_index) {
 }
 
 void forward(const Problem& p, const kernels::KernelParams& k, int device_index, cudaStream_t stream) {
-  const bool bf16 = p.dtype == DType::bf16;
-  if (p.head_dim == 64) {
-    if (bf16) launch<ForwardTraits<__nv_bfloat16, 64>>(p, k, device_index, stream);
-    else launch<ForwardTraits<__half, 64>>(p, k, device_index, stream);
-  } else {
-    if (bf16) launch<ForwardTraits<__nv_bfloat16, 128>>(p, k, device_index, stream);
-    else launch<ForwardTraits<__half, 128>>(p, k, device_index, stream);
-  }
+  with_traits<ForwardTraits>(p, [&](auto traits) { launch<decltype(traits)>(p, k, device_index, stream); });
 }
 
 }  // namespace fusekit::attention::sm90

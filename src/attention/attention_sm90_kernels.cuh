@@ -157,6 +157,20 @@ __device__ __forceinline__ Storage& shared_storage() {
 }
 __device__ __forceinline__ TxBarrier& tx_barrier(std::uint64_t& b) { return *reinterpret_cast<TxBarrier*>(&b); }
 
+// The producer's TMA copy of bias tile (row_block, col_block) (kRows x kCols) of query head h,
+// batch b into stage `stage` of `smem` (rows, cols, stage), completing on `full`.
+template <int kRows, int kCols, typename Tma, typename GShape, typename SmemTensor>
+__device__ __forceinline__ void copy_bias_tile(const Tma& tma, const GShape& shape, BiasCoords coords, int h, int b,
+                                               int row_block, int col_block, SmemTensor& smem, int stage,
+                                               std::uint64_t& full) {
+  using namespace cute;
+  Tensor m = tma.get_tma_tensor(shape);
+  Tensor g = local_tile(m(_, _, coords.head(h), coords.batch(b)), Shape<Int<kRows>, Int<kCols>>{},
+                        make_coord(row_block, col_block));
+  auto [tg, ts] = tma_partition(tma, _0{}, Layout<_1>{}, group_modes<0, 2>(smem), group_modes<0, 2>(g));
+  copy(tma.with(full), tg, ts(_, stage));
+}
+
 // Byte offset of element (row, col) of a (kRows x N) 16-bit tile in the layout above
 // (GMMA::Layout_K_SW128_Atom tiled down the rows, then across 64-column panels), col a multiple
 // of 8: rows are 128 bytes within a panel, and the 16-byte chunk c of row r sits at chunk
@@ -333,14 +347,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         if (use > 0) barrier(st.k_empty[stage]).wait((use - 1) & 1);
         tx_barrier(st.k_full[stage]).arrive_and_expect_tx(Traits::kKVBytes + (kBias ? Traits::kBiasBytes : 0));
         copy(P.tma_k.with(st.k_full[stage]), tKg(_, jb), tKs(_, stage));
-        if constexpr (kBias) {
-          Tensor mB = P.tma_bias.get_tma_tensor(P.shape_bias);
-          Tensor gB = local_tile(mB(_, _, P.bias.head(h), P.bias.batch(b)), Shape<Int<kBM>, Int<kBN>>{},
-                                 make_coord(i_block, jb));
-          auto [tBg, tBs] =
-              tma_partition(P.tma_bias, _0{}, Layout<_1>{}, group_modes<0, 2>(sBias), group_modes<0, 2>(gB));
-          copy(P.tma_bias.with(st.k_full[stage]), tBg, tBs(_, stage));
-        }
+        if constexpr (kBias)
+          copy_bias_tile<kBM, kBN>(P.tma_bias, P.shape_bias, P.bias, h, b, i_block, jb, sBias, stage, st.k_full[stage]);
         if (use > 0) barrier(st.v_empty[stage]).wait((use - 1) & 1);
         tx_barrier(st.v_full[stage]).arrive_and_expect_tx(Traits::kKVBytes);
         copy(P.tma_v.with(st.v_full[stage]), tVg(_, jb), tVs(_, stage));
@@ -726,14 +734,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         tx_barrier(st.q_full[stage]).arrive_and_expect_tx(2 * Traits::kQBytes + (kBias ? Traits::kBiasBytes : 0));
         copy(P.tma_q.with(st.q_full[stage]), tQg, tQs(_, stage));
         copy(P.tma_dout.with(st.q_full[stage]), tOg, tOs(_, stage));
-        if constexpr (kBias) {
-          Tensor mB = P.tma_bias.get_tma_tensor(P.shape_bias);
-          Tensor gB = local_tile(mB(_, _, P.bias.head(h), P.bias.batch(b)), Shape<Int<kBM>, Int<kBN>>{},
-                                 make_coord(ib, jb));
-          auto [tBg, tBs] =
-              tma_partition(P.tma_bias, _0{}, Layout<_1>{}, group_modes<0, 2>(sDS), group_modes<0, 2>(gB));
-          copy(P.tma_bias.with(st.q_full[stage]), tBg, tBs(_, stage));
-        }
+        if constexpr (kBias)
+          copy_bias_tile<kBM, kBN>(P.tma_bias, P.shape_bias, P.bias, h, b, ib, jb, sDS, stage, st.q_full[stage]);
       }
     }
     return;

@@ -76,4 +76,18 @@ inline bool bias_on_tma(const Problem& p) {
          (b.dtype == p.dtype && !p.varlen && (b.i_stride > 0 || p.seqlen_q == 1) && b.shape[3] == p.seqlen_k);
 }
 
+// Calls f(Traits<T, D>{}) for the call's dtype (f16 or bf16) and head dim (64 or 128): the
+// instantiations the Hopper kernels have.
+template <template <typename, int> class Traits, typename F>
+void with_traits(const Problem& p, F&& f) {
+  const bool bf16 = p.dtype == DType::bf16;
+  if (p.head_dim == 64) {
+    if (bf16) f(Traits<__nv_bfloat16, 64>{});
+    else f(Traits<__half, 64>{});
+  } else {
+    if (bf16) f(Traits<__nv_bfloat16, 128>{});
+    else f(Traits<__half, 128>{});
+  }
+}
+
 }  // namespace fusekit::attention::sm90::launch_detail

@@ -485,42 +485,53 @@ TEST(AttentionGpu, LongCausalSequence) {
   check_case(s, 2101);
 }
 
-// The Hopper kernels (wgmma + TMA; f16 / bf16, D = Dv = 64 or 128, no bias) take
-// every call it can on an sm_90 GPU. Its cases here: several 128-row query blocks and 128-key
+// A problem for the Hopper kernels (D = Dv = 64 or 128): B = 2, the dtype alternating with the
+// salt, dropout (if any) with a seed and offset derived from it.
+struct HopperShape {
+  std::int64_t d, sq, sk, hq, hkv;
+  AttentionMask mask;
+  std::int64_t wl, wr;
+  float dropout_p;
+};
+
+Spec hopper_spec(const HopperShape& c, std::uint64_t salt) {
+  Spec s;
+  s.dtype = salt % 2 ? DType::f16 : DType::bf16;
+  s.B = 2, s.Hq = c.hq, s.Hkv = c.hkv, s.D = c.d, s.Dv = c.d, s.Sq = c.sq, s.Sk = c.sk;
+  s.cfg.mask = c.mask;
+  s.cfg.window_left = c.wl, s.cfg.window_right = c.wr;
+  if (c.dropout_p > 0.0f) s.cfg.dropout_p = c.dropout_p, s.cfg.seed = 0xD00D + salt, s.cfg.offset = salt * 977;
+  return s;
+}
+
+// The Hopper kernels (wgmma + TMA; f16 / bf16, D = Dv = 64 or 128) take every call they can on
+// an sm_90 GPU. Their cases here without a bias (HopperBias has those): several 128-row query blocks and 128-key
 // blocks with ragged ends, every mask and window kind, grouped-query heads, the (B, H, S, D)
 // layout and variable lengths (queries of one sequence next to another's tokens in the tile).
 TEST(AttentionGpu, HopperKernelShapes) {
   FUSEKIT_REQUIRE_GPU();
   struct Case {
-    std::int64_t d, sq, sk, hq, hkv;
-    AttentionMask mask;
-    std::int64_t wl, wr;
+    HopperShape shape;
     bool bhsd, varlen;
-    float dropout_p;
   };
   const Case cases[] = {
-      {128, 257, 300, 2, 1, AttentionMask::none, -1, -1, false, false, 0.0f},
-      {64, 300, 257, 4, 2, AttentionMask::causal_top_left, -1, -1, false, false, 0.0f},
-      {128, 200, 390, 2, 2, AttentionMask::causal_bottom_right, -1, -1, true, false, 0.0f},
-      {64, 390, 390, 3, 1, AttentionMask::none, 130, 7, false, false, 0.0f},
-      {128, 129, 129, 2, 1, AttentionMask::causal_top_left, 40, -1, true, false, 0.0f},
-      {64, 0, 0, 4, 2, AttentionMask::causal_bottom_right, -1, -1, false, true, 0.0f},
-      {128, 0, 0, 2, 1, AttentionMask::none, -1, -1, false, true, 0.0f},
+      {{128, 257, 300, 2, 1, AttentionMask::none, -1, -1, 0.0f}, false, false},
+      {{64, 300, 257, 4, 2, AttentionMask::causal_top_left, -1, -1, 0.0f}, false, false},
+      {{128, 200, 390, 2, 2, AttentionMask::causal_bottom_right, -1, -1, 0.0f}, true, false},
+      {{64, 390, 390, 3, 1, AttentionMask::none, 130, 7, 0.0f}, false, false},
+      {{128, 129, 129, 2, 1, AttentionMask::causal_top_left, 40, -1, 0.0f}, true, false},
+      {{64, 0, 0, 4, 2, AttentionMask::causal_bottom_right, -1, -1, 0.0f}, false, true},
+      {{128, 0, 0, 2, 1, AttentionMask::none, -1, -1, 0.0f}, false, true},
       // dropout: several query and key blocks, GQA, masks, variable lengths
-      {128, 300, 270, 4, 2, AttentionMask::none, -1, -1, false, false, 0.2f},
-      {64, 270, 300, 2, 1, AttentionMask::causal_bottom_right, -1, -1, true, false, 0.1f},
-      {64, 0, 0, 2, 2, AttentionMask::causal_top_left, 100, -1, false, true, 0.3f},
-      {128, 0, 0, 3, 1, AttentionMask::none, -1, -1, false, true, 0.1f},
+      {{128, 300, 270, 4, 2, AttentionMask::none, -1, -1, 0.2f}, false, false},
+      {{64, 270, 300, 2, 1, AttentionMask::causal_bottom_right, -1, -1, 0.1f}, true, false},
+      {{64, 0, 0, 2, 2, AttentionMask::causal_top_left, 100, -1, 0.3f}, false, true},
+      {{128, 0, 0, 3, 1, AttentionMask::none, -1, -1, 0.1f}, false, true},
   };
   std::uint64_t salt = 2300;
   for (const Case& c : cases) {
-    Spec s;
-    s.dtype = salt % 2 ? DType::f16 : DType::bf16;
-    s.B = 2, s.Hq = c.hq, s.Hkv = c.hkv, s.D = c.d, s.Dv = c.d, s.Sq = c.sq, s.Sk = c.sk;
-    s.cfg.mask = c.mask;
-    s.cfg.window_left = c.wl, s.cfg.window_right = c.wr;
+    Spec s = hopper_spec(c.shape, salt);
     s.bhsd = c.bhsd;
-    if (c.dropout_p > 0.0f) s.cfg.dropout_p = c.dropout_p, s.cfg.seed = 0xD00D + salt, s.cfg.offset = salt * 977;
     if (c.varlen) {
       s.seqlens_q = {130, 1, 0, 255, 64};
       s.seqlens_k = {200, 70, 3, 129, 0};
@@ -538,29 +549,21 @@ TEST(AttentionGpu, HopperKernelShapes) {
 TEST(AttentionGpu, HopperBias) {
   FUSEKIT_REQUIRE_GPU();
   struct Case {
-    std::int64_t d, sq, sk, hq, hkv;
-    AttentionMask mask;
-    std::int64_t wl, wr;
+    HopperShape shape;
     bool full_batch, full_heads, expand;
-    float dropout_p;
   };
   const Case cases[] = {
-      {128, 257, 300, 2, 1, AttentionMask::none, -1, -1, true, true, false, 0.0f},
-      {64, 300, 257, 4, 2, AttentionMask::causal_top_left, -1, -1, true, true, false, 0.0f},
-      {128, 200, 390, 2, 2, AttentionMask::causal_bottom_right, -1, -1, true, true, false, 0.1f},
-      {64, 390, 390, 3, 1, AttentionMask::none, 130, 7, true, true, false, 0.0f},
-      {128, 129, 136, 4, 2, AttentionMask::none, -1, -1, false, true, false, 0.0f},
-      {64, 190, 256, 2, 1, AttentionMask::causal_bottom_right, -1, -1, true, false, true, 0.2f},
-      {128, 1, 77, 2, 1, AttentionMask::none, -1, -1, true, true, false, 0.0f},
+      {{128, 257, 300, 2, 1, AttentionMask::none, -1, -1, 0.0f}, true, true, false},
+      {{64, 300, 257, 4, 2, AttentionMask::causal_top_left, -1, -1, 0.0f}, true, true, false},
+      {{128, 200, 390, 2, 2, AttentionMask::causal_bottom_right, -1, -1, 0.1f}, true, true, false},
+      {{64, 390, 390, 3, 1, AttentionMask::none, 130, 7, 0.0f}, true, true, false},
+      {{128, 129, 136, 4, 2, AttentionMask::none, -1, -1, 0.0f}, false, true, false},
+      {{64, 190, 256, 2, 1, AttentionMask::causal_bottom_right, -1, -1, 0.2f}, true, false, true},
+      {{128, 1, 77, 2, 1, AttentionMask::none, -1, -1, 0.0f}, true, true, false},
   };
   std::uint64_t salt = 2500;
   for (const Case& c : cases) {
-    Spec s;
-    s.dtype = salt % 2 ? DType::f16 : DType::bf16;
-    s.B = 2, s.Hq = c.hq, s.Hkv = c.hkv, s.D = c.d, s.Dv = c.d, s.Sq = c.sq, s.Sk = c.sk;
-    s.cfg.mask = c.mask;
-    s.cfg.window_left = c.wl, s.cfg.window_right = c.wr;
-    if (c.dropout_p > 0.0f) s.cfg.dropout_p = c.dropout_p, s.cfg.seed = 0xB1A5 + salt, s.cfg.offset = salt * 131;
+    Spec s = hopper_spec(c.shape, salt);
     s.bias = true, s.bias_dtype = s.dtype;
     s.bias_full[0] = c.full_batch, s.bias_full[1] = c.full_heads, s.bias_full[2] = true;
     s.bias_expand = c.expand;
