@@ -57,7 +57,19 @@ void launch_dkdv(const BackwardProblem& p, const kernels::KernelParams& k, int d
                            gk.shape(),
                            gv.shape(),
                            {}, {}, {}, {}, {},  // the bias's members: below
-                           cta_group(p)};
+                           cta_group(p),
+                           {},
+                           {}};  // the dQ accumulator's members: below
+  if constexpr (kAtomicDQ) {
+    // the float32 dQ accumulator, (token, head, d) contiguous (batch-major with fixed lengths)
+    const std::int64_t row = p.heads_q * Traits::kD;
+    auto gdq = make_tensor(make_gmem_ptr(k.dq_accum),
+                           make_layout(make_shape(static_cast<std::int32_t>(tokens_q), static_cast<std::int32_t>(Traits::kD),
+                                                  static_cast<std::int32_t>(p.heads_q), static_cast<std::int32_t>(batch)),
+                                       make_stride(row, _1{}, std::int64_t{Traits::kD}, p.varlen ? row : p.seqlen_q * row)));
+    P.tma_dq = make_tma_copy(SM90_TMA_REDUCE_ADD{}, gdq, typename Traits::SmemLayoutDQBlock{}, Shape<_64, _64>{}, _1{});
+    P.shape_dq = gdq.shape();
+  }
   if constexpr (kBias) {
     const auto bias_tile = Shape<Int<Traits::kBM>, Int<Traits::kBN>>{};
     auto gb = bias_tensor(p.bias, static_cast<const E*>(p.bias.data));

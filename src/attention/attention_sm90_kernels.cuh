@@ -591,8 +591,20 @@ struct BackwardTraits {
       SmemLayoutDS{}, cute::make_ordered_layout(cute::Shape<cute::Int<kBN>, cute::Int<kBM>, cute::_2>{},
                                                 cute::Step<cute::_2, cute::_1, cute::_3>{})));
 
+  // A step's dQ part, float32, as two 64 x 64 blocks, one per warpgroup (its queries or its half
+  // of the head dim), each 128-byte swizzled (conflict-free stores from the accumulator) and
+  // added to the float32 accumulator in global memory by one TMA reduce-add.
+  using SmemLayoutDQBlock = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<float>{},
+                                                         cute::Shape<cute::_64, cute::_64>{}));
+  using SmemLayoutDQ = decltype(cute::tile_to_shape(SmemLayoutDQBlock{}, cute::Shape<cute::Int<kBM>, cute::Int<kD>>{}));
+  static_assert(kDQSplitsQueries ? kBM == 128 && kD == 64 : kBM == 64 && kD == 128, "two 64 x 64 dQ blocks");
+
   using GmemShape = typename ForwardTraits<T, kD>::GmemShape;
   using GmemTensor = typename ForwardTraits<T, kD>::GmemTensor;
+  using GmemTensorDQ = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<float*>(nullptr)),
+                                                  cute::make_layout(GmemShape{}, typename ForwardTraits<T, kD>::GmemStride{})));
+  using TmaDQ = decltype(cute::make_tma_copy(cute::SM90_TMA_REDUCE_ADD{}, GmemTensorDQ{}, SmemLayoutDQBlock{},
+                                             cute::Shape<cute::_64, cute::_64>{}, cute::_1{}));
   using TmaQ = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensor{}, cute::take<0, 2>(SmemLayoutQ{}),
                                             cute::Shape<cute::Int<kBM>, cute::Int<kD>>{}, cute::_1{}));
   using TmaKV = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutKV{},
@@ -617,6 +629,7 @@ struct BackwardTraits {
     alignas(1024) Element q[cute::cosize_v<SmemLayoutQ>];
     alignas(1024) Element dout[cute::cosize_v<SmemLayoutQ>];
     alignas(1024) Element ds[cute::cosize_v<SmemLayoutDS>];
+    alignas(1024) float dq[cute::cosize_v<SmemLayoutDQ>];
     float lse2[kStages][kBM], delta[kStages][kBM];  // lse in log2 units (+inf: the row sees nothing)
     alignas(8) std::uint64_t kv_full;
     std::uint64_t q_full[kStages], q_empty[kStages];
@@ -635,6 +648,8 @@ struct BackwardParams {
   typename Traits::GmemShape shape_bias, shape_dbias;
   BiasCoords bias;
   int cta_group;  // (kv head, batch) pairs per group of CTAs (dkdv_block_of)
+  typename Traits::TmaDQ tma_dq;  // set only in the atomic-dQ mode: p.dq_accum as (token, d, head, batch)
+  typename Traits::GmemShape shape_dq;
 };
 
 // The (batch, kv head, key block) of a dK / dV CTA: CTAs come in groups of `group_size` (kv head,
@@ -703,6 +718,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Tensor sOt = make_tensor(make_smem_ptr(st.dout), typename Traits::SmemLayoutQt{});
   Tensor sDS = make_tensor(make_smem_ptr(st.ds), typename Traits::SmemLayoutDS{});
   Tensor sDSt = make_tensor(make_smem_ptr(st.ds), typename Traits::SmemLayoutDSt{});
+  Tensor sDQ = make_tensor(make_smem_ptr(st.dq), typename Traits::SmemLayoutDQ{});
 
   if (warp >= Traits::kConsumerWarps) {
     // ---- producer ----
@@ -759,6 +775,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Tensor tQrDS = thr_q.partition_fragment_A(sDS);    // (mma, m, k, buffer)
   Tensor tQrKt = thr_q.partition_fragment_B(sKt);
   Tensor tSsDSt = thr_sdp.partition_C(sDSt);         // where this thread's dS^T elements go
+  Tensor tQsDQ = thr_q.partition_C(sDQ);             // where this thread's dQ elements go
   Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<kBN>, Int<kBM>>{});
   Tensor tSrDP = partition_fragment_C(mma_sdp, Shape<Int<kBN>, Int<kBM>>{});
   Tensor tKVrDK = partition_fragment_C(mma_kv, Shape<Int<kBN>, Int<kD>>{});
@@ -778,6 +795,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const float mult0 = p.scale_log2;
   const bool want_dk = p.want_dk != 0, want_dv = p.want_dv != 0;
   constexpr bool want_dq = kAtomicDQ;
+  const bool dq_issuer = want_dq && tid % 128 == 0;  // one thread per warpgroup sends its dQ block
 
   // lse (log2 units) and delta of step n's query rows, into buffer n & 1 (threads tid < kBM).
   auto load_row_scalars = [&](int n) {
@@ -935,6 +953,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #pragma unroll
       for (int i = 0; i < size(tKVrDS); ++i) tSsDSt(i, _0{}, _0{}, buf) = tKVrDS(i);
       cutlass::arch::fence_view_async_shared();
+      // the dQ tile is free again once the previous step's reduce-add has read it (its issuer
+      // waits here, and the barrier tells everyone)
+      if (dq_issuer) tma_store_wait<0>();
       asm volatile("bar.sync 1, %0;\n" ::"n"(Traits::kConsumerThreads));
       if constexpr (kBias) {
         if (tid == 0 && p.dbias_direct != 0) {  // dbias = dS: one thread sends the whole tile
@@ -956,34 +977,39 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
 
     if constexpr (want_dq) {
-      // dQ fragment element 4 c + 2 r + e: query g + 8 r of the warp's 16 (of the warpgroup's 64
-      // when the warpgroups split the queries, else of queries 0-63 for both), head-dim column
-      // (its half's first column) + 8 c + 2 t + e. 16-byte atomics: lanes t and t ^ 1 swap halves
-      // so that the even lane holds four consecutive columns of row g and the odd lane of row g + 8.
-      const int wg = warp / 4, wq = warp % 4;
-      const bool odd = t & 1;
-      const int i = i0 + (Traits::kDQSplitsQueries ? wg * 64 : 0) + wq * 16 + g + (odd ? 8 : 0);
-      float* row = i < s.sq ? p.dq_accum + (kernels::q_token(p, s, b, i) * p.heads_q + h) * p.d : nullptr;
+      // This warpgroup's dQ block into shared memory, then one thread adds it to the accumulator
+      // (TMA reduce-add: the additions happen in L2, off the consumers' instruction stream). Rows
+      // past the sequence's end hold exact zeros (their P is 0): adding them to the next
+      // sequence's rows (variable lengths) changes nothing; TMA clips what lies past the tensor.
 #pragma unroll
-      for (int c = 0; c < Traits::kDQCols / 8; ++c) {
-        const float r0 = __shfl_xor_sync(0xffffffffu, odd ? tQrDQ(4 * c) : tQrDQ(4 * c + 2), 1);
-        const float r1 = __shfl_xor_sync(0xffffffffu, odd ? tQrDQ(4 * c + 1) : tQrDQ(4 * c + 3), 1);
-        const int col = (Traits::kDQSplitsQueries ? 0 : wg * (kD / 2)) + 8 * c + 2 * (t & ~1);
-        if (row != nullptr) {
-          const float4 v = odd ? make_float4(r0, r1, tQrDQ(4 * c + 2), tQrDQ(4 * c + 3))
-                               : make_float4(tQrDQ(4 * c), tQrDQ(4 * c + 1), r0, r1);
-          atomicAdd(reinterpret_cast<float4*>(row + col), v);
-        }
+      for (int i = 0; i < size(tQrDQ); ++i) tQsDQ(i) = tQrDQ(i);
+      cutlass::arch::fence_view_async_shared();
+      const int wg = warp / 4;
+      asm volatile("bar.sync %0, 128;\n" ::"r"(3 + wg));
+      if (dq_issuer) {
+        Tensor sBlock = make_tensor(make_smem_ptr(st.dq + wg * 64 * 64), typename Traits::SmemLayoutDQBlock{});
+        Tensor mDQ = P.tma_dq.get_tma_tensor(P.shape_dq);
+        Tensor gDQ = local_tile(
+            domain_offset(make_coord(static_cast<int>(s.q_base), _0{}), mDQ(_, _, h, p.cu_q != nullptr ? 0 : b)),
+            Shape<_64, _64>{},
+            make_coord(i0 / 64 + (Traits::kDQSplitsQueries ? wg : 0), Traits::kDQSplitsQueries ? 0 : wg));
+        auto [tg, ts] =
+            tma_partition(P.tma_dq, _0{}, Layout<_1>{}, group_modes<0, 2>(sBlock), group_modes<0, 2>(gDQ));
+        copy(P.tma_dq, ts, tg);
+        tma_store_arrive();
       }
     }
     if constexpr (kDropout) keep_next = make_keep(n + 1);
     warpgroup_wait<0>();
-    // the next use of this stage's dS buffer (a bias tile) waits for dbias to have left it
+    // the next use of this stage's dS buffer (a bias tile) waits for dbias to have left it (the
+    // same thread's dQ reduce-add, committed after it, may run on)
     if constexpr (kBias)
-      if (tid == 0 && p.dbias_direct != 0) tma_store_wait<0>();
+      if (tid == 0 && p.dbias_direct != 0) tma_store_wait<1>();
     __syncwarp();
     if (lane == 0) barrier(st.q_empty[stage]).arrive();
   }
+
+  if (dq_issuer) tma_store_wait<0>();  // the last dQ block is read before shared memory goes
 
   // dK and dV rows: key g + 8 r of the warp's 16, column 8 c + 2 t + e (element 4 c + 2 r + e).
 #pragma unroll
