@@ -537,7 +537,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 // shared memory (double-buffered) so that after a barrier of both warpgroups
 //   dQ part = dS K                   (wgmma, both operands in shared memory; each warpgroup takes
 //                                     half of the head dim over all 128 keys)
-// is added to the accumulator with 16-byte float atomics. dK and dV are summed over the group's
+// is added to the accumulator by a TMA reduce-add of a shared tile. dK and dV are summed over the group's
 // heads inside the CTA in a fixed order (deterministic in both modes) and every key row is written.
 // With a bias (atomic-dQ mode only) the step's bias tile comes by TMA with Q and dO into the
 // step's dS buffer, is read by ldmatrix.trans in S^T's layout and overwritten by dS, which is dbias:
@@ -813,7 +813,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     st.delta[n & 1][tid] = delta;
   };
   // Dropout keep bits of step n (bit 4 c + 2 e + r: element (r, c, e) is kept), made one step
-  // ahead, under the previous step's dK product after the dQ atomics, where only dK, dV and
+  // ahead, under the previous step's dK product after the dQ block is sent, where only dK, dV and
   // dS^T are live. Measured against the alternatives: under the step's own S^T and dP^T
   // products the calls cost 3% more at D = 128 (and at D = 64 ptxas runs out of registers and
   // serializes wgmma); half under the dV product, half here, 2.6% more.
@@ -945,7 +945,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
     }
     // dV first: it needs nothing from the other warpgroup, and the dS^T stores and the barrier
-    // run under it. Then dQ and dK; the dQ atomics run under dK.
+    // run under it. Then dQ and dK; the dQ block is sent under dK.
     if (want_dv) wgmma<false, true>(mma_kv, tKVrP, tKVrOt(_, _, _, stage), tKVrDV);
     if constexpr (want_dq) {
       // dS^T into this step's buffer (the other one may still be read by the other warpgroup's
