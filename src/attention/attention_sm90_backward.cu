@@ -38,13 +38,9 @@ void launch_dkdv(const BackwardProblem& p, const kernels::KernelParams& k, int d
   using namespace cute;
   using E = typename Traits::Element;
   const char* op = "attention_backward";
-  const std::int64_t batch = p.varlen ? 1 : p.batch;
-  const std::int64_t tokens_q = p.varlen ? p.total_q : p.seqlen_q;
-  const std::int64_t tokens_k = p.varlen ? p.total_k : p.seqlen_k;
-  auto gq = gmem_tensor<Traits>(p.q, tokens_q, p.heads_q, batch, p.varlen);
-  auto go = gmem_tensor<Traits>(p.dout, tokens_q, p.heads_q, batch, p.varlen);
-  auto gk = gmem_tensor<Traits>(p.k, tokens_k, p.heads_kv, batch, p.varlen);
-  auto gv = gmem_tensor<Traits>(p.v, tokens_k, p.heads_kv, batch, p.varlen);
+  const TmaExtents x = tma_extents(p);
+  const auto [gq, gk, gv] = qkv_tensors<Traits>(p);
+  const auto go = gmem_tensor<Traits>(p.dout, x.tokens_q, p.heads_q, x.batch, p.varlen);
   const auto q_tile = Shape<Int<Traits::kBM>, Int<Traits::kD>>{};
   const auto kv_tile = Shape<Int<Traits::kBN>, Int<Traits::kD>>{};
   BackwardParams<Traits> P{k,
@@ -63,10 +59,11 @@ void launch_dkdv(const BackwardProblem& p, const kernels::KernelParams& k, int d
   if constexpr (kAtomicDQ) {
     // the float32 dQ accumulator, (token, head, d) contiguous (batch-major with fixed lengths)
     const std::int64_t row = p.heads_q * Traits::kD;
+    const auto shape = make_shape(static_cast<std::int32_t>(x.tokens_q), static_cast<std::int32_t>(Traits::kD),
+                                  static_cast<std::int32_t>(p.heads_q), static_cast<std::int32_t>(x.batch));
     auto gdq = make_tensor(make_gmem_ptr(k.dq_accum),
-                           make_layout(make_shape(static_cast<std::int32_t>(tokens_q), static_cast<std::int32_t>(Traits::kD),
-                                                  static_cast<std::int32_t>(p.heads_q), static_cast<std::int32_t>(batch)),
-                                       make_stride(row, _1{}, std::int64_t{Traits::kD}, p.varlen ? row : p.seqlen_q * row)));
+                           make_layout(shape, make_stride(row, _1{}, std::int64_t{Traits::kD},
+                                                          p.varlen ? row : p.seqlen_q * row)));
     P.tma_dq = make_tma_copy(SM90_TMA_REDUCE_ADD{}, gdq, typename Traits::SmemLayoutDQBlock{}, Shape<_64, _64>{}, _1{});
     P.shape_dq = gdq.shape();
   }
@@ -111,8 +108,8 @@ bool dbias_on_tma(const BackwardProblem& p) {
 }  // namespace
 
 bool backward_supported(const BackwardProblem& p, int device_index) {
-  const std::int64_t batch = p.varlen ? 1 : p.batch, tokens_q = p.varlen ? p.total_q : p.seqlen_q;
-  if (!forward_supported(p, device_index) || !tma_describable(p.dout, tokens_q, p.heads_q, batch)) return false;
+  const TmaExtents x = tma_extents(p);
+  if (!forward_supported(p, device_index) || !tma_describable(p.dout, x.tokens_q, p.heads_q, x.batch)) return false;
   // one CTA per (key block of 128, kv head, batch) in a 1-D grid of int-indexed CTAs (dkdv_block_of)
   if ((p.seqlen_k + 127) / 128 * p.heads_kv * p.batch > INT_MAX) return false;
   // A bias (and dbias) rides on the dS tiles of the dQ product: the atomic-dQ mode only.

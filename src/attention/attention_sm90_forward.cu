@@ -20,12 +20,7 @@ void launch(const Problem& p, const kernels::KernelParams& k, int device_index, 
   using namespace cute;
   using E = typename Traits::Element;
   const char* op = "attention_forward";
-  const std::int64_t batch = p.varlen ? 1 : p.batch;
-  const std::int64_t tokens_q = p.varlen ? p.total_q : p.seqlen_q;
-  const std::int64_t tokens_k = p.varlen ? p.total_k : p.seqlen_k;
-  auto gq = gmem_tensor<Traits>(p.q, tokens_q, p.heads_q, batch, p.varlen);
-  auto gk = gmem_tensor<Traits>(p.k, tokens_k, p.heads_kv, batch, p.varlen);
-  auto gv = gmem_tensor<Traits>(p.v, tokens_k, p.heads_kv, batch, p.varlen);
+  const auto [gq, gk, gv] = qkv_tensors<Traits>(p);
   ForwardParams<Traits> P{
       k,
       make_tma_copy(SM90_TMA_LOAD{}, gq, typename Traits::SmemLayoutQ{}, Shape<Int<Traits::kBM>, Int<Traits::kD>>{},
@@ -67,10 +62,9 @@ bool forward_supported(const Problem& p, int device_index) {
   // A TMA descriptor needs every extent >= 1: no query or no key tokens at all (variable lengths
   // that are all 0) stay with the mma.sync kernels, which define those outputs (zeros, -inf).
   if (p.total_q == 0 || p.total_k == 0 || p.heads_q == 0 || p.heads_kv == 0 || p.batch == 0) return false;
-  const std::int64_t batch = p.varlen ? 1 : p.batch;
-  const std::int64_t tokens_q = p.varlen ? p.total_q : p.seqlen_q, tokens_k = p.varlen ? p.total_k : p.seqlen_k;
-  if (!tma_describable(p.q, tokens_q, p.heads_q, batch) || !tma_describable(p.k, tokens_k, p.heads_kv, batch) ||
-      !tma_describable(p.v, tokens_k, p.heads_kv, batch))
+  const TmaExtents x = tma_extents(p);
+  if (!tma_describable(p.q, x.tokens_q, p.heads_q, x.batch) || !tma_describable(p.k, x.tokens_k, p.heads_kv, x.batch) ||
+      !tma_describable(p.v, x.tokens_k, p.heads_kv, x.batch))
     return false;
   return bias_on_tma(p) && p.scale > 0.0;
 }

@@ -30,6 +30,27 @@ typename Traits::GmemTensor gmem_tensor(const Operand& op, std::int64_t tokens, 
                                              stride_of(batch, varlen ? 0 : op.b_stride))));
 }
 
+// The call's extents as the TMA tensors see them: with variable lengths one batch of packed tokens.
+struct TmaExtents {
+  std::int64_t batch, tokens_q, tokens_k;
+};
+inline TmaExtents tma_extents(const Problem& p) {
+  return {p.varlen ? 1 : p.batch, p.varlen ? p.total_q : p.seqlen_q, p.varlen ? p.total_k : p.seqlen_k};
+}
+
+// q, k and v as (token, d, head, batch) TMA tensors.
+template <typename Traits>
+struct QkvTensors {
+  typename Traits::GmemTensor q, k, v;
+};
+template <typename Traits>
+QkvTensors<Traits> qkv_tensors(const Problem& p) {
+  const TmaExtents x = tma_extents(p);
+  return {gmem_tensor<Traits>(p.q, x.tokens_q, p.heads_q, x.batch, p.varlen),
+          gmem_tensor<Traits>(p.k, x.tokens_k, p.heads_kv, x.batch, p.varlen),
+          gmem_tensor<Traits>(p.v, x.tokens_k, p.heads_kv, x.batch, p.varlen)};
+}
+
 // Whether TMA can describe the operand: every dim it steps has a positive stride (the argument
 // checks allow 0, a view broadcast over heads or tokens; the mma.sync kernels take those).
 inline bool tma_describable(const Operand& op, std::int64_t tokens, std::int64_t heads, std::int64_t batch) {
