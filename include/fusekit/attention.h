@@ -93,9 +93,10 @@
 //   dP = (dout v^T) * Z,  dS = P * (dP - rowsum(dout * out)),
 //   dq = scale * dS k,  dk = scale * dS^T q (summed over the group),  dv = (P * Z)^T dout (summed).
 // `deterministic`: bitwise the same gradients run after run. The CPU reference always is. On the
-// GPU dk, dv and dbias are always deterministic (fixed-order reductions); dq is summed with float
-// atomics unless `deterministic` is set (then a separate pass over the key blocks computes it,
-// costing about one more forward's worth of work).
+// GPU dk, dv and dbias are always deterministic (fixed-order reductions); dq is summed by float32
+// additions in no fixed order (atomics, or TMA reduce-adds on Hopper) unless `deterministic` is
+// set (then a separate pass over the key blocks computes it, costing about one more forward's
+// worth of work).
 //
 // Workspace. The caller allocates it (u8, 16-byte aligned, on the tensors' device) after asking
 // attention_*_workspace_size(). The CPU needs none (size 0). It is at most O(B * H * S * D)
