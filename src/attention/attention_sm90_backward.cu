@@ -17,9 +17,8 @@ using namespace launch_detail;
 
 // Dropout and a bias together at D = 64 (128 queries per step) need more registers than a
 // consumer has: ptxas would serialize the kernel's wgmma (C7512). Those calls take the mma.sync
-// kernels.
-template <typename Traits>
-constexpr bool kDropoutWithBias = Traits::kD != 64;
+// kernels (backward_supported), and that kernel is not instantiated.
+constexpr bool dropout_with_bias_fits(std::int64_t head_dim) { return head_dim != 64; }
 
 // CTA order (dkdv_block_of): under a causal mask, groups of (kv head, batch) pairs whose Q and
 // dO fit in 16 MB of L2 (at most 16 pairs: enough to fill a wave with heavy key blocks first);
@@ -81,7 +80,7 @@ void launch_dkdv(const BackwardProblem& p, const kernels::KernelParams& k, int d
   }
   auto kernel = dkdv_kernel<Traits, kAtomicDQ, false, kBias>;
   if (k.dropout) {
-    if constexpr (kDropoutWithBias<Traits> || !kBias) kernel = dkdv_kernel<Traits, kAtomicDQ, true, kBias>;
+    if constexpr (dropout_with_bias_fits(Traits::kD) || !kBias) kernel = dkdv_kernel<Traits, kAtomicDQ, true, kBias>;
   }
   const dim3 grid(static_cast<unsigned>((p.seqlen_k + Traits::kBN - 1) / Traits::kBN * p.heads_kv * p.batch));
   launch_kernel(op, "attention backward dk/dv kernel (sm90)", kernel, grid, Traits::kThreads, Traits::smem_bytes(), P,
@@ -90,7 +89,8 @@ void launch_dkdv(const BackwardProblem& p, const kernels::KernelParams& k, int d
 
 template <typename Traits>
 void launch_dkdv(const BackwardProblem& p, const kernels::KernelParams& k, int device_index, cudaStream_t stream) {
-  if (k.atomic_dq == 0) launch_dkdv<Traits, false, false>(p, k, device_index, stream);  // no bias: see below
+  // (backward_supported sends a bias here only in the atomic-dQ mode)
+  if (k.atomic_dq == 0) launch_dkdv<Traits, false, false>(p, k, device_index, stream);
   else if (p.bias.data != nullptr) launch_dkdv<Traits, true, true>(p, k, device_index, stream);
   else launch_dkdv<Traits, true, false>(p, k, device_index, stream);
 }
@@ -114,7 +114,7 @@ bool backward_supported(const BackwardProblem& p, int device_index) {
   if ((p.seqlen_k + 127) / 128 * p.heads_kv * p.batch > INT_MAX) return false;
   // A bias (and dbias) rides on the dS tiles of the dQ product: the atomic-dQ mode only.
   if (p.bias.data != nullptr && (p.dq.data == nullptr || p.deterministic)) return false;
-  if (p.bias.data != nullptr && p.dropout_p > 0.0f && p.head_dim == 64) return false;  // kDropoutWithBias
+  if (p.bias.data != nullptr && p.dropout_p > 0.0f && !dropout_with_bias_fits(p.head_dim)) return false;
   return dbias_on_tma(p);
 }
 
