@@ -676,6 +676,23 @@ __device__ __forceinline__ void dkdv_block_of(const kernels::KernelParams& p, in
   b = pair / p.heads_kv;
 }
 
+// Warpgroup wg's 64 x 64 dQ block of the step (query rows from i0, head h, batch b) from the shared
+// tile to the float32 accumulator: one TMA reduce-add, committed as a bulk group of the calling
+// thread (which waits for it before the tile is written again).
+template <typename Traits>
+__device__ __forceinline__ void send_dq_block(const BackwardParams<Traits>& P, float* tile, int wg,
+                                              std::int64_t q_base, int h, int b, int i0) {
+  using namespace cute;
+  Tensor sBlock = make_tensor(make_smem_ptr(tile + wg * 64 * 64), typename Traits::SmemLayoutDQBlock{});
+  Tensor mDQ = P.tma_dq.get_tma_tensor(P.shape_dq);
+  Tensor gDQ = local_tile(domain_offset(make_coord(static_cast<int>(q_base), _0{}), mDQ(_, _, h, P.base.cu_q != nullptr ? 0 : b)),
+                          Shape<_64, _64>{},
+                          make_coord(i0 / 64 + (Traits::kDQSplitsQueries ? wg : 0), Traits::kDQSplitsQueries ? 0 : wg));
+  auto [tg, ts] = tma_partition(P.tma_dq, _0{}, Layout<_1>{}, group_modes<0, 2>(sBlock), group_modes<0, 2>(gDQ));
+  copy(P.tma_dq, ts, tg);
+  tma_store_arrive();
+}
+
 // kAtomicDQ: the dQ parts go to the float32 accumulator (p.atomic_dq). A compile-time switch: with
 // a run-time one, ptxas serializes every wgmma of the kernel (C7514) and spills.
 // kDropout as in the forward. kBias: an additive bias in the input dtype, and dbias (written
@@ -742,19 +759,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       // consumers neither wait for each other nor issue the copy.
       const int wg = warp - Traits::kConsumerWarps - 1;
       if ((wg == 0 || wg == 1) && lane == 0) {
-        Tensor mDQ = P.tma_dq.get_tma_tensor(P.shape_dq);
-        Tensor sBlock = make_tensor(make_smem_ptr(st.dq + wg * 64 * 64), typename Traits::SmemLayoutDQBlock{});
         for (int n = 0; n < n_steps; ++n) {
           const int h = hk * p.group + n / blocks_per_head, i0 = (ib_first + n % blocks_per_head) * kBM;
           barrier(st.dq_full[wg]).wait(n & 1);
-          Tensor gDQ = local_tile(
-              domain_offset(make_coord(static_cast<int>(s.q_base), _0{}), mDQ(_, _, h, p.cu_q != nullptr ? 0 : b)),
-              Shape<_64, _64>{},
-              make_coord(i0 / 64 + (Traits::kDQSplitsQueries ? wg : 0), Traits::kDQSplitsQueries ? 0 : wg));
-          auto [tg, ts] =
-              tma_partition(P.tma_dq, _0{}, Layout<_1>{}, group_modes<0, 2>(sBlock), group_modes<0, 2>(gDQ));
-          copy(P.tma_dq, ts, tg);
-          tma_store_arrive();
+          send_dq_block(P, st.dq, wg, s.q_base, h, b, i0);
           tma_store_wait<0>();
           barrier(st.dq_empty[wg]).arrive();
         }
@@ -1032,18 +1040,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         if (lane == 0) barrier(st.dq_full[wg]).arrive();
       } else {
         asm volatile("bar.sync %0, 128;\n" ::"r"(3 + wg));
-        if (dq_issuer) {
-          Tensor sBlock = make_tensor(make_smem_ptr(st.dq + wg * 64 * 64), typename Traits::SmemLayoutDQBlock{});
-          Tensor mDQ = P.tma_dq.get_tma_tensor(P.shape_dq);
-          Tensor gDQ = local_tile(
-              domain_offset(make_coord(static_cast<int>(s.q_base), _0{}), mDQ(_, _, h, p.cu_q != nullptr ? 0 : b)),
-              Shape<_64, _64>{},
-              make_coord(i0 / 64 + (Traits::kDQSplitsQueries ? wg : 0), Traits::kDQSplitsQueries ? 0 : wg));
-          auto [tg, ts] =
-              tma_partition(P.tma_dq, _0{}, Layout<_1>{}, group_modes<0, 2>(sBlock), group_modes<0, 2>(gDQ));
-          copy(P.tma_dq, ts, tg);
-          tma_store_arrive();
-        }
+        if (dq_issuer) send_dq_block(P, st.dq, wg, s.q_base, h, b, i0);
       }
     }
     if constexpr (kDropout) keep_next = make_keep(n + 1);
