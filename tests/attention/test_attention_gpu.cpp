@@ -660,6 +660,47 @@ TEST(AttentionGpu, ViewsTmaCannotDescribe) {
   }
 }
 
+TEST(AttentionGpu, OutputRowsNotOn16Bytes) {
+  FUSEKIT_REQUIRE_GPU();
+  // The Hopper kernels stage out (D = 128), dK and dV in shared memory and store 16-byte pieces
+  // of rows when every output row starts on 16 bytes; rows of D + 1 elements take the direct
+  // 4-byte stores instead. Both paths do the same arithmetic: out, lse, dk and dv bitwise equal.
+  for (const std::int64_t D : {64, 128}) {
+    const std::int64_t S = 200, H = 2;
+    const DType dt = DType::bf16;
+    const Device gpu = Device::cuda(0);
+    AttentionConfig cfg;
+    cfg.mask = AttentionMask::causal_top_left;
+    const AttentionShape shape{1, S, S, H, H, D, D, dt, false};
+    const auto ws_bytes = static_cast<std::int64_t>(attention_backward_workspace_size(shape, cfg, false, gpu));
+    auto rng = testing::make_rng(2600 + D);
+    Buffer q(dt, gpu, {1, S, H, D}), k(dt, gpu, {1, S, H, D}), v(dt, gpu, {1, S, H, D}), dout(dt, gpu, {1, S, H, D});
+    for (Buffer* b : {&q, &k, &v, &dout}) b->fill_normal(rng);
+    auto run = [&](std::vector<std::int64_t> strides) {
+      std::vector<Buffer> o;  // out, lse, dq, dk, dv
+      o.emplace_back(dt, gpu, std::vector<std::int64_t>{1, S, H, D}, strides);
+      o.emplace_back(DType::f32, gpu, std::vector<std::int64_t>{1, H, S});
+      for (int i = 0; i < 3; ++i) o.emplace_back(dt, gpu, std::vector<std::int64_t>{1, S, H, D}, strides);
+      for (Buffer& b : o) b.poison();
+      Buffer ws(DType::u8, gpu, {ws_bytes});
+      attention_forward(q.view(), k.view(), v.view(), std::nullopt, cfg, o[0].view(), o[1].view());
+      attention_backward(dout.view(), q.view(), k.view(), v.view(), o[0].view(), o[1].view(), std::nullopt, cfg,
+                         o[2].view(), o[3].view(), o[4].view(), std::nullopt, std::nullopt, false, ws.view());
+      std::vector<std::vector<double>> r;
+      for (const Buffer& b : o) r.push_back(b.values());
+      return r;
+    };
+    const auto aligned = run({S * H * D, H * D, D, 1});
+    const auto odd = run({S * H * (D + 1), H * (D + 1), D + 1, 1});
+    const char* names[] = {"out", "lse", "dq", "dk", "dv"};
+    for (int i : {0, 1, 3, 4}) EXPECT_TRUE(odd[i] == aligned[i]) << names[i] << " at D = " << D;
+    // dq comes through float32 atomics: equal up to the order of the additions
+    const testing::ErrorStats e = testing::compare(odd[2], aligned[2]);
+    EXPECT_EQ(e.non_finite, 0) << "dq at D = " << D;
+    EXPECT_LE(e.rel_l2, testing::tolerance(dt, aligned[2])) << "dq at D = " << D;
+  }
+}
+
 TEST(AttentionGpu, WorkspaceIsChecked) {
   FUSEKIT_REQUIRE_GPU();
   Spec s;
