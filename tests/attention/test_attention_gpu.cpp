@@ -607,6 +607,32 @@ TEST(AttentionGpu, VarlenWithNoTokensOnOneSide) {
 // heads (head stride 0). The first runs the Hopper kernels with a substituted stride and must
 // give the very bits of the contiguous call; the second takes the mma.sync kernels and must agree
 // with the same heads materialized (the Hopper kernels) within twice the bf16 bar.
+// One forward and backward of a single-batch bf16 problem (q, k, v and dout of shape (1, S, H, D))
+// into fresh, poisoned outputs (out, dq, dk and dv with `strides`); the values of out, lse, dq,
+// dk and dv.
+std::vector<std::vector<double>> forward_backward(const Buffer& q, const Buffer& k, const Buffer& v,
+                                                  const Buffer& dout, const AttentionConfig& cfg, bool deterministic,
+                                                  const std::vector<std::int64_t>& strides) {
+  const TensorView qv = q.view();
+  const std::int64_t S = qv.shape[1], H = qv.shape[2], D = qv.shape[3];
+  const DType dt = qv.dtype;
+  const Device gpu = qv.device;
+  const AttentionShape shape{1, S, S, H, H, D, D, dt, false};
+  std::vector<Buffer> o;  // out, lse, dq, dk, dv
+  o.emplace_back(dt, gpu, std::vector<std::int64_t>{1, S, H, D}, strides);
+  o.emplace_back(DType::f32, gpu, std::vector<std::int64_t>{1, H, S});
+  for (int i = 0; i < 3; ++i) o.emplace_back(dt, gpu, std::vector<std::int64_t>{1, S, H, D}, strides);
+  for (Buffer& b : o) b.poison();
+  Buffer ws(DType::u8, gpu,
+            {static_cast<std::int64_t>(attention_backward_workspace_size(shape, cfg, deterministic, gpu))});
+  attention_forward(q.view(), k.view(), v.view(), std::nullopt, cfg, o[0].view(), o[1].view());
+  attention_backward(dout.view(), q.view(), k.view(), v.view(), o[0].view(), o[1].view(), std::nullopt, cfg,
+                     o[2].view(), o[3].view(), o[4].view(), std::nullopt, std::nullopt, deterministic, ws.view());
+  std::vector<std::vector<double>> r;
+  for (const Buffer& b : o) r.push_back(b.values());
+  return r;
+}
+
 TEST(AttentionGpu, ViewsTmaCannotDescribe) {
   FUSEKIT_REQUIRE_GPU();
   const std::int64_t S = 150, H = 2, D = 128;
@@ -614,25 +640,12 @@ TEST(AttentionGpu, ViewsTmaCannotDescribe) {
   const Device gpu = Device::cuda(0);
   AttentionConfig cfg;
   cfg.mask = AttentionMask::causal_bottom_right;
-  const AttentionShape shape{1, S, S, H, H, D, D, dt, false};
-  const auto ws_bytes = static_cast<std::int64_t>(attention_backward_workspace_size(shape, cfg, true, gpu));
   auto rng = testing::make_rng(2500);
   Buffer q(dt, gpu, {1, S, H, D}), k(dt, gpu, {1, S, H, D}), v(dt, gpu, {1, S, H, D}), dout(dt, gpu, {1, S, H, D});
   for (Buffer* b : {&q, &k, &v, &dout}) b->fill_normal(rng);
   using Results = std::vector<std::vector<double>>;  // out, lse, dq, dk, dv
   auto run = [&](const Buffer& q_, const Buffer& k_, const Buffer& v_) {
-    std::vector<Buffer> o;
-    o.emplace_back(dt, gpu, std::vector<std::int64_t>{1, S, H, D});
-    o.emplace_back(DType::f32, gpu, std::vector<std::int64_t>{1, H, S});
-    for (int i = 0; i < 3; ++i) o.emplace_back(dt, gpu, std::vector<std::int64_t>{1, S, H, D});
-    for (Buffer& b : o) b.poison();
-    Buffer ws(DType::u8, gpu, {ws_bytes});
-    attention_forward(q_.view(), k_.view(), v_.view(), std::nullopt, cfg, o[0].view(), o[1].view());
-    attention_backward(dout.view(), q_.view(), k_.view(), v_.view(), o[0].view(), o[1].view(), std::nullopt, cfg,
-                       o[2].view(), o[3].view(), o[4].view(), std::nullopt, std::nullopt, true, ws.view());
-    Results r;
-    for (const Buffer& b : o) r.push_back(b.values());
-    return r;
+    return forward_backward(q_, k_, v_, dout, cfg, true, {S * H * D, H * D, D, 1});
   };
   const Results contiguous = run(q, k, v);
 
@@ -673,27 +686,11 @@ TEST(AttentionGpu, OutputStridesNotOn16Bytes) {
     const Device gpu = Device::cuda(0);
     AttentionConfig cfg;
     cfg.mask = AttentionMask::causal_top_left;
-    const AttentionShape shape{1, S, S, H, H, D, D, dt, false};
-    const auto ws_bytes = static_cast<std::int64_t>(attention_backward_workspace_size(shape, cfg, false, gpu));
     auto rng = testing::make_rng(2600 + D);
     Buffer q(dt, gpu, {1, S, H, D}), k(dt, gpu, {1, S, H, D}), v(dt, gpu, {1, S, H, D}), dout(dt, gpu, {1, S, H, D});
     for (Buffer* b : {&q, &k, &v, &dout}) b->fill_normal(rng);
-    auto run = [&](std::vector<std::int64_t> strides) {
-      std::vector<Buffer> o;  // out, lse, dq, dk, dv
-      o.emplace_back(dt, gpu, std::vector<std::int64_t>{1, S, H, D}, strides);
-      o.emplace_back(DType::f32, gpu, std::vector<std::int64_t>{1, H, S});
-      for (int i = 0; i < 3; ++i) o.emplace_back(dt, gpu, std::vector<std::int64_t>{1, S, H, D}, strides);
-      for (Buffer& b : o) b.poison();
-      Buffer ws(DType::u8, gpu, {ws_bytes});
-      attention_forward(q.view(), k.view(), v.view(), std::nullopt, cfg, o[0].view(), o[1].view());
-      attention_backward(dout.view(), q.view(), k.view(), v.view(), o[0].view(), o[1].view(), std::nullopt, cfg,
-                         o[2].view(), o[3].view(), o[4].view(), std::nullopt, std::nullopt, false, ws.view());
-      std::vector<std::vector<double>> r;
-      for (const Buffer& b : o) r.push_back(b.values());
-      return r;
-    };
-    const auto aligned = run({S * H * D, H * D, D, 1});
-    const auto odd = run({3, H * D, D, 1});
+    const auto aligned = forward_backward(q, k, v, dout, cfg, false, {S * H * D, H * D, D, 1});
+    const auto odd = forward_backward(q, k, v, dout, cfg, false, {3, H * D, D, 1});
     const char* names[] = {"out", "lse", "dq", "dk", "dv"};
     for (int i : {0, 1, 3, 4}) EXPECT_TRUE(odd[i] == aligned[i]) << names[i] << " at D = " << D;
     // dq comes through float32 atomics: equal up to the order of the additions
