@@ -887,6 +887,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const bool dq_issuer = want_dq && !Traits::kDQWarp && tid % 128 == 0;
 
   // lse (log2 units) and delta of step n's query rows, into buffer n & 1 (threads tid < kBM).
+  // (Issuing the loads here and storing them after the products' wait, or splitting them over
+  // both warpgroups, was 1-2% slower at D = 64: H200, session 17.)
   auto load_row_scalars = [&](int n) {
     if (n >= n_steps || tid >= kBM) return;
     const int h = hk * p.group + n / blocks_per_head, i = (ib_first + n % blocks_per_head) * kBM + tid;
@@ -1095,36 +1097,40 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if (lane == 0) barrier(st.q_empty[stage]).arrive();
   }
 
-  if (dq_issuer) tma_store_wait<0>();  // the last dQ block is read before shared memory goes
-
   // dK and dV rows: key g + 8 r of the warp's 16, column 8 c + 2 t + e (element 4 c + 2 r + e).
   // With 16-byte aligned rows they are staged in the Q and dO stages (free once both warpgroups
   // are past their last products: a barrier), then stored a 16-byte piece of a row at a time.
   if ((!want_dk || rows_16b_aligned(p.grad_k)) && (!want_dv || rows_16b_aligned(p.grad_v))) {
     static_assert(sizeof(st.q) >= kBN * kD * sizeof(Element) && sizeof(st.dout) >= kBN * kD * sizeof(Element));
-    unsigned char* const tiles[2] = {reinterpret_cast<unsigned char*>(st.q), reinterpret_cast<unsigned char*>(st.dout)};
+    unsigned char* const dk_tile = reinterpret_cast<unsigned char*>(st.q);
+    unsigned char* const dv_tile = reinterpret_cast<unsigned char*>(st.dout);
     asm volatile("bar.sync 1, %0;\n" ::"n"(Traits::kConsumerThreads));  // Q and dO are read for the last time
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = warp * 16 + g + 8 * r;
 #pragma unroll
       for (int c = 0; c < kDCols; ++c) {
-        *reinterpret_cast<std::uint32_t*>(tiles[0] + staging_offset<kBN>(row, c) + 4 * t) =
+        *reinterpret_cast<std::uint32_t*>(dk_tile + staging_offset<kBN>(row, c) + 4 * t) =
             kernels::pack2<T>(tKVrDK(4 * c + 2 * r) * p.scale, tKVrDK(4 * c + 2 * r + 1) * p.scale);
-        *reinterpret_cast<std::uint32_t*>(tiles[1] + staging_offset<kBN>(row, c) + 4 * t) =
+        *reinterpret_cast<std::uint32_t*>(dv_tile + staging_offset<kBN>(row, c) + 4 * t) =
             kernels::pack2<T>(tKVrDV(4 * c + 2 * r), tKVrDV(4 * c + 2 * r + 1));
       }
     }
     asm volatile("bar.sync 1, %0;\n" ::"n"(Traits::kConsumerThreads));
-    constexpr int kChunks = kBN * kD / 8;  // 16-byte chunks per tile
-    static_assert(kChunks % Traits::kConsumerThreads == 0, "each pass stays within one tile");
+    // one tile after the other (each a compile-time pointer: no array in local memory)
+    auto store_rows = [&](const unsigned char* tile, const kernels::OperandArg& grad) {
+      constexpr int kChunks = kBN * kD / 8;  // 16-byte chunks per tile
+      static_assert(kChunks % Traits::kConsumerThreads == 0, "whole passes");
 #pragma unroll
-    for (int x = tid; x < 2 * kChunks; x += Traits::kConsumerThreads) {
-      const int which = x / kChunks, row = x % kChunks / (kD / 8), chunk = x % (kD / 8), j = j0 + row;
-      if (j >= s.sk || !(which == 0 ? want_dk : want_dv)) continue;
-      T* dst = kernels::row_ptr<T>(which == 0 ? p.grad_k : p.grad_v, b, s.k_base + j, hk) + 8 * chunk;
-      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(tiles[which] + staging_offset<kBN>(row, chunk));
-    }
+      for (int x = tid; x < kChunks; x += Traits::kConsumerThreads) {
+        const int row = x / (kD / 8), chunk = x % (kD / 8), j = j0 + row;
+        if (j < s.sk)
+          *reinterpret_cast<uint4*>(kernels::row_ptr<T>(grad, b, s.k_base + j, hk) + 8 * chunk) =
+              *reinterpret_cast<const uint4*>(tile + staging_offset<kBN>(row, chunk));
+      }
+    };
+    if (want_dk) store_rows(dk_tile, p.grad_k);
+    if (want_dv) store_rows(dv_tile, p.grad_v);
   } else {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -1142,6 +1148,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
     }
   }
+  // The last dQ block must be read by its TMA before shared memory goes; waited for only here,
+  // so that the epilogue above runs under it (the staging uses the Q / dO stages, not the dQ
+  // tile), instead of every consumer warp waiting for it at the epilogue's first barrier, where
+  // ncu sampled ~2% of the D = 64 kernel's stalls. H200, session 17: D = 64 S = 1024 causal
+  // backward 1010 -> 970 us, D = 128 S = 1024 2%, bias + dbias 2077 -> 2050 us.
+  if (dq_issuer) tma_store_wait<0>();
 #endif
 }
 
