@@ -245,11 +245,23 @@ BackwardVariant backward_variant(const char* op, std::int64_t cols, bool from_ou
   if (cols % kVec != 0) return v;
   RowPlan plan = plan_rows(cols / kVec, true);
   if (plan.iters == 0) return v;
+  // Without dbias, rows that fill 4 vectors of every thread in rows of up to 8 warps (N = 1024
+  // and 8192 in 16-bit types) take the kernel without bounds tests (FULL). H200, session 18,
+  // RMSNorm, two alternating runs each: (16384, 1024) 39.9 / 39.7 -> 38.8 / 38.7 us, (8192, 8192)
+  // 124.9 / 123.8 -> 121.6 / 122.7; at 3 vectors per thread (N = 2048, 4096, 5120) it measured
+  // even, and in longer rows slower (N = 12288: 161 -> 177 us, N = 16384: 119 -> 123.5; its
+  // loads hoisted at 102 registers). FUSEKIT_NORM_BWD_FULL=0 turns it off (tuning knob).
+  static const int full_knob = env_knob("FUSEKIT_NORM_BWD_FULL", 0, 1, 1);
+  const bool full = full_knob == 1 && !bias_grad && plan.iters == 4 && plan.geometry.threads_per_row <= 256 &&
+                    cols == std::int64_t(plan.geometry.threads_per_row) * plan.iters * kVec;
   dispatch_iters(plan.iters, [&](auto iters) {
     constexpr int I = iters.value;
     auto pick = [&](auto source) -> BackwardKernel {
-      return bias_grad ? backward_streaming_kernel<T, W, I, decltype(source)::value, true>
-                       : backward_streaming_kernel<T, W, I, decltype(source)::value, false>;
+      constexpr int S = decltype(source)::value;
+      if constexpr (S != kFromYUncached && I == 4) {
+        if (full) return backward_streaming_kernel<T, W, I, S, false, true>;
+      }
+      return bias_grad ? backward_streaming_kernel<T, W, I, S, true> : backward_streaming_kernel<T, W, I, S, false>;
     };
     const std::size_t slot = std::size_t(plan.geometry.rows_per_block) * 2 * cols * sizeof(T);
     const std::size_t column = std::size_t(cols) * sizeof(float);
@@ -272,22 +284,28 @@ BackwardVariant backward_variant(const char* op, std::int64_t cols, bool from_ou
   return v;
 }
 
-// The backward grid for a problem: the same answer for the workspace query and the launch, so
-// the workspace always holds one partial row per block. Every specialization (from x or y, with
-// or without dbias) gets the same grid, so that the query needs no more than the shape: the
-// smallest persistent grid of the four.
+// The persistent grid of one backward specialization (the generic kernel where v has none).
 template <typename T, typename W>
-int backward_grid(const char* op, std::int64_t cols, bool vector_path, std::int64_t rows, int device_index) {
-  const int generic = persistent_grid(op, backward_generic_kernel<T, W>, kGenericThreads, 0, 1, rows, device_index);
-  if (!vector_path) return generic;
-  int grid = 0;
+int variant_grid(const char* op, const BackwardVariant& v, std::int64_t rows, int device_index) {
+  if (!v.kernel)
+    return persistent_grid(op, backward_generic_kernel<T, W>, kGenericThreads, 0, 1, rows, device_index);
+  return persistent_grid(op, v.kernel, v.plan.block_threads(), v.plan.smem_bytes, v.plan.geometry.rows_per_block,
+                         rows, device_index);
+}
+
+// The largest backward grid any specialization (from x or y, with or without dbias, vector or
+// generic path) launches for a shape: the workspace query sizes one partial row per block of it,
+// so it needs no more than the shape, and every launch (with its own, possibly smaller, grid)
+// fits. A given call always takes the same specialization and grid, so its dweight / dbias sum
+// in a fixed order.
+template <typename T, typename W>
+int backward_grid_bound(const char* op, std::int64_t cols, bool vector_path, std::int64_t rows, int device_index) {
+  int grid = variant_grid<T, W>(op, BackwardVariant{}, rows, device_index);
+  if (!vector_path) return grid;
   for (bool from_output : {false, true}) {
     for (bool bias_grad : {false, true}) {
       const BackwardVariant v = backward_variant<T, W>(op, cols, from_output, bias_grad, device_index);
-      const int g = v.kernel ? persistent_grid(op, v.kernel, v.plan.block_threads(), v.plan.smem_bytes,
-                                               v.plan.geometry.rows_per_block, rows, device_index)
-                             : generic;
-      grid = grid == 0 ? g : std::min(grid, g);
+      grid = std::max(grid, variant_grid<T, W>(op, v, rows, device_index));
     }
   }
   return grid;
@@ -369,7 +387,7 @@ void launch_backward(const BackwardParams& p, int device_index, cudaStream_t str
   const BackwardVariant variant =
       vector_path ? backward_variant<T, W>(op, p.cols, p.from_output, p.dbias != nullptr, device_index)
                   : BackwardVariant{};
-  const int grid = backward_grid<T, W>(op, p.cols, vector_path, p.rows, device_index);
+  const int grid = variant_grid<T, W>(op, variant, p.rows, device_index);
 
   float* partial_dw = nullptr;
   float* partial_db = nullptr;
@@ -446,8 +464,7 @@ std::size_t backward_workspace_cuda(std::int64_t rows, std::int64_t cols, DType 
     dispatch_types(dtype, weight_dtype, [&](auto t, auto w) {
       using T = decltype(t);
       using W = decltype(w);
-      slots = std::max(slots, backward_grid<T, W>(op, cols, false, rows, device_index));
-      if (cols % (16 / sizeof(T)) == 0) slots = std::max(slots, backward_grid<T, W>(op, cols, true, rows, device_index));
+      slots = std::max(slots, backward_grid_bound<T, W>(op, cols, cols % (16 / sizeof(T)) == 0, rows, device_index));
     });
   }
   const std::size_t bytes = partial_bytes(slots, cols);

@@ -334,7 +334,10 @@ __global__ void __launch_bounds__(512, PREFETCH ? 1 : FUSEKIT_NORM_FORWARD_MIN_B
 // blocks by reduce_partials_kernel.
 // SOURCE: where x_hat comes from (Source below).
 enum Source : int { kFromX = 0, kFromY = 1, kFromYUncached = 2 };
-template <typename T, typename W, int ITERS, int SOURCE, bool BIAS_GRAD>
+// FULL: the row fills every thread's ITERS vectors (N = threads per row x ITERS x VEC), so the
+// passes carry no per-vector bounds test and the compiler may issue a pass's shared-memory loads
+// together (without dbias only: with it the hoisted loads cost spills, session 3).
+template <typename T, typename W, int ITERS, int SOURCE, bool BIAS_GRAD, bool FULL = false>
 __global__ void __launch_bounds__(512)
     backward_streaming_kernel(BackwardParams p, RowGeometry geo, float* __restrict__ partial_dw,
                               float* __restrict__ partial_db) {
@@ -430,7 +433,7 @@ __global__ void __launch_bounds__(512)
 
   const int step = tpr * kVec;
   const int col0 = t * kVec;
-  auto in_row = [&](int it) { return col0 + it * step < cols; };
+  auto in_row = [&](int it) { return FULL || col0 + it * step < cols; };
   // From y: x_hat = (y - b) * (1/w), per column. y - b first: when x_hat is small against b / w,
   // y * (1/w) - b / w would cancel two large rounded terms (seen as f32 dweight errors 3x the
   // float32 summation bound on random draws with small weights).

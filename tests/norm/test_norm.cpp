@@ -388,6 +388,19 @@ TEST(NormGpu, FromOutputVariant) {
         check_gpu_against_cpu(Case{kind, dt, dt, 300, cols, true, true}, 6000 + salt++, true);
 }
 
+// Without dbias (RMSNorm, LayerNorm without a bias), rows that fill 4 vectors of each of up to
+// 256 threads (N = 1024 and 8192 in 16-bit types) take the backward kernel without bounds tests;
+// N = 8200 and 1016 sit beside them on the tested path.
+TEST(NormGpu, FullRowBackwardWithoutDbias) {
+  FUSEKIT_REQUIRE_GPU();
+  int salt = 0;
+  for (Kind kind : {Kind::layer, Kind::rms})
+    for (DType dt : {DType::bf16, DType::f16})
+      for (std::int64_t cols : {1024, 8192, 1016, 8200})
+        for (bool from_output : {false, true})
+          check_gpu_against_cpu(Case{kind, dt, dt, 333, cols, true, false}, 6500 + salt++, from_output);
+}
+
 TEST(NormGpu, BackwardIsBitwiseDeterministic) {
   FUSEKIT_REQUIRE_GPU();
   auto rng = testing::make_rng(7);
