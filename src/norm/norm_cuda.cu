@@ -338,13 +338,23 @@ void launch_forward(const ForwardParams& p, int device_index, cudaStream_t strea
       // 109.1 -> 105.2, session 11). Where more threads are resident the prefetching grid lost
       // 3-10% (it keeps two rows in registers), and still does at 1..8 blocks per SM.
       // FUSEKIT_NORM_FWD_PREFETCH: 0 never, G > 0 always with G blocks per SM (tuning knob).
+      // LayerNorm with weight and bias on full rows keeps the plain grid there: its kernel
+      // specialized for full rows (below) ran 121.4 us against the prefetching kernel's 125.7
+      // at (8192, 12288) (H200, session 18; RMSNorm: 112.5 against 105.0, so it keeps the
+      // prefetching grid).
+      // FUSEKIT_NORM_FWD_PREFETCH: 0 never, G > 0 always with G blocks per SM (tuning knob).
       static const int prefetch_knob = env_knob("FUSEKIT_NORM_FWD_PREFETCH", 0, 64, -1);
       const int sms = detail::device_info(op, device_index).sm_count;
       const int block = plan.block_threads();
+      // Full rows with the usual affine parameters take the specialized kernels.
+      const bool full = p.cols == std::int64_t(plan.geometry.threads_per_row) * I * kVec && p.weight != nullptr;
+      const bool full_layer_norm = full && p.kind == Kind::layer_norm && p.bias != nullptr;
+      const bool full_rms_norm = full && p.kind == Kind::rms_norm && p.bias == nullptr;
       const int prefetch_blocks =
           prefetch_knob >= 0 ? prefetch_knob
-          : blocks_per_sm(op, forward_registers_kernel<T, W, I>, block, 0, device_index) * block < 800 ? 16
-                                                                                                      : 0;
+          : !full_layer_norm && blocks_per_sm(op, forward_registers_kernel<T, W, I>, block, 0, device_index) * block < 800
+              ? 16
+              : 0;
       if (prefetch_blocks > 0) {
         const int grid = static_cast<int>(std::min<std::int64_t>(needed, std::int64_t(sms) * prefetch_blocks));
         forward_registers_kernel<T, W, I, true><<<grid, plan.block_threads(), 0, stream>>>(p, plan.geometry);
@@ -353,19 +363,18 @@ void launch_forward(const ForwardParams& p, int device_index, cudaStream_t strea
         // (session 11, caps 32..256): rows of up to 2 warps run best at 128 (N = 2048: 71.2 us
         // against 73.4 at 256 for LayerNorm), longer rows at 64, where a block walks two rows
         // (LayerNorm N = 4096: 73.3 against 75.4 us, N = 5120: 91.4 against 94.5), except the
-        // 4-warp RMSNorm rows, which keep 128 (70.8 against 72.0 us at 64).
-        // FUSEKIT_NORM_FWD_CAP overrides (tuning knob).
+        // 4-warp RMSNorm rows, which keep 128 (70.8 against 72.0 us at 64). Since the full-row
+        // LayerNorm kernel (session 11) its 4-warp rows run best at 128 too (N = 4096: 70.7 us
+        // against 72.1 at 64, H200, session 18). FUSEKIT_NORM_FWD_CAP overrides (tuning knob).
         static const int cap_knob = env_knob("FUSEKIT_NORM_FWD_CAP", 1, 1024, 0);
         const int tpr = plan.geometry.threads_per_row;
         const int cap = cap_knob > 0 ? cap_knob
-                        : tpr <= 64 || (tpr <= 128 && p.kind == Kind::rms_norm) ? 128
-                                                                               : 64;
+                        : tpr <= 64 || (tpr <= 128 && (p.kind == Kind::rms_norm || full_layer_norm)) ? 128
+                                                                                                    : 64;
         const int grid = static_cast<int>(std::min<std::int64_t>(needed, std::int64_t(sms) * cap));
-        // Full rows with the usual affine parameters take the specialized kernel.
-        const bool full = p.cols == std::int64_t(plan.geometry.threads_per_row) * I * kVec && p.weight != nullptr;
-        if (full && p.kind == Kind::layer_norm && p.bias != nullptr)
+        if (full_layer_norm)
           forward_registers_kernel<T, W, I, false, kFullLayerNorm><<<grid, block, 0, stream>>>(p, plan.geometry);
-        else if (full && p.kind == Kind::rms_norm && p.bias == nullptr)
+        else if (full_rms_norm)
           forward_registers_kernel<T, W, I, false, kFullRmsNorm><<<grid, block, 0, stream>>>(p, plan.geometry);
         else
           forward_registers_kernel<T, W, I><<<grid, block, 0, stream>>>(p, plan.geometry);
