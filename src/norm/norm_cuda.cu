@@ -337,7 +337,6 @@ void launch_forward(const ForwardParams& p, int device_index, cudaStream_t strea
       // LayerNorm variant spilled at 64), 3-4% faster again (LayerNorm 129.0 -> 125.7 us, RMSNorm
       // 109.1 -> 105.2, session 11). Where more threads are resident the prefetching grid lost
       // 3-10% (it keeps two rows in registers), and still does at 1..8 blocks per SM.
-      // FUSEKIT_NORM_FWD_PREFETCH: 0 never, G > 0 always with G blocks per SM (tuning knob).
       // LayerNorm with weight and bias on full rows keeps the plain grid there: its kernel
       // specialized for full rows (below) ran 121.4 us against the prefetching kernel's 125.7
       // at (8192, 12288) (H200, session 18; RMSNorm: 112.5 against 105.0, so it keeps the

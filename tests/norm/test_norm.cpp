@@ -390,16 +390,18 @@ TEST(NormGpu, FromOutputVariant) {
 }
 
 // Without dbias (RMSNorm, LayerNorm without a bias), rows that fill 4 vectors of each of up to
-// 256 threads (N = 1024 and 8192 in 16-bit types) take the backward kernel without bounds tests;
-// N = 8200 and 1016 sit beside them on the tested path.
+// 256 threads (N = 1024 and 8192 in 16-bit types, 512 and 4096 in f32) take the backward kernel
+// without bounds tests; the rows 8 columns shorter or longer sit beside them on the tested path.
 TEST(NormGpu, FullRowBackwardWithoutDbias) {
   FUSEKIT_REQUIRE_GPU();
   int salt = 0;
   for (Kind kind : {Kind::layer, Kind::rms})
-    for (DType dt : {DType::bf16, DType::f16})
-      for (std::int64_t cols : {1024, 8192, 1016, 8200})
+    for (DType dt : {DType::bf16, DType::f16, DType::f32}) {
+      const std::int64_t scale = dt == DType::f32 ? 2 : 1;  // vectors of 4 f32 values, not 8
+      for (std::int64_t cols : {1024 / scale, 8192 / scale, 1024 / scale - 8, 8192 / scale + 8})
         for (bool from_output : {false, true})
           check_gpu_against_cpu(Case{kind, dt, dt, 333, cols, true, false}, 6500 + salt++, from_output);
+    }
 }
 
 TEST(NormGpu, BackwardIsBitwiseDeterministic) {
