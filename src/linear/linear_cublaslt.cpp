@@ -1,23 +1,74 @@
-// cuBLASLt plans for the linear family: one matmul descriptor, three matrix layouts and the
-// heuristic's best algorithm per distinct problem, created on first use and kept for the life of
-// the process (a training run sees a handful of shapes). Nothing is allocated on the device here:
-// cuBLASLt's workspace is a slice of the caller's workspace.
+// cuBLASLt plans for the linear family: one matmul descriptor, three matrix layouts and an
+// algorithm per distinct problem, created on first use and kept for the life of the process (a
+// training run sees a handful of shapes). Nothing is allocated on the device here: cuBLASLt's
+// workspace is a slice of the caller's workspace.
+//
+// Which algorithm: cuBLASLt's heuristic ranks its candidates without running them, and its first
+// choice is not always the fastest: on an H200 the forward GEMM (8192 x 4096 x 16384, bf16) ran
+// 1591 us with the first candidate and 1376 us with the eighth, and the dW GEMM with BGRADB at
+// (16384, 8192, 8192) 3375 against 3003 us (session 19, performance-notes.md). So the first call of
+// a problem times the heuristic's top candidates on the caller's stream, with the caller's buffers,
+// and keeps the fastest (as cuDNN's benchmark mode and torch.compile's max-autotune do). Tuning is
+// skipped while the stream is being captured into a CUDA graph (the first candidate runs and the
+// problem is tuned at its next uncaptured call) and when FUSEKIT_GEMM_AUTOTUNE=0, which keeps
+// the heuristic's first choice for runs that must pick the same algorithm on every machine.
 #include "linear/linear_cublaslt.h"
 
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <array>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "fusekit/error.h"
+#include "linear/linear_paths.h"
 
-namespace fusekit::linear::lt {
+namespace fusekit::linear {
+
+namespace {
+std::atomic<int> g_autotune{-1};  // -1: as FUSEKIT_GEMM_AUTOTUNE says
+}  // namespace
+
+void set_autotune(bool enabled) { g_autotune = enabled ? 1 : 0; }
+
+bool autotune_enabled() {
+  static const bool from_environment = [] {
+    const char* v = std::getenv("FUSEKIT_GEMM_AUTOTUNE");
+    return !(v && v[0] == '0');
+  }();
+  const int forced = g_autotune.load();
+  return forced < 0 ? from_environment : forced != 0;
+}
+
+namespace lt {
+
+bool autotune_log() {
+  static const bool log = [] {
+    const char* v = std::getenv("FUSEKIT_GEMM_AUTOTUNE_LOG");
+    return v && v[0] == '1';
+  }();
+  return log;
+}
+
+bool can_time_on(void* stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &capture) != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky; leave nothing behind for the caller's next check
+    return false;
+  }
+  return capture == cudaStreamCaptureStatusNone;
+}
+
 namespace {
 
 [[noreturn]] void fail(const char* op, const char* what, cublasStatus_t status) {
@@ -91,6 +142,9 @@ struct Plan {
   cublasLtMatrixLayout_t layout_a = nullptr, layout_b = nullptr, layout_d = nullptr;
   cublasLtMatmulAlgo_t algo{};
   bool has_algo = false;
+  // The heuristic's candidates, best-ranked first, until the problem has been timed.
+  std::vector<cublasLtMatmulAlgo_t> candidates;
+  bool tuned = false;
   // The descriptor holds the bias/aux pointers, set per call: one call at a time per plan.
   std::mutex in_use;
 
@@ -130,6 +184,10 @@ void set_pointers(const char* op, Plan& plan, const Gemm& g) {
   if (has_bias(g.epilogue)) set_desc(op, plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
   if (has_aux(g.epilogue)) set_desc(op, plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux);
 }
+
+// How many of the heuristic's candidates the first call of a problem times, and how often.
+constexpr int kAutotuneCandidates = 8;
+constexpr int kAutotuneRounds = 3;  // timed rounds after one untimed warm-up round
 
 std::unique_ptr<Plan> make_plan(const char* op, const Key& key, const Gemm& g,
                                 cublasLtHandle_t handle) {
@@ -172,11 +230,11 @@ std::unique_ptr<Plan> make_plan(const char* op, const Key& key, const Gemm& g,
   set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b);
   set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_d);
   set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_d);
-  cublasLtMatmulHeuristicResult_t result{};
+  std::array<cublasLtMatmulHeuristicResult_t, kAutotuneCandidates> results{};
   int returned = 0;
-  const cublasStatus_t status =
-      cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->layout_a, plan->layout_b,
-                                     plan->layout_d, plan->layout_d, pref, 1, &result, &returned);
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+      handle, plan->desc, plan->layout_a, plan->layout_b, plan->layout_d, plan->layout_d, pref,
+      autotune_enabled() ? kAutotuneCandidates : 1, results.data(), &returned);
   cublasLtMatmulPreferenceDestroy(pref);
   // No result means no kernel for this combination: remembered, not an error; the caller takes
   // another path. An epilogue cuBLASLt does not offer for this dtype/layout may also be reported
@@ -184,11 +242,17 @@ std::unique_ptr<Plan> make_plan(const char* op, const Key& key, const Gemm& g,
   if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED &&
       key.epilogue == Epilogue::none)
     fail(op, "cublasLtMatmulAlgoGetHeuristic", status);
-  if (status == CUBLAS_STATUS_SUCCESS && returned > 0 && result.state == CUBLAS_STATUS_SUCCESS &&
-      result.workspaceSize <= kWorkspaceBytes) {
-    plan->algo = result.algo;
+  if (status == CUBLAS_STATUS_SUCCESS) {
+    for (int i = 0; i < returned; ++i)
+      if (results[i].state == CUBLAS_STATUS_SUCCESS && results[i].workspaceSize <= kWorkspaceBytes)
+        plan->candidates.push_back(results[i].algo);
+  }
+  if (!plan->candidates.empty()) {
+    plan->algo = plan->candidates.front();
     plan->has_algo = true;
   }
+  plan->tuned = plan->candidates.size() <= 1;
+  if (plan->tuned) plan->candidates.clear();
   return plan;
 }
 
@@ -217,6 +281,74 @@ Plan& plan_for(const char* op, const Key& key, const Gemm& g, cublasLtHandle_t h
   return *it->second;
 }
 
+void matmul(const char* op, cublasLtHandle_t handle, const Plan& plan,
+            const cublasLtMatmulAlgo_t& algo, const Gemm& g, void* workspace, cudaStream_t stream) {
+  const float alpha = 1.0f, beta = 0.0f;
+  check(cublasLtMatmul(handle, plan.desc, &alpha, g.a, plan.layout_a, g.b, plan.layout_b, &beta,
+                       g.d, plan.layout_d, g.d, plan.layout_d, &algo, workspace, kWorkspaceBytes,
+                       stream),
+        op, "cublasLtMatmul");
+}
+
+void check_cuda(cudaError_t status, const char* op, const char* what) {
+  if (status != cudaSuccess)
+    throw Error(ErrorKind::cuda, op, std::string(what) + " failed: " + cudaGetErrorString(status));
+}
+
+// Times every candidate on the caller's stream and buffers (round-robin, so that clock and
+// temperature drift falls on all of them alike) and keeps the one with the lowest median. The
+// GEMM writes only D (and the bias gradient or aux), never its inputs, so running it again is
+// harmless: the caller's own run follows.
+void autotune(const char* op, cublasLtHandle_t handle, Plan& plan, const Gemm& g, void* workspace,
+              cudaStream_t stream) {
+  const int count = static_cast<int>(plan.candidates.size());
+  const int runs = count * kAutotuneRounds;
+  std::vector<cudaEvent_t> events(static_cast<std::size_t>(runs) * 2, nullptr);
+  struct EventsGuard {
+    std::vector<cudaEvent_t>& events;
+    ~EventsGuard() {
+      for (cudaEvent_t e : events)
+        if (e) cudaEventDestroy(e);
+    }
+  } guard{events};
+  for (cudaEvent_t& e : events) check_cuda(cudaEventCreate(&e), op, "cudaEventCreate");
+
+  for (int i = 0; i < count; ++i) matmul(op, handle, plan, plan.candidates[i], g, workspace, stream);
+  for (int r = 0; r < kAutotuneRounds; ++r)
+    for (int i = 0; i < count; ++i) {
+      const std::size_t slot = static_cast<std::size_t>(r * count + i) * 2;
+      check_cuda(cudaEventRecord(events[slot], stream), op, "cudaEventRecord");
+      matmul(op, handle, plan, plan.candidates[i], g, workspace, stream);
+      check_cuda(cudaEventRecord(events[slot + 1], stream), op, "cudaEventRecord");
+    }
+  check_cuda(cudaEventSynchronize(events.back()), op, "cudaEventSynchronize");
+
+  int best = 0;
+  float best_ms = 0.0f;
+  for (int i = 0; i < count; ++i) {
+    std::array<float, kAutotuneRounds> ms{};
+    for (int r = 0; r < kAutotuneRounds; ++r) {
+      const std::size_t slot = static_cast<std::size_t>(r * count + i) * 2;
+      check_cuda(cudaEventElapsedTime(&ms[r], events[slot], events[slot + 1]), op,
+                 "cudaEventElapsedTime");
+    }
+    std::sort(ms.begin(), ms.end());
+    const float median = ms[kAutotuneRounds / 2];
+    if (autotune_log())
+      std::fprintf(stderr, "fusekit autotune %s: m %lld n %lld k %lld epilogue %u candidate %d: %.1f us\n",
+                   op, static_cast<long long>(g.m), static_cast<long long>(g.n),
+                   static_cast<long long>(g.k), static_cast<unsigned>(g.epilogue), i, median * 1e3);
+    if (i == 0 || median < best_ms) {
+      best = i;
+      best_ms = median;
+    }
+  }
+  plan.algo = plan.candidates[best];
+  plan.candidates.clear();
+  plan.candidates.shrink_to_fit();
+  plan.tuned = true;
+}
+
 }  // namespace
 
 bool run(const char* op, const Gemm& g, int device_index, void* workspace, void* stream) {
@@ -243,14 +375,13 @@ bool run(const char* op, const Gemm& g, int device_index, void* workspace, void*
   Plan& plan = plan_for(op, key, g, handle);
   if (!plan.has_algo) return false;
 
-  const float alpha = 1.0f, beta = 0.0f;
+  const auto s = static_cast<cudaStream_t>(stream);
   std::lock_guard lock(plan.in_use);
   set_pointers(op, plan, g);
-  check(cublasLtMatmul(handle, plan.desc, &alpha, g.a, plan.layout_a, g.b, plan.layout_b, &beta,
-                       g.d, plan.layout_d, g.d, plan.layout_d, &plan.algo, workspace,
-                       kWorkspaceBytes, static_cast<cudaStream_t>(stream)),
-        op, "cublasLtMatmul");
+  if (!plan.tuned && autotune_enabled() && can_time_on(stream)) autotune(op, handle, plan, g, workspace, s);
+  matmul(op, handle, plan, plan.algo, g, workspace, s);
   return true;
 }
 
-}  // namespace fusekit::linear::lt
+}  // namespace lt
+}  // namespace fusekit::linear

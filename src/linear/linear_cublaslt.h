@@ -44,7 +44,15 @@ struct Gemm {
 // Hopper). It is part of linear_*_workspace_size().
 inline constexpr std::size_t kWorkspaceBytes = std::size_t(32) << 20;
 
-// Runs the GEMM on `stream`. Returns false, launching nothing, when cuBLASLt has no algorithm for
+// With FUSEKIT_GEMM_AUTOTUNE_LOG=1 every timed candidate (GEMM algorithm or forward path) is
+// printed to stderr. Whether tuning happens at all: linear::autotune_enabled() (linear_paths.h).
+bool autotune_log();
+// Whether timing on `stream` is allowed now: not while a CUDA graph capture involves it (a query
+// that fails counts as capturing).
+bool can_time_on(void* stream);
+
+// Runs the GEMM on `stream`; the first call of a problem may time cuBLASLt's candidates there
+// first (synchronizing with the stream once). Returns false, launching nothing, when cuBLASLt has no algorithm for
 // this combination (e.g. an epilogue with unusual alignment): the caller then takes another path.
 // Throws fusekit::Error(cuda) naming `op` when a cuBLASLt call fails.
 bool run(const char* op, const Gemm& g, int device_index, void* workspace, void* stream);

@@ -31,8 +31,12 @@
 #include <atomic>
 #include <climits>
 #include <cstdint>
+#include <cstdio>
+#include <mutex>
 #include <string>
 #include <type_traits>
+#include <unordered_map>
+#include <vector>
 
 #include "core/cuda_check.h"
 #include "core/device_info.h"
@@ -347,6 +351,154 @@ lt::Gemm dw_gemm(const BackwardParams& p, const void* dz, std::int64_t lddz, boo
   return g;
 }
 
+ForwardPath run_forward_path(const ForwardParams& p, ForwardPath path, lt::Epilogue epilogue,
+                             int device_index, cudaStream_t stream);
+
+// ---- forward path tuning ---------------------------------------------------------------------
+//
+// For the activations cuBLASLt cannot fuse (and gelu_tanh, where its epilogue is slow), two or
+// three paths compute the same forward: the fused CUTLASS kernel, cuBLASLt's epilogue, and the
+// tuned cuBLASLt GEMM followed by the elementwise activation. Which is fastest depends on the
+// shape: the CUTLASS kernel's one tile configuration ran 1762 us at (8192, 16384, 4096) where
+// cuBLASLt's best algorithm took 1412 us plus 35 us for the separate activation (H200, session
+// 19). So, like the GEMM algorithms (linear_cublaslt.cpp), the first call of a problem times the
+// candidate paths on the caller's stream and buffers and keeps the fastest for the process.
+
+struct ForwardKey {
+  int device = 0;
+  DType dtype = DType::bf16;
+  Activation activation = Activation::none;
+  bool bias = false, pre = false, cutlass_ok = false, lt_ok = false;
+  std::int64_t m = 0, n = 0, k = 0, ldx = 0, ldw = 0, ldy = 0, ldpre = 0;
+  bool operator==(const ForwardKey& o) const {
+    return device == o.device && dtype == o.dtype && activation == o.activation &&
+           bias == o.bias && pre == o.pre && cutlass_ok == o.cutlass_ok && lt_ok == o.lt_ok &&
+           m == o.m && n == o.n && k == o.k && ldx == o.ldx && ldw == o.ldw && ldy == o.ldy &&
+           ldpre == o.ldpre;
+  }
+};
+
+struct ForwardKeyHash {
+  std::size_t operator()(const ForwardKey& k) const {
+    std::size_t h = 1469598103934665603ull;
+    auto mix = [&h](std::uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+    mix(std::uint64_t(k.device) << 8 | std::uint64_t(k.dtype));
+    mix(std::uint64_t(k.activation) << 4 | std::uint64_t(k.bias) << 3 | std::uint64_t(k.pre) << 2 |
+        std::uint64_t(k.cutlass_ok) << 1 | std::uint64_t(k.lt_ok));
+    for (std::int64_t v : {k.m, k.n, k.k, k.ldx, k.ldw, k.ldy, k.ldpre}) mix(std::uint64_t(v));
+    return h;
+  }
+};
+
+struct ForwardPathCache {
+  std::mutex mutex;
+  std::unordered_map<ForwardKey, ForwardPath, ForwardKeyHash> paths;
+};
+
+ForwardPathCache& forward_path_cache() {
+  static ForwardPathCache* c = new ForwardPathCache();  // never destroyed, like the GEMM plans
+  return *c;
+}
+
+// The paths worth timing for this call, best guess first; fewer than two means nothing to tune.
+// f32 keeps its exact-epilogue rule (choose_forward_path); bias / relu through cuBLASLt's own
+// epilogue cost the plain GEMM and are not timed against slower paths.
+std::vector<ForwardPath> forward_candidates(const ForwardParams& p, lt::Epilogue epilogue,
+                                            ForwardPath guess) {
+  std::vector<ForwardPath> c;
+  if (p.dtype == DType::f32) return c;
+  const bool lt_ok = cublaslt_epilogue_for(p, &epilogue);
+  if (lt_ok && (p.activation == Activation::none || p.activation == Activation::relu)) return c;
+  c.push_back(guess);
+  auto add = [&c](ForwardPath path) {
+    if (std::find(c.begin(), c.end(), path) == c.end()) c.push_back(path);
+  };
+  if (cutlass_eligible(p)) add(ForwardPath::cutlass_fused);
+  if (lt_ok) add(ForwardPath::cublaslt_epilogue);
+  add(ForwardPath::unfused);
+  return c;
+}
+
+ForwardPath tuned_forward_path(const ForwardParams& p, lt::Epilogue epilogue, ForwardPath guess,
+                               int device_index, cudaStream_t stream) {
+  if (!autotune_enabled()) return guess;
+  ForwardKey key;
+  key.device = device_index;
+  key.dtype = p.dtype;
+  key.activation = p.activation;
+  key.bias = p.bias != nullptr;
+  key.pre = p.pre != nullptr;
+  key.cutlass_ok = cutlass_eligible(p);
+  lt::Epilogue unused = lt::Epilogue::none;
+  key.lt_ok = cublaslt_epilogue_for(p, &unused);
+  key.m = p.m;
+  key.n = p.n;
+  key.k = p.k;
+  key.ldx = p.ldx;
+  key.ldw = p.ldw;
+  key.ldy = p.ldy;
+  key.ldpre = p.pre ? p.ldpre : 0;
+
+  ForwardPathCache& cache = forward_path_cache();
+  {
+    std::lock_guard lock(cache.mutex);
+    auto it = cache.paths.find(key);
+    if (it != cache.paths.end()) return it->second;
+  }
+  const std::vector<ForwardPath> candidates = forward_candidates(p, epilogue, guess);
+  if (candidates.size() < 2) return guess;
+  if (!lt::can_time_on(stream)) return guess;  // tuned at the next uncaptured call
+
+  constexpr int kRounds = 3;
+  const int count = static_cast<int>(candidates.size());
+  std::vector<cudaEvent_t> events(static_cast<std::size_t>(count) * kRounds * 2, nullptr);
+  struct EventsGuard {
+    std::vector<cudaEvent_t>& events;
+    ~EventsGuard() {
+      for (cudaEvent_t e : events)
+        if (e) cudaEventDestroy(e);
+    }
+  } events_guard{events};
+  for (cudaEvent_t& e : events) detail::check_cuda(cudaEventCreate(&e), kForwardOp, "cudaEventCreate");
+  // One untimed round (it also tunes the GEMMs inside each path), then round-robin timed rounds.
+  std::vector<ForwardPath> ran(candidates.size());
+  for (int i = 0; i < count; ++i)
+    ran[i] = run_forward_path(p, candidates[i], epilogue, device_index, stream);
+  for (int r = 0; r < kRounds; ++r)
+    for (int i = 0; i < count; ++i) {
+      const std::size_t slot = static_cast<std::size_t>(r * count + i) * 2;
+      detail::check_cuda(cudaEventRecord(events[slot], stream), kForwardOp, "cudaEventRecord");
+      run_forward_path(p, candidates[i], epilogue, device_index, stream);
+      detail::check_cuda(cudaEventRecord(events[slot + 1], stream), kForwardOp, "cudaEventRecord");
+    }
+  detail::check_cuda(cudaEventSynchronize(events.back()), kForwardOp, "cudaEventSynchronize");
+  int best = 0;
+  float best_ms = 0.0f;
+  for (int i = 0; i < count; ++i) {
+    float ms[kRounds];
+    for (int r = 0; r < kRounds; ++r) {
+      const std::size_t slot = static_cast<std::size_t>(r * count + i) * 2;
+      detail::check_cuda(cudaEventElapsedTime(&ms[r], events[slot], events[slot + 1]), kForwardOp,
+                         "cudaEventElapsedTime");
+    }
+    std::sort(ms, ms + kRounds);
+    if (lt::autotune_log())
+      std::fprintf(stderr, "fusekit autotune linear_forward: m %lld n %lld k %lld %s path %s: %.1f us\n",
+                   static_cast<long long>(p.m), static_cast<long long>(p.n),
+                   static_cast<long long>(p.k), activation_name(p.activation),
+                   forward_path_name(ran[i]), ms[kRounds / 2] * 1e3);
+    if (i == 0 || ms[kRounds / 2] < best_ms) {
+      best = i;
+      best_ms = ms[kRounds / 2];
+    }
+  }
+  // A path that fell back (no cuBLASLt algorithm for the epilogue) is remembered as what ran.
+  const ForwardPath chosen = ran[best];
+  std::lock_guard lock(cache.mutex);
+  cache.paths.try_emplace(key, chosen);
+  return chosen;
+}
+
 }  // namespace
 
 std::size_t forward_workspace_cuda(std::int64_t, std::int64_t, std::int64_t, DType, Activation) {
@@ -374,6 +526,15 @@ void forward_cuda(const ForwardParams& p, int device_index, Stream stream_handle
   }
   lt::Epilogue epilogue = lt::Epilogue::none;
   ForwardPath path = choose_forward_path(p, &epilogue);
+  if (forward_path_override() == ForwardPath::automatic)
+    path = tuned_forward_path(p, epilogue, path, device_index, stream);
+  record_forward_path(run_forward_path(p, path, epilogue, device_index, stream));
+}
+
+namespace {
+
+ForwardPath run_forward_path(const ForwardParams& p, ForwardPath path, lt::Epilogue epilogue,
+                             int device_index, cudaStream_t stream) {
   if (path == ForwardPath::cublaslt_epilogue &&
       !lt::run(kForwardOp, forward_gemm(p, epilogue, p.y, p.ldy), device_index, p.workspace, stream))
     path = ForwardPath::unfused;  // no cuBLASLt kernel for this epilogue and layout
@@ -400,8 +561,10 @@ void forward_cuda(const ForwardParams& p, int device_index, Stream stream_handle
     else sm90::fused_forward_f16(kForwardOp, a, stream);
   }
   if (path == ForwardPath::unfused) run_unfused_forward(p, device_index, stream);
-  record_forward_path(path);
+  return path;
 }
+
+}  // namespace
 
 void backward_cuda(const BackwardParams& p, int device_index, Stream stream_handle) {
   detail::DeviceGuard guard(kBackwardOp, device_index);

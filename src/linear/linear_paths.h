@@ -25,4 +25,11 @@ ForwardPath forward_path_override();
 ForwardPath last_forward_path();
 void record_forward_path(ForwardPath path);
 
+// Autotuning of cuBLASLt's GEMM algorithms (linear_cublaslt.cpp) and of the forward path
+// (linear_cuda.cu): the first call of a problem times the candidates and keeps the fastest. On
+// unless FUSEKIT_GEMM_AUTOTUNE=0; set_autotune overrides the environment (tests use it to check
+// the untimed routing rules). Problems already tuned keep their choice.
+void set_autotune(bool enabled);
+bool autotune_enabled();
+
 }  // namespace fusekit::linear

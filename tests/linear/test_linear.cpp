@@ -2,7 +2,10 @@
 // the float64 CPU reference (error at most twice that of PyTorch-style float32 accumulation in the
 // same dtype, see linear_baseline.h) over a randomized grid, path routing, layouts, degenerate
 // shapes, determinism and argument errors.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
+
+#include <algorithm>
 
 #include <array>
 #include <cmath>
@@ -40,6 +43,13 @@ constexpr Activation kActivations[] = {Activation::none,      Activation::relu,
 struct PathOverride {
   explicit PathOverride(ForwardPath p) { linear::set_forward_path_override(p); }
   ~PathOverride() { linear::set_forward_path_override(ForwardPath::automatic); }
+};
+
+// Autotuning of GEMM algorithms and forward paths switched for one scope (then back on, the
+// library's default).
+struct AutotuneSetting {
+  explicit AutotuneSetting(bool on) { linear::set_autotune(on); }
+  ~AutotuneSetting() { linear::set_autotune(true); }
 };
 
 OptionalTensor opt(const std::optional<Buffer>& b) {
@@ -593,8 +603,10 @@ TEST(LinearGpu, EveryForwardPathMatchesReference) {
   }
 }
 
+// The untimed routing rules (autotuning off): what runs when nothing has been measured.
 TEST(LinearGpu, AutomaticRouting) {
   FUSEKIT_REQUIRE_GPU();
+  AutotuneSetting untimed(false);
   struct Expect {
     ForwardCase c;
     ForwardPath path;
@@ -617,6 +629,99 @@ TEST(LinearGpu, AutomaticRouting) {
   };
   int salt = 0;
   for (const Expect& e : expectations) EXPECT_EQ(check_forward(e.c, 5000 + salt++), e.path) << e.c.str();
+}
+
+// With autotuning on, the first call of a problem times the eligible paths: whichever wins must
+// be one that can serve the call, its result must match the reference, and later calls of the
+// same problem must keep it.
+TEST(LinearGpu, AutotunedPathIsEligibleAndKept) {
+  FUSEKIT_REQUIRE_GPU();
+  AutotuneSetting timed(true);
+  using P = ForwardPath;
+  struct Expect {
+    ForwardCase c;
+    std::vector<ForwardPath> allowed;
+  };
+  const Expect expectations[] = {
+      {{DType::bf16, Activation::gelu_erf, 1000, 1024, 512, true, true, 0}, {P::cutlass_fused, P::unfused}},
+      {{DType::f16, Activation::silu, 777, 512, 256, false, false, 0}, {P::cutlass_fused, P::unfused}},
+      {{DType::bf16, Activation::gelu_tanh, 640, 768, 384, true, false, 0},
+       {P::cutlass_fused, P::cublaslt_epilogue, P::unfused}},
+      {{DType::bf16, Activation::squared_relu, 512, 520, 256, true, true, 0}, {P::cutlass_fused, P::unfused}},
+      {{DType::bf16, Activation::silu, 600, 510, 256, true, false, 0}, {P::unfused}},  // N % 8: no CUTLASS
+      {{DType::bf16, Activation::relu, 600, 512, 256, true, false, 0}, {P::cublaslt_epilogue}},  // not timed
+      {{DType::f32, Activation::gelu_tanh, 96, 64, 64, true, false, 0}, {P::unfused}},  // f32 rule
+  };
+  int salt = 0;
+  for (const Expect& e : expectations) {
+    const ForwardPath first = check_forward(e.c, 7000 + salt);
+    EXPECT_NE(std::find(e.allowed.begin(), e.allowed.end(), first), e.allowed.end())
+        << e.c.str() << " ran " << linear::forward_path_name(first);
+    EXPECT_EQ(check_forward(e.c, 7100 + salt), first) << e.c.str();
+    ++salt;
+  }
+}
+
+// The first call of a problem captured into a CUDA graph: no timing may happen inside a capture
+// (it would fail or be recorded), so the call must capture cleanly and the replayed graph must
+// compute the right result; the problem is tuned at its next uncaptured call.
+TEST(LinearGpu, FirstCallInsideGraphCapture) {
+  FUSEKIT_REQUIRE_GPU();
+  AutotuneSetting timed(true);
+  const Device gpu = Device::cuda(0);
+  auto rng = testing::make_rng(11);
+  // Shapes no other test uses, so that nothing is tuned yet.
+  const std::int64_t m = 1064, n = 1544, k = 712;
+  const Activation act = Activation::gelu_erf;
+  Buffer x = matrix(DType::bf16, gpu, m, k), w = matrix(DType::bf16, gpu, n, k), b(DType::bf16, gpu, {n});
+  Buffer y = matrix(DType::bf16, gpu, m, n), pre = matrix(DType::bf16, gpu, m, n), dout = matrix(DType::bf16, gpu, m, n);
+  Buffer dx = matrix(DType::bf16, gpu, m, k), dw = matrix(DType::bf16, gpu, n, k), db(DType::bf16, gpu, {n});
+  const auto xv = normal_values(rng, m * k, 0.0, 1.0, DType::bf16);
+  const auto wv = normal_values(rng, n * k, 0.0, 1.0 / std::sqrt(double(k)), DType::bf16);
+  const auto bv = normal_values(rng, n, 0.0, 0.5, DType::bf16);
+  const auto gv = normal_values(rng, m * n, 0.0, 1.0, DType::bf16);
+  x.set_values(xv);
+  w.set_values(wv);
+  b.set_values(bv);
+  dout.set_values(gv);
+  Buffer wsf = workspace_for(linear_forward_workspace_size(m, n, k, DType::bf16, act, gpu), gpu);
+  Buffer wsb = workspace_for(linear_backward_workspace_size(m, n, k, DType::bf16, act, gpu), gpu);
+  for (Buffer* o : {&y, &pre, &dx, &dw, &db}) o->poison();
+
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  linear_forward(x.view(), w.view(), b.view(), act, y.view(), pre.view(), wsf.view(), stream);
+  linear_backward(dout.view(), x.view(), w.view(), pre.view(), act, dx.view(), dw.view(), db.view(),
+                  wsb.view(), stream);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+
+  const ForwardReference ref = reference_forward(xv, wv, bv, m, n, k, act);
+  const lb::ForwardBaseline base = lb::forward_baseline(xv, wv, bv, m, n, k, act, DType::bf16);
+  EXPECT_TRUE(passes(lb::judge(y.values(), ref.y, base.y, DType::bf16, "y")));
+  EXPECT_TRUE(passes(lb::judge(pre.values(), ref.pre, base.pre, DType::bf16, "pre_activation")));
+  const auto pv = pre.values();
+  const BackwardReference bref = reference_backward(gv, pv, xv, wv, m, n, k, act);
+  const lb::BackwardBaseline bbase = lb::backward_baseline(gv, pv, xv, wv, m, n, k, act, DType::bf16);
+  EXPECT_TRUE(passes(lb::judge(dx.values(), bref.dx, bbase.dx, DType::bf16, "dx")));
+  EXPECT_TRUE(passes(lb::judge(dw.values(), bref.dw, bbase.dw, DType::bf16, "dW")));
+  EXPECT_TRUE(passes(lb::judge(db.values(), bref.dbias, bbase.dbias, DType::bf16, "dbias")));
+
+  // Uncaptured now: this call tunes the problem and must still be right.
+  y.poison();
+  linear_forward(x.view(), w.view(), b.view(), act, y.view(), pre.view(), wsf.view(), stream);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_TRUE(passes(lb::judge(y.values(), ref.y, base.y, DType::bf16, "y after tuning")));
+
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
 }
 
 // A single row, a single 8-column tile, K = 8 exactly (one partial k-block).
