@@ -73,19 +73,22 @@ if has bench; then
   cat "$OUT/bench.log"
 fi
 
-if has torch; then
-  PYTHONUNBUFFERED=1 python3 scripts/torch_bench.py --out "$OUT/torch_bench.json" ${TORCH_OPS:-norm dropout linear fp8_norm attention} >"$OUT/torch.log" 2>&1
-  log "torch bench rc=$?"
-  tail -5 "$OUT/torch.log"
-fi
-
-if has python || has overhead; then
-  # The package (build-python/site, its own CMake build directory), then its tests.
+# The Python package (build-python/site, its own CMake build directory): for its tests, the host
+# overhead, and linear's PyTorch comparison (torch_bench.py times fusekit.torch in turns with
+# PyTorch when it can import it).
+if has python || has overhead || { has torch && [[ " ${TORCH_OPS:-linear} " == *" linear "* ]]; }; then
   start=$(date +%s)
   FUSEKIT_PY_BUILD_ONLY=1 bash scripts/python_test.sh >"$OUT/python_build.log" 2>&1
   rc=$?
   log "python package build rc=$rc in $(( $(date +%s) - start ))s"
   [ $rc -eq 0 ] || { tail -30 "$OUT/python_build.log"; status=1; }
+fi
+
+if has torch; then
+  PYTHONPATH="$PWD/build-python/site${PYTHONPATH:+:$PYTHONPATH}" \
+  PYTHONUNBUFFERED=1 python3 scripts/torch_bench.py --out "$OUT/torch_bench.json" ${TORCH_OPS:-norm dropout linear fp8_norm attention} >"$OUT/torch.log" 2>&1
+  log "torch bench rc=$?"
+  tail -5 "$OUT/torch.log"
 fi
 
 if has python; then

@@ -59,6 +59,20 @@ def main():
             print(f"| {r['op']} | {r['direction']} | {r['shape']} | {r['time_us']:.1f} | {tflops:.0f} | "
                   f"{100 * tflops / gemm:.1f}% | {fmt_us(plain)} | {rel} | {fmt_us(te)} | {fmt_us(tc)} | "
                   f"{ratio(te, r['time_us'])} | {ratio(tc, r['time_us'])} |")
+    same_timer = [r for r in th["rows"] if r["impl"] == "fusekit_py"]
+    if same_timer:
+        # fusekit through its PyTorch binding, timed in turns with PyTorch and the plain GEMM
+        # (matrix ops run at the power limit, where the clock drifts between separate timings).
+        print("\nSame timer (scripts/torch_bench.py, implementations taking turns, L2 flushed; fusekit through fusekit.torch):\n")
+        print("| op | dir | shape | fusekit us | torch mm us | fusekit / mm | torch eager us | torch.compile us | x eager | x compile |")
+        print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+        for r in same_timer:
+            key = (r["op"], r["direction"], r["shape"])
+            mm = torch_time.get(key + ("torch_mm",))
+            te, tc = torch_time.get(key + ("torch",)), torch_time.get(key + ("compile",))
+            rel = f"{r['time_us'] / mm:.3f}" if mm else "-"
+            print(f"| {r['op']} | {r['direction']} | {r['shape']} | {r['time_us']:.1f} | {fmt_us(mm)} | {rel} | "
+                  f"{fmt_us(te)} | {fmt_us(tc)} | {ratio(te, r['time_us'])} | {ratio(tc, r['time_us'])} |")
     att = [r for r in fk["rows"] if r["op"] == "attention" and r["impl"] == "fusekit"]
     att_torch = [r for r in th["rows"] if r["op"] == "attention" and r["shape"] not in {a["shape"] for a in att}]
     if att or att_torch:

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """PyTorch equivalents of fusekit's ops, timed on the same shapes (bf16, random data), eager and
-torch.compile, with triton.testing.do_bench (median, L2 flushed between runs). Also records
+torch.compile, with triton.testing.do_bench (median, L2 flushed between runs); linear's GEMMs
+with the implementations taking turns (bench_interleaved), fusekit's PyTorch binding among them
+when it is importable. Also records
 PyTorch's own error against float64 so the report can set fusekit's error beside it.
 Writes JSON rows shaped like `fusekit bench --json`."""
 import argparse
@@ -21,6 +23,32 @@ DROPOUT_SHAPES = [(16384, 4096), (8192, 16384), (32768, 1024), (16384, 5120)]
 
 def bench(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3  # us
+
+
+def bench_interleaved(fns, rounds=25):
+    """Median time (us) of each function, the functions taking turns call by call, L2 flushed
+    before each call as do_bench does. GEMM-bound work runs at the GPU's power limit, where the
+    clock drifts over seconds: timed one after the other, two equal GEMMs differed by up to 10%
+    (session 19); taking turns puts the drift on all of them alike."""
+    flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    for fn in fns:  # warm-up (compilation, autotuning, allocator)
+        fn()
+        fn()
+    torch.cuda.synchronize()
+    starts = [[torch.cuda.Event(enable_timing=True) for _ in range(rounds)] for _ in fns]
+    ends = [[torch.cuda.Event(enable_timing=True) for _ in range(rounds)] for _ in fns]
+    for r in range(rounds):
+        for i, fn in enumerate(fns):
+            flush.zero_()
+            starts[i][r].record()
+            fn()
+            ends[i][r].record()
+    torch.cuda.synchronize()
+    out = []
+    for i in range(len(fns)):
+        times = sorted(s.elapsed_time(e) for s, e in zip(starts[i], ends[i]))
+        out.append(times[len(times) // 2] * 1e3)
+    return out
 
 
 def norm_rows(rows):
@@ -118,8 +146,20 @@ LINEAR_ACTIVATIONS = {
 }
 
 
+def fusekit_torch():
+    """fusekit's PyTorch binding when the package is importable (device_run.sh's python stage
+    builds it): linear is then timed here too, taking turns with PyTorch's implementations
+    (bench_interleaved), so that the power-limited clock treats them alike."""
+    try:
+        import fusekit.torch as fk
+        return fk
+    except ImportError:
+        return None
+
+
 def linear_rows(rows):
     dev = "cuda"
+    fk = fusekit_torch()
     for (m, k, n) in LINEAR_SHAPES:
         x = torch.randn(m, k, device=dev).to(torch.bfloat16).requires_grad_(True)
         w = (torch.randn(n, k, device=dev) / k ** 0.5).to(torch.bfloat16).requires_grad_(True)
@@ -131,17 +171,27 @@ def linear_rows(rows):
                 return act(F.linear(x, w, b))
             compiled = torch.compile(f)
             shape = f"({m}, {k}, {n}) {name}"
-            for impl, fn in (("torch", f), ("compile", compiled)):
-                with torch.no_grad():
-                    t = bench(lambda: fn(x, w, b))
+            impls = [("torch", f), ("compile", compiled)]
+            if fk is not None:
+                impls.append(("fusekit_py", lambda x, w, b, name=name: fk.linear(x, w, b, activation=name)))
+            # Forward: every implementation and the plain GEMM (torch.mm) taking turns.
+            fwd = [lambda fn=fn: fn(x, w, b) for _, fn in impls]
+            fwd.append(lambda: torch.mm(x, w.t()))
+            with torch.no_grad():
+                times = bench_interleaved(fwd)
+            for (impl, _), t in zip(impls + [("torch_mm", None)], times):
                 rows.append(dict(op="linear", direction="fwd", shape=shape, impl=impl, time_us=t,
                                  flops=flops, tflops=flops / t / 1e6))
-                y = fn(x, w, b)
-                t = bench(lambda: torch.autograd.grad(y, (x, w, b), dy, retain_graph=True))
+            # Backward: the same, against the two plain GEMMs dx = dy W and dW = dy^T x.
+            ys = [fn(x, w, b) for _, fn in impls]
+            bwd = [lambda y=y: torch.autograd.grad(y, (x, w, b), dy, retain_graph=True) for y in ys]
+            bwd.append(lambda: (torch.mm(dy, w), torch.mm(dy.t(), x)))
+            times = bench_interleaved(bwd)
+            for (impl, _), t in zip(impls + [("torch_mm", None)], times):
                 rows.append(dict(op="linear", direction="bwd", shape=shape, impl=impl, time_us=t,
                                  flops=2 * flops, tflops=2 * flops / t / 1e6))
-                print(rows[-2], rows[-1], flush=True)
-                del y
+            print(*rows[-2 * len(fwd):], sep="\n", flush=True)
+            del ys
             torch._dynamo.reset()  # one compiled graph per activation; do not pile them up
         del x, w, b, dy
     # PyTorch's own error in bf16 against float64 (relative L2), one moderate shape.
