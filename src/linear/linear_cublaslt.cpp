@@ -187,7 +187,7 @@ void set_pointers(const char* op, Plan& plan, const Gemm& g) {
 
 // How many of the heuristic's candidates the first call of a problem times, and how often.
 constexpr int kAutotuneCandidates = 8;
-constexpr int kAutotuneRounds = 3;  // timed rounds after one untimed warm-up round
+constexpr int kAutotuneRounds = 5;  // timed rounds after one untimed warm-up round
 
 std::unique_ptr<Plan> make_plan(const char* op, const Key& key, const Gemm& g,
                                 cublasLtHandle_t handle) {

@@ -449,7 +449,7 @@ ForwardPath tuned_forward_path(const ForwardParams& p, lt::Epilogue epilogue, Fo
   if (candidates.size() < 2) return guess;
   if (!lt::can_time_on(stream)) return guess;  // tuned at the next uncaptured call
 
-  constexpr int kRounds = 3;
+  constexpr int kRounds = 5;  // timed rounds, as for the GEMM algorithms
   const int count = static_cast<int>(candidates.size());
   std::vector<cudaEvent_t> events(static_cast<std::size_t>(count) * kRounds * 2, nullptr);
   struct EventsGuard {
