@@ -54,9 +54,6 @@ if has sanitize; then
     # synccheck tracks the norm backward's TMA-ring mbarriers (cuda::barrier) only with a fixed
     # per-block budget: its automatic sizing overflows ("overflow of tracked cuda::barrier").
     extra=(); [ $tool = synccheck ] && extra=(--num-cuda-barriers 4096)
-    # racecheck reports hazards inside cuBLAS's own nvjet GEMM kernels (their shared-memory
-    # pipelines, not fusekit's code; session 19): it checks fusekit's kernels only.
-    [ $tool = racecheck ] && extra=(--kernel-name-exclude kns=nvjet)
     compute-sanitizer --tool $tool ${extra[@]+"${extra[@]}"} --error-exitcode 9 "$BUILD/fusekit_tests" \
       --gtest_filter="${SANITIZE_FILTER:-NormGpu.FromOutputVariant:NormGpu.RowPaddingIsNeverWritten}" >"$OUT/sanitize-$tool.log" 2>&1
     rc=$?
