@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
@@ -30,6 +31,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/cuda_check.h"
 #include "fusekit/error.h"
 #include "linear/linear_paths.h"
 
@@ -52,6 +54,10 @@ bool autotune_enabled() {
 
 namespace lt {
 
+// How many of the heuristic's candidates the first call of a problem times, and how often.
+constexpr int kAutotuneCandidates = 8;
+constexpr int kAutotuneRounds = 5;  // timed rounds after one untimed warm-up round
+
 bool autotune_log() {
   static const bool log = [] {
     const char* v = std::getenv("FUSEKIT_GEMM_AUTOTUNE_LOG");
@@ -67,6 +73,42 @@ bool can_time_on(void* stream) {
     return false;
   }
   return capture == cudaStreamCaptureStatusNone;
+}
+
+std::vector<float> time_in_turns(const char* op, int count, void* stream,
+                                 const std::function<void(int)>& run) {
+  constexpr int kRounds = kAutotuneRounds;
+  const auto s = static_cast<cudaStream_t>(stream);
+  std::vector<cudaEvent_t> events(static_cast<std::size_t>(count) * kRounds * 2, nullptr);
+  struct EventsGuard {
+    std::vector<cudaEvent_t>& events;
+    ~EventsGuard() {
+      for (cudaEvent_t e : events)
+        if (e) cudaEventDestroy(e);
+    }
+  } guard{events};
+  for (cudaEvent_t& e : events) detail::check_cuda(cudaEventCreate(&e), op, "cudaEventCreate");
+  for (int i = 0; i < count; ++i) run(i);  // warm-up: first launches, nested tuning
+  for (int r = 0; r < kRounds; ++r)
+    for (int i = 0; i < count; ++i) {
+      const std::size_t slot = static_cast<std::size_t>(r * count + i) * 2;
+      detail::check_cuda(cudaEventRecord(events[slot], s), op, "cudaEventRecord");
+      run(i);
+      detail::check_cuda(cudaEventRecord(events[slot + 1], s), op, "cudaEventRecord");
+    }
+  detail::check_cuda(cudaEventSynchronize(events.back()), op, "cudaEventSynchronize");
+  std::vector<float> medians(static_cast<std::size_t>(count));
+  for (int i = 0; i < count; ++i) {
+    std::array<float, kRounds> ms{};
+    for (int r = 0; r < kRounds; ++r) {
+      const std::size_t slot = static_cast<std::size_t>(r * count + i) * 2;
+      detail::check_cuda(cudaEventElapsedTime(&ms[r], events[slot], events[slot + 1]), op,
+                         "cudaEventElapsedTime");
+    }
+    std::sort(ms.begin(), ms.end());
+    medians[i] = ms[kRounds / 2] * 1e3f;
+  }
+  return medians;
 }
 
 namespace {
@@ -185,10 +227,6 @@ void set_pointers(const char* op, Plan& plan, const Gemm& g) {
   if (has_aux(g.epilogue)) set_desc(op, plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux);
 }
 
-// How many of the heuristic's candidates the first call of a problem times, and how often.
-constexpr int kAutotuneCandidates = 8;
-constexpr int kAutotuneRounds = 5;  // timed rounds after one untimed warm-up round
-
 std::unique_ptr<Plan> make_plan(const char* op, const Key& key, const Gemm& g,
                                 cublasLtHandle_t handle) {
   auto plan = std::make_unique<Plan>();
@@ -290,58 +328,22 @@ void matmul(const char* op, cublasLtHandle_t handle, const Plan& plan,
         op, "cublasLtMatmul");
 }
 
-void check_cuda(cudaError_t status, const char* op, const char* what) {
-  if (status != cudaSuccess)
-    throw Error(ErrorKind::cuda, op, std::string(what) + " failed: " + cudaGetErrorString(status));
-}
-
-// Times every candidate on the caller's stream and buffers (round-robin, so that clock and
-// temperature drift falls on all of them alike) and keeps the one with the lowest median. The
-// GEMM writes only D (and the bias gradient or aux), never its inputs, so running it again is
-// harmless: the caller's own run follows.
+// Times every candidate on the caller's stream and buffers (time_in_turns) and keeps the one with
+// the lowest median. The GEMM writes only D (and the bias gradient or aux), never its inputs, so
+// running it again is harmless: the caller's own run follows.
 void autotune(const char* op, cublasLtHandle_t handle, Plan& plan, const Gemm& g, void* workspace,
               cudaStream_t stream) {
   const int count = static_cast<int>(plan.candidates.size());
-  const int runs = count * kAutotuneRounds;
-  std::vector<cudaEvent_t> events(static_cast<std::size_t>(runs) * 2, nullptr);
-  struct EventsGuard {
-    std::vector<cudaEvent_t>& events;
-    ~EventsGuard() {
-      for (cudaEvent_t e : events)
-        if (e) cudaEventDestroy(e);
-    }
-  } guard{events};
-  for (cudaEvent_t& e : events) check_cuda(cudaEventCreate(&e), op, "cudaEventCreate");
-
-  for (int i = 0; i < count; ++i) matmul(op, handle, plan, plan.candidates[i], g, workspace, stream);
-  for (int r = 0; r < kAutotuneRounds; ++r)
-    for (int i = 0; i < count; ++i) {
-      const std::size_t slot = static_cast<std::size_t>(r * count + i) * 2;
-      check_cuda(cudaEventRecord(events[slot], stream), op, "cudaEventRecord");
-      matmul(op, handle, plan, plan.candidates[i], g, workspace, stream);
-      check_cuda(cudaEventRecord(events[slot + 1], stream), op, "cudaEventRecord");
-    }
-  check_cuda(cudaEventSynchronize(events.back()), op, "cudaEventSynchronize");
-
+  const std::vector<float> us = time_in_turns(op, count, stream, [&](int i) {
+    matmul(op, handle, plan, plan.candidates[i], g, workspace, stream);
+  });
   int best = 0;
-  float best_ms = 0.0f;
   for (int i = 0; i < count; ++i) {
-    std::array<float, kAutotuneRounds> ms{};
-    for (int r = 0; r < kAutotuneRounds; ++r) {
-      const std::size_t slot = static_cast<std::size_t>(r * count + i) * 2;
-      check_cuda(cudaEventElapsedTime(&ms[r], events[slot], events[slot + 1]), op,
-                 "cudaEventElapsedTime");
-    }
-    std::sort(ms.begin(), ms.end());
-    const float median = ms[kAutotuneRounds / 2];
     if (autotune_log())
       std::fprintf(stderr, "fusekit autotune %s: m %lld n %lld k %lld epilogue %u candidate %d: %.1f us\n",
                    op, static_cast<long long>(g.m), static_cast<long long>(g.n),
-                   static_cast<long long>(g.k), static_cast<unsigned>(g.epilogue), i, median * 1e3);
-    if (i == 0 || median < best_ms) {
-      best = i;
-      best_ms = median;
-    }
+                   static_cast<long long>(g.k), static_cast<unsigned>(g.epilogue), i, us[i]);
+    if (us[i] < us[best]) best = i;
   }
   plan.algo = plan.candidates[best];
   plan.candidates.clear();

@@ -8,6 +8,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <vector>
 
 #include "fusekit/tensor.h"
 
@@ -50,6 +52,12 @@ bool autotune_log();
 // Whether timing on `stream` is allowed now: not while a CUDA graph capture involves it (a query
 // that fails counts as capturing).
 bool can_time_on(void* stream);
+
+// Times `count` candidates on `stream` taking turns (clock and temperature drift then fall on all
+// of them alike): one untimed round, then five timed rounds, candidate i run by run(i). Returns
+// each candidate's median in microseconds. Synchronizes with the stream once.
+std::vector<float> time_in_turns(const char* op, int count, void* stream,
+                                 const std::function<void(int)>& run);
 
 // Runs the GEMM on `stream`; the first call of a problem may time cuBLASLt's candidates there
 // first (synchronizing with the stream once). Returns false, launching nothing, when cuBLASLt has no algorithm for

@@ -449,48 +449,20 @@ ForwardPath tuned_forward_path(const ForwardParams& p, lt::Epilogue epilogue, Fo
   if (candidates.size() < 2) return guess;
   if (!lt::can_time_on(stream)) return guess;  // tuned at the next uncaptured call
 
-  constexpr int kRounds = 5;  // timed rounds, as for the GEMM algorithms
-  const int count = static_cast<int>(candidates.size());
-  std::vector<cudaEvent_t> events(static_cast<std::size_t>(count) * kRounds * 2, nullptr);
-  struct EventsGuard {
-    std::vector<cudaEvent_t>& events;
-    ~EventsGuard() {
-      for (cudaEvent_t e : events)
-        if (e) cudaEventDestroy(e);
-    }
-  } events_guard{events};
-  for (cudaEvent_t& e : events) detail::check_cuda(cudaEventCreate(&e), kForwardOp, "cudaEventCreate");
-  // One untimed round (it also tunes the GEMMs inside each path), then round-robin timed rounds.
+  // The first (untimed) run of each path also tunes the GEMMs inside it.
   std::vector<ForwardPath> ran(candidates.size());
-  for (int i = 0; i < count; ++i)
+  const int count = static_cast<int>(candidates.size());
+  const std::vector<float> us = lt::time_in_turns(kForwardOp, count, stream, [&](int i) {
     ran[i] = run_forward_path(p, candidates[i], epilogue, device_index, stream);
-  for (int r = 0; r < kRounds; ++r)
-    for (int i = 0; i < count; ++i) {
-      const std::size_t slot = static_cast<std::size_t>(r * count + i) * 2;
-      detail::check_cuda(cudaEventRecord(events[slot], stream), kForwardOp, "cudaEventRecord");
-      run_forward_path(p, candidates[i], epilogue, device_index, stream);
-      detail::check_cuda(cudaEventRecord(events[slot + 1], stream), kForwardOp, "cudaEventRecord");
-    }
-  detail::check_cuda(cudaEventSynchronize(events.back()), kForwardOp, "cudaEventSynchronize");
+  });
   int best = 0;
-  float best_ms = 0.0f;
   for (int i = 0; i < count; ++i) {
-    float ms[kRounds];
-    for (int r = 0; r < kRounds; ++r) {
-      const std::size_t slot = static_cast<std::size_t>(r * count + i) * 2;
-      detail::check_cuda(cudaEventElapsedTime(&ms[r], events[slot], events[slot + 1]), kForwardOp,
-                         "cudaEventElapsedTime");
-    }
-    std::sort(ms, ms + kRounds);
     if (lt::autotune_log())
       std::fprintf(stderr, "fusekit autotune linear_forward: m %lld n %lld k %lld %s path %s: %.1f us\n",
                    static_cast<long long>(p.m), static_cast<long long>(p.n),
                    static_cast<long long>(p.k), activation_name(p.activation),
-                   forward_path_name(ran[i]), ms[kRounds / 2] * 1e3);
-    if (i == 0 || ms[kRounds / 2] < best_ms) {
-      best = i;
-      best_ms = ms[kRounds / 2];
-    }
+                   forward_path_name(ran[i]), us[i]);
+    if (us[i] < us[best]) best = i;
   }
   // A path that fell back (no cuBLASLt algorithm for the epilogue) is remembered as what ran.
   const ForwardPath chosen = ran[best];
