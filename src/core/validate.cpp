@@ -20,6 +20,43 @@ void ArgCheck::fail(const char* arg, const std::string& expected, const std::str
   throw Error(ErrorKind::invalid_argument, op_, arg, expected, got);
 }
 
+namespace {
+
+struct ByteSpan {
+  std::uintptr_t begin = 0, end = 0;  // [begin, end); empty when begin == end
+};
+
+ByteSpan byte_span(const TensorView& t) {
+  if (!t.data || t.numel() == 0) return {};
+  std::int64_t low = 0, high = 0;  // element offsets of the lowest and highest element
+  for (int d = 0; d < t.ndim; ++d) {
+    const std::int64_t reach = (t.shape[d] - 1) * t.strides[d];
+    (reach < 0 ? low : high) += reach;
+  }
+  const auto base = reinterpret_cast<std::uintptr_t>(t.data);
+  const auto size = static_cast<std::int64_t>(dtype_size(t.dtype));
+  return {base + static_cast<std::uintptr_t>(low * size),
+          base + static_cast<std::uintptr_t>((high + 1) * size)};
+}
+
+}  // namespace
+
+void ArgCheck::no_overlap(std::initializer_list<NamedArg> outputs,
+                          std::initializer_list<NamedArg> inputs) const {
+  auto check_pair = [this](const NamedArg& out, const NamedArg& other) {
+    if (!out.view || !other.view) return;
+    const ByteSpan a = byte_span(*out.view), b = byte_span(*other.view);
+    if (a.begin == a.end || b.begin == b.end) return;
+    if (a.begin < b.end && b.begin < a.end)
+      fail(out.name, std::string("memory that does not overlap '") + other.name + "'",
+           std::string("a view sharing bytes with '") + other.name + "'");
+  };
+  for (auto out = outputs.begin(); out != outputs.end(); ++out) {
+    for (auto later = out + 1; later != outputs.end(); ++later) check_pair(*out, *later);
+    for (const NamedArg& in : inputs) check_pair(*out, in);
+  }
+}
+
 void ArgCheck::dtype_in(const TensorView& t, const char* arg,
                         std::initializer_list<DType> allowed) const {
   for (DType d : allowed)

@@ -211,6 +211,8 @@ void linear_forward(const TensorView& x, const TensorView& weight, const Optiona
   p.y = y.data;
   p.ldy = yl.row_stride;
   set_pre_activation(check, pre_activation, g, x.dtype, out_shape, p);
+  check.no_overlap({arg("y", y), arg("pre_activation", pre_activation), arg("workspace", workspace)},
+                   {arg("x", x), arg("weight", weight), arg("bias", bias)});
   if (device.is_cuda()) {
     require_supported_gpu("linear_forward", device.index);
     p.workspace = checked_workspace(check, workspace,
@@ -263,6 +265,9 @@ void linear_backward(const TensorView& dout, const TensorView& x, const TensorVi
     check_bias_vector(check, *dbias, "dbias", n, x.dtype);
     p.dbias = dbias->data;
   }
+  check.no_overlap({arg("dx", dx), arg("dweight", dweight), arg("dbias", dbias), arg("workspace", workspace)},
+                   {arg("dout", dout), arg("x", x), arg("weight", weight),
+                    arg("pre_activation", pre_activation)});
   if (device.is_cuda()) {
     require_supported_gpu("linear_backward", device.index);
     p.workspace = checked_workspace(check, workspace,

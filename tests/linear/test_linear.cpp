@@ -474,6 +474,34 @@ TEST(LinearErrors, DeviceMix) {
                   "argument 'dx': expected a tensor on cpu (where 'dout' is), got a tensor on cuda:1"));
 }
 
+// Outputs that share memory with an input or with each other: the GEMMs read while they write and
+// autotuning runs them more than once, so this would be a silent wrong answer; it is refused.
+TEST(LinearErrors, OverlappingOutputs) {
+  ErrorFixture f;
+  std::vector<std::uint16_t> big(64 * 48 + 8);
+  TensorView y_big(big.data(), DType::bf16, f.cpu, {64, 48});
+  TensorView x_in_big(big.data() + 8, DType::bf16, f.cpu, {64, 32});
+  EXPECT_EQ(error_of([&] { linear_forward(x_in_big, f.w, f.b, Activation::relu, y_big, std::nullopt, std::nullopt); }),
+            "fusekit.linear_forward: argument 'y': expected memory that does not overlap 'x', got a "
+            "view sharing bytes with 'x'");
+  EXPECT_TRUE(has(error_of([&] { linear_forward(f.x, f.w, f.b, Activation::gelu_tanh, f.y, f.y, std::nullopt); }),
+                  "argument 'y': expected memory that does not overlap 'pre_activation'"));
+  TensorView dx_on_dout(f.yb.data(), DType::bf16, f.cpu, {64, 32});
+  EXPECT_TRUE(has(error_of([&] { linear_backward(f.y, f.x, f.w, f.pre, Activation::relu, dx_on_dout, std::nullopt, std::nullopt, std::nullopt); }),
+                  "argument 'dx': expected memory that does not overlap 'dout'"));
+  std::vector<std::uint16_t> dwb(48 * 32 + 8);
+  TensorView dw(dwb.data(), DType::bf16, f.cpu, {48, 32});
+  TensorView db_in_dw(dwb.data() + 40, DType::bf16, f.cpu, {48});
+  EXPECT_TRUE(has(error_of([&] { linear_backward(f.y, f.x, f.w, f.pre, Activation::relu, std::nullopt, dw, db_in_dw, std::nullopt); }),
+                  "argument 'dweight': expected memory that does not overlap 'dbias'"));
+  EXPECT_TRUE(has(error_of([&] { linear_backward(f.y, f.x, f.w, f.pre, Activation::relu, std::nullopt, f.w, std::nullopt, std::nullopt); }),
+                  "argument 'dweight': expected memory that does not overlap 'weight'"));
+  // Adjacent but disjoint buffers are fine: y right after x's last element.
+  TensorView x_front(big.data(), DType::bf16, f.cpu, {8, 32});
+  TensorView y_after(big.data() + 8 * 32, DType::bf16, f.cpu, {8, 48});
+  EXPECT_NO_THROW(linear_forward(x_front, f.w, f.b, Activation::relu, y_after, std::nullopt, std::nullopt));
+}
+
 TEST(LinearErrors, ActivationAndMissingInputs) {
   ErrorFixture f;
   EXPECT_TRUE(has(error_of([&] { linear_forward(f.x, f.w, f.b, Activation::leaky_relu, f.y, std::nullopt, std::nullopt); }),
