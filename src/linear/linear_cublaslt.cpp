@@ -4,11 +4,12 @@
 // workspace is a slice of the caller's workspace.
 //
 // Which algorithm: cuBLASLt's heuristic ranks its candidates without running them, and its first
-// choice is not always the fastest: on an H200 the forward GEMM (8192 x 4096 x 16384, bf16) ran
-// 1591 us with the first candidate and 1376 us with the eighth, and the dW GEMM with BGRADB at
-// (16384, 8192, 8192) 3375 against 3003 us (session 19, performance-notes.md). So the first call of
-// a problem times the heuristic's top candidates on the caller's stream, with the caller's buffers,
-// and keeps the fastest (as cuDNN's benchmark mode and torch.compile's max-autotune do). Tuning is
+// choice is not always the fastest: timed in turns on an H200 (bf16), the dx GEMM of (M, K, N) =
+// (8192, 16384, 4096) ran 1694 us with the first candidate and 1579 us with the eighth, the
+// forward GEMMs 0-3.6% slower than their best candidate (session 19, performance-notes.md). So the
+// first call of a problem times the heuristic's top candidates on the caller's stream, with the
+// caller's buffers, and keeps the fastest (as cuDNN's benchmark mode and torch.compile's
+// max-autotune do). Tuning is
 // skipped while the stream is being captured into a CUDA graph (the first candidate runs and the
 // problem is tuned at its next uncaptured call) and when FUSEKIT_GEMM_AUTOTUNE=0, which keeps
 // the heuristic's first choice for runs that must pick the same algorithm on every machine.
