@@ -1,5 +1,7 @@
 #include "core/validate.h"
 
+#include <algorithm>
+
 #include <climits>
 #include <cstdint>
 
@@ -39,15 +41,63 @@ ByteSpan byte_span(const TensorView& t) {
           base + static_cast<std::uintptr_t>((high + 1) * size)};
 }
 
+// A view as rows of contiguous bytes, `stride` bytes apart (the layout of every row-wise op's
+// operands): exact overlap tests for two such views with the same row stride, e.g. two column
+// blocks of one matrix, which share a span but no byte.
+struct ByteRows {
+  bool ok = false;
+  std::uintptr_t base = 0;
+  std::int64_t rows = 0, row_bytes = 0, stride = 0;
+};
+
+ByteRows byte_rows(const TensorView& t) {
+  ByteRows r;
+  const auto size = static_cast<std::int64_t>(dtype_size(t.dtype));
+  const int last = t.ndim - 1;
+  if (last >= 0 && t.shape[last] > 1 && t.strides[last] != 1) return r;
+  r.row_bytes = (last >= 0 ? t.shape[last] : 1) * size;
+  r.rows = 1;
+  std::int64_t stride = 0;  // elements between rows, from the innermost leading dim of size > 1
+  for (int d = last - 1; d >= 0; --d) {
+    if (t.shape[d] == 1) continue;
+    if (stride == 0) stride = t.strides[d];
+    else if (t.strides[d] != stride * r.rows) return r;  // leading dims do not collapse
+    if (stride <= 0) return r;
+    r.rows *= t.shape[d];
+  }
+  r.stride = stride * size;
+  r.base = reinterpret_cast<std::uintptr_t>(t.data);
+  r.ok = r.rows == 1 || r.stride >= r.row_bytes;
+  return r;
+}
+
+std::int64_t floor_div(std::int64_t a, std::int64_t b) {  // b > 0
+  return a >= 0 ? a / b : -((-a + b - 1) / b);
+}
+
+// Whether two non-empty views share at least one byte: exact for row views with one row stride,
+// otherwise whether their spans (lowest to highest byte) meet.
+bool share_bytes(const TensorView& a, const TensorView& b) {
+  const ByteSpan sa = byte_span(a), sb = byte_span(b);
+  if (sa.begin == sa.end || sb.begin == sb.end) return false;
+  if (!(sa.begin < sb.end && sb.begin < sa.end)) return false;
+  const ByteRows ra = byte_rows(a), rb = byte_rows(b);
+  if (!ra.ok || !rb.ok || ra.rows == 1 || rb.rows == 1 || ra.stride != rb.stride) return true;
+  // Row i of a and row j of b meet iff k = i - j satisfies d - len_a < k S < d + len_b, with
+  // d = base_b - base_a and -(rows_b - 1) <= k <= rows_a - 1.
+  const std::int64_t d = static_cast<std::int64_t>(rb.base - ra.base), S = ra.stride;
+  const std::int64_t k_low = std::max(floor_div(d - ra.row_bytes, S) + 1, -(rb.rows - 1));
+  const std::int64_t k_high = std::min(floor_div(d + rb.row_bytes - 1, S), ra.rows - 1);
+  return k_low <= k_high;
+}
+
 }  // namespace
 
 void ArgCheck::no_overlap(std::initializer_list<NamedArg> outputs,
                           std::initializer_list<NamedArg> inputs) const {
   auto check_pair = [this](const NamedArg& out, const NamedArg& other) {
     if (!out.view || !other.view) return;
-    const ByteSpan a = byte_span(*out.view), b = byte_span(*other.view);
-    if (a.begin == a.end || b.begin == b.end) return;
-    if (a.begin < b.end && b.begin < a.end)
+    if (share_bytes(*out.view, *other.view))
       fail(out.name, std::string("memory that does not overlap '") + other.name + "'",
            std::string("a view sharing bytes with '") + other.name + "'");
   };

@@ -74,8 +74,9 @@ class ArgCheck {
                               const RowLayout& ref_layout, const char* ref_name) const;
   // No present output shares a byte with another present argument (output or input): kernels
   // that read an input while writing an output, or that run twice (autotuning), would give a
-  // silent wrong answer. Compares each view's byte span (lowest to highest element), so views
-  // that interleave without sharing elements are refused too.
+  // silent wrong answer. Exact for views of rows with one row stride (column blocks of one matrix
+  // pass); other layouts are compared by their spans, so views that interleave otherwise are
+  // refused too.
   void no_overlap(std::initializer_list<NamedArg> outputs, std::initializer_list<NamedArg> inputs) const;
   // The caller's scratch memory: a contiguous u8 tensor of at least `need` bytes whose data is
   // `alignment`-byte aligned. `size_function` is the public query that reports `need`; the

@@ -100,6 +100,7 @@ void bias_act_dropout_forward(const TensorView& x, const OptionalTensor& bias,
   p.x_row_stride = xl.row_stride;
   p.y = y.data;
   p.y_row_stride = yl.row_stride;
+  check.no_overlap({arg("y", y), arg("pre_activation", pre_activation)}, {arg("x", x), arg("bias", bias)});
   if (p.rows == 0) return;
   if (device.is_cuda()) {
     require_supported_gpu(check.op(), device.index);
@@ -143,6 +144,8 @@ void bias_act_dropout_backward(const TensorView& dy, const TensorView& x,
   p.dy_row_stride = dyl.row_stride;
   p.x = x.data;
   p.x_row_stride = xl.row_stride;
+  check.no_overlap({arg("dx", dx), arg("dbias", dbias), arg("workspace", workspace)},
+                   {arg("dy", dy), arg("x", x), arg("bias", bias)});
   if (!p.dx && !p.dbias) return;  // nothing requested
 
   if (device.is_cuda()) {

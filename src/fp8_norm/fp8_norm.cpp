@@ -154,6 +154,9 @@ void fp8_rms_norm_forward(const TensorView& x, const TensorView& x_scales,
   p.qy_t_row_stride = tl.row_stride;
   p.y_scale = y_scale.data_as<float>();
   p.rstd = rstd.data_as<float>();
+  check.no_overlap({arg("qy", qy), arg("qy_t", qy_t), arg("y_scale", y_scale), arg("rstd", rstd),
+                    arg("y", y), arg("workspace", workspace)},
+                   {arg("x", x), arg("x_scales", x_scales), arg("weight", weight)});
 
   if (device.is_cuda()) {
     require_supported_gpu(check.op(), device.index);
@@ -199,6 +202,9 @@ void fp8_rms_norm_backward(const TensorView& dy, const TensorView& x, const Tens
   p.dy = dy.data;
   p.dy_row_stride = dyl.row_stride;
   p.rstd = rstd.data_as<const float>();
+  check.no_overlap({arg("dx", dx), arg("dweight", dweight), arg("workspace", workspace)},
+                   {arg("dy", dy), arg("x", x), arg("x_scales", x_scales), arg("weight", weight),
+                    arg("rstd", rstd)});
 
   if (device.is_cuda()) {
     require_supported_gpu(check.op(), device.index);

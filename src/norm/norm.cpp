@@ -81,6 +81,8 @@ void run_forward(const char* op, norm::Kind kind, const TensorView& x,
   p.y = y.data;
   p.y_row_stride = yl.row_stride;
   p.eps = eps;
+  check.no_overlap({arg("y", y), arg("mean", mean), arg("rstd", rstd)},
+                   {arg("x", x), arg("weight", weight), arg("bias", bias)});
   if (device.is_cuda()) {
     prepare_cuda(op, device);
     norm::forward_cuda(p, device.index, stream);
@@ -160,6 +162,10 @@ void run_backward(const char* op, const BackwardArgs& a, Stream stream) {
   p.input = a.input->data;
   p.input_row_stride = inl.row_stride;
 
+  check.no_overlap({arg("dx", *a.dx), arg("dweight", *a.dweight), arg("dbias", *a.dbias),
+                    arg("workspace", *a.workspace)},
+                   {arg("dy", *a.dy), arg(input_name, *a.input), arg("weight", *a.weight),
+                    arg("bias", a.bias ? *a.bias : kNone), arg("mean", mean), arg("rstd", *a.rstd)});
   if (device.is_cuda()) {
     prepare_cuda(op, device);
     const std::size_t need =

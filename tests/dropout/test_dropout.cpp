@@ -462,6 +462,10 @@ TEST(DropoutErrors, EachBadArgumentIsNamed) {
               bias_act_dropout_forward(x, bias, bad, y);
             }),
             fwd + "argument 'p': expected a drop probability in [0, 1), got 1");
+  // An output over an input.
+  EXPECT_EQ(error_of([&] { bias_act_dropout_backward(y, x, bias, ok, y, std::nullopt); }),
+            bwd + "argument 'dx': expected memory that does not overlap 'dy', got a view sharing "
+                  "bytes with 'dy'");
   // Bias length not N.
   TensorView short_bias(bb.data(), DType::f32, cpu, {7});
   EXPECT_EQ(error_of([&] { bias_act_dropout_forward(x, short_bias, ok, y); }),

@@ -500,6 +500,14 @@ TEST(LinearErrors, OverlappingOutputs) {
   TensorView x_front(big.data(), DType::bf16, f.cpu, {8, 32});
   TensorView y_after(big.data() + 8 * 32, DType::bf16, f.cpu, {8, 48});
   EXPECT_NO_THROW(linear_forward(x_front, f.w, f.b, Activation::relu, y_after, std::nullopt, std::nullopt));
+  // Column blocks of one (64, 80) matrix: x its first 32 columns, y the other 48. Their spans
+  // interleave, their bytes do not: accepted. One column more and they share bytes.
+  TensorView x_cols(big.data(), DType::bf16, f.cpu, {16, 32}, {80, 1});
+  TensorView y_cols(big.data() + 32, DType::bf16, f.cpu, {16, 48}, {80, 1});
+  EXPECT_NO_THROW(linear_forward(x_cols, f.w, f.b, Activation::relu, y_cols, std::nullopt, std::nullopt));
+  TensorView y_cols_shared(big.data() + 31, DType::bf16, f.cpu, {16, 48}, {80, 1});
+  EXPECT_TRUE(has(error_of([&] { linear_forward(x_cols, f.w, f.b, Activation::relu, y_cols_shared, std::nullopt, std::nullopt); }),
+                  "argument 'y': expected memory that does not overlap 'x'"));
 }
 
 TEST(LinearErrors, ActivationAndMissingInputs) {

@@ -327,6 +327,10 @@ TEST(NormErrors, EachBadArgumentIsNamed) {
   EXPECT_NE(error_of([&] { rms_norm_forward(x_rows, std::nullopt, 1e-5f, x_rows, std::nullopt); }).find("at most 2^31 - 1 rows"), std::string::npos);
   // eps negative.
   EXPECT_NE(error_of([&] { rms_norm_forward(x, weight, -1.0f, y, rstd); }).find("argument 'eps'"), std::string::npos);
+  // Output over an input (in place is not supported: a silent wrong answer otherwise).
+  EXPECT_EQ(error_of([&] { rms_norm_forward(x, weight, 1e-5f, x, rstd); }),
+            "fusekit.rms_norm_forward: argument 'y': expected memory that does not overlap 'x', got a "
+            "view sharing bytes with 'x'");
   // Backward: dweight without a weight.
   TensorView dw(w.data(), DType::f32, cpu, {8});
   EXPECT_NE(error_of([&] { rms_norm_backward(y, x, std::nullopt, rstd, y, dw, std::nullopt); }).find("argument 'dweight'"), std::string::npos);
