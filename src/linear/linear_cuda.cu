@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
@@ -390,8 +391,10 @@ struct ForwardKeyHash {
   }
 };
 
+// Read on every automatic forward: lookups share the lock, only a problem's first call takes it
+// alone.
 struct ForwardPathCache {
-  std::mutex mutex;
+  std::shared_mutex mutex;
   std::unordered_map<ForwardKey, ForwardPath, ForwardKeyHash> paths;
 };
 
@@ -441,12 +444,18 @@ ForwardPath tuned_forward_path(const ForwardParams& p, lt::Epilogue epilogue, Fo
 
   ForwardPathCache& cache = forward_path_cache();
   {
-    std::lock_guard lock(cache.mutex);
+    std::shared_lock lock(cache.mutex);
     auto it = cache.paths.find(key);
     if (it != cache.paths.end()) return it->second;
   }
   const std::vector<ForwardPath> candidates = forward_candidates(p, epilogue, guess);
-  if (candidates.size() < 2) return guess;
+  if (candidates.size() < 2) {
+    // Nothing to time: the rule's choice is final, and remembered so that the next call of this
+    // problem costs one lookup instead of rebuilding its candidates.
+    std::unique_lock lock(cache.mutex);
+    cache.paths.try_emplace(key, guess);
+    return guess;
+  }
   if (!lt::can_time_on(stream)) return guess;  // tuned at the next uncaptured call
 
   // The first (untimed) run of each path also tunes the GEMMs inside it.
@@ -466,7 +475,7 @@ ForwardPath tuned_forward_path(const ForwardParams& p, lt::Epilogue epilogue, Fo
   }
   // A path that fell back (no cuBLASLt algorithm for the epilogue) is remembered as what ran.
   const ForwardPath chosen = ran[best];
-  std::lock_guard lock(cache.mutex);
+  std::unique_lock lock(cache.mutex);
   cache.paths.try_emplace(key, chosen);
   return chosen;
 }
