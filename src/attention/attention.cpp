@@ -334,6 +334,10 @@ void attention_forward(const TensorView& q, const TensorView& k, const TensorVie
        arg("cu_seqlens_q", varlen_arg(varlen, true)), arg("cu_seqlens_k", varlen_arg(varlen, false)),
        arg("workspace", workspace)});
   const attention::Problem p = check_common(check, q, k, v, out, lse, bias, config, varlen);
+  // Exact for q / k / v heads packed in one buffer (their views interleave, their bytes do not).
+  check.no_overlap({arg("out", out), arg("lse", lse), arg("workspace", workspace)},
+                   {arg("q", q), arg("k", k), arg("v", v), arg("bias", bias),
+                    arg("cu_seqlens_q", varlen_arg(varlen, true)), arg("cu_seqlens_k", varlen_arg(varlen, false))});
   if (device.is_cuda()) {
     require_gpu_dtype(op, p.dtype);
     require_gpu_bias_dtype(op, "bias", p.bias);
@@ -382,6 +386,11 @@ void attention_backward(const TensorView& dout, const TensorView& q, const Tenso
                    dbias->shape_string());
     }
   }
+  // Exact for dq / dk / dv packed in one buffer, as q / k / v may be.
+  check.no_overlap({arg("dq", dq), arg("dk", dk), arg("dv", dv), arg("dbias", dbias), arg("workspace", workspace)},
+                   {arg("dout", dout), arg("q", q), arg("k", k), arg("v", v), arg("out", out), arg("lse", lse),
+                    arg("bias", bias), arg("cu_seqlens_q", varlen_arg(varlen, true)),
+                    arg("cu_seqlens_k", varlen_arg(varlen, false))});
   p.deterministic = deterministic;
   if (!device.is_cuda()) {
     attention::backward_cpu(p);

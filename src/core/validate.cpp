@@ -41,33 +41,56 @@ ByteSpan byte_span(const TensorView& t) {
           base + static_cast<std::uintptr_t>((high + 1) * size)};
 }
 
-// A view as rows of contiguous bytes, `stride` bytes apart (the layout of every row-wise op's
-// operands): exact overlap tests for two such views with the same row stride, e.g. two column
-// blocks of one matrix, which share a span but no byte.
-struct ByteRows {
+// A view as nested blocks of bytes: `levels` dimensions, outermost first, each repeating the
+// block inside it `count` times `stride` bytes apart, around an innermost contiguous segment of
+// `segment` bytes. Dimensions of size 1 are dropped, the contiguous innermost dimensions merge into
+// the segment, and a dimension that continues the one inside it (stride = inner count x inner
+// stride, e.g. batch and sequence of a (B, S, N) tensor) merges with it, so that equal layouts
+// get equal strides whatever their rank. Nested: every stride is at least the extent of the block
+// it repeats, so a view's own blocks never interleave; other views (stride 0, negative strides,
+// interleaved dims) are not described (ok = false).
+struct NestedBlocks {
   bool ok = false;
   std::uintptr_t base = 0;
-  std::int64_t rows = 0, row_bytes = 0, stride = 0;
+  int levels = 0;
+  std::int64_t stride[kMaxDims] = {}, count[kMaxDims] = {};
+  std::int64_t extent[kMaxDims + 1] = {};  // bytes spanned by the levels from l inward
+  std::int64_t segment = 0;
 };
 
-ByteRows byte_rows(const TensorView& t) {
-  ByteRows r;
+NestedBlocks nested_blocks(const TensorView& t) {
+  NestedBlocks r;
   const auto size = static_cast<std::int64_t>(dtype_size(t.dtype));
-  const int last = t.ndim - 1;
-  if (last >= 0 && t.shape[last] > 1 && t.strides[last] != 1) return r;
-  r.row_bytes = (last >= 0 ? t.shape[last] : 1) * size;
-  r.rows = 1;
-  std::int64_t stride = 0;  // elements between rows, from the innermost leading dim of size > 1
-  for (int d = last - 1; d >= 0; --d) {
+  struct Dim {
+    std::int64_t stride, count;
+  };
+  Dim dims[kMaxDims];
+  int n = 0;
+  for (int d = 0; d < t.ndim; ++d) {
     if (t.shape[d] == 1) continue;
-    if (stride == 0) stride = t.strides[d];
-    else if (t.strides[d] != stride * r.rows) return r;  // leading dims do not collapse
-    if (stride <= 0) return r;
-    r.rows *= t.shape[d];
+    if (t.strides[d] <= 0) return r;
+    dims[n++] = {t.strides[d] * size, t.shape[d]};
   }
-  r.stride = stride * size;
+  std::stable_sort(dims, dims + n, [](const Dim& a, const Dim& b) { return a.stride > b.stride; });
+  r.segment = size;
+  while (n > 0 && dims[n - 1].stride == r.segment) r.segment *= dims[--n].count;
+  for (int d = 0; d < n; ++d) {
+    if (r.levels > 0 && r.stride[r.levels - 1] == dims[d].stride * dims[d].count) {
+      r.stride[r.levels - 1] = dims[d].stride;  // continues the level outside it: one level
+      r.count[r.levels - 1] *= dims[d].count;
+    } else {
+      r.stride[r.levels] = dims[d].stride;
+      r.count[r.levels] = dims[d].count;
+      ++r.levels;
+    }
+  }
+  r.extent[r.levels] = r.segment;
+  for (int l = r.levels - 1; l >= 0; --l) {
+    if (r.stride[l] < r.extent[l + 1]) return r;  // blocks of this level interleave
+    r.extent[l] = (r.count[l] - 1) * r.stride[l] + r.extent[l + 1];
+  }
   r.base = reinterpret_cast<std::uintptr_t>(t.data);
-  r.ok = r.rows == 1 || r.stride >= r.row_bytes;
+  r.ok = true;
   return r;
 }
 
@@ -75,20 +98,32 @@ std::int64_t floor_div(std::int64_t a, std::int64_t b) {  // b > 0
   return a >= 0 ? a / b : -((-a + b - 1) / b);
 }
 
-// Whether two non-empty views share at least one byte: exact for row views with one row stride,
-// otherwise whether their spans (lowest to highest byte) meet.
+// Whether blocks of level l of a and b, b's starting `delta` bytes after a's, share a byte. Block
+// i of a and block j of b can meet only if k = i - j satisfies delta - extent_a < k S < delta +
+// extent_b (S the level's stride), with -(count_b - 1) <= k <= count_a - 1; since both views are
+// nested (S >= either extent) at most two k qualify, and each is decided one level further in.
+bool blocks_meet(const NestedBlocks& a, const NestedBlocks& b, int l, std::int64_t delta) {
+  if (l == a.levels) return -b.segment < delta && delta < a.segment;
+  const std::int64_t S = a.stride[l];
+  const std::int64_t k_low = std::max(floor_div(delta - a.extent[l + 1], S) + 1, -(b.count[l] - 1));
+  const std::int64_t k_high = std::min(floor_div(delta + b.extent[l + 1] - 1, S), a.count[l] - 1);
+  for (std::int64_t k = k_low; k <= k_high; ++k)
+    if (blocks_meet(a, b, l + 1, delta - k * S)) return true;
+  return false;
+}
+
+// Whether two non-empty views share at least one byte: exact for nested views with the same
+// strides level by level (rows of one row stride, column blocks of one matrix, q / k / v heads
+// packed in one buffer), otherwise whether their spans (lowest to highest byte) meet.
 bool share_bytes(const TensorView& a, const TensorView& b) {
   const ByteSpan sa = byte_span(a), sb = byte_span(b);
   if (sa.begin == sa.end || sb.begin == sb.end) return false;
   if (!(sa.begin < sb.end && sb.begin < sa.end)) return false;
-  const ByteRows ra = byte_rows(a), rb = byte_rows(b);
-  if (!ra.ok || !rb.ok || ra.rows == 1 || rb.rows == 1 || ra.stride != rb.stride) return true;
-  // Row i of a and row j of b meet iff k = i - j satisfies d - len_a < k S < d + len_b, with
-  // d = base_b - base_a and -(rows_b - 1) <= k <= rows_a - 1.
-  const std::int64_t d = static_cast<std::int64_t>(rb.base - ra.base), S = ra.stride;
-  const std::int64_t k_low = std::max(floor_div(d - ra.row_bytes, S) + 1, -(rb.rows - 1));
-  const std::int64_t k_high = std::min(floor_div(d + rb.row_bytes - 1, S), ra.rows - 1);
-  return k_low <= k_high;
+  const NestedBlocks na = nested_blocks(a), nb = nested_blocks(b);
+  if (!na.ok || !nb.ok || na.levels != nb.levels) return true;
+  for (int l = 0; l < na.levels; ++l)
+    if (na.stride[l] != nb.stride[l]) return true;
+  return blocks_meet(na, nb, 0, static_cast<std::int64_t>(nb.base - na.base));
 }
 
 }  // namespace

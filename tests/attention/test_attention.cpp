@@ -672,10 +672,60 @@ TEST(AttentionCpu, BadArgumentsAreRefused) {
   }
 }
 
+// Outputs that share a byte with an input or another output are refused; views that only
+// interleave (q / k / v heads packed in one buffer, dq / dk / dv likewise) are not. The buffers
+// pad each batch entry by one token, so that the exact test has two levels of blocks to resolve.
+TEST(AttentionCpu, OverlappingOutputsAreRefused) {
+  const std::int64_t B = 2, S = 8, H = 2, D = 8, row = 3 * H * D, batch = (S + 1) * row;
+  const DType dt = DType::f32;
+  const Device cpu = Device::cpu();
+  Buffer qkv(dt, cpu, {B * batch}), dqkv(dt, cpu, {B * batch}), out(dt, cpu, {B, S, H, D}),
+      dout(dt, cpu, {B, S, H, D}), lse(DType::f32, cpu, {B, H, S});
+  auto rng = testing::make_rng(610);
+  qkv.fill_normal(rng), dout.fill_normal(rng), dqkv.fill_normal(rng);
+  // Head block `which` (0 q, 1 k, 2 v) of every token, moved by `shift` elements.
+  auto part = [&](const Buffer& buf, int which, std::int64_t shift = 0) {
+    return TensorView(static_cast<float*>(buf.view().data) + which * H * D + shift, dt, cpu, {B, S, H, D},
+                      {batch, row, D, 1});
+  };
+  const TensorView q = part(qkv, 0), k = part(qkv, 1), v = part(qkv, 2);
+  const TensorView dq = part(dqkv, 0), dk = part(dqkv, 1), dv = part(dqkv, 2);
+  const TensorView ov = out.view(), lv = lse.view(), dov = dout.view();
+  const AttentionConfig cfg;
+  EXPECT_NO_THROW(attention_forward(q, k, v, std::nullopt, cfg, ov, lv));
+  EXPECT_NO_THROW(attention_backward(dov, q, k, v, ov, lv, std::nullopt, cfg, dq, dk, dv, std::nullopt));
+  auto fwd = [&](TensorView o, TensorView l) {
+    return [=] { attention_forward(q, k, v, std::nullopt, cfg, o, l); };
+  };
+  auto bwd = [&](TensorView g_q, TensorView g_k, TensorView g_v) {
+    return [=] { attention_backward(dov, q, k, v, ov, lv, std::nullopt, cfg, g_q, g_k, g_v, std::nullopt); };
+  };
+  TensorView out_on_v = ov;
+  out_on_v.data = v.data, out_on_v.strides[0] = batch, out_on_v.strides[1] = row, out_on_v.strides[2] = D;
+  expect_error(fwd(out_on_v, lv), ErrorKind::invalid_argument, "out", "out written over v");
+  TensorView lse_in_out = lv;
+  lse_in_out.data = static_cast<float*>(ov.data) + 16;
+  expect_error(fwd(ov, lse_in_out), ErrorKind::invalid_argument, "out", "lse inside out");
+  expect_error(bwd(dq, dq, dv), ErrorKind::invalid_argument, "dq", "dk the same view as dq");
+  // dk moved 4 elements down: its first 4 elements per token are dq's last 4.
+  expect_error(bwd(dq, part(dqkv, 1, -4), dv), ErrorKind::invalid_argument, "dq", "dk reaching into dq");
+  // dv moved 4 elements up: its last 4 elements per token are the next token's first dq elements.
+  expect_error(bwd(dq, dk, part(dqkv, 2, 4)), ErrorKind::invalid_argument, "dq", "dv reaching into the next token");
+  // dq moved one head block up lands exactly on dk.
+  expect_error(bwd(part(dqkv, 0, H * D), dk, dv), ErrorKind::invalid_argument, "dq", "dq moved onto dk");
+  expect_error(bwd(dq, dk, dov), ErrorKind::invalid_argument, "dv", "dv written over dout");
+  // dq moved one token down (into the padding token at the end of each batch entry) shares a span
+  // with dk and dv but no byte: accepted.
+  EXPECT_NO_THROW(bwd(part(dqkv, 0, row), dk, dv)());
+}
+
 TEST(AttentionCpu, CudaChecksComeBeforeAnyCudaCall) {
-  // Views of a GPU address that is never dereferenced: the argument checks and the dtype
-  // refusals run before any CUDA call, so this runs without a GPU.
-  void* fake = reinterpret_cast<void*>(std::uintptr_t{1} << 20);
+  // Views of GPU addresses that are never dereferenced: the argument checks and the dtype
+  // refusals run before any CUDA call, so this runs without a GPU. Each tensor gets its own
+  // address, 16 MiB apart, so that the overlap check passes them (a tensor passed twice, e.g. k as
+  // v, is an input read twice: allowed).
+  std::uintptr_t next_fake = 0;
+  auto fake_at = [&next_fake] { return reinterpret_cast<void*>((++next_fake) << 24); };
   const Device gpu = Device::cuda(0);
   auto check_unsupported = [](const std::function<void()>& f, const std::string& what, const std::string& needle) {
     try {
@@ -689,22 +739,24 @@ TEST(AttentionCpu, CudaChecksComeBeforeAnyCudaCall) {
   AttentionConfig cfg;
   cfg.mask = AttentionMask::causal_bottom_right;
   {  // f32 (and f64) q/k/v: the CPU reference's dtypes only
-    const TensorView q(fake, DType::f32, gpu, {2, 16, 4, 64}), k(fake, DType::f32, gpu, {2, 32, 2, 64}),
-        v(fake, DType::f32, gpu, {2, 32, 2, 64}), out(fake, DType::f32, gpu, {2, 16, 4, 64}),
-        lse(fake, DType::f32, gpu, {2, 4, 16});
+    const TensorView q(fake_at(), DType::f32, gpu, {2, 16, 4, 64}), k(fake_at(), DType::f32, gpu, {2, 32, 2, 64}),
+        v(fake_at(), DType::f32, gpu, {2, 32, 2, 64}), out(fake_at(), DType::f32, gpu, {2, 16, 4, 64}),
+        lse(fake_at(), DType::f32, gpu, {2, 4, 16});
     check_unsupported([&] { attention_forward(q, k, v, std::nullopt, cfg, out, lse); }, "f32 forward", "f16 and bf16");
-    check_unsupported([&] { attention_backward(out, q, k, v, out, lse, std::nullopt, cfg, q, k, v, std::nullopt); },
+    const TensorView dq(fake_at(), DType::f32, gpu, {2, 16, 4, 64}), dk(fake_at(), DType::f32, gpu, {2, 32, 2, 64}),
+        dv(fake_at(), DType::f32, gpu, {2, 32, 2, 64});
+    check_unsupported([&] { attention_backward(out, q, k, v, out, lse, std::nullopt, cfg, dq, dk, dv, std::nullopt); },
                       "f32 backward", "f16 and bf16");
-    const TensorView q64(fake, DType::f64, gpu, {2, 16, 4, 64}), k64(fake, DType::f64, gpu, {2, 32, 2, 64}),
-        o64(fake, DType::f64, gpu, {2, 16, 4, 64});
+    const TensorView q64(fake_at(), DType::f64, gpu, {2, 16, 4, 64}), k64(fake_at(), DType::f64, gpu, {2, 32, 2, 64}),
+        o64(fake_at(), DType::f64, gpu, {2, 16, 4, 64});
     check_unsupported([&] { attention_forward(q64, k64, k64, std::nullopt, cfg, o64, lse); }, "f64 forward",
                       "CPU reference");
   }
-  const TensorView q(fake, DType::bf16, gpu, {2, 16, 4, 64}), k(fake, DType::bf16, gpu, {2, 32, 2, 64}),
-      v(fake, DType::bf16, gpu, {2, 32, 2, 64}), out(fake, DType::bf16, gpu, {2, 16, 4, 64}),
-      lse(fake, DType::f32, gpu, {2, 4, 16});
+  const TensorView q(fake_at(), DType::bf16, gpu, {2, 16, 4, 64}), k(fake_at(), DType::bf16, gpu, {2, 32, 2, 64}),
+      v(fake_at(), DType::bf16, gpu, {2, 32, 2, 64}), out(fake_at(), DType::bf16, gpu, {2, 16, 4, 64}),
+      lse(fake_at(), DType::f32, gpu, {2, 4, 16});
   {  // an f64 bias
-    const TensorView b64(fake, DType::f64, gpu, {1, 4, 16, 32});
+    const TensorView b64(fake_at(), DType::f64, gpu, {1, 4, 16, 32});
     check_unsupported([&] { attention_forward(q, k, v, b64, cfg, out, lse); }, "f64 bias", "f64");
   }
   // Workspace sizes: pure functions of the shape (no CUDA call): delta (B * Sq * Hq floats) plus,
@@ -720,12 +772,12 @@ TEST(AttentionCpu, CudaChecksComeBeforeAnyCudaCall) {
   check_unsupported([&] { attention_backward_workspace_size(shape, cfg, true, gpu); }, "f32 workspace", "f16 and bf16");
   EXPECT_EQ(attention_backward_workspace_size(shape, cfg, true, Device::cpu()), 0u);
   // Bad arguments are still reported as such on CUDA tensors, before any CUDA call.
-  const TensorView k3(fake, DType::bf16, gpu, {2, 32, 3, 64});
+  const TensorView k3(fake_at(), DType::bf16, gpu, {2, 32, 3, 64});
   expect_error([&] { attention_forward(q, k3, k3, std::nullopt, cfg, out, lse); }, ErrorKind::invalid_argument, "k",
                "Hq % Hkv on CUDA");
-  const TensorView qv(fake, DType::bf16, gpu, {32, 4, 64}), kv(fake, DType::bf16, gpu, {64, 2, 64}),
-      ov(fake, DType::bf16, gpu, {32, 4, 64}), lv(fake, DType::f32, gpu, {4, 32}), cu(fake, DType::i32, gpu, {3}),
-      cu64(fake, DType::i64, gpu, {3});
+  const TensorView qv(fake_at(), DType::bf16, gpu, {32, 4, 64}), kv(fake_at(), DType::bf16, gpu, {64, 2, 64}),
+      ov(fake_at(), DType::bf16, gpu, {32, 4, 64}), lv(fake_at(), DType::f32, gpu, {4, 32}), cu(fake_at(), DType::i32, gpu, {3}),
+      cu64(fake_at(), DType::i64, gpu, {3});
   expect_error([&] { attention_forward(qv, kv, kv, std::nullopt, cfg, ov, lv, AttentionVarlen{cu64, cu, 16, 32}); },
                ErrorKind::invalid_argument, "cu_seqlens_q", "int64 cu_seqlens on CUDA (values are not read)");
 }
