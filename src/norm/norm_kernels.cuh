@@ -119,7 +119,6 @@ inline constexpr int kMaxStages = 4;
 // Row groups of one block synchronize on their own hardware barriers (group_barrier), so that
 // they never wait on each other's reductions.
 using detail::device::group_barrier;
-using detail::device::allow_dependent_launch;
 
 // Sums K values over the `tpr` threads of a row group; every thread gets the total. The shuffle
 // butterfly gives all lanes bitwise-identical sums, and the cross-warp step adds warps in index
@@ -379,10 +378,6 @@ __global__ void __launch_bounds__(512)
   }
   mbarrier_init_fence();
   __syncthreads();
-  // The partial-sum kernel (launched as this grid's programmatic dependent) may start launching
-  // now: once every block of this grid has started, its launch and block placement overlap this
-  // grid's rows instead of following its last block; it still waits for the partials inside.
-  allow_dependent_launch();
 
   // Row k of this group goes to slot k % stages.
   auto issue = [&](int k) {
@@ -673,7 +668,6 @@ __global__ void __launch_bounds__(kGenericThreads)
   const float inv_cols = 1.0f / static_cast<float>(p.cols);
   float* my_dw = partial_dw ? partial_dw + std::int64_t(blockIdx.x) * p.cols : nullptr;
   float* my_db = partial_db ? partial_db + std::int64_t(blockIdx.x) * p.cols : nullptr;
-  allow_dependent_launch();  // as in backward_streaming_kernel
   if (my_dw) {
     for (std::int64_t c = threadIdx.x; c < p.cols; c += kGenericThreads) my_dw[c] = my_db[c] = 0.0f;
   }
