@@ -408,29 +408,6 @@ void launch_backward(const BackwardParams& p, int device_index, cudaStream_t str
     partial_dw = static_cast<float*>(p.workspace);
     partial_db = partial_dw + std::int64_t(grid) * p.cols;
   }
-  // FUSEKIT_NORM_REDUCE_IN_KERNEL=1: the streaming kernel sums the partial rows itself after a
-  // grid barrier (cooperative launch) instead of a second kernel (lab knob, session 20).
-  static const int reduce_knob = env_knob("FUSEKIT_NORM_REDUCE_IN_KERNEL", 0, 1, 0);
-  const bool reduce_in_kernel =
-      reduce_knob == 1 && partials && variant.kernel &&
-      variant.plan.smem_bytes >= std::size_t(variant.plan.block_threads() / 32) * 33 * sizeof(float);
-  if (variant.kernel && reduce_in_kernel) {
-    RowGeometry geometry = variant.plan.geometry;
-    geometry.reduce_in_kernel = 1;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(static_cast<unsigned>(grid));
-    config.blockDim = dim3(static_cast<unsigned>(variant.plan.block_threads()));
-    config.dynamicSmemBytes = variant.plan.smem_bytes;
-    config.stream = stream;
-    cudaLaunchAttribute attribute[1];
-    attribute[0].id = cudaLaunchAttributeCooperative;
-    attribute[0].val.cooperative = 1;
-    config.attrs = attribute;
-    config.numAttrs = 1;
-    detail::check_cuda(cudaLaunchKernelEx(&config, variant.kernel, p, geometry, partial_dw, partial_db), op,
-                       "norm backward kernel (cooperative)");
-    return;
-  }
   if (variant.kernel) {
     variant.kernel<<<grid, variant.plan.block_threads(), variant.plan.smem_bytes, stream>>>(
         p, variant.plan.geometry, partial_dw, partial_db);

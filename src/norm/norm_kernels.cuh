@@ -18,8 +18,6 @@
 #include <cstdint>
 #include <type_traits>
 
-#include <cooperative_groups.h>
-
 #include "core/device_vector.cuh"
 #include "norm/norm_params.h"
 
@@ -114,8 +112,6 @@ struct RowGeometry {
   int rows_per_block;   // row groups per block (<= kMaxGroups)
   int stages;           // backward: rows per group in the shared-memory ring (2..kMaxStages)
   int cached_columns;   // backward from y: 1/w and b fit in shared memory (kFromY, else kFromYUncached)
-  int reduce_in_kernel = 0;  // backward: the grid sums the partial rows itself after a grid barrier
-                             // (cooperative launch; reduce_partials_kernel otherwise)
 };
 inline constexpr int kMaxGroups = 16;
 inline constexpr int kMaxStages = 4;
@@ -592,55 +588,23 @@ __global__ void __launch_bounds__(512)
         }
       }
     }
-    if (group > 0 && !geo.reduce_in_kernel) return;
+    if (group > 0) return;
   }
   // From y the per-column x_hat factor 1/w is already inside acc_dw (x_hat = (y - b) / w).
-  if (group == 0) {
-    float* out_dw = partial_dw + std::int64_t(blockIdx.x) * cols;
-    float* out_db = partial_db + std::int64_t(blockIdx.x) * cols;
+  float* out_dw = partial_dw + std::int64_t(blockIdx.x) * cols;
+  float* out_db = partial_db + std::int64_t(blockIdx.x) * cols;
 #pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
-      if (!in_row(it)) continue;
-      const int col = col0 + it * step;
+  for (int it = 0; it < ITERS; ++it) {
+    if (!in_row(it)) continue;
+    const int col = col0 + it * step;
 #pragma unroll
-      for (int i = 0; i < kVec; i += 4) {
-        *reinterpret_cast<float4*>(out_dw + col + i) =
-            make_float4(acc_dw[it][i], acc_dw[it][i + 1], acc_dw[it][i + 2], acc_dw[it][i + 3]);
-        if constexpr (BIAS_GRAD)
-          *reinterpret_cast<float4*>(out_db + col + i) =
-              make_float4(acc_db[it][i], acc_db[it][i + 1], acc_db[it][i + 2], acc_db[it][i + 3]);
-      }
+    for (int i = 0; i < kVec; i += 4) {
+      *reinterpret_cast<float4*>(out_dw + col + i) =
+          make_float4(acc_dw[it][i], acc_dw[it][i + 1], acc_dw[it][i + 2], acc_dw[it][i + 3]);
+      if constexpr (BIAS_GRAD)
+        *reinterpret_cast<float4*>(out_db + col + i) =
+            make_float4(acc_db[it][i], acc_db[it][i + 1], acc_db[it][i + 2], acc_db[it][i + 3]);
     }
-  }
-  if (!geo.reduce_in_kernel) return;
-  // Every block's partial row is written: the grid sums them in place of reduce_partials_kernel
-  // (one launch and its wait for this grid less). Tile t (32 columns of dweight, then of dbias)
-  // goes to block t % grid; in a tile, warp w adds the slots w, w + warps, ... and the warps'
-  // sums are added in warp order, so every column is summed in a fixed order.
-  cooperative_groups::this_grid().sync();
-  float* red = reinterpret_cast<float*>(smem);  // [warps][33]; the columns and ring are idle now
-  const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int slots = static_cast<int>(gridDim.x);
-  const int col_tiles = (cols + 31) / 32;
-  const int tiles = (p.dbias != nullptr ? 2 : 1) * col_tiles;
-  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const bool db = tile >= col_tiles;
-    const float* partial = db ? partial_db : partial_dw;
-    const int col = (tile - (db ? col_tiles : 0)) * 32 + lane;
-    float sum = 0.0f;
-    if (col < cols) {
-#pragma unroll 4
-      for (int slot = warp; slot < slots; slot += warps) sum += partial[std::int64_t(slot) * cols + col];
-    }
-    red[warp * 33 + lane] = sum;
-    __syncthreads();
-    if (warp == 0 && col < cols) {
-      float total = 0.0f;
-      for (int w = 0; w < warps; ++w) total += red[w * 33 + lane];
-      W* out = static_cast<W*>(db ? p.dbias : p.dweight);
-      if (out != nullptr) out[col] = from_float<W>(total);
-    }
-    __syncthreads();  // red is reused by the next tile
   }
 }
 
