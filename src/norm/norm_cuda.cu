@@ -418,17 +418,24 @@ void launch_backward(const BackwardParams& p, int device_index, cudaStream_t str
   if (partials) {
     // Programmatic dependent launch: the reduction's launch latency overlaps the main kernel's
     // tail; cudaGridDependencySynchronize() in it waits for the partial sums.
+    // Four columns per thread where rows of partials keep 16-byte alignment (the workspace is
+    // 16-byte aligned). 32 slot lanes per block; 8 where the grid alone fills the GPU, so that
+    // each thread keeps more loads in flight.
+    const int vec = p.cols % 4 == 0 ? 4 : 1;
+    const std::int64_t col_blocks = (p.cols + 32 * vec - 1) / (32 * vec);
+    const int sms = detail::device_info(op, device_index).sm_count;
+    const unsigned lanes = col_blocks * (p.dbias ? 2 : 1) >= sms ? 8 : 32;
     cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(static_cast<unsigned>((p.cols + 31) / 32), p.dbias ? 2 : 1);
-    config.blockDim = dim3(32, 32);
+    config.gridDim = dim3(static_cast<unsigned>(col_blocks), p.dbias ? 2 : 1);
+    config.blockDim = dim3(32, lanes);
     config.stream = stream;
     cudaLaunchAttribute attribute[1];
     attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attribute[0].val.programmaticStreamSerializationAllowed = 1;
     config.attrs = attribute;
     config.numAttrs = 1;
-    detail::check_cuda(cudaLaunchKernelEx(&config, reduce_partials_kernel<W>,
-                                          static_cast<const float*>(partial_dw),
+    auto* kernel = vec == 4 ? reduce_partials_kernel<W, 4> : reduce_partials_kernel<W, 1>;
+    detail::check_cuda(cudaLaunchKernelEx(&config, kernel, static_cast<const float*>(partial_dw),
                                           static_cast<const float*>(partial_db), grid, p.cols,
                                           static_cast<W*>(p.dweight), static_cast<W*>(p.dbias)),
                        op, "norm partial-sum reduction kernel");
