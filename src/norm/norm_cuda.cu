@@ -418,16 +418,18 @@ void launch_backward(const BackwardParams& p, int device_index, cudaStream_t str
   if (partials) {
     // Programmatic dependent launch: the reduction's launch latency overlaps the main kernel's
     // tail; cudaGridDependencySynchronize() in it waits for the partial sums.
-    // Four columns per thread where rows of partials keep 16-byte alignment (the workspace is
-    // 16-byte aligned). 32 slot lanes per block; 8 where the grid alone fills the GPU, so that
-    // each thread keeps more loads in flight.
-    const int vec = p.cols % 4 == 0 ? 4 : 1;
+    // One column per thread gives cols / 32 blocks of 1024 threads per gradient: at least 1024
+    // blocks (LayerNorm at N >= 16384) are four waves of two blocks per SM, and there four
+    // columns per thread (16-byte loads: the workspace is 16-byte aligned) run a quarter of the
+    // blocks. H200, session 20, three alternating runs, us: LayerNorm (4096, 16384) 121.5-122.0
+    // -> 119.0-119.7; with fewer blocks it lost (RMSNorm (16384, 1024) 38.4-38.8 -> 39.5-39.6,
+    // (16384, 4096) 112.0-112.5 -> 113.1-113.4), so smaller grids keep one column per thread.
+    const int arrays = p.dbias ? 2 : 1;
+    const int vec = p.cols % 4 == 0 && (p.cols + 31) / 32 * arrays >= 1024 ? 4 : 1;
     const std::int64_t col_blocks = (p.cols + 32 * vec - 1) / (32 * vec);
-    const int sms = detail::device_info(op, device_index).sm_count;
-    const unsigned lanes = col_blocks * (p.dbias ? 2 : 1) >= sms ? 8 : 32;
     cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(static_cast<unsigned>(col_blocks), p.dbias ? 2 : 1);
-    config.blockDim = dim3(32, lanes);
+    config.gridDim = dim3(static_cast<unsigned>(col_blocks), arrays);
+    config.blockDim = dim3(32, 32);
     config.stream = stream;
     cudaLaunchAttribute attribute[1];
     attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;

@@ -708,11 +708,11 @@ __global__ void __launch_bounds__(kGenericThreads)
   }
 }
 
-// Sums partials[slots][cols] over slots, in a fixed order, into out[cols]. Block (32, Y): thread
+// Sums partials[slots][cols] over slots, in a fixed order, into out[cols]. Block (32, 32): thread
 // x owns VEC consecutive columns (16-byte loads when VEC = 4: a block row reads 512 contiguous
-// bytes of one partial row), threadIdx.y strides over slots, and the Y per-thread sums meet in a
+// bytes of one partial row), threadIdx.y strides over slots, and the 32 per-thread sums meet in a
 // fixed tree. blockIdx.y selects dweight (0) or dbias (1). Four columns per thread launch a
-// quarter of the blocks of one column per thread: at N = 16384 one wave instead of two.
+// quarter of the blocks (the host picks, launch_backward).
 template <typename W, int VEC>
 __global__ void __launch_bounds__(1024)
     reduce_partials_kernel(const float* __restrict__ partial_dw, const float* __restrict__ partial_db,
