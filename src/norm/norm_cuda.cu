@@ -418,6 +418,7 @@ void launch_backward(const BackwardParams& p, int device_index, cudaStream_t str
   if (partials) {
     // Programmatic dependent launch: the reduction's launch latency overlaps the main kernel's
     // tail; cudaGridDependencySynchronize() in it waits for the partial sums.
+    //
     // One column per thread gives cols / 32 blocks of 1024 threads per gradient: at least 1024
     // blocks (LayerNorm at N >= 16384) are four waves of two blocks per SM, and there four
     // columns per thread (16-byte loads: the workspace is 16-byte aligned) run a quarter of the

@@ -710,8 +710,8 @@ __global__ void __launch_bounds__(kGenericThreads)
 
 // Sums partials[slots][cols] over slots, in a fixed order, into out[cols]. Block (32, 32): thread
 // x owns VEC consecutive columns (16-byte loads when VEC = 4: a block row reads 512 contiguous
-// bytes of one partial row), threadIdx.y strides over slots, and the 32 per-thread sums meet in a
-// fixed tree. blockIdx.y selects dweight (0) or dbias (1). Four columns per thread launch a
+// bytes of one partial row), threadIdx.y strides over slots, and the 32 per-thread sums are then
+// added in y order. blockIdx.y selects dweight (0) or dbias (1). Four columns per thread launch a
 // quarter of the blocks (the host picks, launch_backward).
 template <typename W, int VEC>
 __global__ void __launch_bounds__(1024)
@@ -728,7 +728,6 @@ __global__ void __launch_bounds__(1024)
   cudaGridDependencySynchronize();
   if (out == nullptr) return;  // uniform over the block: that gradient was not asked for
   const std::int64_t col = (std::int64_t(blockIdx.x) * 32 + threadIdx.x) * VEC;
-  const int y = threadIdx.y, lanes = blockDim.y;
   auto add = [](Vec& a, const Vec& b) {
     if constexpr (VEC == 4) {
       a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w;
@@ -739,17 +738,15 @@ __global__ void __launch_bounds__(1024)
   Vec s{};
   if (col < cols) {
 #pragma unroll 4
-    for (int slot = y; slot < slots; slot += lanes)
+    for (int slot = threadIdx.y; slot < slots; slot += 32)
       add(s, *reinterpret_cast<const Vec*>(partial + std::int64_t(slot) * cols + col));
   }
-  sums[y][threadIdx.x] = s;
+  sums[threadIdx.y][threadIdx.x] = s;
   __syncthreads();
-  for (int half = lanes / 2; half > 0; half /= 2) {  // lanes is a power of two
-    if (y < half) add(sums[y][threadIdx.x], sums[y + half][threadIdx.x]);
-    __syncthreads();
-  }
-  if (y == 0 && col < cols) {
-    const Vec total = sums[0][threadIdx.x];
+  if (threadIdx.y == 0 && col < cols) {
+    Vec total{};
+#pragma unroll
+    for (int k = 0; k < 32; ++k) add(total, sums[k][threadIdx.x]);
     if constexpr (VEC == 4) {
       out[col] = from_float<W>(total.x);
       out[col + 1] = from_float<W>(total.y);
