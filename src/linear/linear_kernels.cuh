@@ -36,13 +36,14 @@ struct alignas(sizeof(T) * VEC) Pack {
   T v[VEC];
 };
 
-template <Activation A>
+// T: the storage type; float32 storage keeps the exact gelu_erf (ActivationMath's kFastGeluErf).
+template <Activation A, typename T>
 __device__ __forceinline__ float act_forward(float x) {
-  return detail::ActivationMath<float>::forward(A, x, 0.0f);
+  return detail::ActivationMath<float, !std::is_same_v<T, float>>::forward(A, x, 0.0f);
 }
-template <Activation A>
+template <Activation A, typename T>
 __device__ __forceinline__ float act_derivative(float x) {
-  return detail::ActivationMath<float>::derivative(A, x, 0.0f);
+  return detail::ActivationMath<float, !std::is_same_v<T, float>>::derivative(A, x, 0.0f);
 }
 
 // Rows go to blockIdx.y (grid-stride), VEC-element chunks of a row to blockIdx.x * blockDim.x +
@@ -69,7 +70,7 @@ __global__ void activation_kernel(const T* z, std::int64_t ldz,  // may be y its
       if (pre) *reinterpret_cast<Pack<T, VEC>*>(pre + r * ldpre + col) = in;
     }
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) out.v[i] = from_float<T>(act_forward<A>(to_float(in.v[i])));
+    for (int i = 0; i < VEC; ++i) out.v[i] = from_float<T>(act_forward<A, T>(to_float(in.v[i])));
     *reinterpret_cast<Pack<T, VEC>*>(y + r * ldy + col) = out;
   }
 }
@@ -87,7 +88,7 @@ __global__ void dz_kernel(const T* __restrict__ dout, std::int64_t lddout,
     Pack<T, VEC> out;
 #pragma unroll
     for (int i = 0; i < VEC; ++i)
-      out.v[i] = from_float<T>(to_float(g.v[i]) * act_derivative<A>(to_float(p.v[i])));
+      out.v[i] = from_float<T>(to_float(g.v[i]) * act_derivative<A, T>(to_float(p.v[i])));
     *reinterpret_cast<Pack<T, VEC>*>(dz + r * lddz + col) = out;
   }
 }
@@ -113,7 +114,7 @@ __global__ void column_sum_kernel(const T* __restrict__ dout, std::int64_t lddou
       const std::int64_t c = c0 + j;
       if (c < rows.n) {
         float g = to_float(dout[r * lddout + c]);
-        if constexpr (A != Activation::none) g *= act_derivative<A>(to_float(pre[r * ldpre + c]));
+        if constexpr (A != Activation::none) g *= act_derivative<A, T>(to_float(pre[r * ldpre + c]));
         sum[j] += g;
       }
     }
