@@ -118,9 +118,9 @@ void check_gpu_problem(std::vector<CheckLine>& out, Device gpu, DType dt, Activa
   const auto bb = lb::backward_baseline(gv, pv, xv, wv, m, n, k, act, dt);
   const std::string tag = fmt::format("{} {} ({},{},{})", activation_name(act), dtype_name(dt), m, k, n);
   out.push_back(line(gpu, "y " + tag, lb::judge(y.values(), y64.values(), fb.y, dt, "y")));
-  out.push_back(line(gpu, "dx " + tag, lb::judge(dx.values(), dx64.values(), bb.dx, dt, "dx")));
-  out.push_back(line(gpu, "dW " + tag, lb::judge(dw.values(), dw64.values(), bb.dw, dt, "dW")));
-  out.push_back(line(gpu, "dbias " + tag, lb::judge(db.values(), db64.values(), bb.dbias, dt, "dbias")));
+  out.push_back(line(gpu, "dx " + tag, lb::judge(dx.values(), dx64.values(), bb.dx, dt, "dx", m * n)));
+  out.push_back(line(gpu, "dW " + tag, lb::judge(dw.values(), dw64.values(), bb.dw, dt, "dW", m * n)));
+  out.push_back(line(gpu, "dbias " + tag, lb::judge(db.values(), db64.values(), bb.dbias, dt, "dbias", m * n)));
 }
 
 std::vector<CheckLine> check_linear(Device device) {
