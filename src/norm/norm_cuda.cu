@@ -337,10 +337,13 @@ void launch_forward(const ForwardParams& p, int device_index, cudaStream_t strea
       // LayerNorm variant spilled at 64), 3-4% faster again (LayerNorm 129.0 -> 125.7 us, RMSNorm
       // 109.1 -> 105.2, session 11). Where more threads are resident the prefetching grid lost
       // 3-10% (it keeps two rows in registers), and still does at 1..8 blocks per SM.
-      // LayerNorm with weight and bias on full rows keeps the plain grid there: its kernel
-      // specialized for full rows (below) ran 121.4 us against the prefetching kernel's 125.7
-      // at (8192, 12288) (H200, session 18; RMSNorm: 112.5 against 105.0, so it keeps the
-      // prefetching grid).
+      // LayerNorm's prefetch used to wait for its next row's first element (the variance shift,
+      // converted as soon as it was loaded), a memory latency per row that left it behind the
+      // plain grid (125.7 against 121.4 us at (8192, 12288), session 18); with the shift kept
+      // in its storage type until the row is used, it runs 109.7-110.0 against 120.8 (H200,
+      // session 21), so both norms take the prefetching grid here. The kernels specialized for
+      // full rows are not used for it: compiled for the prefetching grid they took more
+      // registers (one block per SM) and ran 121.7 us (RMSNorm) and 137.6 (LayerNorm).
       // FUSEKIT_NORM_FWD_PREFETCH: 0 never, G > 0 always with G blocks per SM (tuning knob).
       static const int prefetch_knob = env_knob("FUSEKIT_NORM_FWD_PREFETCH", 0, 64, -1);
       const int sms = detail::device_info(op, device_index).sm_count;
@@ -351,7 +354,7 @@ void launch_forward(const ForwardParams& p, int device_index, cudaStream_t strea
       const bool full_rms_norm = full && p.kind == Kind::rms_norm && p.bias == nullptr;
       const int prefetch_blocks =
           prefetch_knob >= 0 ? prefetch_knob
-          : !full_layer_norm && blocks_per_sm(op, forward_registers_kernel<T, W, I>, block, 0, device_index) * block < 800
+          : blocks_per_sm(op, forward_registers_kernel<T, W, I>, block, 0, device_index) * block < 800
               ? 16
               : 0;
       if (prefetch_blocks > 0) {

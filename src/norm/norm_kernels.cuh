@@ -214,37 +214,40 @@ __global__ void __launch_bounds__(512, PREFETCH ? 1 : FUSEKIT_NORM_FORWARD_MIN_B
   int phase = 0;
 
   // A row's 16-byte vectors (zeros past the row end or for rows past the last) and, for
-  // LayerNorm, its first element (the shift of the one-pass variance).
-  auto load_row = [&](std::int64_t row, uint4 (&raw)[ITERS], float& shift_k) {
+  // LayerNorm, its first element (the shift of the one-pass variance), kept in the storage type:
+  // converting it here would make the thread wait for the load at once, and in the prefetching
+  // grid that wait is a whole memory latency per row, the one the prefetch is there to hide.
+  auto load_row = [&](std::int64_t row, uint4 (&raw)[ITERS], T& shift_raw) {
     const bool valid_row = row < p.rows;
     const T* __restrict__ x = static_cast<const T*>(p.x) + row * p.x_row_stride;
-    shift_k = 0.0f;
+    shift_raw = T(0.0f);
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
       raw[it] = make_uint4(0, 0, 0, 0);
       if (valid_row && in_row(it)) raw[it] = *reinterpret_cast<const uint4*>(x + col0 + it * step);
     }
-    if (layer_norm && valid_row) shift_k = to_float(x[0]);
+    if (layer_norm && valid_row) shift_raw = x[0];
   };
   const std::int64_t base_step = std::int64_t(gridDim.x) * rpb;
   // PREFETCH: the group's next row is loaded before this row's reduction, so that a thread
   // always has a row's loads in flight (for grids that walk several rows per group).
   [[maybe_unused]] uint4 next_raw[PREFETCH ? ITERS : 1];
-  [[maybe_unused]] float next_shift = 0.0f;
+  [[maybe_unused]] T next_shift = T(0.0f);
   if constexpr (PREFETCH) load_row(std::int64_t(blockIdx.x) * rpb + group, next_raw, next_shift);
   for (std::int64_t base = std::int64_t(blockIdx.x) * rpb; base < p.rows; base += base_step) {
     const std::int64_t row = base + group;
     const bool valid_row = row < p.rows;
     uint4 raw[ITERS];
-    float shift_k = 0.0f;
+    T shift_raw;
     if constexpr (PREFETCH) {
 #pragma unroll
       for (int it = 0; it < ITERS; ++it) raw[it] = next_raw[it];
-      shift_k = next_shift;
+      shift_raw = next_shift;
       if (base + base_step < p.rows) load_row(row + base_step, next_raw, next_shift);
     } else {
-      load_row(row, raw, shift_k);
+      load_row(row, raw, shift_raw);
     }
+    const float shift_k = to_float(shift_raw);
     float s[ITERS], q[ITERS];
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
