@@ -370,9 +370,9 @@ TEST(NormGpu, RandomizedGridMatchesCpuReference) {
 
 TEST(NormGpu, BenchmarkShapesMatchCpuReference) {
   FUSEKIT_REQUIRE_GPU();
-  // (8192, 12288): RMSNorm takes the forward whose groups walk several rows with the next one
-  // prefetched, LayerNorm the full-row kernel on the plain grid; (32768, 2048) the backward's
-  // 3-vector rows in 384-thread blocks.
+  // (8192, 12288): both norms take the forward whose groups walk several rows with the next one
+  // prefetched (8192 rows > 16 blocks per SM, so every group walks); (32768, 2048) the
+  // backward's 3-vector rows in 384-thread blocks.
   const std::pair<std::int64_t, std::int64_t> shapes[] = {
       {16384, 1024}, {4096, 16384}, {32768, 2048}, {8192, 12288}};
   int salt = 0;
