@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <mutex>
 #include <vector>
 
@@ -231,6 +233,9 @@ using BackwardKernel = void (*)(BackwardParams, RowGeometry, float*, float*);
 // One backward specialization with its launch shape; kernel == nullptr: the generic kernel.
 struct BackwardVariant {
   BackwardKernel kernel = nullptr;
+  // The same kernel for a launch in clusters (cluster_sum_partials), where that pays: nullptr
+  // elsewhere.
+  BackwardKernel cluster_kernel = nullptr;
   RowPlan plan;
 };
 
@@ -279,7 +284,22 @@ BackwardVariant backward_variant(const char* op, std::int64_t cols, bool from_ou
     plan.geometry.stages =
         ring_stages(slot, arrays * column, ring_budget(op, kernel, plan.block_threads(), device_index));
     plan.smem_bytes = arrays * column + plan.geometry.stages * slot;
-    if (plan.geometry.stages >= 2) v = {kernel, plan};
+    // Clusters of two blocks pre-sum their partial rows where those are largest: dweight and
+    // dbias at N = 16384 (128 KB per block). H200, session 22, LayerNorm (4096, 16384), two runs
+    // each: 118.1-118.4 -> 112.8-113.0 us. At N = 12288 it measured even (165.3 -> 166.8 in one
+    // call, 168.1 -> 166.1 in another), and at N = 8192 (128.6 -> 129.1), for RMSNorm's dweight
+    // alone at N = 16384 (112.9 -> 113.2) and at every shorter row it did not pay; clusters of
+    // four fit only 120 of the 132 SMs and lost 5-9% on most shapes.
+    BackwardKernel cluster_kernel = nullptr;
+    if constexpr (I == 4) {
+      if (bias_grad && cols >= 16384) {
+        cluster_kernel = backward_streaming_kernel<T, W, I, kFromX, true, false, true>;
+        if (from_output)
+          cluster_kernel = arrays == 3 ? backward_streaming_kernel<T, W, I, kFromY, true, false, true>
+                                       : backward_streaming_kernel<T, W, I, kFromYUncached, true, false, true>;
+      }
+    }
+    if (plan.geometry.stages >= 2) v = {kernel, cluster_kernel, plan};
   });
   return v;
 }
@@ -291,6 +311,74 @@ int variant_grid(const char* op, const BackwardVariant& v, std::int64_t rows, in
     return persistent_grid(op, backward_generic_kernel<T, W>, kGenericThreads, 0, 1, rows, device_index);
   return persistent_grid(op, v.kernel, v.plan.block_threads(), v.plan.smem_bytes, v.plan.geometry.rows_per_block,
                          rows, device_index);
+}
+
+// Blocks per thread-block cluster for the backward's partial-row pre-sum (cluster_sum_partials):
+// 2; FUSEKIT_NORM_BWD_CLUSTER (1, 2, 4 or 8; 1 = no cluster) overrides (tuning knob).
+int backward_cluster_blocks() {
+  static const int knob = env_knob("FUSEKIT_NORM_BWD_CLUSTER", 1, 8, 2);
+  return (knob & (knob - 1)) == 0 ? knob : 1;
+}
+
+// How many clusters of `cluster` blocks of a backward kernel can be resident at once (a
+// cluster's blocks must share a GPC, so whole clusters can hold fewer blocks than the SMs times
+// the blocks per SM); 0 when one does not fit. Cached like blocks_per_sm.
+template <typename Kernel>
+int max_active_clusters(const char* op, Kernel kernel, int block_threads, std::size_t smem, int cluster,
+                        int device_index) {
+  struct Key {
+    const void* kernel;
+    int block, device, cluster;
+    std::size_t smem;
+    bool operator==(const Key& o) const {
+      return kernel == o.kernel && block == o.block && device == o.device && cluster == o.cluster && smem == o.smem;
+    }
+  };
+  static std::mutex mutex;
+  static std::vector<std::pair<Key, int>> cache;
+  const Key key{reinterpret_cast<const void*>(kernel), block_threads, device_index, cluster, smem};
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (const auto& [k, v] : cache)
+      if (k == key) return v;
+  }
+  const int per_sm = blocks_per_sm(op, kernel, block_threads, smem, device_index);  // sets the smem limit
+  const int sms = detail::device_info(op, device_index).sm_count;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>((sms * per_sm + cluster - 1) / cluster * cluster));
+  config.blockDim = dim3(static_cast<unsigned>(block_threads));
+  config.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeClusterDimension;
+  attribute[0].val.clusterDim.x = static_cast<unsigned>(cluster);
+  attribute[0].val.clusterDim.y = 1;
+  attribute[0].val.clusterDim.z = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  int clusters = 0;
+  detail::check_cuda(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config), op,
+                     "cudaOccupancyMaxActiveClusters");
+  std::lock_guard<std::mutex> lock(mutex);
+  cache.push_back({key, clusters});
+  return clusters;
+}
+
+// The fewest blocks (a multiple of `multiple`, at most `max_blocks`, itself a multiple) whose
+// row groups take no more rows each than `max_blocks` blocks would: rows = 4096 on 132 one-group
+// blocks are 31.03 rows per group, so 4 groups take a 32nd row while 128 wait for them; 128
+// blocks take exactly 32 each. FUSEKIT_NORM_BWD_BALANCE=0 keeps max_blocks (tuning knob).
+int balanced_blocks(int max_blocks, int rows_per_block, std::int64_t rows, int multiple) {
+  static const int knob = env_knob("FUSEKIT_NORM_BWD_BALANCE", 0, 1, 1);
+  const std::int64_t needed = (rows + rows_per_block - 1) / rows_per_block;
+  std::int64_t blocks = std::min<std::int64_t>(needed, max_blocks);
+  if (knob == 1) {
+    const std::int64_t per_group = (rows + std::int64_t(max_blocks) * rows_per_block - 1) /
+                                   (std::int64_t(max_blocks) * rows_per_block);
+    const std::int64_t groups = (rows + per_group - 1) / per_group;
+    blocks = std::min<std::int64_t>(blocks, (groups + rows_per_block - 1) / rows_per_block);
+  }
+  blocks = (blocks + multiple - 1) / multiple * multiple;
+  return static_cast<int>(std::max<std::int64_t>(multiple, blocks));
 }
 
 // The largest backward grid any specialization (from x or y, with or without dbias, vector or
@@ -398,22 +486,71 @@ void launch_backward(const BackwardParams& p, int device_index, cudaStream_t str
   const BackwardVariant variant =
       vector_path ? backward_variant<T, W>(op, p.cols, p.from_output, p.dbias != nullptr, device_index)
                   : BackwardVariant{};
-  const int grid = variant_grid<T, W>(op, variant, p.rows, device_index);
+  int grid = variant_grid<T, W>(op, variant, p.rows, device_index);
+  // Clusters pre-sum their blocks' partial rows (cluster_sum_partials): grid / cluster rows.
+  int cluster = 1;
+  if (variant.kernel) {
+    const RowPlan& plan = variant.plan;
+    const int rpb = plan.geometry.rows_per_block;
+    int max_blocks = persistent_grid(op, variant.kernel, plan.block_threads(), plan.smem_bytes, 1,
+                                     std::numeric_limits<int>::max(), device_index);
+    if (partials && variant.cluster_kernel && backward_cluster_blocks() > 1) {
+      const int c = backward_cluster_blocks();
+      const int clusters =
+          max_active_clusters(op, variant.cluster_kernel, plan.block_threads(), plan.smem_bytes, c, device_index);
+      if (clusters > 0) {
+        cluster = c;
+        max_blocks = clusters * c;
+      }
+    }
+    // FUSEKIT_NORM_BWD_GRID caps the blocks (tuning knob).
+    static const int grid_cap = env_knob("FUSEKIT_NORM_BWD_GRID", 1, 1 << 20, 0);
+    if (grid_cap >= cluster) max_blocks = std::min(max_blocks, grid_cap / cluster * cluster);
+    grid = balanced_blocks(max_blocks, rpb, p.rows, cluster);
+    if (std::getenv("FUSEKIT_NORM_DEBUG")) {
+      static std::mutex mutex;
+      static std::vector<std::pair<std::int64_t, std::int64_t>> seen;
+      std::lock_guard<std::mutex> lock(mutex);
+      if (std::find(seen.begin(), seen.end(), std::make_pair(p.rows, p.cols)) == seen.end()) {
+        seen.emplace_back(p.rows, p.cols);
+        std::fprintf(stderr, "norm_backward (%lld, %lld): grid %d (max %d) cluster %d tpr %d rpb %d stages %d smem %zu\n",
+                     static_cast<long long>(p.rows), static_cast<long long>(p.cols), grid, max_blocks, cluster,
+                     plan.geometry.threads_per_row, rpb, plan.geometry.stages, plan.smem_bytes);
+      }
+    }
+  }
+  const RowGeometry geometry = variant.plan.geometry;
+  const int partial_rows = grid / cluster;
 
   float* partial_dw = nullptr;
   float* partial_db = nullptr;
   if (partials) {
-    if (p.workspace_bytes < partial_bytes(grid, p.cols)) {
+    if (p.workspace_bytes < partial_bytes(partial_rows, p.cols)) {
       throw Error(ErrorKind::invalid_argument, op, "workspace",
-                  "at least " + std::to_string(partial_bytes(grid, p.cols)) + " bytes",
+                  "at least " + std::to_string(partial_bytes(partial_rows, p.cols)) + " bytes",
                   std::to_string(p.workspace_bytes) + " bytes");
     }
     partial_dw = static_cast<float*>(p.workspace);
-    partial_db = partial_dw + std::int64_t(grid) * p.cols;
+    partial_db = partial_dw + std::int64_t(partial_rows) * p.cols;
   }
-  if (variant.kernel) {
-    variant.kernel<<<grid, variant.plan.block_threads(), variant.plan.smem_bytes, stream>>>(
-        p, variant.plan.geometry, partial_dw, partial_db);
+  if (variant.kernel && cluster > 1) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(static_cast<unsigned>(grid));
+    config.blockDim = dim3(static_cast<unsigned>(variant.plan.block_threads()));
+    config.dynamicSmemBytes = variant.plan.smem_bytes;
+    config.stream = stream;
+    cudaLaunchAttribute attribute[1];
+    attribute[0].id = cudaLaunchAttributeClusterDimension;
+    attribute[0].val.clusterDim.x = static_cast<unsigned>(cluster);
+    attribute[0].val.clusterDim.y = 1;
+    attribute[0].val.clusterDim.z = 1;
+    config.attrs = attribute;
+    config.numAttrs = 1;
+    detail::check_cuda(cudaLaunchKernelEx(&config, variant.cluster_kernel, p, geometry, partial_dw, partial_db), op,
+                       "norm backward kernel (clusters)");
+  } else if (variant.kernel) {
+    variant.kernel<<<grid, variant.plan.block_threads(), variant.plan.smem_bytes, stream>>>(p, geometry, partial_dw,
+                                                                                           partial_db);
   } else {
     backward_generic_kernel<T, W><<<grid, kGenericThreads, 0, stream>>>(p, partial_dw, partial_db);
   }
@@ -442,7 +579,7 @@ void launch_backward(const BackwardParams& p, int device_index, cudaStream_t str
     config.numAttrs = 1;
     auto* kernel = vec == 4 ? reduce_partials_kernel<W, 4> : reduce_partials_kernel<W, 1>;
     detail::check_cuda(cudaLaunchKernelEx(&config, kernel, static_cast<const float*>(partial_dw),
-                                          static_cast<const float*>(partial_db), grid, p.cols,
+                                          static_cast<const float*>(partial_db), partial_rows, p.cols,
                                           static_cast<W*>(p.dweight), static_cast<W*>(p.dbias)),
                        op, "norm partial-sum reduction kernel");
   }

@@ -8,10 +8,12 @@
 //    65536 and any alignment; correctness path, not the tuned one.
 //
 // Backward kernels run on a persistent grid: each block walks rows and accumulates its own
-// dweight/dbias partial sums in registers, writes one partial row per block to the workspace,
-// and a second small kernel sums the partials over blocks in a fixed order (deterministic).
+// dweight/dbias partial sums in registers, writes one partial row per block (or per cluster of
+// blocks, summed through distributed shared memory) to the workspace, and a second small kernel
+// sums the partials over blocks in a fixed order (deterministic).
 #pragma once
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -356,6 +358,44 @@ __global__ void __launch_bounds__(512, PREFETCH ? 1 : FUSEKIT_NORM_FORWARD_MIN_B
 }
 
 // ---------------------------------------------------------------------------------------------
+// The blocks of a thread-block cluster sum their partial rows through distributed shared memory
+// before any goes to global memory, so the workspace holds one partial row per cluster instead of
+// one per block: at N = 16384 the 132 per-block rows were 8.6 MB written and read again (17 MB
+// with dbias), most of the backward's 3.4-11 us tail (H200, session 20). `block_sums` holds this
+// block's dweight (and, with BIAS_GRAD, dbias after it) for `cols` columns (a multiple of 4).
+// Block rank r sums the r-th slice of the columns over the cluster's blocks in rank order (a
+// fixed order: the result does not depend on timing) into partial row blockIdx.x / cluster
+// size. Every thread of every block of the cluster must call it.
+template <bool BIAS_GRAD>
+__device__ __forceinline__ void cluster_sum_partials(float* block_sums, int cols, float* __restrict__ partial_dw,
+                                                     float* __restrict__ partial_db) {
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  // Release this block's sums to the cluster, acquire the others'.
+  cluster.sync();
+  const int blocks = static_cast<int>(cluster.num_blocks());
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int units = cols / 4;
+  const int per_rank = (units + blocks - 1) / blocks;
+  const int begin = rank * per_rank, end = min(units, begin + per_rank);
+  const std::int64_t row = blockIdx.x / blocks;
+  const int arrays = BIAS_GRAD ? 2 : 1;
+  for (int a = 0; a < arrays; ++a) {
+    float* out = (a == 0 ? partial_dw : partial_db) + row * cols;
+    for (int u = begin + static_cast<int>(threadIdx.x); u < end; u += static_cast<int>(blockDim.x)) {
+      float4 total = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      for (int b = 0; b < blocks; ++b) {
+        const float4 v = reinterpret_cast<const float4*>(cluster.map_shared_rank(block_sums + a * cols, b))[u];
+        total.x += v.x, total.y += v.y, total.z += v.z, total.w += v.w;
+      }
+      reinterpret_cast<float4*>(out)[u] = total;
+    }
+  }
+  // No block may exit (releasing its shared memory) while the others still read it.
+  cluster.sync();
+}
+
+// ---------------------------------------------------------------------------------------------
 // Backward on a persistent grid. Each row group streams its rows of dy and the input (x, or y
 // when FROM_OUTPUT) through its own ring of `stages` row slots in shared memory, filled by bulk
 // copies that one thread issues (a "full" mbarrier per slot counts the bytes in, an "empty" one
@@ -369,7 +409,10 @@ enum Source : int { kFromX = 0, kFromY = 1, kFromYUncached = 2 };
 // FULL: the row fills every thread's ITERS vectors (N = threads per row x ITERS x VEC), so the
 // passes carry no per-vector bounds test and the compiler may issue a pass's shared-memory loads
 // together (without dbias only: with it the hoisted loads cost spills, session 3).
-template <typename T, typename W, int ITERS, int SOURCE, bool BIAS_GRAD, bool FULL = false>
+// CLUSTER: launched in thread-block clusters whose blocks pre-sum their partial rows
+// (cluster_sum_partials). A template parameter, not a run-time branch: the untaken cluster code
+// alone made the plain kernel 1.5-3% slower for LayerNorm at N = 5120 and 12288 (H200, session 22).
+template <typename T, typename W, int ITERS, int SOURCE, bool BIAS_GRAD, bool FULL = false, bool CLUSTER = false>
 __global__ void __launch_bounds__(512)
     backward_streaming_kernel(BackwardParams p, RowGeometry geo, float* __restrict__ partial_dw,
                               float* __restrict__ partial_db) {
@@ -620,24 +663,34 @@ __global__ void __launch_bounds__(512)
         }
       }
     }
-    if (group > 0) return;
+    if (!CLUSTER && group > 0) return;
   }
   // From y the per-column x_hat factor 1/w is already inside acc_dw (x_hat = (y - b) / w).
-  float* out_dw = partial_dw + std::int64_t(blockIdx.x) * cols;
-  float* out_db = partial_db + std::int64_t(blockIdx.x) * cols;
+  // Group 0 now holds the block's sums. It writes them as the block's partial row, or, in a
+  // cluster, to shared memory (the ring, past the tree's slots), from where the cluster's blocks
+  // sum them into one partial row.
+  float* block_sums = reinterpret_cast<float*>(col_w + arrays * cols) + std::size_t(rpb - 1) * 2 * cols;
+  // With one row group per block no tree ran: other warps may still read their last row from the
+  // ring that block_sums overwrites.
+  if constexpr (CLUSTER) __syncthreads();
+  float* out_dw = CLUSTER ? block_sums : partial_dw + std::int64_t(blockIdx.x) * cols;
+  float* out_db = CLUSTER ? block_sums + cols : partial_db + std::int64_t(blockIdx.x) * cols;
+  if (!CLUSTER || group == 0) {
 #pragma unroll
-  for (int it = 0; it < ITERS; ++it) {
-    if (!in_row(it)) continue;
-    const int col = col0 + it * step;
+    for (int it = 0; it < ITERS; ++it) {
+      if (!in_row(it)) continue;
+      const int col = col0 + it * step;
 #pragma unroll
-    for (int i = 0; i < kVec; i += 4) {
-      *reinterpret_cast<float4*>(out_dw + col + i) =
-          make_float4(acc_dw[it][i], acc_dw[it][i + 1], acc_dw[it][i + 2], acc_dw[it][i + 3]);
-      if constexpr (BIAS_GRAD)
-        *reinterpret_cast<float4*>(out_db + col + i) =
-            make_float4(acc_db[it][i], acc_db[it][i + 1], acc_db[it][i + 2], acc_db[it][i + 3]);
+      for (int i = 0; i < kVec; i += 4) {
+        *reinterpret_cast<float4*>(out_dw + col + i) =
+            make_float4(acc_dw[it][i], acc_dw[it][i + 1], acc_dw[it][i + 2], acc_dw[it][i + 3]);
+        if constexpr (BIAS_GRAD)
+          *reinterpret_cast<float4*>(out_db + col + i) =
+              make_float4(acc_db[it][i], acc_db[it][i + 1], acc_db[it][i + 2], acc_db[it][i + 3]);
+      }
     }
   }
+  if constexpr (CLUSTER) cluster_sum_partials<BIAS_GRAD>(block_sums, cols, partial_dw, partial_db);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -408,6 +408,21 @@ TEST(NormGpu, FullRowBackwardWithoutDbias) {
     }
 }
 
+// LayerNorm's dweight and dbias at N = 16384 are pre-summed by clusters of blocks through
+// distributed shared memory: from x and from y (with and without 1/w and b cached), weights in the
+// input type or f32, and batches of 3 rows, where most of the grid's clusters have no row at all;
+// N = 12288 beside it takes the plain kernel.
+TEST(NormGpu, ClusterPreSummedGradients) {
+  FUSEKIT_REQUIRE_GPU();
+  int salt = 0;
+  for (std::int64_t cols : {12288, 16384})
+    for (DType dt : {DType::bf16, DType::f16})
+      for (DType wt : {dt, DType::f32})
+        for (std::int64_t rows : {3, 333})
+          for (bool from_output : {false, true})
+            check_gpu_against_cpu(Case{Kind::layer, dt, wt, rows, cols, true, true}, 6800 + salt++, from_output);
+}
+
 TEST(NormGpu, BackwardIsBitwiseDeterministic) {
   FUSEKIT_REQUIRE_GPU();
   auto rng = testing::make_rng(7);
