@@ -320,6 +320,27 @@ int backward_cluster_blocks() {
   return (knob & (knob - 1)) == 0 ? knob : 1;
 }
 
+// A launch configuration for clusters of `cluster` blocks along x. The configuration points at
+// its attribute, so the two live together (not copyable).
+struct ClusterLaunch {
+  cudaLaunchAttribute attribute[1] = {};
+  cudaLaunchConfig_t config = {};
+  ClusterLaunch(int grid, int block_threads, std::size_t smem, int cluster, cudaStream_t stream) {
+    attribute[0].id = cudaLaunchAttributeClusterDimension;
+    attribute[0].val.clusterDim.x = static_cast<unsigned>(cluster);
+    attribute[0].val.clusterDim.y = 1;
+    attribute[0].val.clusterDim.z = 1;
+    config.gridDim = dim3(static_cast<unsigned>(grid));
+    config.blockDim = dim3(static_cast<unsigned>(block_threads));
+    config.dynamicSmemBytes = smem;
+    config.stream = stream;
+    config.attrs = attribute;
+    config.numAttrs = 1;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
+
 // How many clusters of `cluster` blocks of a backward kernel can be resident at once (a
 // cluster's blocks must share a GPC, so whole clusters can hold fewer blocks than the SMs times
 // the blocks per SM); 0 when one does not fit. Cached like blocks_per_sm.
@@ -344,19 +365,9 @@ int max_active_clusters(const char* op, Kernel kernel, int block_threads, std::s
   }
   const int per_sm = blocks_per_sm(op, kernel, block_threads, smem, device_index);  // sets the smem limit
   const int sms = detail::device_info(op, device_index).sm_count;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>((sms * per_sm + cluster - 1) / cluster * cluster));
-  config.blockDim = dim3(static_cast<unsigned>(block_threads));
-  config.dynamicSmemBytes = smem;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = static_cast<unsigned>(cluster);
-  attribute[0].val.clusterDim.y = 1;
-  attribute[0].val.clusterDim.z = 1;
-  config.attrs = attribute;
-  config.numAttrs = 1;
+  const ClusterLaunch launch((sms * per_sm + cluster - 1) / cluster * cluster, block_threads, smem, cluster, nullptr);
   int clusters = 0;
-  detail::check_cuda(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config), op,
+  detail::check_cuda(cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config), op,
                      "cudaOccupancyMaxActiveClusters");
   std::lock_guard<std::mutex> lock(mutex);
   cache.push_back({key, clusters});
@@ -534,19 +545,8 @@ void launch_backward(const BackwardParams& p, int device_index, cudaStream_t str
     partial_db = partial_dw + std::int64_t(partial_rows) * p.cols;
   }
   if (variant.kernel && cluster > 1) {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(static_cast<unsigned>(grid));
-    config.blockDim = dim3(static_cast<unsigned>(variant.plan.block_threads()));
-    config.dynamicSmemBytes = variant.plan.smem_bytes;
-    config.stream = stream;
-    cudaLaunchAttribute attribute[1];
-    attribute[0].id = cudaLaunchAttributeClusterDimension;
-    attribute[0].val.clusterDim.x = static_cast<unsigned>(cluster);
-    attribute[0].val.clusterDim.y = 1;
-    attribute[0].val.clusterDim.z = 1;
-    config.attrs = attribute;
-    config.numAttrs = 1;
-    detail::check_cuda(cudaLaunchKernelEx(&config, variant.cluster_kernel, p, geometry, partial_dw, partial_db), op,
+    const ClusterLaunch launch(grid, variant.plan.block_threads(), variant.plan.smem_bytes, cluster, stream);
+    detail::check_cuda(cudaLaunchKernelEx(&launch.config, variant.cluster_kernel, p, geometry, partial_dw, partial_db), op,
                        "norm backward kernel (clusters)");
   } else if (variant.kernel) {
     variant.kernel<<<grid, variant.plan.block_threads(), variant.plan.smem_bytes, stream>>>(p, geometry, partial_dw,
