@@ -497,10 +497,11 @@ void launch_backward(const BackwardParams& p, int device_index, cudaStream_t str
   const BackwardVariant variant =
       vector_path ? backward_variant<T, W>(op, p.cols, p.from_output, p.dbias != nullptr, device_index)
                   : BackwardVariant{};
-  int grid = variant_grid<T, W>(op, variant, p.rows, device_index);
   // Clusters pre-sum their blocks' partial rows (cluster_sum_partials): grid / cluster rows.
-  int cluster = 1;
-  if (variant.kernel) {
+  int grid = 0, cluster = 1;
+  if (!variant.kernel) {
+    grid = variant_grid<T, W>(op, variant, p.rows, device_index);
+  } else {
     const RowPlan& plan = variant.plan;
     const int rpb = plan.geometry.rows_per_block;
     int max_blocks = persistent_grid(op, variant.kernel, plan.block_threads(), plan.smem_bytes, 1,
@@ -518,7 +519,8 @@ void launch_backward(const BackwardParams& p, int device_index, cudaStream_t str
     static const int grid_cap = env_knob("FUSEKIT_NORM_BWD_GRID", 1, 1 << 20, 0);
     if (grid_cap >= cluster) max_blocks = std::min(max_blocks, grid_cap / cluster * cluster);
     grid = balanced_blocks(max_blocks, rpb, p.rows, cluster);
-    if (std::getenv("FUSEKIT_NORM_DEBUG")) {
+    static const bool debug = std::getenv("FUSEKIT_NORM_DEBUG") != nullptr;  // launch shapes, once each
+    if (debug) {
       static std::mutex mutex;
       static std::vector<std::pair<std::int64_t, std::int64_t>> seen;
       std::lock_guard<std::mutex> lock(mutex);

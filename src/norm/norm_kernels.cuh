@@ -668,7 +668,8 @@ __global__ void __launch_bounds__(512)
   // From y the per-column x_hat factor 1/w is already inside acc_dw (x_hat = (y - b) / w).
   // Group 0 now holds the block's sums. It writes them as the block's partial row, or, in a
   // cluster, to shared memory (the ring, past the tree's slots), from where the cluster's blocks
-  // sum them into one partial row.
+  // sum them into one partial row. The tree's slots and block_sums take 2 * rpb * cols floats, and
+  // the ring holds rpb * stages * 2 * cols elements of T: enough for stages >= 2 and 16-bit T.
   float* block_sums = reinterpret_cast<float*>(col_w + arrays * cols) + std::size_t(rpb - 1) * 2 * cols;
   // With one row group per block no tree ran: other warps may still read their last row from the
   // ring that block_sums overwrites.
