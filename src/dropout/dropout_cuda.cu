@@ -97,10 +97,10 @@ template <typename T, typename W, typename Chunk, typename Act>
 void forward_with(const ForwardParams& p, int sms, cudaStream_t stream) {
   const TileGrid g = make_grid(p.rows, p.cols, sms, Chunk::Tune::kBlocksPerSm, kForwardBlockWidth);
   RowSteps steps;
-  steps.in0 = g.ty * p.x_row_stride;
-  steps.out0 = g.ty * p.y_row_stride;
-  steps.out1 = g.ty * p.pre_activation_row_stride;
-  steps.index = static_cast<std::uint64_t>(g.ty * p.cols) >> Chunk::kIndexShift;
+  steps.in0 = row_step(g) * p.x_row_stride;
+  steps.out0 = row_step(g) * p.y_row_stride;
+  steps.out1 = row_step(g) * p.pre_activation_row_stride;
+  steps.index = static_cast<std::uint64_t>(row_step(g) * p.cols) >> Chunk::kIndexShift;
   steps.philox = philox_prefix(p.s);
   forward_kernel<T, W, Chunk, Act><<<dim3(g.gx, g.gy), dim3(g.tx, g.ty), 0, stream>>>(p, g, steps);
 }
@@ -155,10 +155,10 @@ template <typename T, typename W, typename Chunk>
 TileGrid backward_with(const BackwardParams& p, int sms, cudaStream_t stream, const char* op) {
   const TileGrid g = make_grid(p.rows, p.cols, sms, Chunk::Tune::kBlocksPerSm, kBackwardBlockWidth);
   RowSteps steps;
-  steps.in0 = g.ty * p.dy_row_stride;
-  steps.in1 = g.ty * p.x_row_stride;
-  steps.out0 = g.ty * p.dx_row_stride;
-  steps.index = static_cast<std::uint64_t>(g.ty * p.cols) >> Chunk::kIndexShift;
+  steps.in0 = row_step(g) * p.dy_row_stride;
+  steps.in1 = row_step(g) * p.x_row_stride;
+  steps.out0 = row_step(g) * p.dx_row_stride;
+  steps.index = static_cast<std::uint64_t>(row_step(g) * p.cols) >> Chunk::kIndexShift;
   steps.philox = philox_prefix(p.s);
   float* partial = nullptr;
   if (p.dbias) {

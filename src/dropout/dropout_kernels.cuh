@@ -7,8 +7,9 @@
 //
 // Work layout (both directions): blocks of (TX, TY) = 512 threads tile the (M, N) tensor. Each
 // thread owns a fixed chunk of 8 consecutive columns (so it loads its bias slice once and
-// accumulates its dbias slice in registers) and walks a contiguous, balanced range of rows given
-// to its block row (blockIdx.y), TY rows apart, a few rows at a time.
+// accumulates its dbias slice in registers) and walks its rows a few at a time; the block rows
+// (blockIdx.y) are interleaved, so the grid streams through one window of rows at a time
+// (dropout_grid.h).
 //  * Vector path (N and the row strides multiples of 8, pointers 16-byte aligned): 16-byte loads
 //    and stores; every chunk starts at a linear index that is a multiple of 8, so exactly one
 //    Philox call serves it.

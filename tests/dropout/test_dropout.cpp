@@ -236,7 +236,7 @@ TEST(DropoutGrid, EveryRowOfEveryColumnTileIsVisitedOnce) {
           for (int by = 0; by < g.gy; ++by)
             for (int ty = 0; ty < g.ty; ++ty) {
               const dropout::ThreadRows t = dropout::thread_rows(g, by, ty);
-              for (int k = 0; k < t.count; ++k) ++visits[t.first + std::int64_t(k) * g.ty];
+              for (int k = 0; k < t.count; ++k) ++visits.at(t.first + std::int64_t(k) * dropout::row_step(g));
             }
           ASSERT_TRUE(std::all_of(visits.begin(), visits.end(), [](int v) { return v == 1; }));
         }
