@@ -39,14 +39,22 @@ namespace fusekit::dropout::kernels {
 using Math = detail::ActivationMath<float>;
 
 // How a path runs: rows a thread loads together, whether the next rows' loads are issued before
-// the current rows' math (software pipelining, one more set of registers), and the occupancy the
-// grid is sized for (<= 64 registers for 2 blocks of 512 threads per SM).
-template <int Rows, bool Pipelined, int BlocksPerSm>
+// the current rows' math (software pipelining, one more set of registers), the occupancy the
+// grid is sized for (<= 64 registers for 2 blocks of 512 threads per SM), and how many rows
+// beyond the loads in flight the forward asks L2 to fetch ahead (prefetch.global.L2: bytes in
+// flight that cost no registers; 0 = none).
+template <int Rows, bool Pipelined, int BlocksPerSm, int L2PrefetchRows = 0>
 struct Tuning {
   static constexpr int kRows = Rows;
   static constexpr bool kPipelined = Pipelined;
   static constexpr int kBlocksPerSm = BlocksPerSm;
+  static constexpr int kL2PrefetchRows = L2PrefetchRows;
 };
+
+// Asks L2 to fetch the 128-byte line holding `at` (no registers, no completion to wait for).
+__device__ __forceinline__ void prefetch_l2(const void* at) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(at));
+}
 
 // ---- element conversions (core/device_vector.cuh) -------------------------------------------
 
@@ -212,10 +220,25 @@ __device__ __forceinline__ void forward_rows(const ForwardParams& p, const RowSt
       if (k + u < rows.count) into[u].load(x + u * steps.in0, valid);
     x += U * steps.in0;
   };
+  // L2 prefetch: rows k + U + P .. k + 2U + P - 1 are asked of L2 during step k, P rows ahead of
+  // the loads that read them (the first P rows after the initial loads are asked for up front).
+  constexpr int P = Tn::kL2PrefetchRows;
+  [[maybe_unused]] const T* ahead_of_loads = x + (U + P) * steps.in0;
+  if constexpr (P > 0) {
+#pragma unroll
+    for (int j = U; j < U + P; ++j)
+      if (j < rows.count) prefetch_l2(x + j * steps.in0);
+  }
   // Rows k .. k + U - 1 from `now` (prefetching rows k + U .. into `ahead` first when
   // pipelined, else reloading `now` after); returns whether rows remain.
   int k = 0;
   auto step = [&](Chunk (&now)[U], Chunk (&ahead)[U]) {
+    if constexpr (P > 0) {
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (k + U + P + u < rows.count) prefetch_l2(ahead_of_loads + u * steps.in0);
+      ahead_of_loads += U * steps.in0;
+    }
     if constexpr (Tn::kPipelined) {
       if (k + U < rows.count) load(ahead, k + U);
     }
