@@ -128,6 +128,12 @@ __device__ __forceinline__ void staged_for_each(int units, Load&& load, Store&& 
   }
 }
 
+// Asks L2 to fetch the 128-byte line holding `at` (prefetch.global.L2): bytes in flight that hold
+// no register and need no completion wait. The address must be one the kernel may read.
+__device__ __forceinline__ void prefetch_l2(const void* at) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(at));
+}
+
 // ---- shared memory and launch control (sm_90) --------------------------------------------------
 
 // The 32-bit shared-window address of a shared-memory pointer (what cp.async, mbarrier and bulk

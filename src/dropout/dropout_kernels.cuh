@@ -51,15 +51,11 @@ struct Tuning {
   static constexpr int kL2PrefetchRows = L2PrefetchRows;
 };
 
-// Asks L2 to fetch the 128-byte line holding `at` (no registers, no completion to wait for).
-__device__ __forceinline__ void prefetch_l2(const void* at) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(at));
-}
-
 // ---- element conversions (core/device_vector.cuh) -------------------------------------------
 
 using detail::device::from_float;
 using detail::device::pack16;
+using detail::device::prefetch_l2;
 using detail::device::to_float;
 using detail::device::unpack16;
 

@@ -114,6 +114,7 @@ struct RowGeometry {
   int rows_per_block;   // row groups per block (<= kMaxGroups)
   int stages;           // backward: rows per group in the shared-memory ring (2..kMaxStages)
   int cached_columns;   // backward from y: 1/w and b fit in shared memory (kFromY, else kFromYUncached)
+  int l2_prefetch_rows = 0;  // forward: each row asks L2 for the row this far ahead (0: none)
 };
 inline constexpr int kMaxGroups = 16;
 inline constexpr int kMaxStages = 4;
@@ -258,6 +259,14 @@ __global__ void __launch_bounds__(512, PREFETCH ? 1 : FUSEKIT_NORM_FORWARD_MIN_B
       if (base + base_step < p.rows) load_row(row + base_step, next_raw, next_shift);
     } else {
       load_row(row, raw, shift_raw);
+    }
+    // The row the block taking this slot in the next wave will read, so that its loads find L2
+    // (launch_forward says where that pays).
+    if (geo.l2_prefetch_rows > 0 && row + geo.l2_prefetch_rows < p.rows) {
+      const T* ahead = static_cast<const T*>(p.x) + (row + geo.l2_prefetch_rows) * p.x_row_stride + col0;
+#pragma unroll
+      for (int it = 0; it < ITERS; ++it)
+        if (in_row(it)) detail::device::prefetch_l2(ahead + it * step);
     }
     const float shift_k = to_float(shift_raw);
     float s[ITERS], q[ITERS];
