@@ -427,76 +427,44 @@ void launch_forward(const ForwardParams& p, int device_index, cudaStream_t strea
       constexpr int I = iters.value;
       const int rpb = plan.geometry.rows_per_block;
       const std::int64_t needed = (p.rows + rpb - 1) / rpb;
-      // Not persistent: one row group per block slot, the block scheduler hides the latency;
-      // that needs enough resident threads. Rows that leave fewer than 800 per SM (N = 12288 in
-      // 16-bit types: two 384-thread blocks at the 64-register cap) instead walk several rows
-      // per group (at most 16 blocks per SM in the grid), loading the next row before reducing
-      // the current one: RMSNorm (8192, 12288) 124 -> 109 us, LayerNorm 133 -> 130 (H200,
-      // session 10). Its kernel is compiled for one block per SM (up to 128 registers: the
-      // LayerNorm variant spilled at 64), 3-4% faster again (LayerNorm 129.0 -> 125.7 us, RMSNorm
-      // 109.1 -> 105.2, session 11). Where more threads are resident the prefetching grid lost
-      // 3-10% (it keeps two rows in registers), and still does at 1..8 blocks per SM.
-      // LayerNorm's prefetch used to wait for its next row's first element (the variance shift,
-      // converted as soon as it was loaded), a memory latency per row that left it behind the
-      // plain grid (125.7 against 121.4 us at (8192, 12288), session 18); with the shift kept
-      // in its storage type until the row is used, it runs 109.7-110.0 against 120.8 (H200,
-      // session 21), so both norms take the prefetching grid here. The kernels specialized for
-      // full rows are not used for it: compiled for the prefetching grid they took more
-      // registers (one block per SM) and ran 121.7 us (RMSNorm) and 137.6 (LayerNorm).
-      // FUSEKIT_NORM_FWD_PREFETCH: 0 never, G > 0 always with G blocks per SM (tuning knob).
-      static const int prefetch_knob = env_knob("FUSEKIT_NORM_FWD_PREFETCH", 0, 64, -1);
+      // Not persistent: one row group per block slot, the block scheduler hides the latency.
       const int sms = detail::device_info(op, device_index).sm_count;
       const int block = plan.block_threads();
+      const int tpr = plan.geometry.threads_per_row;
       // Full rows with the usual affine parameters take the specialized kernels.
-      const bool full = p.cols == std::int64_t(plan.geometry.threads_per_row) * I * kVec && p.weight != nullptr;
+      const bool full = p.cols == std::int64_t(tpr) * I * kVec && p.weight != nullptr;
       const bool full_layer_norm = full && p.kind == Kind::layer_norm && p.bias != nullptr;
       const bool full_rms_norm = full && p.kind == Kind::rms_norm && p.bias == nullptr;
-      const int prefetch_blocks =
-          prefetch_knob >= 0 ? prefetch_knob
-          : blocks_per_sm(op, forward_registers_kernel<T, W, I>, block, 0, device_index) * block < 800
-              ? 16
-              : 0;
-      if (prefetch_blocks > 0) {
-        const int grid = static_cast<int>(std::min<std::int64_t>(needed, std::int64_t(sms) * prefetch_blocks));
-        forward_registers_kernel<T, W, I, true><<<grid, plan.block_threads(), 0, stream>>>(p, plan.geometry);
-      } else {
-        // At most `cap` blocks per SM in the grid; beyond, blocks walk rows. Swept on the H200
-        // (session 11, caps 32..256): rows of up to 2 warps run best at 128 (N = 2048: 71.2 us
-        // against 73.4 at 256 for LayerNorm), longer rows at 64, where a block walks two rows
-        // (LayerNorm N = 4096: 73.3 against 75.4 us, N = 5120: 91.4 against 94.5), except the
-        // 4-warp RMSNorm rows, which keep 128 (70.8 against 72.0 us at 64). Since the full-row
-        // LayerNorm kernel (session 11) its 4-warp rows run best at 128 too (N = 4096: 70.7 us
-        // against 72.1 at 64, H200, session 18). FUSEKIT_NORM_FWD_CAP overrides (tuning knob).
-        static const int cap_knob = env_knob("FUSEKIT_NORM_FWD_CAP", 1, 1024, 0);
-        const int tpr = plan.geometry.threads_per_row;
-        const int cap = cap_knob > 0 ? cap_knob
-                        : tpr <= 64 || (tpr <= 128 && (p.kind == Kind::rms_norm || full_layer_norm)) ? 128
-                                                                                                    : 64;
-        // Rows of more than one warp instead take one block per row (no cap) and ask L2 for the
-        // row of the block that takes their slot in the next wave (one resident grid ahead), so
-        // that a new block's loads find L2 rather than DRAM. LayerNorm (4096, 16384) 78.6 -> 71.9
-        // us, (8192, 8192) 71.6 -> 70.2, RMSNorm (4096, 16384) 70.4 -> 68.5, and 1-2% at N = 2048,
-        // 4096, 5120 (H200, session 25). Where blocks walk rows (the capped grid) the wave ahead is
-        // no longer one grid ahead: prefetching it lost 15-20% (N = 2048, 5120); a walking block
-        // prefetching its own next row was even. One-warp rows (N <= 1024) are even or 1% slower
-        // with it (32 blocks per SM already hide the latency) and keep the capped grid.
-        const bool l2_prefetch = tpr > 32 && cap_knob == 0;
-        const int grid = static_cast<int>(l2_prefetch ? needed : std::min<std::int64_t>(needed, std::int64_t(sms) * cap));
-        RowGeometry geo = plan.geometry;
-        if (l2_prefetch) {
-          auto resident = [&](auto kernel) { return blocks_per_sm(op, kernel, block, 0, device_index) * sms; };
-          const int resident_blocks = full_layer_norm ? resident(forward_registers_kernel<T, W, I, false, kFullLayerNorm>)
-                                      : full_rms_norm ? resident(forward_registers_kernel<T, W, I, false, kFullRmsNorm>)
-                                                      : resident(forward_registers_kernel<T, W, I>);
-          geo.l2_prefetch_rows = resident_blocks * rpb;
-        }
-        if (full_layer_norm)
-          forward_registers_kernel<T, W, I, false, kFullLayerNorm><<<grid, block, 0, stream>>>(p, geo);
-        else if (full_rms_norm)
-          forward_registers_kernel<T, W, I, false, kFullRmsNorm><<<grid, block, 0, stream>>>(p, geo);
-        else
-          forward_registers_kernel<T, W, I><<<grid, block, 0, stream>>>(p, geo);
-      }
+      // One-warp rows (N <= 1024 in 16-bit types): at most `cap` blocks per SM in the grid;
+      // beyond, blocks walk rows. Swept on the H200 (session 11, caps 32..256), 128 ran best.
+      // FUSEKIT_NORM_FWD_CAP caps every row length (tuning knob).
+      //
+      // Longer rows take one block per row and ask L2 for the row of the block that will take
+      // their slot in the next wave (one resident grid ahead), so that a new block's loads find
+      // L2 instead of waiting a DRAM latency with few threads resident. Against the session-21
+      // grids (H200, session 25, us): LayerNorm (4096, 16384) 78.6 -> 71.9, (8192, 8192) 71.6 ->
+      // 70.2, RMSNorm (4096, 16384) 70.4 -> 68.5, 1-2% at N = 2048, 4096, 5120. At N = 12288
+      // (two 384-thread blocks per SM) it replaces the grid that walked rows with the next row
+      // loaded into registers before the current one's reduction (sessions 10-21): LayerNorm
+      // 109.7 -> 103.1, RMSNorm 104.4 -> 98.7. Where blocks walk rows the wave ahead is no longer
+      // one grid ahead: prefetching it lost 15-20% (caps 128 and 64, N = 2048 and 5120); a walking
+      // block prefetching its own next row was even. One-warp rows are even or 1% slower with the
+      // prefetch (32 blocks per SM already hide the latency).
+      static const int cap_knob = env_knob("FUSEKIT_NORM_FWD_CAP", 1, 1024, 0);
+      const bool l2_prefetch = tpr > 32 && cap_knob == 0;
+      const int cap = cap_knob > 0 ? cap_knob : 128;
+      const int grid = static_cast<int>(l2_prefetch ? needed : std::min<std::int64_t>(needed, std::int64_t(sms) * cap));
+      RowGeometry geo = plan.geometry;
+      auto launch = [&](auto kernel) {
+        if (l2_prefetch) geo.l2_prefetch_rows = blocks_per_sm(op, kernel, block, 0, device_index) * sms * rpb;
+        kernel<<<grid, block, 0, stream>>>(p, geo);
+      };
+      if (full_layer_norm)
+        launch(forward_registers_kernel<T, W, I, kFullLayerNorm>);
+      else if (full_rms_norm)
+        launch(forward_registers_kernel<T, W, I, kFullRmsNorm>);
+      else
+        launch(forward_registers_kernel<T, W, I>);
     });
   } else {
     const int grid = persistent_grid(op, forward_generic_kernel<T, W>, kGenericThreads, 0, 1, p.rows, device_index);

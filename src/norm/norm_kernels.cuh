@@ -177,7 +177,7 @@ inline constexpr int kMaxWarpsPerBlock = 32;
 // thread loads ITERS 16-byte vectors (all loads in flight together) and keeps them packed (4
 // registers per vector), unpacking in each of its two passes. Latency is hidden by many
 // resident blocks (the grid covers all rows; a block takes further rows only when the grid is
-// capped).
+// capped) and, for rows longer than a warp, by asking L2 for the next wave's rows (launch_forward).
 //
 // LayerNorm's statistics come from one reduction of (sum d, sum d^2) with d = x - K, K the row's
 // first element: var = E[d^2] - E[d]^2. Any element of the row lies within sqrt(N) standard
@@ -191,7 +191,6 @@ inline constexpr int kMaxWarpsPerBlock = 32;
 // thread's ITERS vectors, with the usual affine parameters. Then the per-vector bounds tests, the
 // weight / bias presence tests and the kind test go away: Nsight at (16384, 1024) counted 647
 // instructions per one-warp row against 405 for torch.compile's kernel (H200, session 11).
-// The PREFETCH variant holds two rows and runs few blocks per SM: its bounds allow 128 registers.
 enum ForwardShape : int { kAnyRow = 0, kFullLayerNorm = 1, kFullRmsNorm = 2 };
 //
 // RMSNorm's full rows load the weight bytes of the second pass before the row reduction
@@ -199,14 +198,14 @@ enum ForwardShape : int { kAnyRow = 0, kFullLayerNorm = 1, kFullRmsNorm = 2 };
 // (H200, session 21: (4096, 16384) 72.3-72.7 -> 70.3-70.7 us, (8192, 8192) 70.4 -> 69.0).
 // LayerNorm's weight and bias loaded that way ran 4-12% slower (twice the registers held across
 // the reduction), so it keeps its loads in the second pass.
-template <typename T, typename W, int ITERS, bool PREFETCH = false, int SHAPE = kAnyRow>
-__global__ void __launch_bounds__(512, PREFETCH ? 1 : FUSEKIT_NORM_FORWARD_MIN_BLOCKS)
+template <typename T, typename W, int ITERS, int SHAPE = kAnyRow>
+__global__ void __launch_bounds__(512, FUSEKIT_NORM_FORWARD_MIN_BLOCKS)
     forward_registers_kernel(ForwardParams p, RowGeometry geo) {
   constexpr int kVec = 16 / sizeof(T);
   constexpr bool kFull = SHAPE != kAnyRow;  // cols == threads_per_row * ITERS * kVec, weight given
   // (Measured with weights in the input's type: one 16-byte load per vector. float32 weights of
   // 16-bit inputs would hold twice the registers, and keep the second-pass loads.)
-  constexpr bool kEarlyWeight = SHAPE == kFullRmsNorm && !PREFETCH && kVec * sizeof(W) == 16;
+  constexpr bool kEarlyWeight = SHAPE == kFullRmsNorm && kVec * sizeof(W) == 16;
   constexpr int kWChunks = kVec * sizeof(W) / 16;  // 16-byte weight loads per vector
   __shared__ float scratch[2][kMaxWarpsPerBlock * 2];
   const int tpr = geo.threads_per_row, rpb = geo.rows_per_block;
@@ -228,8 +227,8 @@ __global__ void __launch_bounds__(512, PREFETCH ? 1 : FUSEKIT_NORM_FORWARD_MIN_B
 
   // A row's 16-byte vectors (zeros past the row end or for rows past the last) and, for
   // LayerNorm, its first element (the shift of the one-pass variance), kept in the storage type:
-  // converting it here would make the thread wait for the load at once, and in the prefetching
-  // grid that wait is a whole memory latency per row, the one the prefetch is there to hide.
+  // converting it here would make the thread wait for the load at once (in a grid that loaded
+  // the next row before reducing this one, sessions 18-21, that was a memory latency per row).
   auto load_row = [&](std::int64_t row, uint4 (&raw)[ITERS], T& shift_raw) {
     const bool valid_row = row < p.rows;
     const T* __restrict__ x = static_cast<const T*>(p.x) + row * p.x_row_stride;
@@ -242,24 +241,12 @@ __global__ void __launch_bounds__(512, PREFETCH ? 1 : FUSEKIT_NORM_FORWARD_MIN_B
     if (layer_norm && valid_row) shift_raw = x[0];
   };
   const std::int64_t base_step = std::int64_t(gridDim.x) * rpb;
-  // PREFETCH: the group's next row is loaded before this row's reduction, so that a thread
-  // always has a row's loads in flight (for grids that walk several rows per group).
-  [[maybe_unused]] uint4 next_raw[PREFETCH ? ITERS : 1];
-  [[maybe_unused]] T next_shift = T(0.0f);
-  if constexpr (PREFETCH) load_row(std::int64_t(blockIdx.x) * rpb + group, next_raw, next_shift);
   for (std::int64_t base = std::int64_t(blockIdx.x) * rpb; base < p.rows; base += base_step) {
     const std::int64_t row = base + group;
     const bool valid_row = row < p.rows;
     uint4 raw[ITERS];
     T shift_raw;
-    if constexpr (PREFETCH) {
-#pragma unroll
-      for (int it = 0; it < ITERS; ++it) raw[it] = next_raw[it];
-      shift_raw = next_shift;
-      if (base + base_step < p.rows) load_row(row + base_step, next_raw, next_shift);
-    } else {
-      load_row(row, raw, shift_raw);
-    }
+    load_row(row, raw, shift_raw);
     // The row the block taking this slot in the next wave will read, so that its loads find L2
     // (launch_forward says where that pays).
     if (geo.l2_prefetch_rows > 0 && row + geo.l2_prefetch_rows < p.rows) {

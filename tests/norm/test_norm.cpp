@@ -370,9 +370,10 @@ TEST(NormGpu, RandomizedGridMatchesCpuReference) {
 
 TEST(NormGpu, BenchmarkShapesMatchCpuReference) {
   FUSEKIT_REQUIRE_GPU();
-  // (8192, 12288): both norms take the forward whose groups walk several rows with the next one
-  // prefetched (8192 rows > 16 blocks per SM, so every group walks); (32768, 2048) the
-  // backward's 3-vector rows in 384-thread blocks.
+  // (4096, 16384), (32768, 2048), (8192, 12288): forward grids of several waves, where each row
+  // asks L2 for the next wave's row (the small randomized shapes fit in one wave and never do);
+  // (16384, 1024) the capped one-warp grid; (32768, 2048) the backward's 3-vector rows in
+  // 384-thread blocks.
   const std::pair<std::int64_t, std::int64_t> shapes[] = {
       {16384, 1024}, {4096, 16384}, {32768, 2048}, {8192, 12288}};
   int salt = 0;
