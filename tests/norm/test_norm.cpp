@@ -371,7 +371,7 @@ TEST(NormGpu, RandomizedGridMatchesCpuReference) {
 TEST(NormGpu, BenchmarkShapesMatchCpuReference) {
   FUSEKIT_REQUIRE_GPU();
   // (4096, 16384), (32768, 2048), (8192, 12288): forward grids of several waves, where each row
-  // asks L2 for the next wave's row (the small randomized shapes fit in one wave and never do);
+  // asks L2 for the next wave's row (the randomized grid gets there only at its largest shapes);
   // (16384, 1024) the capped one-warp grid; (32768, 2048) the backward's 3-vector rows in
   // 384-thread blocks.
   const std::pair<std::int64_t, std::int64_t> shapes[] = {
