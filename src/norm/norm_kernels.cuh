@@ -193,11 +193,13 @@ inline constexpr int kMaxWarpsPerBlock = 32;
 // instructions per one-warp row against 405 for torch.compile's kernel (H200, session 11).
 enum ForwardShape : int { kAnyRow = 0, kFullLayerNorm = 1, kFullRmsNorm = 2 };
 //
-// RMSNorm's full rows load the weight bytes of the second pass before the row reduction
-// (kEarlyWeight), so that their latency runs under it: 1-3% faster on every plain-grid shape
-// (H200, session 21: (4096, 16384) 72.3-72.7 -> 70.3-70.7 us, (8192, 8192) 70.4 -> 69.0).
-// LayerNorm's weight and bias loaded that way ran 4-12% slower (twice the registers held across
-// the reduction), so it keeps its loads in the second pass.
+// Full rows load the weight bytes of the second pass before the row reduction (kEarlyWeight),
+// so that their latency runs under it. RMSNorm: 1-3% faster on every plain-grid shape (H200,
+// session 21: (4096, 16384) 72.3-72.7 -> 70.3-70.7 us, (8192, 8192) 70.4 -> 69.0). LayerNorm's
+// weight and bias both loaded that way ran 4-12% slower (twice the registers held across the
+// reduction); its weight alone, the bias still loaded after the reduction, is 0.3-1% faster on
+// every benchmark shape (session 25: (4096, 16384) 71.9-72.1 -> 71.2-71.3 us, (8192, 12288)
+// 102.9-103.2 -> 102.4-102.5).
 template <typename T, typename W, int ITERS, int SHAPE = kAnyRow>
 __global__ void __launch_bounds__(512, FUSEKIT_NORM_FORWARD_MIN_BLOCKS)
     forward_registers_kernel(ForwardParams p, RowGeometry geo) {
@@ -205,7 +207,7 @@ __global__ void __launch_bounds__(512, FUSEKIT_NORM_FORWARD_MIN_BLOCKS)
   constexpr bool kFull = SHAPE != kAnyRow;  // cols == threads_per_row * ITERS * kVec, weight given
   // (Measured with weights in the input's type: one 16-byte load per vector. float32 weights of
   // 16-bit inputs would hold twice the registers, and keep the second-pass loads.)
-  constexpr bool kEarlyWeight = SHAPE == kFullRmsNorm && kVec * sizeof(W) == 16;
+  constexpr bool kEarlyWeight = kFull && kVec * sizeof(W) == 16;
   constexpr int kWChunks = kVec * sizeof(W) / 16;  // 16-byte weight loads per vector
   __shared__ float scratch[2][kMaxWarpsPerBlock * 2];
   const int tpr = geo.threads_per_row, rpb = geo.rows_per_block;
@@ -321,8 +323,15 @@ __global__ void __launch_bounds__(512, FUSEKIT_NORM_FORWARD_MIN_BLOCKS)
 #pragma unroll
           for (int i = 0; i < kPer; ++i) w[c * kPer + i] = part[i];
         }
+        if (has_bias) {
+          float b[kVec];
+          load_floats<W, kVec>(bias + col, b);
 #pragma unroll
-        for (int i = 0; i < kVec; ++i) out[i] = fmaf(v[i], rstd, shift) * w[i];
+          for (int i = 0; i < kVec; ++i) out[i] = fmaf(fmaf(v[i], rstd, shift), w[i], b[i]);
+        } else {
+#pragma unroll
+          for (int i = 0; i < kVec; ++i) out[i] = fmaf(v[i], rstd, shift) * w[i];
+        }
       } else if (has_weight) {
         float w[kVec];
         load_floats<W, kVec>(weight + col, w);
