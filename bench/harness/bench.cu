@@ -6,6 +6,7 @@
 #include <curand_kernel.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -84,7 +85,36 @@ Timing time_same_size_copy(std::size_t bytes, int rotations, const std::function
       rotations);
 }
 
+namespace {
+// Occupies the GPU for `ns` nanoseconds on one warp: lets a run start after an idle gap while
+// the host has already queued its events and launches (FUSEKIT_BENCH_GAP_US).
+__global__ void idle_gap_kernel(unsigned long long ns) {
+  unsigned long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+// Reads `n` 16-byte words: with a buffer several times L2, it leaves L2 holding clean lines only
+// (FUSEKIT_BENCH_L2_FLUSH: the previous run's dirty lines are written back before the next run).
+__global__ void l2_flush_kernel(const uint4* p, std::size_t n, unsigned* sink) {
+  unsigned acc = 0;
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x)
+    acc ^= p[i].x;
+  if (acc == 0x12345678u) *sink = acc;
+}
+}  // namespace
+
 Timing time_kernel(const std::function<void(int)>& fn, int rotations, int warmup, int runs) {
+  static const char* gap_env = std::getenv("FUSEKIT_BENCH_GAP_US");
+  const unsigned long long gap_ns = gap_env ? 1000ull * std::strtoull(gap_env, nullptr, 10) : 0;
+  static const bool flush = std::getenv("FUSEKIT_BENCH_L2_FLUSH") != nullptr;
+  static void* flush_buf = nullptr;
+  const std::size_t flush_bytes = std::size_t(256) << 20;
+  if (flush && !flush_buf) {
+    cuda_check(cudaMalloc(&flush_buf, flush_bytes + 64), "cudaMalloc");
+    cuda_check(cudaMemset(flush_buf, 1, flush_bytes + 64), "cudaMemset");
+  }
   for (int i = 0; i < warmup; ++i) fn(i % rotations);
   cuda_check(cudaDeviceSynchronize(), "warm-up");
   std::vector<cudaEvent_t> start(runs), stop(runs);
@@ -93,6 +123,10 @@ Timing time_kernel(const std::function<void(int)>& fn, int rotations, int warmup
     cuda_check(cudaEventCreate(&stop[i]), "cudaEventCreate");
   }
   for (int i = 0; i < runs; ++i) {
+    if (flush)
+      l2_flush_kernel<<<132 * 8, 512>>>(static_cast<const uint4*>(flush_buf), flush_bytes / 16,
+                                        reinterpret_cast<unsigned*>(static_cast<char*>(flush_buf) + flush_bytes));
+    if (gap_ns) idle_gap_kernel<<<1, 32>>>(gap_ns);
     cuda_check(cudaEventRecord(start[i]), "cudaEventRecord");
     fn(i % rotations);
     cuda_check(cudaEventRecord(stop[i]), "cudaEventRecord");

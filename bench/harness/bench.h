@@ -29,7 +29,11 @@ struct Timing {
 };
 
 // Times fn(rotation) with CUDA events, one event pair per call; rotation cycles through
-// [0, rotations) so that consecutive calls touch different buffers.
+// [0, rotations) so that consecutive calls touch different buffers. Calls run back to back, as in
+// a training step. Two diagnostics change that, outside the timed span: FUSEKIT_BENCH_L2_FLUSH
+// reads a 256 MB buffer before each call (L2 then holds no dirty lines from the previous call),
+// FUSEKIT_BENCH_GAP_US=N keeps the GPU idle N us before each call. A kernel that is faster
+// alone (Nsight) but not back to back can be told apart with them (norm backward, session 26).
 Timing time_kernel(const std::function<void(int rotation)>& fn, int rotations, int warmup = 10,
                    int runs = 100);
 

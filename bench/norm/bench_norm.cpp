@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <cstdlib>
+#include <stdexcept>
 #include <optional>
 #include <vector>
 
@@ -30,14 +31,25 @@ const std::vector<std::pair<std::int64_t, std::int64_t>>& norm_bench_shapes() {
 
 void bench_norm(Report& report, const std::string& only) {
   const Device gpu = Device::cuda(0);
-  // FUSEKIT_BENCH_SHAPES="16384x4096,4096x16384" narrows the shapes (for tuning and profiling).
-  const char* shape_filter = std::getenv("FUSEKIT_BENCH_SHAPES");
+  // FUSEKIT_BENCH_SHAPES="16384x4096,4096x6144" replaces the shapes (for tuning and profiling).
+  std::vector<std::pair<std::int64_t, std::int64_t>> shapes = norm_bench_shapes();
+  if (const char* list = std::getenv("FUSEKIT_BENCH_SHAPES")) {
+    shapes.clear();
+    for (const char* p = list; *p;) {
+      char* end = nullptr;
+      const long long r = std::strtoll(p, &end, 10);
+      if (*end != 'x') throw std::runtime_error("FUSEKIT_BENCH_SHAPES: expected RxC[,RxC...], got " + std::string(list));
+      const long long c = std::strtoll(end + 1, &end, 10);
+      if (r <= 0 || c <= 0) throw std::runtime_error("FUSEKIT_BENCH_SHAPES: sizes must be positive: " + std::string(list));
+      shapes.emplace_back(r, c);
+      p = *end == ',' ? end + 1 : end;
+      if (*end != ',' && *end != '\0') throw std::runtime_error("FUSEKIT_BENCH_SHAPES: expected RxC[,RxC...], got " + std::string(list));
+    }
+  }
   for (const bool rms : {false, true}) {
     const std::string op = rms ? "rms_norm" : "layer_norm";
     if (!only.empty() && only != op && only != "norm") continue;
-    for (auto [rows, cols] : norm_bench_shapes()) {
-      if (shape_filter && std::string(shape_filter).find(fmt::format("{}x{}", rows, cols)) == std::string::npos)
-        continue;
+    for (auto [rows, cols] : shapes) {
       const std::size_t elems = std::size_t(rows) * cols, bytes = elems * 2;
       const int rotations = rotations_for(2 * bytes);
       std::vector<Set> sets(rotations);

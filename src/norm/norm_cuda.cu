@@ -75,23 +75,16 @@ int env_knob(const char* name, int lo, int hi, int fallback) {
   return (v >= lo && v <= hi) ? v : fallback;
 }
 
-RowPlan plan_rows(std::int64_t vectors, bool backward) {
+// backward_iters: the backward's vectors per thread for rows longer than a warp (backward_choice).
+RowPlan plan_rows(std::int64_t vectors, bool backward, int backward_iters = 4) {
   RowPlan plan;
   if (vectors <= 128) {
     plan.iters = static_cast<int>((vectors + 31) / 32);
     plan.geometry.threads_per_row = 32;
   } else {
-    // FUSEKIT_NORM_BWD_ITERS / FUSEKIT_NORM_FWD_ITERS (1..4) override the vectors per thread.
-    // Backward rows of up to 640 vectors (N <= 5120 in 16-bit types) take 3 per thread: fewer
-    // per-column sums per thread, so blocks of 384-448 threads where 4 vectors gave 512, and
-    // 8-14% faster at N = 2048, 4096, 5120 (H200, session 10); longer rows keep 4 (N = 8192
-    // was 3% slower with 3, and N = 16384 needs 4 to fit 512 threads).
-    static const int backward_iters = env_knob("FUSEKIT_NORM_BWD_ITERS", 1, 4, 0);
+    // FUSEKIT_NORM_FWD_ITERS (1..4) overrides the forward's vectors per thread (tuning knob).
     static const int forward_iters = env_knob("FUSEKIT_NORM_FWD_ITERS", 1, 4, 4);
-    if (backward)
-      plan.iters = backward_iters > 0 ? backward_iters : (vectors <= 640 ? 3 : 4);
-    else
-      plan.iters = forward_iters;
+    plan.iters = backward ? backward_iters : forward_iters;
     plan.geometry.threads_per_row =
         static_cast<int>((vectors + plan.iters * 32 - 1) / (plan.iters * 32) * 32);
     if (plan.geometry.threads_per_row > 512) return RowPlan{};
@@ -190,24 +183,27 @@ int persistent_grid(const char* op, Kernel kernel, int block_threads, std::size_
 }
 
 // Shared memory one block of `kernel` may use for its ring without lowering the blocks per SM
-// that its registers and threads allow (an SM holds about the opt-in limit plus 1 KB, and 1 KB of
-// it is reserved per block).
+// below what its registers and threads allow, or below `blocks_cap` when that is smaller (an SM
+// holds about the opt-in limit plus 1 KB, and 1 KB of it is reserved per block).
 template <typename Kernel>
-std::size_t ring_budget(const char* op, Kernel kernel, int block_threads, int device_index) {
+std::size_t ring_budget(const char* op, Kernel kernel, int block_threads, int device_index, int blocks_cap = 0) {
   struct Key {
     const void* kernel;
-    int block, device;
-    bool operator==(const Key& o) const { return kernel == o.kernel && block == o.block && device == o.device; }
+    int block, device, cap;
+    bool operator==(const Key& o) const {
+      return kernel == o.kernel && block == o.block && device == o.device && cap == o.cap;
+    }
   };
   static std::mutex mutex;
   static std::vector<std::pair<Key, std::size_t>> cache;
-  const Key key{reinterpret_cast<const void*>(kernel), block_threads, device_index};
+  const Key key{reinterpret_cast<const void*>(kernel), block_threads, device_index, blocks_cap};
   {
     std::lock_guard<std::mutex> lock(mutex);
     for (const auto& [k, v] : cache)
       if (k == key) return v;
   }
-  const int blocks = blocks_per_sm(op, kernel, block_threads, 0, device_index);
+  int blocks = blocks_per_sm(op, kernel, block_threads, 0, device_index);
+  if (blocks_cap > 0) blocks = std::min(blocks, blocks_cap);
   cudaFuncAttributes attributes{};
   detail::check_cuda(cudaFuncGetAttributes(&attributes, kernel), op, "cudaFuncGetAttributes");
   const std::size_t optin = detail::device_info(op, device_index).max_smem_per_block_optin;
@@ -230,6 +226,45 @@ int ring_stages(std::size_t row_slot_bytes, std::size_t fixed_bytes, std::size_t
 
 using BackwardKernel = void (*)(BackwardParams, RowGeometry, float*, float*);
 
+// The backward's vectors per thread for rows longer than a warp, and whether g = dy * w stays in
+// registers between the two passes (KEEP_G: the second pass then reads only x from the ring and
+// skips the weight loads and a multiply per element; it costs a register per element). From x,
+// bf16, H200, session 26, us, 16384 rows unless named (old rule: 3 vectors up to 640, else 4):
+//   with dbias (LayerNorm)    N = 2048 64.1 -> 62.5, 4096 117.8 -> 111.6, 4608 124.6 -> 120.4,
+//                             5120 140.7 -> 137.5; (8192, 10240) 157.4 -> 146.8 and (8192, 12288)
+//                             165.7 -> 163.3 at 3 vectors with KEEP_G; N = 6144..8192 keep 4
+//                             without (3 vectors lost 1-17% there, KEEP_G at 4 spills).
+//   without dbias (RMSNorm)   N = 2048 61.2 -> 59.5, 4096 112.4 -> 106.4 with KEEP_G; at 4608 it
+//                             is even and at 5120 7% slower (in back-to-back runs only: after an
+//                             L2 flush it is 2% faster, so the cost comes from the previous run's
+//                             dirty lines), so 513..640 vectors keep 3 without it. N = 6144..8192
+//                             take 2 vectors (64 registers: two 512-thread blocks per SM):
+//                             6144 173.1 -> 160.4, 7168 199.0 -> 185.4, 8192 224.5 -> 211.6;
+//                             (8192, 8192) 120.6 -> 111.2. N = 8448..10240 keep 4 vectors with
+//                             KEEP_G: (8192, 10240) 147.2 -> 132.0 (one 320-thread block per SM
+//                             either way); at N = 12288 and 16384 KEEP_G lost 12% and 8%.
+// From y the old rule stands (not measured). FUSEKIT_NORM_BWD_ITERS (1..4) overrides the vectors
+// (without KEEP_G) and FUSEKIT_NORM_BWD_TABLE=0 restores the old rule (tuning knobs).
+struct BackwardChoice {
+  int iters = 4;
+  bool keep_g = false;
+};
+BackwardChoice backward_choice(std::int64_t vectors, bool from_output, bool bias_grad) {
+  static const int iters_knob = env_knob("FUSEKIT_NORM_BWD_ITERS", 1, 4, 0);
+  static const int table_knob = env_knob("FUSEKIT_NORM_BWD_TABLE", 0, 1, 1);
+  if (iters_knob > 0) return {iters_knob, false};
+  if (table_knob == 0 || from_output) return {vectors <= 640 ? 3 : 4, false};
+  if (bias_grad) {
+    if (vectors <= 640 || (vectors > 1024 && vectors <= 1536)) return {3, true};
+    return {4, false};
+  }
+  if (vectors <= 512) return {3, true};
+  if (vectors <= 640) return {3, false};
+  if (vectors <= 1024) return {2, false};
+  if (vectors <= 1280) return {4, true};
+  return {4, false};
+}
+
 // One backward specialization with its launch shape; kernel == nullptr: the generic kernel.
 struct BackwardVariant {
   BackwardKernel kernel = nullptr;
@@ -248,8 +283,10 @@ BackwardVariant backward_variant(const char* op, std::int64_t cols, bool from_ou
   constexpr int kVec = 16 / sizeof(T);
   BackwardVariant v;
   if (cols % kVec != 0) return v;
-  RowPlan plan = plan_rows(cols / kVec, true);
+  const BackwardChoice choice = backward_choice(cols / kVec, from_output, bias_grad);
+  RowPlan plan = plan_rows(cols / kVec, true, choice.iters);
   if (plan.iters == 0) return v;
+  const bool keep_g = choice.keep_g && plan.geometry.threads_per_row > 32;
   // Without dbias, rows that fill 4 vectors of every thread in rows of up to 8 warps (N = 1024
   // and 8192 in 16-bit types) take the kernel without bounds tests (FULL). H200, session 18,
   // RMSNorm, two alternating runs each: (16384, 1024) 39.9 / 39.7 -> 38.8 / 38.7 us, (8192, 8192)
@@ -263,6 +300,14 @@ BackwardVariant backward_variant(const char* op, std::int64_t cols, bool from_ou
     constexpr int I = iters.value;
     auto pick = [&](auto source) -> BackwardKernel {
       constexpr int S = decltype(source)::value;
+      if constexpr (S == kFromX && I == 4) {
+        if (keep_g && !bias_grad && !full) return backward_streaming_kernel<T, W, I, S, false, false, false, true>;
+      }
+      if constexpr (S == kFromX && I == 3) {
+        if (keep_g)
+          return bias_grad ? backward_streaming_kernel<T, W, I, S, true, false, false, true>
+                           : backward_streaming_kernel<T, W, I, S, false, false, false, true>;
+      }
       if constexpr (S != kFromYUncached && I == 4) {
         if (full) return backward_streaming_kernel<T, W, I, S, false, true>;
       }
@@ -283,6 +328,14 @@ BackwardVariant backward_variant(const char* op, std::int64_t cols, bool from_ou
     plan.geometry.cached_columns = arrays == 3;
     plan.geometry.stages =
         ring_stages(slot, arrays * column, ring_budget(op, kernel, plan.block_threads(), device_index));
+    // Where two rows of ring do not fit beside the columns at the blocks per SM the registers
+    // allow, fewer blocks per SM get the room: RMSNorm at N = 10240 in bf16 (95 registers, two
+    // 320-thread blocks per SM) fell to the generic kernel, 5.7x slower (H200, session 26:
+    // (8192, 10240) 755 us, against 146 with one block per SM).
+    for (int cap = blocks_per_sm(op, kernel, plan.block_threads(), 0, device_index) - 1;
+         plan.geometry.stages < 2 && cap >= 1; --cap)
+      plan.geometry.stages =
+          ring_stages(slot, arrays * column, ring_budget(op, kernel, plan.block_threads(), device_index, cap));
     plan.smem_bytes = arrays * column + plan.geometry.stages * slot;
     // Clusters of two blocks pre-sum their partial rows where those are largest: dweight and
     // dbias at N = 16384 (128 KB per block). H200, session 22, LayerNorm (4096, 16384), two runs

@@ -417,7 +417,12 @@ enum Source : int { kFromX = 0, kFromY = 1, kFromYUncached = 2 };
 // CLUSTER: launched in thread-block clusters whose blocks pre-sum their partial rows
 // (cluster_sum_partials). A template parameter, not a run-time branch: the untaken cluster code
 // alone made the plain kernel 1.5-3% slower for LayerNorm at N = 5120 and 12288 (H200, session 22).
-template <typename T, typename W, int ITERS, int SOURCE, bool BIAS_GRAD, bool FULL = false, bool CLUSTER = false>
+// KEEP_G: g = dy * w stays in registers from the first pass to the second, which then reads only
+// the input from the ring: no dy or weight loads, no unpack of dy and no multiply per element
+// there, for one register per element held across the row reduction (backward_choice in
+// norm_cuda.cu says where that pays).
+template <typename T, typename W, int ITERS, int SOURCE, bool BIAS_GRAD, bool FULL = false, bool CLUSTER = false,
+          bool KEEP_G = false>
 __global__ void __launch_bounds__(512)
     backward_streaming_kernel(BackwardParams p, RowGeometry geo, float* __restrict__ partial_dw,
                               float* __restrict__ partial_db) {
@@ -557,6 +562,7 @@ __global__ void __launch_bounds__(512)
 
     // sum(g) and sum(g * x_hat) with g = dy * w, one accumulator pair per vector.
     float part_g[ITERS], part_gx[ITERS];
+    float kept_g[KEEP_G ? ITERS : 1][KEEP_G ? kVec : 1];
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
       part_g[it] = part_gx[it] = 0.0f;
@@ -579,6 +585,7 @@ __global__ void __launch_bounds__(512)
 #pragma unroll
       for (int i = 0; i < kVec; ++i) {
         const float g = d[i] * w[i];
+        if constexpr (KEEP_G) kept_g[it][i] = g;
         part_g[it] += g;
         part_gx[it] = fmaf(g, xh[i], part_gx[it]);
         acc_dw[it][i] = fmaf(d[i], xh[i], acc_dw[it][i]);
@@ -606,9 +613,14 @@ __global__ void __launch_bounds__(512)
         if (!in_row(it)) continue;
         const int col = col0 + it * step;
         float d[kVec], v[kVec], w[kVec], out[kVec];
-        unpack16<T>(*reinterpret_cast<const uint4*>(r_dy + col), d);
         unpack16<T>(*reinterpret_cast<const uint4*>(r_in + col), v);
-        load_shared_columns<kVec>(col_w, cols, col, w);
+        if constexpr (KEEP_G) {
+#pragma unroll
+          for (int i = 0; i < kVec; ++i) d[i] = kept_g[it][i], w[i] = 1.0f;
+        } else {
+          unpack16<T>(*reinterpret_cast<const uint4*>(r_dy + col), d);
+          load_shared_columns<kVec>(col_w, cols, col, w);
+        }
         if constexpr (FROM_OUTPUT) {
           float inv_w[kVec], sh[kVec];
           from_y_factors(col, inv_w, sh);

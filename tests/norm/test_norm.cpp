@@ -409,6 +409,23 @@ TEST(NormGpu, FullRowBackwardWithoutDbias) {
     }
 }
 
+// The backward's vectors per thread, and whether g = dy * w stays in registers between its passes
+// (KEEP_G), change with the row length, the source and dbias (backward_choice in norm_cuda.cu):
+// rows on both sides of each boundary (in 16-byte vectors), from x and from y, LayerNorm with
+// dbias and RMSNorm without.
+TEST(NormGpu, BackwardRowLengthSpecializations) {
+  FUSEKIT_REQUIRE_GPU();
+  int salt = 0;
+  for (DType dt : {DType::bf16, DType::f32}) {
+    const std::int64_t per_vector = dt == DType::f32 ? 4 : 8;
+    for (std::int64_t vectors : {256, 512, 513, 640, 641, 1024, 1025, 1280, 1281, 1536, 1537})
+      for (Kind kind : {Kind::layer, Kind::rms})
+        for (bool from_output : {false, true})
+          check_gpu_against_cpu(Case{kind, dt, dt, 200, vectors * per_vector, true, kind == Kind::layer},
+                                7100 + salt++, from_output);
+  }
+}
+
 // LayerNorm's dweight and dbias at N = 16384 are pre-summed by clusters of blocks through
 // distributed shared memory: from x and from y (with and without 1/w and b cached), weights in the
 // input type or f32, and batches of 3 rows, where most of the grid's clusters have no row at all;
