@@ -553,6 +553,17 @@ void launch_backward(const BackwardParams& p, int device_index, cudaStream_t str
         max_blocks = clusters * c;
       }
     }
+    // LayerNorm with dbias from x at 1024 vectors per row (N = 8192 in 16-bit types: 4 vectors
+    // per thread, two 256-thread rows per block) runs 27 / 32 of the SMs' blocks. Measured, not
+    // explained: back to back, the full grid of 128 blocks ran 128-129 us at (8192, 8192) and
+    // 233-235 at (16384, 8192); 111 blocks 116.3-116.7 and 212-213 (H200, session 26; session 22
+    // saw the same). It is sharp (104 blocks: 122 / 220 us, 118: 130 / 240) and specific to this
+    // row: at N = 5120, 6144 and 7168 the full grid is fastest. With L2 flushed before each run
+    // (FUSEKIT_BENCH_L2_FLUSH) the full grid also takes 116 us: what 111 blocks avoid is tied to
+    // the previous run's dirty lines in L2.
+    constexpr int kVec = 16 / sizeof(T);
+    if (p.dbias != nullptr && !p.from_output && p.cols == 1024 * kVec && cluster == 1)
+      max_blocks = std::min(max_blocks, detail::device_info(op, device_index).sm_count * 27 / 32);
     // FUSEKIT_NORM_BWD_GRID caps the blocks (tuning knob).
     static const int grid_cap = env_knob("FUSEKIT_NORM_BWD_GRID", 1, 1 << 20, 0);
     if (grid_cap >= cluster) max_blocks = std::min(max_blocks, grid_cap / cluster * cluster);

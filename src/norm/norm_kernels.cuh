@@ -421,9 +421,15 @@ enum Source : int { kFromX = 0, kFromY = 1, kFromYUncached = 2 };
 // the input from the ring: no dy or weight loads, no unpack of dy and no multiply per element
 // there, for one register per element held across the row reduction (backward_choice in
 // norm_cuda.cu says where that pays).
+// Two vectors per thread from x without dbias (RMSNorm at N = 5128..8192 in 16-bit types) pay
+// only at two 512-thread blocks per SM, i.e. at most 64 registers: the launch bounds hold the
+// compiler to that (RMSNorm (8192, 8192) took 111 us at 64 registers, 125 at one block per SM
+// when a lab change pushed the kernel past 64; H200, session 26).
+template <int ITERS, int SOURCE, bool BIAS_GRAD, bool KEEP_G>
+inline constexpr int kBackwardMinBlocks = (ITERS == 2 && SOURCE == kFromX && !BIAS_GRAD && !KEEP_G) ? 2 : 1;
 template <typename T, typename W, int ITERS, int SOURCE, bool BIAS_GRAD, bool FULL = false, bool CLUSTER = false,
           bool KEEP_G = false>
-__global__ void __launch_bounds__(512)
+__global__ void __launch_bounds__(512, (kBackwardMinBlocks<ITERS, SOURCE, BIAS_GRAD, KEEP_G>))
     backward_streaming_kernel(BackwardParams p, RowGeometry geo, float* __restrict__ partial_dw,
                               float* __restrict__ partial_db) {
   constexpr int kVec = 16 / sizeof(T);
