@@ -232,15 +232,15 @@ using BackwardKernel = void (*)(BackwardParams, RowGeometry, float*, float*);
 // bf16, H200, session 26, us, 16384 rows unless named (old rule: 3 vectors up to 640, else 4):
 //   with dbias (LayerNorm)    N = 2048 64.1 -> 62.5, 4096 117.8 -> 111.6, 4608 124.6 -> 120.4,
 //                             5120 140.7 -> 137.5; (8192, 10240) 157.4 -> 146.8 and (8192, 12288)
-//                             165.7 -> 163.3 at 3 vectors with KEEP_G; N = 6144..8192 keep 4
+//                             165.7 -> 163.3 at 3 vectors with KEEP_G; N = 5128..8192 keep 4
 //                             without (3 vectors lost 1-17% there, KEEP_G at 4 spills).
 //   without dbias (RMSNorm)   N = 2048 61.2 -> 59.5, 4096 112.4 -> 106.4 with KEEP_G; at 4608 it
 //                             is even and at 5120 7% slower (in back-to-back runs only: after an
 //                             L2 flush it is 2% faster, so the cost comes from the previous run's
-//                             dirty lines), so 513..640 vectors keep 3 without it. N = 6144..8192
+//                             dirty lines), so 513..640 vectors keep 3 without it. N = 5128..8192
 //                             take 2 vectors (64 registers: two 512-thread blocks per SM):
 //                             6144 173.1 -> 160.4, 7168 199.0 -> 185.4, 8192 224.5 -> 211.6;
-//                             (8192, 8192) 120.6 -> 111.2. N = 8448..10240 keep 4 vectors with
+//                             (8192, 8192) 120.6 -> 111.2. N = 8200..10240 keep 4 vectors with
 //                             KEEP_G: (8192, 10240) 147.2 -> 132.0 (one 320-thread block per SM
 //                             either way); at N = 12288 and 16384 KEEP_G lost 12% and 8%.
 // From y the old rule stands (not measured). FUSEKIT_NORM_BWD_ITERS (1..4) overrides the vectors
@@ -331,7 +331,7 @@ BackwardVariant backward_variant(const char* op, std::int64_t cols, bool from_ou
     // Where two rows of ring do not fit beside the columns at the blocks per SM the registers
     // allow, fewer blocks per SM get the room: RMSNorm at N = 10240 in bf16 (95 registers, two
     // 320-thread blocks per SM) fell to the generic kernel, 5.7x slower (H200, session 26:
-    // (8192, 10240) 755 us, against 146 with one block per SM).
+    // (8192, 10240) 755 us, against 147 with one block per SM).
     for (int cap = blocks_per_sm(op, kernel, plan.block_threads(), 0, device_index) - 1;
          plan.geometry.stages < 2 && cap >= 1; --cap)
       plan.geometry.stages =

@@ -621,6 +621,8 @@ __global__ void __launch_bounds__(512, (kBackwardMinBlocks<ITERS, SOURCE, BIAS_G
         float d[kVec], v[kVec], w[kVec], out[kVec];
         unpack16<T>(*reinterpret_cast<const uint4*>(r_in + col), v);
         if constexpr (KEEP_G) {
+          // d * w below then equals the kept g exactly (x * 1.0f == x), and the compiler drops
+          // the multiply: the two branches share the dx expressions that follow.
 #pragma unroll
           for (int i = 0; i < kVec; ++i) d[i] = kept_g[it][i], w[i] = 1.0f;
         } else {
