@@ -42,8 +42,9 @@
 //   forward, when the fused path's alignment rules are not met (or for f32): cuBLASLt GEMM with the
 //     bias epilogue, then one elementwise kernel for the activation (the activation is then not
 //     free: one extra read and write of the (M, N) output).
-//   backward: dz = dout * act'(pre) is one elementwise pass into the workspace (skipped for none),
-//     then dx and dW are two cuBLASLt GEMMs, dbias fused into the dW GEMM (BGRADB epilogue).
+//   backward: dz = dout * act'(pre) is one elementwise pass into the workspace that also sums
+//     dbias (deterministic: per-block partial rows in a fixed order); then dx and dW are two
+//     cuBLASLt GEMMs. Without an activation dz is dout and the same kernel only sums dbias.
 //
 // Fast paths (otherwise the slower, still correct paths above are taken; nothing is refused for
 // alignment except a data pointer not aligned to its element size):

@@ -13,6 +13,7 @@
 
 #include "core/cuda_check.h"
 #include "core/device_info.h"
+#include "core/partial_rows.cuh"
 #include "dropout/dropout_kernels.cuh"
 #include "dropout/dropout_params.h"
 
@@ -129,31 +130,6 @@ bool backward_vector_path(const BackwardParams& p) {
                         {p.dy, p.x, p.dx, p.bias});
 }
 
-template <typename D>
-void launch_reduce(const float* partial, int partial_rows, std::int64_t cols, void* dbias,
-                   cudaStream_t stream, const char* op) {
-  const dim3 grid(static_cast<unsigned>((cols + 31) / 32)), block(32, kReduceLanes);
-  // Programmatic dependent launch: this kernel is launched while the backward kernel drains and
-  // waits for its results inside (griddepcontrol.wait), hiding the launch gap. Where that launch
-  // is refused, a plain launch (stream order) does the same work.
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  if (cudaLaunchKernelEx(&config, reduce_partials_kernel<D>, partial, partial_rows, cols,
-                         static_cast<D*>(dbias)) != cudaSuccess) {
-    cudaGetLastError();  // clear the refusal; a real launch error shows up below
-    reduce_partials_kernel<D><<<grid, block, 0, stream>>>(partial, partial_rows, cols, static_cast<D*>(dbias));
-  }
-  detail::check_launch(op, "bias_act_dropout dbias reduction kernel");
-}
-
 // Launches the backward kernel on the Chunk's grid; returns the grid (its gy partial rows).
 template <typename T, typename W, typename Chunk>
 TileGrid backward_with(const BackwardParams& p, int sms, cudaStream_t stream, const char* op) {
@@ -188,8 +164,11 @@ void launch_backward(const BackwardParams& p, int device_index, cudaStream_t str
                                              : backward_with<T, W, ScalarChunk<T>>(p, sms, stream, op);
   if (p.dbias) {
     const float* partial = static_cast<const float*>(p.workspace);
-    if (p.dbias_dtype == DType::f32) launch_reduce<float>(partial, g.gy, p.cols, p.dbias, stream, op);
-    else launch_reduce<T>(partial, g.gy, p.cols, p.dbias, stream, op);
+    constexpr const char* kWhat = "bias_act_dropout dbias reduction kernel";
+    if (p.dbias_dtype == DType::f32)
+      detail::device::launch_sum_partial_rows(partial, g.gy, p.cols, static_cast<float*>(p.dbias), stream, op, kWhat);
+    else
+      detail::device::launch_sum_partial_rows(partial, g.gy, p.cols, static_cast<T*>(p.dbias), stream, op, kWhat);
   }
 }
 

@@ -18,8 +18,8 @@
 // Philox runs from a key schedule precomputed on the host (Scalars::random4), read from the
 // parameter bank. Grids are one wave of blocks (Tuning::kBlocksPerSm per SM). In the backward
 // each block sums its threads' dbias over TY in a fixed order and writes one partial row; a
-// second small kernel (programmatic dependent launch) sums the partial rows in a fixed order:
-// dbias is bitwise reproducible for a given GPU and shape.
+// second small kernel (core/partial_rows.cuh, a programmatic dependent launch) sums the partial
+// rows in a fixed order: dbias is bitwise reproducible for a given GPU and shape.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -439,43 +439,6 @@ __global__ void __launch_bounds__(kThreads, Chunk::Tune::kBlocksPerSm)
     for (int i = 0; i < VEC; ++i)
       if (i < valid) out[i] = acc[i];
   }
-}
-
-// dbias[c] = sum over b of partial[b][c] in a fixed order. Block (32, kReduceLanes): threadIdx.x
-// picks the column (coalesced), threadIdx.y strides over the partial rows with its loads unrolled
-// so that several are in flight (the kernel is a chain of L2 latencies, not bandwidth); the
-// per-lane sums are then added by a fixed shared-memory tree.
-inline constexpr int kReduceLanes = 32;
-
-template <typename D>
-__global__ void __launch_bounds__(32 * kReduceLanes)
-    reduce_partials_kernel(const float* __restrict__ partial, int partial_rows, std::int64_t cols,
-                           D* __restrict__ dbias) {
-  detail::device::wait_for_prerequisite_grid();  // the backward kernel's partial rows
-  __shared__ float sums[kReduceLanes][33];
-  const std::int64_t col = std::int64_t(blockIdx.x) * 32 + threadIdx.x;
-  float s = 0.0f;
-  if (col < cols) {
-    const float* at = partial + col;
-    int b = threadIdx.y;
-    constexpr int kAhead = 4;
-    for (; b + (kAhead - 1) * kReduceLanes < partial_rows; b += kAhead * kReduceLanes) {
-      float v[kAhead];
-#pragma unroll
-      for (int a = 0; a < kAhead; ++a) v[a] = at[std::int64_t(b + a * kReduceLanes) * cols];
-#pragma unroll
-      for (int a = 0; a < kAhead; ++a) s += v[a];
-    }
-    for (; b < partial_rows; b += kReduceLanes) s += at[std::int64_t(b) * cols];
-  }
-  sums[threadIdx.y][threadIdx.x] = s;
-  __syncthreads();
-#pragma unroll
-  for (int half = kReduceLanes / 2; half > 0; half /= 2) {
-    if (threadIdx.y < half) sums[threadIdx.y][threadIdx.x] += sums[threadIdx.y + half][threadIdx.x];
-    __syncthreads();
-  }
-  if (threadIdx.y == 0 && col < cols) dbias[col] = from_float<D>(sums[0][threadIdx.x]);
 }
 
 }  // namespace fusekit::dropout::kernels

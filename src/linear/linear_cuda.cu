@@ -20,9 +20,11 @@
 // output activation, which is what linear_backward(dout, pre, ...) is given. Folding act' into
 // both GEMMs' operand loads would need a custom mainloop (transforming A in registers before
 // wgmma); instead dz is formed once by one elementwise pass into the workspace (skipped for
-// activation none) and both GEMMs read it. dbias is fused into the dW GEMM as cuBLASLt's BGRADB
-// epilogue (a column sum of its B operand, dz); a deterministic column-sum kernel covers the cases
-// BGRADB cannot (no dW wanted, or no BGRADB algorithm for the layout).
+// activation none) and both GEMMs read it. That pass also sums its dz over rows per block, so
+// dbias costs no extra read of dz (a fixed-order sum of the blocks' partial rows finishes it:
+// deterministic). Without an activation the same kernel, not storing anything, sums dout. Both
+// beat cuBLASLt's BGRADB epilogue (dbias summed inside the dW GEMM), which slowed that GEMM by
+// more than the column sums cost; BGRADB stays selectable for comparisons (linear_paths.h).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -32,6 +34,8 @@
 #include <climits>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <shared_mutex>
 #include <string>
@@ -41,6 +45,7 @@
 
 #include "core/cuda_check.h"
 #include "core/device_info.h"
+#include "core/partial_rows.cuh"
 #include "linear/linear_cublaslt.h"
 #include "linear/linear_cutlass.h"
 #include "linear/linear_kernels.cuh"
@@ -68,9 +73,27 @@ const char* forward_path_name(ForwardPath path) {
 }
 
 void set_forward_path_override(ForwardPath path) { g_forward_override = static_cast<int>(path); }
+
 ForwardPath forward_path_override() { return static_cast<ForwardPath>(g_forward_override.load()); }
 ForwardPath last_forward_path() { return t_last_forward_path; }
 void record_forward_path(ForwardPath path) { t_last_forward_path = path; }
+
+namespace {
+// -1: not set by a test; then FUSEKIT_LINEAR_DBIAS=gemm or automatic.
+std::atomic<int> g_dbias_override{-1};
+}  // namespace
+
+void set_dbias_route_override(DbiasRoute route) { g_dbias_override = static_cast<int>(route); }
+
+DbiasRoute dbias_route() {
+  if (const int v = g_dbias_override.load(); v >= 0) return static_cast<DbiasRoute>(v);
+  static const DbiasRoute from_env = [] {
+    const char* v = std::getenv("FUSEKIT_LINEAR_DBIAS");
+    if (v && std::strcmp(v, "gemm") == 0) return DbiasRoute::gemm_epilogue;
+    return DbiasRoute::automatic;
+  }();
+  return from_env;
+}
 
 namespace {
 
@@ -87,6 +110,20 @@ std::int64_t dz_row_stride(std::int64_t n) { return static_cast<std::int64_t>(ro
 
 std::size_t dz_bytes(std::int64_t m, std::int64_t n, DType dtype) {
   return round_up(static_cast<std::size_t>(m) * dz_row_stride(n) * dtype_size(dtype), 256);
+}
+
+// The column sums behind dbias run on a grid of about 1024 blocks of kThreads (one wave at full
+// occupancy on a 132-SM H100/H200), each block walking every dbias_slots-th row and leaving one
+// float32 partial row. The count depends on N and M only (not on the GPU), so dbias is summed in
+// the same order on every device; the partial rows take at most ~8 MB.
+int dbias_slots(std::int64_t m, std::int64_t n) {
+  const std::int64_t column_blocks = (n + 8 * kThreads - 1) / (8 * kThreads);
+  return static_cast<int>(std::clamp<std::int64_t>(1024 / column_blocks, 1, std::min<std::int64_t>(m, 65535)));
+}
+
+std::size_t partial_bytes(std::int64_t m, std::int64_t n) {
+  if (m <= 0 || n <= 0) return 0;
+  return round_up(static_cast<std::size_t>(dbias_slots(m, n)) * n * sizeof(float), 256);
 }
 
 template <typename F>
@@ -156,42 +193,61 @@ void launch_activation(const char* op, DType dtype, Activation act, const void* 
   detail::check_launch(op, "activation_kernel");
 }
 
+// Rows of 16-byte chunks each thread of the dz pass loads before it computes any. Two took the
+// transcendental activations from latency-bound to nearly memory-bound (Nsight, (8192, 4096,
+// 16384) bf16, H200, session 27, us for one row / two / four: gelu_erf 234 / 218 / 240, silu 239
+// / 210 / 201, relu 195 / 198 / 197: four cost gelu_erf registers).
+constexpr int kDzRowsInFlight = 2;
+
+// dz = dout * act'(pre) into `dz` (null: not stored), and, with `dbias` set, dbias = the column
+// sums of dz, through dbias_slots(m, n) partial rows in `partial`. Activation none only sums dout.
 void launch_dz(const char* op, DType dtype, Activation act, const void* dout, std::int64_t lddout,
-               const void* pre, std::int64_t ldpre, void* dz, std::int64_t lddz, std::int64_t m,
-               std::int64_t n, int device_index, cudaStream_t stream) {
+               const void* pre, std::int64_t ldpre, void* dz, std::int64_t lddz, void* dbias,
+               float* partial, std::int64_t m, std::int64_t n, int device_index, cudaStream_t stream) {
+  if (!dbias) partial = nullptr;
   dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    const int vec = vector_width<T>(n, {lddout, ldpre, lddz}, {dout, pre, dz});
-    const dim3 grid = elementwise_grid(m, n, vec, device_index, op);
+    const int vec = vector_width<T>(n, {lddout, ldpre, dz ? lddz : 0}, {dout, pre, dz});
+    dim3 grid = elementwise_grid(m, n, vec, device_index, op);
+    if (partial) grid.y = static_cast<unsigned>(dbias_slots(m, n));
+    // The row's chunks split evenly over the grid's column blocks (whole warps): with kThreads per
+    // block, N = 12296 gave six full blocks and a seventh with one busy thread.
+    const std::int64_t chunks = (n + vec - 1) / vec;
+    const int threads = static_cast<int>(round_up(static_cast<std::size_t>((chunks + grid.x - 1) / grid.x), 32));
     const kernels::Rows rows{m, n};
     dispatch_activation(act, [&](auto a) {
       constexpr Activation A = decltype(a)::value;
-      if constexpr (A != Activation::none) {
-        constexpr int kVec = 16 / sizeof(T);
-        auto kernel = vec == 1 ? kernels::dz_kernel<T, A, 1> : kernels::dz_kernel<T, A, kVec>;
-        kernel<<<grid, kThreads, 0, stream>>>(static_cast<const T*>(dout), lddout,
-                                              static_cast<const T*>(pre), ldpre,
-                                              static_cast<T*>(dz), lddz, rows);
+      constexpr int kVec = 16 / sizeof(T);
+      auto launch = [&](auto kernel) {
+        kernel<<<grid, threads, 0, stream>>>(static_cast<const T*>(dout), lddout, static_cast<const T*>(pre),
+                                             ldpre, static_cast<T*>(dz), lddz, partial, rows);
+      };
+      auto with_width = [&](auto write_dz, auto sums) {
+        constexpr bool kWrite = decltype(write_dz)::value, kSums = decltype(sums)::value;
+        if (vec == 1) launch(kernels::dz_kernel<T, A, 1, kWrite, kSums, 1>);
+        else launch(kernels::dz_kernel<T, A, kVec, kWrite, kSums, kDzRowsInFlight>);
+      };
+      using Yes = std::true_type;
+      using No = std::false_type;
+      if constexpr (A == Activation::none) {
+        if (partial) with_width(No{}, Yes{});
+      } else if (dz && partial) {
+        with_width(Yes{}, Yes{});
+      } else if (dz) {
+        with_width(Yes{}, No{});
+      } else if (partial) {
+        with_width(No{}, Yes{});
       }
     });
   });
   detail::check_launch(op, "dz_kernel");
-}
-
-void launch_column_sum(const char* op, DType dtype, Activation act, const void* dout,
-                       std::int64_t lddout, const void* pre, std::int64_t ldpre, void* dbias,
-                       std::int64_t m, std::int64_t n, cudaStream_t stream) {
-  const unsigned blocks = static_cast<unsigned>((n + kernels::kColumnSumCols - 1) / kernels::kColumnSumCols);
-  dispatch_dtype(dtype, [&](auto tag) {
-    using T = decltype(tag);
-    dispatch_activation(act, [&](auto a) {
-      constexpr Activation A = decltype(a)::value;
-      kernels::column_sum_kernel<T, A><<<blocks, kernels::kColumnSumWarps * 32, 0, stream>>>(
-          static_cast<const T*>(dout), lddout, static_cast<const T*>(pre), ldpre,
-          static_cast<T*>(dbias), kernels::Rows{m, n});
+  if (dbias) {
+    dispatch_dtype(dtype, [&](auto tag) {
+      using T = decltype(tag);
+      detail::device::launch_sum_partial_rows(partial, dbias_slots(m, n), n, static_cast<T*>(dbias), stream, op,
+                                              "dbias partial-row sum kernel");
     });
-  });
-  detail::check_launch(op, "column_sum_kernel");
+  }
 }
 
 void zero_rows(const char* op, void* data, std::int64_t rows, std::int64_t cols, std::int64_t ld,
@@ -487,9 +543,10 @@ std::size_t forward_workspace_cuda(std::int64_t, std::int64_t, std::int64_t, DTy
   return lt::kWorkspaceBytes;
 }
 
+// cuBLASLt's workspace, then dz (with an activation), then dbias's partial rows.
 std::size_t backward_workspace_cuda(std::int64_t m, std::int64_t n, std::int64_t, DType dtype,
                                     Activation activation) {
-  return lt::kWorkspaceBytes + (activation == Activation::none ? 0 : dz_bytes(m, n, dtype));
+  return lt::kWorkspaceBytes + (activation == Activation::none ? 0 : dz_bytes(m, n, dtype)) + partial_bytes(m, n);
 }
 
 void forward_cuda(const ForwardParams& p, int device_index, Stream stream_handle) {
@@ -559,43 +616,51 @@ void backward_cuda(const BackwardParams& p, int device_index, Stream stream_hand
     zero_rows(kBackwardOp, p.dx, p.m, p.k, p.lddx, p.dtype, stream);
     return;
   }
+  unsigned char* scratch = static_cast<unsigned char*>(p.workspace) + lt::kWorkspaceBytes;
+  void* dz_buffer = p.activation == Activation::none ? nullptr : scratch;
+  float* partial = reinterpret_cast<float*>(scratch + (dz_buffer ? dz_bytes(p.m, p.n, p.dtype) : 0));
   if (p.k == 0) {  // dx and dW are empty; dbias still sums dz
-    if (p.dbias)
-      launch_column_sum(kBackwardOp, p.dtype, p.activation, p.dout, p.lddout, p.pre, p.ldpre,
-                        p.dbias, p.m, p.n, stream);
+    launch_dz(kBackwardOp, p.dtype, p.activation, p.dout, p.lddout, p.pre, p.ldpre, nullptr, 0, p.dbias,
+              partial, p.m, p.n, device_index, stream);
     return;
   }
 
+  // With an activation dz is formed here, and its pass sums dbias on the way; without one, the
+  // column-sum kernel sums dout after the GEMMs. cuBLASLt's BGRADB epilogue on the dW GEMM only
+  // when a comparison asks for it (dbias_route()): it cost more than the column sums with and
+  // without an activation (H200, session 27: (8192, 4096, 16384) none 1.014-1.026x the plain
+  // GEMMs with BGRADB, 0.992-0.995x with the column sums).
   const void* dz = p.dout;
   std::int64_t lddz = p.lddout;
   const bool materialize_dz = p.activation != Activation::none && (p.dx || p.dw);
+  const DbiasRoute route = dbias_route();
+  const bool sums_in_dz_pass = materialize_dz && route == DbiasRoute::automatic;
   if (materialize_dz) {
-    void* buffer = static_cast<unsigned char*>(p.workspace) + lt::kWorkspaceBytes;
     lddz = dz_row_stride(p.n);
-    launch_dz(kBackwardOp, p.dtype, p.activation, p.dout, p.lddout, p.pre, p.ldpre, buffer, lddz,
-              p.m, p.n, device_index, stream);
-    dz = buffer;
+    launch_dz(kBackwardOp, p.dtype, p.activation, p.dout, p.lddout, p.pre, p.ldpre, dz_buffer, lddz,
+              sums_in_dz_pass ? p.dbias : nullptr, partial, p.m, p.n, device_index, stream);
+    dz = dz_buffer;
   }
+  bool dbias_done = sums_in_dz_pass || !p.dbias;
   if (p.dx && !lt::run(kBackwardOp, dx_gemm(p, dz, lddz), device_index, p.workspace, stream))
     no_algorithm(kBackwardOp, "the dx", p);
-  bool dbias_done = false;
   if (p.dw) {
     // BGRADB only where K (the dW GEMM's m) is not tiny: with K = 1 in f16, cuBLASLt returned an
     // algorithm whose dbias came back non-finite (999 of 1000 columns, H200, CUDA 13.0), and
     // for small K the separate column sum costs no more than the GEMM's own read of dz.
-    const bool fuse_dbias = p.dbias && p.k >= kMinKForFusedDbias;
+    const bool fuse_dbias = !dbias_done && p.k >= kMinKForFusedDbias && route == DbiasRoute::gemm_epilogue;
     if (fuse_dbias && lt::run(kBackwardOp, dw_gemm(p, dz, lddz, true), device_index, p.workspace, stream))
       dbias_done = true;
     else if (!lt::run(kBackwardOp, dw_gemm(p, dz, lddz, false), device_index, p.workspace, stream))
       no_algorithm(kBackwardOp, "the dW", p);
   }
-  if (p.dbias && !dbias_done) {
+  if (!dbias_done) {
     if (materialize_dz)
-      launch_column_sum(kBackwardOp, p.dtype, Activation::none, dz, lddz, nullptr, 0, p.dbias,
-                        p.m, p.n, stream);
+      launch_dz(kBackwardOp, p.dtype, Activation::none, dz, lddz, nullptr, 0, nullptr, 0, p.dbias, partial,
+                p.m, p.n, device_index, stream);
     else
-      launch_column_sum(kBackwardOp, p.dtype, p.activation, p.dout, p.lddout, p.pre, p.ldpre,
-                        p.dbias, p.m, p.n, stream);
+      launch_dz(kBackwardOp, p.dtype, p.activation, p.dout, p.lddout, p.pre, p.ldpre, nullptr, 0, p.dbias,
+                partial, p.m, p.n, device_index, stream);
   }
 }
 

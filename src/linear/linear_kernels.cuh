@@ -1,7 +1,7 @@
 // Elementwise kernels of the linear family (everything that is not a GEMM):
 //   activation_kernel: y = act(z) after an unfused GEMM (or z = bias when K = 0);
-//   dz_kernel:         dz = dout * act'(pre), the input of both backward GEMMs;
-//   column_sum_kernel: dbias = sum over rows of dout * act'(pre), when no GEMM can fuse it.
+//   dz_kernel:         dz = dout * act'(pre), the input of both backward GEMMs, and/or its
+//                      per-block column sums (dbias, finished by core/partial_rows.cuh).
 // All math in float32 via the shared activation definitions (core/activation.h); one rounding to
 // the storage type per output element.
 #pragma once
@@ -75,59 +75,60 @@ __global__ void activation_kernel(const T* z, std::int64_t ldz,  // may be y its
   }
 }
 
-// dz = dout * act'(pre).
-template <typename T, Activation A, int VEC>
+// dz = dout * act'(pre), and/or the column sums of dz that make dbias.
+// WRITE_DZ: store dz (the input of both backward GEMMs). A == none without WRITE_DZ sums dout
+// itself (the bias gradient of a linear layer without activation).
+// SUMS: each thread also adds up its VEC columns of dz over the rows it walks (blockIdx.y, then
+// every gridDim.y-th row) and writes them to partial row blockIdx.y of `partial` (gridDim.y rows
+// of rows.n floats); sum_partial_rows_kernel then adds the partial rows in a fixed order. The sums
+// are of dz as stored (rounded to T), the values the GEMMs read, and cost no extra memory pass:
+// cuBLASLt's BGRADB epilogue, which sums them inside the dW GEMM instead, made that GEMM ~3%
+// slower at (8192, 4096, 16384) (H200, sessions 19 and 27).
+// ROWS: rows loaded before any is computed, so that each thread has ROWS x 2 loads in flight
+// while the derivative's math runs (kDzRowsInFlight in linear_cuda.cu).
+template <typename T, Activation A, int VEC, bool WRITE_DZ, bool SUMS, int ROWS>
 __global__ void dz_kernel(const T* __restrict__ dout, std::int64_t lddout,
                           const T* __restrict__ pre, std::int64_t ldpre, T* __restrict__ dz,
-                          std::int64_t lddz, Rows rows) {
+                          std::int64_t lddz, float* __restrict__ partial, Rows rows) {
+  static_assert(WRITE_DZ || SUMS, "nothing to do");
+  static_assert(A != Activation::none || !WRITE_DZ, "dz is dout itself without an activation");
   const std::int64_t col = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * VEC;
   if (col >= rows.n) return;
-  for (std::int64_t r = blockIdx.y; r < rows.m; r += gridDim.y) {
-    const Pack<T, VEC> g = *reinterpret_cast<const Pack<T, VEC>*>(dout + r * lddout + col);
-    const Pack<T, VEC> p = *reinterpret_cast<const Pack<T, VEC>*>(pre + r * ldpre + col);
-    Pack<T, VEC> out;
+  float sum[VEC];
 #pragma unroll
-    for (int i = 0; i < VEC; ++i)
-      out.v[i] = from_float<T>(to_float(g.v[i]) * act_derivative<A, T>(to_float(p.v[i])));
-    *reinterpret_cast<Pack<T, VEC>*>(dz + r * lddz + col) = out;
-  }
-}
-
-// dbias[c] = sum over rows of dout * act'(pre) (act none: of dout; pre unused). A block owns 64
-// columns (two per lane) and its 8 warps take every 8th row; the 8 partial sums are added in warp
-// order, so the result does not depend on scheduling. Only used when the dW GEMM cannot fuse the
-// bias gradient (or dW is not wanted).
-inline constexpr int kColumnSumWarps = 8;
-inline constexpr int kColumnSumCols = 64;
-
-template <typename T, Activation A>
-__global__ void column_sum_kernel(const T* __restrict__ dout, std::int64_t lddout,
-                                  const T* __restrict__ pre, std::int64_t ldpre,
-                                  T* __restrict__ dbias, Rows rows) {
-  __shared__ float partial[kColumnSumWarps][kColumnSumCols];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const std::int64_t c0 = static_cast<std::int64_t>(blockIdx.x) * kColumnSumCols + 2 * lane;
-  float sum[2] = {0.0f, 0.0f};
-  for (std::int64_t r = warp; r < rows.m; r += kColumnSumWarps) {
+  for (int i = 0; i < VEC; ++i) sum[i] = 0.0f;
+  const std::int64_t step = gridDim.y;
+  for (std::int64_t r0 = blockIdx.y; r0 < rows.m; r0 += ROWS * step) {
+    Pack<T, VEC> g[ROWS], p[ROWS];
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const std::int64_t c = c0 + j;
-      if (c < rows.n) {
-        float g = to_float(dout[r * lddout + c]);
-        if constexpr (A != Activation::none) g *= act_derivative<A, T>(to_float(pre[r * ldpre + c]));
-        sum[j] += g;
+    for (int j = 0; j < ROWS; ++j) {
+      const std::int64_t r = r0 + j * step;
+      if (j == 0 || r < rows.m) {
+        g[j] = *reinterpret_cast<const Pack<T, VEC>*>(dout + r * lddout + col);
+        if constexpr (A != Activation::none) p[j] = *reinterpret_cast<const Pack<T, VEC>*>(pre + r * ldpre + col);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < ROWS; ++j) {
+      const std::int64_t r = r0 + j * step;
+      if (j > 0 && r >= rows.m) break;
+      Pack<T, VEC> out = g[j];
+      if constexpr (A != Activation::none) {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i)
+          out.v[i] = from_float<T>(to_float(g[j].v[i]) * act_derivative<A, T>(to_float(p[j].v[i])));
+      }
+      if constexpr (WRITE_DZ) *reinterpret_cast<Pack<T, VEC>*>(dz + r * lddz + col) = out;
+      if constexpr (SUMS) {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) sum[i] += to_float(out.v[i]);
       }
     }
   }
-  partial[warp][2 * lane] = sum[0];
-  partial[warp][2 * lane + 1] = sum[1];
-  __syncthreads();
-  if (threadIdx.x < kColumnSumCols) {
-    const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * kColumnSumCols + threadIdx.x;
-    float total = 0.0f;
+  if constexpr (SUMS) {
+    float* row = partial + static_cast<std::int64_t>(blockIdx.y) * rows.n + col;
 #pragma unroll
-    for (int w = 0; w < kColumnSumWarps; ++w) total += partial[w][threadIdx.x];
-    if (c < rows.n) dbias[c] = from_float<T>(total);
+    for (int i = 0; i < VEC; ++i) row[i] = sum[i];
   }
 }
 

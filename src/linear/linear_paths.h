@@ -25,6 +25,14 @@ ForwardPath forward_path_override();
 ForwardPath last_forward_path();
 void record_forward_path(ForwardPath path);
 
+// Where the backward sums dbias. automatic: fusekit's own column sums (inside the dz pass with
+// an activation, a column-sum kernel without one). gemm_epilogue: cuBLASLt's BGRADB epilogue on
+// the dW GEMM wherever it can serve (the route before session 27, kept for comparisons).
+// set_dbias_route_override (tests) takes precedence over FUSEKIT_LINEAR_DBIAS=gemm (benchmarks).
+enum class DbiasRoute : int { automatic = 0, gemm_epilogue };
+void set_dbias_route_override(DbiasRoute route);
+DbiasRoute dbias_route();
+
 // Autotuning of cuBLASLt's GEMM algorithms (linear_cublaslt.cpp) and of the forward path
 // (linear_cuda.cu): the first call of a problem times the candidates and keeps the fastest. On
 // unless FUSEKIT_GEMM_AUTOTUNE=0; set_autotune overrides the environment (tests use it to check

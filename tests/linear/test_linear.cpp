@@ -52,6 +52,12 @@ struct AutotuneSetting {
   ~AutotuneSetting() { linear::set_autotune(true); }
 };
 
+// Forces where the backward sums dbias for one scope (then back to the automatic choice).
+struct DbiasRouteOverride {
+  explicit DbiasRouteOverride(linear::DbiasRoute r) { linear::set_dbias_route_override(r); }
+  ~DbiasRouteOverride() { linear::set_dbias_route_override(linear::DbiasRoute::automatic); }
+};
+
 OptionalTensor opt(const std::optional<Buffer>& b) {
   return b ? OptionalTensor(b->view()) : std::nullopt;
 }
@@ -615,6 +621,39 @@ TEST(LinearGpu, BackwardDbiasWithSmallK) {
     }
   }
   EXPECT_EQ(cases, 72);
+}
+
+// dbias by each route: fusekit's column sums (in the dz pass with an activation, by the
+// column-sum kernel without one) and cuBLASLt's BGRADB epilogue. The shapes cover one row (one
+// partial row), fewer rows than partial slots, N past one block of columns (2 x 2048 + 8: several
+// column blocks and a partial one), odd N (element-wise kernel) and rows padded in memory.
+TEST(LinearGpu, DbiasRoutesMatchReference) {
+  FUSEKIT_REQUIRE_GPU();
+  struct Shape {
+    std::int64_t m, n, k, pad;
+  };
+  const Shape shapes[] = {{1, 64, 64, 0}, {5, 4104, 72, 0}, {3001, 1000, 128, 8}, {700, 4104, 64, 0}, {1500, 333, 96, 3}};
+  int cases = 0;
+  for (linear::DbiasRoute route : {linear::DbiasRoute::automatic, linear::DbiasRoute::gemm_epilogue}) {
+    DbiasRouteOverride forced(route);
+    for (DType dtype : {DType::bf16, DType::f32}) {
+      for (Activation act : {Activation::none, Activation::gelu_tanh, Activation::relu}) {
+        for (const Shape& s : shapes) {
+          BackwardCase c;
+          c.dtype = dtype;
+          c.act = act;
+          c.m = s.m;
+          c.n = s.n;
+          c.k = s.k;
+          c.pad = s.pad;
+          c.dx = cases % 2 == 0;  // with and without the dx GEMM; dW always (BGRADB needs it)
+          SCOPED_TRACE("route " + std::to_string(static_cast<int>(route)));
+          check_backward(c, 7300 + cases++);
+        }
+      }
+    }
+  }
+  EXPECT_EQ(cases, 60);
 }
 
 TEST(LinearGpu, BackwardRandomizedGridMatchesReference) {
