@@ -4,7 +4,8 @@
 // a fixed order, and rounds once to the output type. Nothing depends on which block ran first,
 // so the result is bitwise the same run after run (no atomics).
 //
-// Used by bias + activation + dropout (dbias) and linear (dbias from the dz pass).
+// Used by bias + activation + dropout (dbias), linear (dbias from the dz pass) and FP8 RMSNorm
+// (dweight).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,6 +13,7 @@
 #include <cstdint>
 
 #include "core/cuda_check.h"
+#include "core/dependent_launch.h"
 #include "core/device_vector.cuh"
 
 namespace fusekit::detail::device {
@@ -52,28 +54,14 @@ __global__ void __launch_bounds__(32 * kPartialRowLanes)
   if (threadIdx.y == 0 && col < cols) out[col] = from_float<D>(sums[0][threadIdx.x]);
 }
 
-// out[c] = sum over r < partial_rows of partial[r * cols + c]. Launched as a programmatic
-// dependent of the kernel before it on `stream`: its launch overlaps that kernel's drain, and
-// the kernel waits for the partial rows inside. Where that launch is refused, a plain launch
-// (stream order) does the same work.
+// out[c] = sum over r < partial_rows of partial[r * cols + c], launched as a programmatic
+// dependent of the kernel before it on `stream` (core/dependent_launch.h): its launch overlaps that
+// kernel's drain, and the kernel waits for the partial rows inside.
 template <typename D>
 void launch_sum_partial_rows(const float* partial, int partial_rows, std::int64_t cols, D* out,
                              cudaStream_t stream, const char* op, const char* what) {
   const dim3 grid(static_cast<unsigned>((cols + 31) / 32)), block(32, kPartialRowLanes);
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  if (cudaLaunchKernelEx(&config, sum_partial_rows_kernel<D>, partial, partial_rows, cols, out) != cudaSuccess) {
-    cudaGetLastError();  // clear the refusal; a real launch error shows up below
-    sum_partial_rows_kernel<D><<<grid, block, 0, stream>>>(partial, partial_rows, cols, out);
-  }
+  launch_dependent(sum_partial_rows_kernel<D>, grid, block, 0, stream, partial, partial_rows, cols, out);
   check_launch(op, what);
 }
 

@@ -10,7 +10,9 @@
 #include <type_traits>
 
 #include "core/cuda_check.h"
+#include "core/dependent_launch.h"
 #include "core/device_info.h"
+#include "core/partial_rows.cuh"
 #include "fp8_norm/fp8_norm_kernels.cuh"
 #include "fp8_norm/fp8_norm_params.h"
 
@@ -66,28 +68,7 @@ void allow_smem(const char* op, int device_index, Kernel kernel, std::size_t sme
                                               static_cast<int>(smem)));
 }
 
-// Programmatic dependent launch: the kernel is launched while the previous one in the stream
-// drains and waits for its results inside (griddepcontrol.wait), hiding the launch gap and the
-// previous grid's tail. Where that launch is refused, a plain launch (stream order) does the
-// same work.
-template <typename... Params, typename... Args>
-void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream,
-                      Args... args) {
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  if (cudaLaunchKernelEx(&config, kernel, args...) != cudaSuccess) {
-    cudaGetLastError();  // clear the refusal; a real launch error shows up in check_launch
-    kernel<<<grid, block, smem, stream>>>(args...);
-  }
-}
+using detail::launch_dependent;
 
 int persistent_grid(std::int64_t work_items, std::int64_t cap) {
   return static_cast<int>(std::max<std::int64_t>(1, std::min(work_items, cap)));
@@ -318,13 +299,10 @@ void backward_cuda(const BackwardParams& p, int device_index, Stream stream) {
         using W = decltype(w);
         const int grid = launch_backward_main<decltype(xf), decltype(sc), W>(p, config, sms, device_index,
                                                                             partial, p.workspace_bytes, s);
-        if (partial) {
-          const dim3 reduce_grid(static_cast<unsigned>((p.cols + 31) / 32));
-          const float* partial_rows = partial;
-          launch_dependent(reduce_dweight_kernel<W>, reduce_grid, dim3(32, 32), 0, s, partial_rows, grid, p.cols,
-                           static_cast<W*>(p.dweight));
-          detail::check_launch(op, "fp8 rms norm dweight reduction kernel");
-        }
+        if (partial)
+          detail::device::launch_sum_partial_rows(static_cast<const float*>(partial), grid, p.cols,
+                                                  static_cast<W*>(p.dweight), s, op,
+                                                  "fp8 rms norm dweight reduction kernel");
       });
     });
   });

@@ -1048,27 +1048,4 @@ __global__ void __launch_bounds__(kGenericBwdThreads)
   }
 }
 
-// Sums partial[slots][cols] over slots in a fixed order into dweight. Block (32, 32): x picks the
-// column (coalesced), y strides over slots; the 32 column partials are then added in y order.
-// Launched as a programmatic dependent of the backward kernel: waits for its partial rows.
-template <typename W>
-__global__ void __launch_bounds__(1024)
-    reduce_dweight_kernel(const float* __restrict__ partial, int slots, std::int64_t cols,
-                          W* __restrict__ dweight) {
-  __shared__ float sums[32][33];
-  wait_for_prerequisite_grid();
-  const std::int64_t col = std::int64_t(blockIdx.x) * 32 + threadIdx.x;
-  float s = 0.0f;
-  if (col < cols)
-    for (int slot = threadIdx.y; slot < slots; slot += 32) s += partial[std::int64_t(slot) * cols + col];
-  sums[threadIdx.y][threadIdx.x] = s;
-  __syncthreads();
-  if (threadIdx.y == 0 && col < cols) {
-    float total = 0.0f;
-#pragma unroll
-    for (int k = 0; k < 32; ++k) total += sums[k][threadIdx.x];
-    dweight[col] = from_float<W>(total);
-  }
-}
-
 }  // namespace fusekit::fp8_norm::kernels

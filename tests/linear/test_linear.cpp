@@ -639,14 +639,8 @@ TEST(LinearGpu, DbiasRoutesMatchReference) {
     for (DType dtype : {DType::bf16, DType::f32}) {
       for (Activation act : {Activation::none, Activation::gelu_tanh, Activation::relu}) {
         for (const Shape& s : shapes) {
-          BackwardCase c;
-          c.dtype = dtype;
-          c.act = act;
-          c.m = s.m;
-          c.n = s.n;
-          c.k = s.k;
-          c.pad = s.pad;
-          c.dx = cases % 2 == 0;  // with and without the dx GEMM; dW always (BGRADB needs it)
+          // With and without the dx GEMM; dW always (BGRADB needs it).
+          const BackwardCase c{dtype, act, s.m, s.n, s.k, cases % 2 == 0, true, true, s.pad};
           SCOPED_TRACE("route " + std::to_string(static_cast<int>(route)));
           check_backward(c, 7300 + cases++);
         }
