@@ -17,8 +17,10 @@
 //     writes qy row-major with 16-byte stores and overwrites the staged x with the tile's fp8
 //     bytes (XOR-swizzled 4-byte words, no bank conflicts either way) to write qy_t with 16-byte
 //     stores along its rows. Tiles are taken from the last rows to the first, so that the
-//     second read of x can find in L2 what the stats pass read last; the outputs are stored
-//     evict-first so that they do not push that x out.
+//     second read of x can find in L2 what the stats pass read last: the stats pass reads its
+//     last rows (40% of L2's size) with an evict-last priority and the others evict-first, and
+//     the quantize pass copies x and stores its outputs evict-first, so that they do not push
+//     that x out.
 //  Bytes moved: x and scales twice (less what L2 serves), qy and qy_t once (plus rstd, w and a
 //  few KB of maxima).
 //
@@ -189,6 +191,35 @@ using detail::device::shared_address;
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address(smem)), "l"(gmem) : "memory");
 }
+// L2 eviction priorities (createpolicy): a 64-bit policy operand for the cache_hint forms.
+__device__ __forceinline__ std::uint64_t l2_policy_evict_last() {
+  std::uint64_t pol;
+  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
+__device__ __forceinline__ std::uint64_t l2_policy_evict_first() {
+  std::uint64_t pol;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
+// 16 read-only bytes with an L2 eviction priority.
+__device__ __forceinline__ uint4 load16_policy(const void* p, std::uint64_t pol) {
+  uint4 v;
+  asm volatile("ld.global.nc.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p), "l"(pol));
+  return v;
+}
+__device__ __forceinline__ void cp_async16_policy(void* smem, const void* gmem, std::uint64_t pol) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(shared_address(smem)), "l"(gmem),
+               "l"(pol)
+               : "memory");
+}
+__device__ __forceinline__ void store16_policy(void* p, uint4 v, std::uint64_t pol) {
+  asm volatile("st.global.L1::no_allocate.L2::cache_hint.v4.u32 [%0], {%1,%2,%3,%4}, %5;" ::"l"(p), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w), "l"(pol)
+               : "memory");
+}
 // 8-byte copies must go through L1 (.ca); a warp's 32 of them cover 256 contiguous bytes.
 __device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(shared_address(smem)), "l"(gmem) : "memory");
@@ -284,13 +315,17 @@ __global__ void __launch_bounds__(kStatsThreads, 4)
 
   // One round: this thread's kStatsUnroll vectors v0, v0 + tpr, ... of a row. Past the row's end
   // (only without kWholeRounds) the loads repeat its last vector and the math skips it.
+  // Rows the quantize pass will find in L2 evict-last, the others evict-first (plain loads for
+  // those were 1-3% slower at two of the three benchmark shapes: they push out kept rows).
+  const std::uint64_t keep_policy = l2_policy_evict_last(), pass_policy = l2_policy_evict_first();
   auto load_round = [&](std::int64_t row, int v0, uint4 (&raw)[kStatsUnroll], SC (&sc)[kStatsUnroll]) {
     const uint4* xr = reinterpret_cast<const uint4*>(x + row * p.x_row_stride);
     const SC* sr = scales + row * p.scale_row_stride;
+    const std::uint64_t pol = row >= p.l2_keep_from_row ? keep_policy : pass_policy;
 #pragma unroll
     for (int u = 0; u < kStatsUnroll; ++u) {
       const int v = kWholeRounds ? v0 + u * tpr : min(v0 + u * tpr, nvec - 1);
-      raw[u] = __ldg(xr + v);
+      raw[u] = load16_policy(xr + v, pol);
       sc[u] = sr[v >> scale_shift];
     }
   };
@@ -511,6 +546,13 @@ template <class XF, class QF, typename SC, typename W, bool kWholeTiles>
 __global__ void __launch_bounds__(kQuantThreads, 3)
     quantize_vector_kernel(ForwardParams p, const float* __restrict__ block_amax, int block_count,
                            bool qy_t_vector_stores) {
+  // x is read here for the last time and the outputs are not read back: both evict-first, which
+  // also takes the evict-last priority off the rows the statistics pass kept in L2 (so that the
+  // op leaves no lines pinned for the kernels after it). As fast as plain copies and streaming
+  // stores (H200, session 28).
+  const std::uint64_t last_use = l2_policy_evict_first();
+  auto copy16 = [&](void* dst, const void* src) { cp_async16_policy(dst, src, last_use); };
+  auto store16 = [&](void* dst, uint4 v) { store16_policy(dst, v, last_use); };
   extern __shared__ uint4 quant_smem[];
   // Stage s holds a tile in the tile_word layout: x as copied, then (row by row, by the thread
   // that copied it) its fp8 output, which the transpose reads.
@@ -562,11 +604,11 @@ __global__ void __launch_bounds__(kQuantThreads, 3)
       const std::uint8_t* src = x + row0 * p.x_row_stride + col0 + x_off;
       if (tile_is_full(c)) {
 #pragma unroll
-        for (int k = 0; k < 4; ++k) cp_async16(slot_of(stage, k), src + k * x_step);
+        for (int k = 0; k < 4; ++k) copy16(slot_of(stage, k), src + k * x_step);
       } else if (col0 + vec * 16 < p.cols) {
 #pragma unroll
         for (int k = 0; k < 4; ++k)
-          if (row0 + row_base + 32 * k < p.rows) cp_async16(slot_of(stage, k), src + k * x_step);
+          if (row0 + row_base + 32 * k < p.rows) copy16(slot_of(stage, k), src + k * x_step);
       }
     }
     cp_async_commit();
@@ -636,7 +678,7 @@ __global__ void __launch_bounds__(kQuantThreads, 3)
 #pragma unroll
         for (int i = 0; i < 16; ++i) v[i] = quant_value(q[i], w[i], f);
         const uint4 packed = encode16<QF>(v);
-        __stcs(reinterpret_cast<uint4*>(qy_row + k * qy_step), packed);
+        store16(qy_row + k * qy_step, packed);
         *slot = packed;  // in place: the transpose below reads the fp8 tile
       }
     }
@@ -667,7 +709,7 @@ __global__ void __launch_bounds__(kQuantThreads, 3)
       for (int c = 0; c < 4; ++c) {
         std::uint8_t* dst = dst0 + c * p.qy_t_row_stride;
         if (vector_stores) {
-          __stcs(reinterpret_cast<uint4*>(dst), make_uint4(out[c][0], out[c][1], out[c][2], out[c][3]));
+          store16(dst, make_uint4(out[c][0], out[c][1], out[c][2], out[c][3]));
         } else {
           for (int b = 0; b < 16 && t_col + b < p.rows; ++b)
             dst[b] = static_cast<std::uint8_t>(out[c][b >> 2] >> (8 * (b & 3)));

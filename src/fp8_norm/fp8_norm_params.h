@@ -33,6 +33,10 @@ struct ForwardParams {
   std::int64_t y_row_stride = 0;
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
+  // Set by the CUDA launcher: rows at or past this one are read by the statistics pass with an
+  // L2 evict-last priority (the quantize pass, walking the rows backwards, reads them first), the
+  // rows before it evict-first. The default keeps none.
+  std::int64_t l2_keep_from_row = INT64_MAX;
 };
 
 struct BackwardParams {
