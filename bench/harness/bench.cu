@@ -105,6 +105,15 @@ __global__ void l2_flush_kernel(const uint4* p, std::size_t n, unsigned* sink) {
 }
 }  // namespace
 
+int batch_calls() {
+  static const int batch = [] {
+    const char* env = std::getenv("FUSEKIT_BENCH_BATCH");
+    const long v = env ? std::strtol(env, nullptr, 10) : 1;
+    return static_cast<int>(std::clamp<long>(v, 1, 256));
+  }();
+  return batch;
+}
+
 Timing time_kernel(const std::function<void(int)>& fn, int rotations, int warmup, int runs) {
   static const char* gap_env = std::getenv("FUSEKIT_BENCH_GAP_US");
   const unsigned long long gap_ns = gap_env ? 1000ull * std::strtoull(gap_env, nullptr, 10) : 0;
@@ -115,6 +124,7 @@ Timing time_kernel(const std::function<void(int)>& fn, int rotations, int warmup
     cuda_check(cudaMalloc(&flush_buf, flush_bytes + 64), "cudaMalloc");
     cuda_check(cudaMemset(flush_buf, 1, flush_bytes + 64), "cudaMemset");
   }
+  const int batch = batch_calls();
   for (int i = 0; i < warmup; ++i) fn(i % rotations);
   cuda_check(cudaDeviceSynchronize(), "warm-up");
   std::vector<cudaEvent_t> start(runs), stop(runs);
@@ -128,7 +138,7 @@ Timing time_kernel(const std::function<void(int)>& fn, int rotations, int warmup
                                         reinterpret_cast<unsigned*>(static_cast<char*>(flush_buf) + flush_bytes));
     if (gap_ns) idle_gap_kernel<<<1, 32>>>(gap_ns);
     cuda_check(cudaEventRecord(start[i]), "cudaEventRecord");
-    fn(i % rotations);
+    for (int b = 0; b < batch; ++b) fn((i * batch + b) % rotations);
     cuda_check(cudaEventRecord(stop[i]), "cudaEventRecord");
   }
   cuda_check(cudaDeviceSynchronize(), "timed runs");
@@ -136,7 +146,7 @@ Timing time_kernel(const std::function<void(int)>& fn, int rotations, int warmup
   for (int i = 0; i < runs; ++i) {
     float ms = 0;
     cuda_check(cudaEventElapsedTime(&ms, start[i], stop[i]), "cudaEventElapsedTime");
-    us[i] = ms * 1e3;
+    us[i] = ms * 1e3 / batch;
     cudaEventDestroy(start[i]);
     cudaEventDestroy(stop[i]);
   }

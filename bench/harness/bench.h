@@ -37,6 +37,11 @@ struct Timing {
 Timing time_kernel(const std::function<void(int rotation)>& fn, int rotations, int warmup = 10,
                    int runs = 100);
 
+// Calls per event pair in time_kernel (FUSEKIT_BENCH_BATCH, default 1, at most 256): with B > 1
+// each timed run is B consecutive calls (rotations continuing) between one event pair, and the
+// run's time is divided by B. The flush and gap diagnostics then apply once per run.
+int batch_calls();
+
 // Times two implementations of the same computation alternately (a, b, a, b, ...), one event
 // pair per call, and returns both medians. For comparisons that must hold within a few percent
 // (the fused GEMM against the plain one): compute-bound kernels run at clocks that drift with the

@@ -110,6 +110,69 @@ __global__ void writeonly(const uint4* __restrict__ in, uint4* __restrict__ out,
   for (int u = 0; u < U; ++u) { size_t i = base + (size_t)u * blockDim.x; if (i < nvec) out[i] = make_uint4(u, 1, 2, 3); }
 }
 
+// One read, two writes (the FP8 RMSNorm quantize pass's mix: x in, qy and its transpose out).
+// REVERSE: block b takes chunk gridDim.x - 1 - b, so that a pass run right after one in forward
+// order meets the most recently read chunks first (what L2 may still hold).
+template <int U, bool REVERSE>
+__global__ void fanout2(const uint4* __restrict__ in, uint4* __restrict__ out, uint4* __restrict__ out2, size_t nvec) {
+  const size_t b = REVERSE ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  size_t base = b * blockDim.x * U + threadIdx.x;
+  uint4 v[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    size_t i = base + (size_t)u * blockDim.x;
+    if (i < nvec) v[u] = in[i];
+  }
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    size_t i = base + (size_t)u * blockDim.x;
+    if (i < nvec) {
+      out[i] = xform(v[u]);
+      out2[i] = v[u];
+    }
+  }
+}
+
+// readonly with an L2 eviction priority by position: vectors at or past `keep_from` are loaded
+// evict_last (what a second, reversed pass should find in L2), the others evict_first.
+__device__ __forceinline__ uint4 ld_el(const uint4* p) {
+  uint4 v;
+  uint64_t pol; asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(pol));
+  return v;
+}
+__global__ void readonly_keep_tail(const uint4* __restrict__ in, uint4* __restrict__ out, size_t nvec, size_t keep_from) {
+  constexpr int U = 4;
+  size_t base = (size_t)blockIdx.x * blockDim.x * U + threadIdx.x;
+  uint32_t acc = 0;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    size_t i = base + (size_t)u * blockDim.x;
+    if (i < nvec) { uint4 v = i >= keep_from ? ld_el(in + i) : ld_ef(in + i); acc ^= v.x ^ v.y ^ v.z ^ v.w; }
+  }
+  if (acc == 0x12345678u) out[0] = make_uint4(acc, 0, 0, 0);
+}
+// fanout2, reversed, with evict_first loads and stores (the outputs must not push x out of L2).
+template <int U>
+__global__ void fanout2_ef(const uint4* __restrict__ in, uint4* __restrict__ out, uint4* __restrict__ out2, size_t nvec) {
+  const size_t b = gridDim.x - 1 - blockIdx.x;
+  size_t base = b * blockDim.x * U + threadIdx.x;
+  uint4 v[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    size_t i = base + (size_t)u * blockDim.x;
+    if (i < nvec) v[u] = ld_ef(in + i);
+  }
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    size_t i = base + (size_t)u * blockDim.x;
+    if (i < nvec) {
+      st_ef(out + i, xform(v[u]));
+      st_ef(out2 + i, v[u]);
+    }
+  }
+}
+
 // TMA bulk: each block copies CH bytes global->smem (one mbarrier), flips sign bits in smem, bulk-stores.
 template <int CH>
 __global__ void bulk(const uint4* __restrict__ in, uint4* __restrict__ out, size_t nvec) {
@@ -148,6 +211,73 @@ int main() {
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const double ceiling_gbps = bench::measure_copy_ceiling().copy_gbps;
   std::printf("ceiling 1GiB memcpy %.0f GB/s\n", ceiling_gbps);
+  {
+    // The FP8 RMSNorm forward's traffic at (16384, 4096): x (1 byte per element) read by a
+    // statistics pass, read again by a quantize pass that writes two outputs of x's size. Counted
+    // as the issue counts it (x twice, both outputs once: 4 bytes per element without scales).
+    const std::size_t bytes = 16384ull * 4096;
+    const int rotations = bench::rotations_for(3 * bytes);
+    std::vector<bench::DeviceBuffer> ins, outs, outs2;
+    for (int r = 0; r < rotations; ++r) {
+      ins.emplace_back(bytes);
+      outs.emplace_back(bytes);
+      outs2.emplace_back(bytes);
+      CK(cudaMemset(ins.back().get(), r + 1, bytes));
+    }
+    auto in = [&](int r) { return static_cast<const uint4*>(ins[r].get()); };
+    auto out = [&](int r) { return static_cast<uint4*>(outs[r].get()); };
+    auto out2 = [&](int r) { return static_cast<uint4*>(outs2[r].get()); };
+    const std::size_t nvec = bytes / 16;
+    auto report = [&](const char* name, const bench::Timing& t, double units) {
+      const double gbps = units * bytes / t.median_us / 1e3;
+      std::printf("fp8-mix %6.1f MB %-40s %8.2f us %6.0f GB/s %5.1f%%\n", bytes / 1e6, name, t.median_us, gbps,
+                  100.0 * gbps / ceiling_gbps);
+    };
+    auto time = [&](const std::function<void(int)>& launch) { return bench::time_kernel(launch, rotations, 5, 60); };
+    const unsigned ro_grid = static_cast<unsigned>((nvec + 1023) / 1024);
+    report("readonly x (1 unit)", time([&](int r) { readonly<<<ro_grid, 256>>>(in(r), out(r), nvec); }), 1.0);
+    auto fan = [&](auto u, auto rev, int threads, bool with_read_pass) {
+      constexpr int U = decltype(u)::value;
+      constexpr bool R = decltype(rev)::value;
+      char name[80];
+      std::snprintf(name, sizeof name, "%sfanout2 U%d b%d%s", with_read_pass ? "readonly + " : "", U, threads,
+                    R ? " reversed" : "");
+      const unsigned grid = static_cast<unsigned>((nvec + std::size_t(threads) * U - 1) / (std::size_t(threads) * U));
+      report(name, time([&](int r) {
+               if (with_read_pass) readonly<<<ro_grid, 256>>>(in(r), out(r), nvec);
+               fanout2<U, R><<<grid, threads>>>(in(r), out(r), out2(r), nvec);
+             }),
+             with_read_pass ? 4.0 : 3.0);
+    };
+    using F = std::false_type;
+    using T = std::true_type;
+    fan(std::integral_constant<int, 1>{}, F{}, 256, false);
+    fan(std::integral_constant<int, 2>{}, F{}, 256, false);
+    fan(std::integral_constant<int, 4>{}, F{}, 256, false);
+    fan(std::integral_constant<int, 2>{}, F{}, 512, false);
+    fan(std::integral_constant<int, 1>{}, F{}, 256, true);
+    fan(std::integral_constant<int, 2>{}, F{}, 256, true);
+    fan(std::integral_constant<int, 4>{}, F{}, 256, true);
+    fan(std::integral_constant<int, 1>{}, T{}, 256, true);
+    fan(std::integral_constant<int, 2>{}, T{}, 256, true);
+    fan(std::integral_constant<int, 4>{}, T{}, 256, true);
+    for (int keep_mb : {0, 16, 24, 32, 40, 48}) {
+      for (int policy_stores : {0, 1}) {
+        char name[80];
+        std::snprintf(name, sizeof name, "readonly keep last %d MB + fanout2 U2 rev%s", keep_mb,
+                      policy_stores ? " ef" : "");
+        const std::size_t keep_from = nvec - std::min<std::size_t>(nvec, std::size_t(keep_mb) << 16);
+        const unsigned grid = static_cast<unsigned>((nvec + 511) / 512);
+        report(name, time([&](int r) {
+                 readonly_keep_tail<<<ro_grid, 256>>>(in(r), out(r), nvec, keep_from);
+                 if (policy_stores) fanout2_ef<2><<<grid, 256>>>(in(r), out(r), out2(r), nvec);
+                 else fanout2<2, true><<<grid, 256>>>(in(r), out(r), out2(r), nvec);
+               }),
+               4.0);
+      }
+    }
+    if (std::getenv("FUSEKIT_PROBE_FP8_ONLY")) return 0;
+  }
   const std::size_t sizes[] = {16384ull * 1024 * 2, 16384ull * 4096 * 2, 8192ull * 16384 * 2};
   for (std::size_t bytes : sizes) {
     const int rotations = bench::rotations_for(2 * bytes);
