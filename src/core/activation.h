@@ -25,11 +25,18 @@ __device__ __forceinline__ float rcp_approx(float x) {
 }
 #endif
 
-// kFastGeluErf: the float kernels' gelu_erf through the erfc fit below (16-bit storage, where its
-// error, up to 2.3e-7 absolute on the derivative, is far below the output's rounding). Kernels
-// that store float32 pass false and keep erff / expf (about 1e-7 absolute), whose error is the
-// one PyTorch's float32 kernels carry too.
-template <typename R, bool kFastGeluErf = true>
+// How the float kernels evaluate gelu_erf (forward and derivative):
+//  * exact: erff / expf (about 1e-7 absolute), the error PyTorch's float32 kernels carry too; for
+//    kernels that store float32.
+//  * fit_f32: a degree-9 erfc fit, fractional error 1.2e-7: terms accurate to float32's level, for
+//    16-bit inputs whose results may still be summed into a float32 output (the dropout backward's
+//    float32 dbias: with one row, dbias is the derivative itself). The default.
+//  * fit_16bit: a degree-5 erfc fit, fractional error 4e-6, for results that only ever reach
+//    16-bit storage (the linear forward's epilogue; the linear dz pass, whose dz and dbias share
+//    the 16-bit dtype): far below their rounding (the fp16 half ulp is 2.4e-4 relative).
+enum class GeluErfMath { exact, fit_f32, fit_16bit };
+
+template <typename R, GeluErfMath kGeluErf = GeluErfMath::fit_f32>
 struct ActivationMath {
   static FUSEKIT_HOST_DEVICE R sigmoid(R x) { return R(1) / (R(1) + exp(-x)); }
   static constexpr double kSqrt2OverPi = 0.7978845608028654;
@@ -49,25 +56,41 @@ struct ActivationMath {
     return s;
   }
   // Float kernels' erf-form gelu through Phi(x) = 0.5 erfc(-x / sqrt(2)): 0.5 erfc(z), z =
-  // |x| / sqrt(2), as t 2^(-z^2 log2(e) + Q(t)) with t = 1 / (1 + p z) and Q a degree-5
-  // polynomial (the form of Numerical Recipes' erfc fit, refitted for 16-bit outputs: minimax in
-  // Q over z in [0, 6.5], p = 0.47, the 0.5 folded in as -1). Fractional error below 4e-6
-  // everywhere, tail included, where 1 + erff(x) cancels; gelu's below 8.1e-6 relative in float32
-  // (the fp16 output's half ulp is 2.4e-4). One rcp, six FMAs and one ex2 whose exponent shares
-  // -x^2 / 2 with the derivative's Gaussian. erff + expf cost ~46 instructions per element and
-  // made the linear dz pass compute-bound (250 against 188 us for the other activations, H200,
-  // session 19); the degree-9 fit of sessions 19-27 (1.2e-7) cost four FMAs and two multiplies
-  // more, which the CUTLASS forward's epilogue did not hide at (8191, 4096, 12296) (session 28).
+  // |x| / sqrt(2), as t 2^(-z^2 log2(e) + Q(t)) with t = 1 / (1 + p z) (the form of Numerical
+  // Recipes' erfc fit), and an ex2 whose exponent shares -x^2 / 2 with the derivative's Gaussian.
+  // Fractional errors hold everywhere, tail included (where 1 + erff(x) cancels). erff + expf cost
+  // ~46 instructions per element and made the linear dz pass compute-bound (250 against 188 us for
+  // the other activations, H200, session 19).
+  //  fit_f32: Numerical Recipes' Chebyshev coefficients, Q of degree 9, p = 0.5: 1.2e-7.
+  //  fit_16bit: Q of degree 5 refitted (minimax over z in [0, 6.5], p = 0.47, the factor 0.5
+  //  folded in as -1): 4e-6; gelu below 8.1e-6 relative in float32. Six FMAs fewer, which the
+  //  CUTLASS forward's epilogue needed at (8191, 4096, 12296): gelu_erf there went from
+  //  1.034-1.053x the plain GEMM to 1.000-1.005x (H200, session 28).
   static __device__ __forceinline__ float half_erfc_abs(float x, float minus_half_x2) {
-    constexpr float kP = 0.47f * static_cast<float>(kInvSqrt2);
-    const float t = rcp_approx(fmaf(kP, fabsf(x), 1.0f));
-    float q = 0.343785093f;
-    q = fmaf(q, t, -1.18121297f);
-    q = fmaf(q, t, 1.01811299f);
-    q = fmaf(q, t, 0.233676057f);
-    q = fmaf(q, t, 1.50539041f);
-    q = fmaf(q, t, -2.91975552f);
-    return t * ex2_approx(fmaf(minus_half_x2, static_cast<float>(kLog2e), q));
+    if constexpr (kGeluErf == GeluErfMath::fit_16bit) {
+      constexpr float kP = 0.47f * static_cast<float>(kInvSqrt2);
+      const float t = rcp_approx(fmaf(kP, fabsf(x), 1.0f));
+      float q = 0.343785093f;
+      q = fmaf(q, t, -1.18121297f);
+      q = fmaf(q, t, 1.01811299f);
+      q = fmaf(q, t, 0.233676057f);
+      q = fmaf(q, t, 1.50539041f);
+      q = fmaf(q, t, -2.91975552f);
+      return t * ex2_approx(fmaf(minus_half_x2, static_cast<float>(kLog2e), q));
+    } else {
+      const float t = rcp_approx(fmaf(0.5f * static_cast<float>(kInvSqrt2), fabsf(x), 1.0f));
+      float p = 0.17087277f;
+      p = fmaf(p, t, -0.82215223f);
+      p = fmaf(p, t, 1.48851587f);
+      p = fmaf(p, t, -1.13520398f);
+      p = fmaf(p, t, 0.27886807f);
+      p = fmaf(p, t, -0.18628806f);
+      p = fmaf(p, t, 0.09678418f);
+      p = fmaf(p, t, 0.37409196f);
+      p = fmaf(p, t, 1.00002368f);
+      p = fmaf(p, t, -1.26551223f);
+      return 0.5f * t * ex2_approx((minus_half_x2 + p) * static_cast<float>(kLog2e));
+    }
   }
   static __device__ __forceinline__ float normal_cdf(float x, float minus_half_x2) {
     const float h = half_erfc_abs(x, minus_half_x2);
@@ -88,7 +111,7 @@ struct ActivationMath {
       case Activation::relu: return x > R(0) ? x : R(0);
       case Activation::gelu_erf:
 #if defined(__CUDA_ARCH__)
-        if constexpr (std::is_same_v<R, float> && kFastGeluErf) return x * normal_cdf(x, -0.5f * x * x);
+        if constexpr (std::is_same_v<R, float> && kGeluErf != GeluErfMath::exact) return x * normal_cdf(x, -0.5f * x * x);
 #endif
         return R(0.5) * x * (R(1) + erf(x * R(kInvSqrt2)));
       case Activation::gelu_tanh: {
@@ -123,7 +146,7 @@ struct ActivationMath {
       case Activation::relu: return x > R(0) ? R(1) : R(0);
       case Activation::gelu_erf: {
 #if defined(__CUDA_ARCH__)
-        if constexpr (std::is_same_v<R, float> && kFastGeluErf) {
+        if constexpr (std::is_same_v<R, float> && kGeluErf != GeluErfMath::exact) {
           const float minus_half_x2 = -0.5f * x * x;
           const float gaussian = ex2_approx(minus_half_x2 * static_cast<float>(kLog2e));
           return fmaf(x * static_cast<float>(kInvSqrt2Pi), gaussian, normal_cdf(x, minus_half_x2));

@@ -38,6 +38,10 @@
 
 namespace fusekit::linear::sm90 {
 
+// The epilogue's result is stored in the 16-bit output dtype only (the pre-activation is stored
+// before it): gelu_erf through the degree-5 erfc fit.
+inline constexpr detail::GeluErfMath kEpilogueGeluErf = detail::GeluErfMath::fit_16bit;
+
 // fusekit's activation as a CUTLASS epilogue functor. CUTLASS's Sm90Compute node passes a
 // functor's `Arguments` (here: which activation) as the last call argument.
 template <typename T>
@@ -47,7 +51,7 @@ struct EpilogueActivation {
     int activation = static_cast<int>(Activation::none);
   };
   CUTLASS_HOST_DEVICE T operator()(T const& value, Arguments const& args) const {
-    return detail::ActivationMath<T>::forward(static_cast<Activation>(args.activation), value, T(0));
+    return detail::ActivationMath<T, kEpilogueGeluErf>::forward(static_cast<Activation>(args.activation), value, T(0));
   }
 };
 
@@ -60,7 +64,7 @@ struct EpilogueActivation<cutlass::Array<T, N>> {
   CUTLASS_DEVICE static cutlass::Array<T, N> apply(cutlass::Array<T, N> const& values) {
     cutlass::Array<T, N> out;
     CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < N; ++i) out[i] = detail::ActivationMath<T>::forward(A, values[i], T(0));
+    for (int i = 0; i < N; ++i) out[i] = detail::ActivationMath<T, kEpilogueGeluErf>::forward(A, values[i], T(0));
     return out;
   }
 

@@ -36,14 +36,19 @@ struct alignas(sizeof(T) * VEC) Pack {
   T v[VEC];
 };
 
-// T: the storage type; float32 storage keeps the exact gelu_erf (ActivationMath's kFastGeluErf).
+// T: the storage type; float32 storage keeps the exact gelu_erf, 16-bit storage (dz and dbias both
+// 16-bit) the degree-5 fit (ActivationMath's GeluErfMath).
+template <typename T>
+inline constexpr detail::GeluErfMath kGeluErfFor =
+    std::is_same_v<T, float> ? detail::GeluErfMath::exact : detail::GeluErfMath::fit_16bit;
+
 template <Activation A, typename T>
 __device__ __forceinline__ float act_forward(float x) {
-  return detail::ActivationMath<float, !std::is_same_v<T, float>>::forward(A, x, 0.0f);
+  return detail::ActivationMath<float, kGeluErfFor<T>>::forward(A, x, 0.0f);
 }
 template <Activation A, typename T>
 __device__ __forceinline__ float act_derivative(float x) {
-  return detail::ActivationMath<float, !std::is_same_v<T, float>>::derivative(A, x, 0.0f);
+  return detail::ActivationMath<float, kGeluErfFor<T>>::derivative(A, x, 0.0f);
 }
 
 // Rows go to blockIdx.y (grid-stride), VEC-element chunks of a row to blockIdx.x * blockDim.x +
