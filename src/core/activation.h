@@ -63,9 +63,10 @@ struct ActivationMath {
   // the other activations, H200, session 19).
   //  fit_f32: Numerical Recipes' Chebyshev coefficients, Q of degree 9, p = 0.5: 1.2e-7.
   //  fit_16bit: Q of degree 5 refitted (minimax over z in [0, 6.5], p = 0.47, the factor 0.5
-  //  folded in as -1): 4e-6; gelu below 8.1e-6 relative in float32. Six FMAs fewer, which the
-  //  CUTLASS forward's epilogue needed at (8191, 4096, 12296): gelu_erf there went from
-  //  1.034-1.053x the plain GEMM to 1.000-1.005x (H200, session 28).
+  //  folded in as -1): 4e-6; gelu below 8.1e-6 relative in float32. Six instructions fewer (four
+  //  FMAs, the multiplies by 0.5 and log2(e)), which the CUTLASS forward's epilogue needed at
+  //  (8191, 4096, 12296): gelu_erf there went from 1.034-1.053x the plain GEMM to 1.000-1.005x
+  //  (H200, session 28).
   static __device__ __forceinline__ float half_erfc_abs(float x, float minus_half_x2) {
     if constexpr (kGeluErf == GeluErfMath::fit_16bit) {
       constexpr float kP = 0.47f * static_cast<float>(kInvSqrt2);
