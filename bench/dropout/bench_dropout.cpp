@@ -29,12 +29,15 @@ const std::vector<std::pair<std::int64_t, std::int64_t>>& dropout_bench_shapes()
 void bench_dropout(Report& report) {
   const Device gpu = Device::cuda(0);
   constexpr float kP = 0.1f;
-  for (auto [rows, cols] : dropout_bench_shapes()) {
+  const std::int64_t pad = row_pad_elements();
+  for (auto [rows, cols] : shapes_from_env(dropout_bench_shapes())) {
     const std::size_t elems = std::size_t(rows) * cols, bytes = elems * 2;
-    const int rotations = rotations_for(2 * bytes);
+    const std::int64_t ld = cols + pad;  // row stride of x, y, dy, dx (elements)
+    const std::size_t alloc = std::size_t(rows) * ld * 2;
+    const int rotations = rotations_for(2 * alloc);
     std::vector<Set> sets(rotations);
     for (int r = 0; r < rotations; ++r) {
-      sets[r] = {DeviceBuffer(bytes), DeviceBuffer(bytes), DeviceBuffer(bytes), DeviceBuffer(bytes)};
+      sets[r] = {DeviceBuffer(alloc), DeviceBuffer(alloc), DeviceBuffer(alloc), DeviceBuffer(alloc)};
       sets[r].x.fill_random_bf16(300 + r);
       sets[r].dy.fill_random_bf16(400 + r);
     }
@@ -43,17 +46,17 @@ void bench_dropout(Report& report) {
     const std::size_t ws_bytes = bias_act_dropout_backward_workspace_size(rows, cols, DType::bf16, gpu);
     DeviceBuffer ws(ws_bytes);
     const TensorView workspace(ws.get(), DType::u8, gpu, {static_cast<std::int64_t>(ws_bytes)});
-    auto t2 = [&](const DeviceBuffer& buf) { return TensorView(buf.get(), DType::bf16, gpu, {rows, cols}); };
+    auto t2 = [&](const DeviceBuffer& buf) { return TensorView(buf.get(), DType::bf16, gpu, {rows, cols}, {ld, 1}); };
     auto vec = [&](const DeviceBuffer& buf) { return TensorView(buf.get(), DType::bf16, gpu, {cols}); };
 
     // The forward's bytes as one memcpy (impl "copy").
     const Timing tc = time_same_size_copy(
         bytes, rotations, [&](int r) { return sets[r].y.get(); }, [&](int r) { return sets[r].x.get(); });
-    report.add({"bias_act_dropout", "fwd", fmt::format("({}, {})", rows, cols), "copy", tc.median_us,
+    report.add({"bias_act_dropout", "fwd", padded_shape_label(rows, cols), "copy", tc.median_us,
                 2.0 * bytes});
     for (Activation act : {Activation::gelu_tanh, Activation::relu}) {
       const BiasActDropoutConfig config{act, 0.0f, kP, 0x5eed, 17};
-      const std::string shape = fmt::format("({}, {}) {}", rows, cols, activation_name(act));
+      const std::string shape = padded_shape_label(rows, cols) + " " + activation_name(act);
       const Timing tf = time_kernel(
           [&](int r) { bias_act_dropout_forward(t2(sets[r].x), vec(b), config, t2(sets[r].y)); }, rotations);
       report.add({"bias_act_dropout", "fwd", shape, "fusekit", tf.median_us,

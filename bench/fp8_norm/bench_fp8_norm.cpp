@@ -32,15 +32,19 @@ const std::vector<std::pair<std::int64_t, std::int64_t>>& fp8_norm_bench_shapes(
 
 void bench_fp8_norm(Report& report) {
   const Device gpu = Device::cuda(0);
-  for (auto [rows, cols] : fp8_norm_bench_shapes()) {
+  const std::int64_t pad = row_pad_elements();
+  for (auto [rows, cols] : shapes_from_env(fp8_norm_bench_shapes())) {
     const std::size_t elems = std::size_t(rows) * cols, groups = elems / kGroup;
+    // Row strides of x, qy, dy and dx (elements); the scales and qy_t stay packed.
+    const std::int64_t ld = cols + pad;
+    const std::size_t padded = std::size_t(rows) * ld;
     // Working set of one call (the larger of the two directions): x, scales, dy, dx, qy, qy_t.
-    const int rotations = rotations_for(elems * (1 + 2 + 2 + 1 + 1) + groups * 2);
+    const int rotations = rotations_for(padded * (1 + 2 + 2 + 1) + elems + groups * 2);
     std::vector<Set> sets(rotations);
     for (int r = 0; r < rotations; ++r) {
-      sets[r] = {DeviceBuffer(elems), DeviceBuffer(groups * 2), DeviceBuffer(elems), DeviceBuffer(elems),
-                 DeviceBuffer(rows * 4), DeviceBuffer(elems * 2), DeviceBuffer(elems * 2)};
-      fill_fp8_norm_inputs(sets[r].x.get(), elems, sets[r].scales.get(), groups, 300 + r);
+      sets[r] = {DeviceBuffer(padded), DeviceBuffer(groups * 2), DeviceBuffer(padded), DeviceBuffer(elems),
+                 DeviceBuffer(rows * 4), DeviceBuffer(padded * 2), DeviceBuffer(padded * 2)};
+      fill_fp8_norm_inputs(sets[r].x.get(), padded, sets[r].scales.get(), groups, 300 + r);
       sets[r].dy.fill_random_bf16(400 + r);
     }
     DeviceBuffer w(cols * 2), dw(cols * 2), y_scale(16);
@@ -55,22 +59,22 @@ void bench_fp8_norm(Report& report) {
 
     auto forward = [&](int r) {
       const Set& s = sets[r];
-      fp8_rms_norm_forward(TensorView(s.x.get(), DType::f8e4m3, gpu, {rows, cols}),
+      fp8_rms_norm_forward(TensorView(s.x.get(), DType::f8e4m3, gpu, {rows, cols}, {ld, 1}),
                            TensorView(s.scales.get(), DType::bf16, gpu, {rows, cols / kGroup}), weight, 1e-5f,
-                           TensorView(s.qy.get(), DType::f8e4m3, gpu, {rows, cols}),
+                           TensorView(s.qy.get(), DType::f8e4m3, gpu, {rows, cols}, {ld, 1}),
                            TensorView(s.qy_t.get(), DType::f8e4m3, gpu, {cols, rows}), scale,
                            TensorView(s.rstd.get(), DType::f32, gpu, {rows}), std::nullopt, fwork, kGroup);
     };
     auto backward = [&](int r) {
       const Set& s = sets[r];
-      fp8_rms_norm_backward(TensorView(s.dy.get(), DType::bf16, gpu, {rows, cols}),
-                            TensorView(s.x.get(), DType::f8e4m3, gpu, {rows, cols}),
+      fp8_rms_norm_backward(TensorView(s.dy.get(), DType::bf16, gpu, {rows, cols}, {ld, 1}),
+                            TensorView(s.x.get(), DType::f8e4m3, gpu, {rows, cols}, {ld, 1}),
                             TensorView(s.scales.get(), DType::bf16, gpu, {rows, cols / kGroup}), weight,
                             TensorView(s.rstd.get(), DType::f32, gpu, {rows}),
-                            TensorView(s.dx.get(), DType::bf16, gpu, {rows, cols}), dweight, bwork, kGroup);
+                            TensorView(s.dx.get(), DType::bf16, gpu, {rows, cols}, {ld, 1}), dweight, bwork, kGroup);
     };
     for (int r = 0; r < rotations; ++r) forward(r);  // saved rstd for backward
-    const std::string shape = fmt::format("({}, {})", rows, cols);
+    const std::string shape = padded_shape_label(rows, cols);
     const Timing tf = time_kernel(forward, rotations);
     report.add({"fp8_rms_norm", "fwd", shape, "fusekit", tf.median_us, 4.25 * elems});
     const Timing tb = time_kernel(backward, rotations);

@@ -69,6 +69,41 @@ void DeviceBuffer::fill_random_f32(std::uint64_t seed, float mean, float stddev)
   cuda_check(cudaGetLastError(), "fill_random_f32");
 }
 
+std::vector<std::pair<std::int64_t, std::int64_t>> shapes_from_env(
+    const std::vector<std::pair<std::int64_t, std::int64_t>>& defaults) {
+  const char* list = std::getenv("FUSEKIT_BENCH_SHAPES");
+  if (list == nullptr) return defaults;
+  const std::string bad = std::string("FUSEKIT_BENCH_SHAPES: expected RxC[,RxC...] with positive sizes, got ") + list;
+  std::vector<std::pair<std::int64_t, std::int64_t>> shapes;
+  for (const char* p = list; *p;) {
+    char* end = nullptr;
+    const long long r = std::strtoll(p, &end, 10);
+    if (*end != 'x') throw std::runtime_error(bad);
+    const long long c = std::strtoll(end + 1, &end, 10);
+    if (r <= 0 || c <= 0 || (*end != ',' && *end != '\0')) throw std::runtime_error(bad);
+    shapes.emplace_back(r, c);
+    p = *end == ',' ? end + 1 : end;
+  }
+  return shapes;
+}
+
+std::int64_t row_pad_elements() {
+  static const std::int64_t pad = [] {
+    const char* env = std::getenv("FUSEKIT_BENCH_ROW_PAD");
+    const long long v = env ? std::strtoll(env, nullptr, 10) : 0;
+    if (v < 0 || v % 16 != 0 || v > (1 << 20))
+      throw std::runtime_error("FUSEKIT_BENCH_ROW_PAD: expected a multiple of 16 in [0, 2^20], got " +
+                               std::string(env));
+    return static_cast<std::int64_t>(v);
+  }();
+  return pad;
+}
+
+std::string padded_shape_label(std::int64_t rows, std::int64_t cols) {
+  const std::int64_t pad = row_pad_elements();
+  return pad == 0 ? fmt::format("({}, {})", rows, cols) : fmt::format("({}, {}) +{}", rows, cols, pad);
+}
+
 int rotations_for(std::size_t bytes) {
   int device = 0;
   cuda_check(cudaGetDevice(&device), "cudaGetDevice");

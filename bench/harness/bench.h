@@ -58,6 +58,18 @@ std::pair<Timing, Timing> time_interleaved(const std::function<void(int rotation
 Timing time_same_size_copy(std::size_t bytes, int rotations, const std::function<void*(int rotation)>& dst,
                            const std::function<const void*(int rotation)>& src);
 
+// FUSEKIT_BENCH_SHAPES="16384x4096,4096x6144" replaces a (rows, cols) bench's shapes (for tuning
+// and profiling); without it, `defaults`. A malformed list throws, naming the variable.
+std::vector<std::pair<std::int64_t, std::int64_t>> shapes_from_env(
+    const std::vector<std::pair<std::int64_t, std::int64_t>>& defaults);
+
+// FUSEKIT_BENCH_ROW_PAD=P (a diagnostic, default 0, a multiple of 16): the (rows, cols) benches
+// lay their row-major tensors out with row strides of cols + P elements, so that one call can tell
+// whether a shape's time depends on where its rows start (DRAM address mapping) rather than on
+// its size. Rows are labelled with the padding ("(8192, 8192) +256").
+std::int64_t row_pad_elements();
+std::string padded_shape_label(std::int64_t rows, std::int64_t cols);
+
 // How many copies of a working set of `bytes` are needed so that cycling through them overflows
 // L2 twice over (at least 2).
 int rotations_for(std::size_t bytes);

@@ -31,30 +31,19 @@ const std::vector<std::pair<std::int64_t, std::int64_t>>& norm_bench_shapes() {
 
 void bench_norm(Report& report, const std::string& only) {
   const Device gpu = Device::cuda(0);
-  // FUSEKIT_BENCH_SHAPES="16384x4096,4096x6144" replaces the shapes (for tuning and profiling).
-  std::vector<std::pair<std::int64_t, std::int64_t>> shapes = norm_bench_shapes();
-  if (const char* list = std::getenv("FUSEKIT_BENCH_SHAPES")) {
-    shapes.clear();
-    for (const char* p = list; *p;) {
-      char* end = nullptr;
-      const long long r = std::strtoll(p, &end, 10);
-      if (*end != 'x') throw std::runtime_error("FUSEKIT_BENCH_SHAPES: expected RxC[,RxC...], got " + std::string(list));
-      const long long c = std::strtoll(end + 1, &end, 10);
-      if (r <= 0 || c <= 0) throw std::runtime_error("FUSEKIT_BENCH_SHAPES: sizes must be positive: " + std::string(list));
-      shapes.emplace_back(r, c);
-      p = *end == ',' ? end + 1 : end;
-      if (*end != ',' && *end != '\0') throw std::runtime_error("FUSEKIT_BENCH_SHAPES: expected RxC[,RxC...], got " + std::string(list));
-    }
-  }
+  const std::vector<std::pair<std::int64_t, std::int64_t>> shapes = shapes_from_env(norm_bench_shapes());
+  const std::int64_t pad = row_pad_elements();
   for (const bool rms : {false, true}) {
     const std::string op = rms ? "rms_norm" : "layer_norm";
     if (!only.empty() && only != op && only != "norm") continue;
     for (auto [rows, cols] : shapes) {
       const std::size_t elems = std::size_t(rows) * cols, bytes = elems * 2;
-      const int rotations = rotations_for(2 * bytes);
+      const std::int64_t ld = cols + pad;  // row stride of x, y, dy, dx (elements)
+      const std::size_t alloc = std::size_t(rows) * ld * 2;
+      const int rotations = rotations_for(2 * alloc);
       std::vector<Set> sets(rotations);
       for (int r = 0; r < rotations; ++r) {
-        sets[r] = {DeviceBuffer(bytes), DeviceBuffer(bytes), DeviceBuffer(bytes), DeviceBuffer(bytes),
+        sets[r] = {DeviceBuffer(alloc), DeviceBuffer(alloc), DeviceBuffer(alloc), DeviceBuffer(alloc),
                    DeviceBuffer(rows * 4), DeviceBuffer(rows * 4)};
         sets[r].x.fill_random_bf16(100 + r, 0.3f, 2.0f);
         sets[r].dy.fill_random_bf16(200 + r);
@@ -65,7 +54,7 @@ void bench_norm(Report& report, const std::string& only) {
       const std::size_t ws_bytes = norm_backward_workspace_size(rows, cols, DType::bf16, gpu);
       DeviceBuffer ws(ws_bytes);
       auto t2 = [&](const DeviceBuffer& buf) {
-        return TensorView(buf.get(), DType::bf16, gpu, {rows, cols});
+        return TensorView(buf.get(), DType::bf16, gpu, {rows, cols}, {ld, 1});
       };
       auto vec = [&](const DeviceBuffer& buf) { return TensorView(buf.get(), DType::bf16, gpu, {cols}); };
       auto stat = [&](const DeviceBuffer& buf) { return TensorView(buf.get(), DType::f32, gpu, {rows}); };
@@ -82,7 +71,7 @@ void bench_norm(Report& report, const std::string& only) {
         else layer_norm_backward(t2(s.dy), t2(s.x), vec(w), stat(s.mean), stat(s.rstd), t2(s.dx), vec(dw), vec(db), workspace);
       };
       for (int r = 0; r < rotations; ++r) forward(r);  // saved statistics for backward
-      const std::string shape = fmt::format("({}, {})", rows, cols);
+      const std::string shape = padded_shape_label(rows, cols);
       if (!rms) {  // the forward's bytes as one memcpy (once per shape for both norms)
         const Timing tc = time_same_size_copy(
             bytes, rotations, [&](int r) { return sets[r].y.get(); }, [&](int r) { return sets[r].x.get(); });
