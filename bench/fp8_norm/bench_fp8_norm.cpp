@@ -5,6 +5,7 @@
 // element). rstd, the weight and its gradient are per row / per column and not counted.
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <optional>
 #include <vector>
 
@@ -79,6 +80,20 @@ void bench_fp8_norm(Report& report) {
     report.add({"fp8_rms_norm", "fwd", shape, "fusekit", tf.median_us, 4.25 * elems});
     const Timing tb = time_kernel(backward, rotations);
     report.add({"fp8_rms_norm", "bwd", shape, "fusekit", tb.median_us, 5.125 * elems});
+    if (std::getenv("FUSEKIT_BENCH_DIAGNOSTICS")) {
+      // dx alone: the dweight partial rows and their reduction cost the difference.
+      auto dx_only = [&](int r) {
+        const Set& s = sets[r];
+        fp8_rms_norm_backward(TensorView(s.dy.get(), DType::bf16, gpu, {rows, cols}, {ld, 1}),
+                              TensorView(s.x.get(), DType::f8e4m3, gpu, {rows, cols}, {ld, 1}),
+                              TensorView(s.scales.get(), DType::bf16, gpu, {rows, cols / kGroup}), weight,
+                              TensorView(s.rstd.get(), DType::f32, gpu, {rows}),
+                              TensorView(s.dx.get(), DType::bf16, gpu, {rows, cols}, {ld, 1}), std::nullopt,
+                              std::nullopt, kGroup);
+      };
+      const Timing td = time_kernel(dx_only, rotations);
+      report.add({"fp8_rms_norm", "bwd-dx", shape, "fusekit", td.median_us, 5.125 * elems});
+    }
   }
 }
 
