@@ -290,7 +290,8 @@ std::unique_ptr<Plan> make_plan(const char* op, const Key& key, const Gemm& g,
     plan->algo = plan->candidates.front();
     plan->has_algo = true;
   }
-  plan->tuned = plan->candidates.size() <= 1;
+  const double flops = 2.0 * double(key.m) * double(key.n) * double(key.k);
+  plan->tuned = plan->candidates.size() <= 1 || flops < kMinTimedFlops;
   if (plan->tuned) plan->candidates.clear();
   return plan;
 }

@@ -49,6 +49,13 @@ inline constexpr std::size_t kWorkspaceBytes = std::size_t(32) << 20;
 // With FUSEKIT_GEMM_AUTOTUNE_LOG=1 every timed candidate (GEMM algorithm or forward path) is
 // printed to stderr. Whether tuning happens at all: linear::autotune_enabled() (linear_paths.h).
 bool autotune_log();
+// Problems of fewer floating-point operations than this (2 m n k) are not timed: at ~700 TFLOP/s a
+// GEMM of 2^30 flops takes ~1.5 us, and its candidates differ by less than the timer's noise. A
+// timed pick of noise would change their algorithm, and with it their rounding, from one process
+// to the next; below the threshold they keep the heuristic's first choice (the forward's path
+// choice too, linear_cuda.cu).
+inline constexpr double kMinTimedFlops = 1073741824.0;  // 2^30
+
 // Whether timing on `stream` is allowed now: not while a CUDA graph capture involves it (a query
 // that fails counts as capturing).
 bool can_time_on(void* stream);

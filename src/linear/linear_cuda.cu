@@ -480,7 +480,7 @@ std::vector<ForwardPath> forward_candidates(const ForwardParams& p, lt::Epilogue
 
 ForwardPath tuned_forward_path(const ForwardParams& p, lt::Epilogue epilogue, ForwardPath guess,
                                int device_index, cudaStream_t stream) {
-  if (!autotune_enabled()) return guess;
+  if (!autotune_enabled() || 2.0 * double(p.m) * double(p.n) * double(p.k) < lt::kMinTimedFlops) return guess;
   ForwardKey key;
   key.device = device_index;
   key.dtype = p.dtype;

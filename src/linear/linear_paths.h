@@ -36,7 +36,9 @@ DbiasRoute dbias_route();
 // Autotuning of cuBLASLt's GEMM algorithms (linear_cublaslt.cpp) and of the forward path
 // (linear_cuda.cu): the first call of a problem times the candidates and keeps the fastest. On
 // unless FUSEKIT_GEMM_AUTOTUNE=0; set_autotune overrides the environment (tests use it to check
-// the untimed routing rules). Problems already tuned keep their choice.
+// the untimed routing rules). Problems already tuned keep their choice; problems of fewer than
+// lt::kMinTimedFlops (2^30) are never timed and keep the heuristic's / the rules' first choice, so
+// that their numerics do not depend on timer noise.
 void set_autotune(bool enabled);
 bool autotune_enabled();
 
