@@ -66,6 +66,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "core/device_vector.cuh"
 #include "fusekit/attention.h"
 #include "fusekit/dropout.h"
 #include "fusekit/philox.h"
@@ -262,28 +263,19 @@ __device__ __forceinline__ void store_bias(const BiasArg& a, int b, int h, int i
 
 // ---- element types --------------------------------------------------------------------------------
 
-template <typename T>
-__device__ __forceinline__ std::uint32_t pack2(float lo, float hi);
-template <>
-__device__ __forceinline__ std::uint32_t pack2<__half>(float lo, float hi) {
-  const __half2 v = __floats2half2_rn(lo, hi);  // .x (low 16 bits) = lo
-  return *reinterpret_cast<const std::uint32_t*>(&v);
-}
-template <>
-__device__ __forceinline__ std::uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const std::uint32_t*>(&v);
-}
+// Two floats as one 32-bit word of 16-bit values (lo in the low half) and back; the bit copies
+// go through memcpy (core/device_vector.cuh's bit_copy), never a pointer cast of a local.
+using detail::device::pack2;
 
 template <typename T>
 __device__ __forceinline__ float2 unpack2(std::uint32_t w);
 template <>
 __device__ __forceinline__ float2 unpack2<__half>(std::uint32_t w) {
-  return __half22float2(*reinterpret_cast<const __half2*>(&w));
+  return __half22float2(detail::device::bit_copy<__half2>(w));
 }
 template <>
 __device__ __forceinline__ float2 unpack2<__nv_bfloat16>(std::uint32_t w) {
-  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
+  return __bfloat1622float2(detail::device::bit_copy<__nv_bfloat162>(w));
 }
 
 // ---- shared memory, cp.async, ldmatrix, mma -------------------------------------------------------

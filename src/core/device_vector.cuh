@@ -7,11 +7,23 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 namespace fusekit::detail::device {
 
 // ---- single elements --------------------------------------------------------------------------
+
+// The bits of `from` as a `To` of the same size. Reading a local through a reinterpret_cast
+// pointer of another type breaks C++'s aliasing rules (the compiler happens to do what was meant,
+// but need not); a memcpy of the bytes is the defined form and compiles to a register move.
+template <typename To, typename From>
+__device__ __forceinline__ To bit_copy(const From& from) {
+  static_assert(sizeof(To) == sizeof(From), "same size");
+  To to;
+  memcpy(&to, &from, sizeof(To));
+  return to;
+}
 
 template <typename T>
 __device__ __forceinline__ float to_float(T v);
@@ -36,13 +48,11 @@ template <typename T>
 __device__ __forceinline__ std::uint32_t pack2(float a, float b);
 template <>
 __device__ __forceinline__ std::uint32_t pack2<__half>(float a, float b) {
-  const __half2 h = __floats2half2_rn(a, b);
-  return *reinterpret_cast<const std::uint32_t*>(&h);
+  return bit_copy<std::uint32_t>(__floats2half2_rn(a, b));
 }
 template <>
 __device__ __forceinline__ std::uint32_t pack2<__nv_bfloat16>(float a, float b) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-  return *reinterpret_cast<const std::uint32_t*>(&h);
+  return bit_copy<std::uint32_t>(__floats2bfloat162_rn(a, b));
 }
 
 // ---- 16-byte vectors --------------------------------------------------------------------------
@@ -63,7 +73,7 @@ __device__ __forceinline__ void unpack16_to(const uint4 raw, float* out) {
       out[2 * j + 1] = __uint_as_float(word[j] & 0xFFFF0000u);
     } else {
       static_assert(std::is_same_v<T, __half>, "float, half or bfloat16");
-      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&word[j]));
+      const float2 f = __half22float2(bit_copy<__half2>(word[j]));
       out[2 * j] = f.x;
       out[2 * j + 1] = f.y;
     }
