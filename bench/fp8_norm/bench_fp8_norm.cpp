@@ -66,32 +66,26 @@ void bench_fp8_norm(Report& report) {
                            TensorView(s.qy_t.get(), DType::f8e4m3, gpu, {cols, rows}), scale,
                            TensorView(s.rstd.get(), DType::f32, gpu, {rows}), std::nullopt, fwork, kGroup);
     };
-    auto backward = [&](int r) {
+    // with_dweight false: dx alone (a diagnostic; the dweight partial rows and their reduction
+    // cost the difference).
+    auto backward = [&](int r, bool with_dweight) {
       const Set& s = sets[r];
       fp8_rms_norm_backward(TensorView(s.dy.get(), DType::bf16, gpu, {rows, cols}, {ld, 1}),
                             TensorView(s.x.get(), DType::f8e4m3, gpu, {rows, cols}, {ld, 1}),
                             TensorView(s.scales.get(), DType::bf16, gpu, {rows, cols / kGroup}), weight,
                             TensorView(s.rstd.get(), DType::f32, gpu, {rows}),
-                            TensorView(s.dx.get(), DType::bf16, gpu, {rows, cols}, {ld, 1}), dweight, bwork, kGroup);
+                            TensorView(s.dx.get(), DType::bf16, gpu, {rows, cols}, {ld, 1}),
+                            with_dweight ? OptionalTensor(dweight) : std::nullopt,
+                            with_dweight ? OptionalTensor(bwork) : std::nullopt, kGroup);
     };
     for (int r = 0; r < rotations; ++r) forward(r);  // saved rstd for backward
     const std::string shape = padded_shape_label(rows, cols);
     const Timing tf = time_kernel(forward, rotations);
     report.add({"fp8_rms_norm", "fwd", shape, "fusekit", tf.median_us, 4.25 * elems});
-    const Timing tb = time_kernel(backward, rotations);
+    const Timing tb = time_kernel([&](int r) { backward(r, true); }, rotations);
     report.add({"fp8_rms_norm", "bwd", shape, "fusekit", tb.median_us, 5.125 * elems});
     if (std::getenv("FUSEKIT_BENCH_DIAGNOSTICS")) {
-      // dx alone: the dweight partial rows and their reduction cost the difference.
-      auto dx_only = [&](int r) {
-        const Set& s = sets[r];
-        fp8_rms_norm_backward(TensorView(s.dy.get(), DType::bf16, gpu, {rows, cols}, {ld, 1}),
-                              TensorView(s.x.get(), DType::f8e4m3, gpu, {rows, cols}, {ld, 1}),
-                              TensorView(s.scales.get(), DType::bf16, gpu, {rows, cols / kGroup}), weight,
-                              TensorView(s.rstd.get(), DType::f32, gpu, {rows}),
-                              TensorView(s.dx.get(), DType::bf16, gpu, {rows, cols}, {ld, 1}), std::nullopt,
-                              std::nullopt, kGroup);
-      };
-      const Timing td = time_kernel(dx_only, rotations);
+      const Timing td = time_kernel([&](int r) { backward(r, false); }, rotations);
       report.add({"fp8_rms_norm", "bwd-dx", shape, "fusekit", td.median_us, 5.125 * elems});
     }
   }
