@@ -75,10 +75,15 @@ int env_knob(const char* name, int lo, int hi, int fallback) {
   return (v >= lo && v <= hi) ? v : fallback;
 }
 
-// backward_iters: the backward's vectors per thread for rows longer than a warp (backward_choice).
-RowPlan plan_rows(std::int64_t vectors, bool backward, int backward_iters = 4) {
+// backward_iters: the backward's vectors per thread for rows longer than a warp;
+// backward_short_row_threads: its threads per row for rows of at most one warp's 4 vectors (32,
+// or 64 to split them over two warps). Both from backward_choice.
+RowPlan plan_rows(std::int64_t vectors, bool backward, int backward_iters = 4, int backward_short_row_threads = 32) {
   RowPlan plan;
-  if (vectors <= 128) {
+  if (vectors <= 128 && backward && backward_short_row_threads > 32) {
+    plan.geometry.threads_per_row = backward_short_row_threads;
+    plan.iters = static_cast<int>((vectors + backward_short_row_threads - 1) / backward_short_row_threads);
+  } else if (vectors <= 128) {
     plan.iters = static_cast<int>((vectors + 31) / 32);
     plan.geometry.threads_per_row = 32;
   } else {
@@ -107,8 +112,14 @@ RowPlan plan_rows(std::int64_t vectors, bool backward, int backward_iters = 4) {
   // block per SM at ~128 registers); FUSEKIT_NORM_BWD_BLOCK (128..512) overrides (tuning knob).
   // Rows of up to 4 warps are grouped into blocks of at most 384 threads (N = 2048: 4 rows of
   // 96 threads, 7% faster than 5 rows in 480 threads).
+  // Rows of 33..128 vectors (N = 264..1024 in 16-bit types; one warp per row, or two) go 256
+  // threads to a block. H200, session 30, one warp per row, us, 512 -> 256 threads: RMSNorm
+  // (16384, 640 / 768 / 1024) 29.2 / 32.5 / 38.0 -> 28.6 / 31.5 / 36.7, LayerNorm with dbias
+  // (16384, 512 / 640 / 768) 27.6 / 32.2 / 36.0 -> 26.3 / 31.2 / 34.3; at N = 128 and 256 (one
+  // vector per lane) LayerNorm lost 0.4-1.1 us and RMSNorm was even: they keep 512.
   static const int backward_block = env_knob("FUSEKIT_NORM_BWD_BLOCK", 128, 512, 0);
-  const int block = backward_block > 0 ? backward_block : (tpr > 32 && tpr <= 128 ? 384 : 512);
+  const bool short_row = vectors > 32 && vectors <= 128;
+  const int block = backward_block > 0 ? backward_block : (short_row ? 256 : tpr > 32 && tpr <= 128 ? 384 : 512);
   plan.geometry.rows_per_block =
       std::max(1, std::min(block / tpr, tpr > 32 ? kMaxGroups - 1 : kMaxGroups));
   return plan;
@@ -245,13 +256,27 @@ using BackwardKernel = void (*)(BackwardParams, RowGeometry, float*, float*);
 //                             either way); at N = 12288 and 16384 KEEP_G lost 12% and 8%.
 // From y the old rule stands (not measured). FUSEKIT_NORM_BWD_ITERS (1..4) overrides the vectors
 // (without KEEP_G) and FUSEKIT_NORM_BWD_TABLE=0 restores the old rule (tuning knobs).
+//
+// Rows of at most 128 vectors (one warp at 4 vectors per lane) run one warp per row, except
+// LayerNorm with dbias from x in rows of 97..128 vectors: two warps per row at 2 vectors per lane,
+// which halves the 64 registers of dweight and dbias sums each lane would hold. H200, session 30,
+// 256 threads per block, us: (16384, 1024) 42.0-42.5 -> 40.1-40.3, (32768, 1024) 67.6-67.8 ->
+// 64.9-65.1; at N = 768 even (34.3 / 34.5), at N = 640 (a second vector for a quarter of the
+// lanes) 31.2 -> 33.7; RMSNorm lost 3-10% with two warps. From y one warp per row stays (not
+// measured). FUSEKIT_NORM_BWD_SHORT_TPR (32, 64 or 128) sets those threads per row (tuning knob).
 struct BackwardChoice {
   int iters = 4;
   bool keep_g = false;
+  int short_row_threads = 32;
 };
 BackwardChoice backward_choice(std::int64_t vectors, bool from_output, bool bias_grad) {
   static const int iters_knob = env_knob("FUSEKIT_NORM_BWD_ITERS", 1, 4, 0);
   static const int table_knob = env_knob("FUSEKIT_NORM_BWD_TABLE", 0, 1, 1);
+  static const int short_tpr_knob = env_knob("FUSEKIT_NORM_BWD_SHORT_TPR", 32, 128, 0) / 32 * 32;
+  if (vectors <= 128) {
+    if (short_tpr_knob > 0) return {4, false, short_tpr_knob};
+    return {4, false, bias_grad && !from_output && vectors > 96 ? 64 : 32};
+  }
   if (iters_knob > 0) return {iters_knob, false};
   if (table_knob == 0 || from_output) return {vectors <= 640 ? 3 : 4, false};
   if (bias_grad) {
@@ -284,7 +309,7 @@ BackwardVariant backward_variant(const char* op, std::int64_t cols, bool from_ou
   BackwardVariant v;
   if (cols % kVec != 0) return v;
   const BackwardChoice choice = backward_choice(cols / kVec, from_output, bias_grad);
-  RowPlan plan = plan_rows(cols / kVec, true, choice.iters);
+  RowPlan plan = plan_rows(cols / kVec, true, choice.iters, choice.short_row_threads);
   if (plan.iters == 0) return v;
   const bool keep_g = choice.keep_g && plan.geometry.threads_per_row > 32;
   // Without dbias, rows that fill 4 vectors of every thread in rows of up to 8 warps (N = 1024
