@@ -4,6 +4,8 @@
 // partial rows (a few MB of scratch) are not counted: they are fusekit's overhead.
 #include <fmt/format.h>
 
+#include <cstdlib>
+#include <utility>
 #include <vector>
 
 #include "bench/dropout/bench_dropout.h"
@@ -54,6 +56,21 @@ void bench_dropout(Report& report) {
         bytes, rotations, [&](int r) { return sets[r].y.get(); }, [&](int r) { return sets[r].x.get(); });
     report.add({"bias_act_dropout", "fwd", padded_shape_label(rows, cols), "copy", tc.median_us,
                 2.0 * bytes});
+    // FUSEKIT_BENCH_DIAGNOSTICS: forwards that leave out parts of the work (no activation; no
+    // dropout, p = 0, which skips the Philox calls), to see what each part of the relu forward
+    // costs against the same-size copy.
+    if (std::getenv("FUSEKIT_BENCH_DIAGNOSTICS")) {
+      const std::pair<const char*, BiasActDropoutConfig> parts[] = {
+          {"fwd-none", {Activation::none, 0.0f, kP, 0x5eed, 17}},
+          {"fwd-p0", {Activation::relu, 0.0f, 0.0f, 0x5eed, 17}},
+          {"fwd-none-p0", {Activation::none, 0.0f, 0.0f, 0x5eed, 17}}};
+      for (const auto& [label, config] : parts) {
+        const Timing t = time_kernel(
+            [&](int r) { bias_act_dropout_forward(t2(sets[r].x), vec(b), config, t2(sets[r].y)); }, rotations);
+        report.add({"bias_act_dropout", label, padded_shape_label(rows, cols), "fusekit", t.median_us,
+                    4.0 * elems + 2.0 * cols});
+      }
+    }
     for (Activation act : {Activation::gelu_tanh, Activation::relu}) {
       const BiasActDropoutConfig config{act, 0.0f, kP, 0x5eed, 17};
       const std::string shape = padded_shape_label(rows, cols) + " " + activation_name(act);
