@@ -426,6 +426,23 @@ TEST(NormGpu, BackwardRowLengthSpecializations) {
   }
 }
 
+// Rows of at most 128 vectors take their own launch shapes: one warp per row in 512-thread
+// blocks up to 32 vectors, in 256-thread blocks above, and LayerNorm with dbias from x on two warps
+// per row at 97..128 vectors (2 per lane, the second partly out of the row below 128). Each side
+// of every boundary, both norms, from x and from y, 16-bit and f32.
+TEST(NormGpu, BackwardShortRowShapes) {
+  FUSEKIT_REQUIRE_GPU();
+  int salt = 0;
+  for (DType dt : {DType::bf16, DType::f32}) {
+    const std::int64_t per_vector = dt == DType::f32 ? 4 : 8;
+    for (std::int64_t vectors : {1, 31, 32, 33, 64, 65, 96, 97, 100, 127, 128})
+      for (Kind kind : {Kind::layer, Kind::rms})
+        for (bool from_output : {false, true})
+          check_gpu_against_cpu(Case{kind, dt, dt, 300, vectors * per_vector, true, kind == Kind::layer},
+                                7300 + salt++, from_output);
+  }
+}
+
 // LayerNorm's dweight and dbias at N = 16384 are pre-summed by clusters of blocks through
 // distributed shared memory: from x and from y (with and without 1/w and b cached), weights in the
 // input type or f32, and batches of 3 rows, where most of the grid's clusters have no row at all;
