@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <functional>
+#include <initializer_list>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -409,38 +410,35 @@ TEST(NormGpu, FullRowBackwardWithoutDbias) {
     }
 }
 
-// The backward's vectors per thread, and whether g = dy * w stays in registers between its passes
-// (KEEP_G), change with the row length, the source and dbias (backward_choice in norm_cuda.cu):
-// rows on both sides of each boundary (in 16-byte vectors), from x and from y, LayerNorm with
-// dbias and RMSNorm without.
-TEST(NormGpu, BackwardRowLengthSpecializations) {
-  FUSEKIT_REQUIRE_GPU();
-  int salt = 0;
+// Backward rows of the given lengths (in 16-byte vectors: 8 bf16 or 4 f32 values), bf16 and f32,
+// LayerNorm with dbias and RMSNorm without, from x and from y.
+void check_backward_row_lengths(std::initializer_list<std::int64_t> vector_counts, std::int64_t rows,
+                                std::uint64_t seed) {
   for (DType dt : {DType::bf16, DType::f32}) {
     const std::int64_t per_vector = dt == DType::f32 ? 4 : 8;
-    for (std::int64_t vectors : {256, 512, 513, 640, 641, 1024, 1025, 1280, 1281, 1536, 1537})
+    for (std::int64_t vectors : vector_counts)
       for (Kind kind : {Kind::layer, Kind::rms})
         for (bool from_output : {false, true})
-          check_gpu_against_cpu(Case{kind, dt, dt, 200, vectors * per_vector, true, kind == Kind::layer},
-                                7100 + salt++, from_output);
+          check_gpu_against_cpu(Case{kind, dt, dt, rows, vectors * per_vector, true, kind == Kind::layer}, seed++,
+                                from_output);
   }
+}
+
+// The backward's vectors per thread, and whether g = dy * w stays in registers between its passes
+// (KEEP_G), change with the row length, the source and dbias (backward_choice in norm_cuda.cu):
+// rows on both sides of each boundary.
+TEST(NormGpu, BackwardRowLengthSpecializations) {
+  FUSEKIT_REQUIRE_GPU();
+  check_backward_row_lengths({256, 512, 513, 640, 641, 1024, 1025, 1280, 1281, 1536, 1537}, 200, 7100);
 }
 
 // Rows of at most 128 vectors take their own launch shapes: one warp per row in 512-thread
 // blocks up to 32 vectors, in 256-thread blocks above, and LayerNorm with dbias from x on two warps
-// per row at 97..128 vectors (2 per lane, the second partly out of the row below 128). Each side
-// of every boundary, both norms, from x and from y, 16-bit and f32.
+// per row at 97..128 vectors (2 per lane, the second partly out of the row below 128): each side
+// of every boundary.
 TEST(NormGpu, BackwardShortRowShapes) {
   FUSEKIT_REQUIRE_GPU();
-  int salt = 0;
-  for (DType dt : {DType::bf16, DType::f32}) {
-    const std::int64_t per_vector = dt == DType::f32 ? 4 : 8;
-    for (std::int64_t vectors : {1, 31, 32, 33, 64, 65, 96, 97, 100, 127, 128})
-      for (Kind kind : {Kind::layer, Kind::rms})
-        for (bool from_output : {false, true})
-          check_gpu_against_cpu(Case{kind, dt, dt, 300, vectors * per_vector, true, kind == Kind::layer},
-                                7300 + salt++, from_output);
-  }
+  check_backward_row_lengths({1, 31, 32, 33, 64, 65, 96, 97, 100, 127, 128}, 300, 7300);
 }
 
 // LayerNorm's dweight and dbias at N = 16384 are pre-summed by clusters of blocks through
