@@ -6,6 +6,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -110,6 +112,44 @@ void forward_with(const ForwardParams& p, int sms, cudaStream_t stream) {
   forward_kernel<T, W, Chunk, Act><<<dim3(g.gx, g.gy), dim3(g.tx, g.ty), 0, stream>>>(p, g, steps);
 }
 
+// The row-group forward's shape for rows of `cols` (a multiple of 8): tpr threads per row and rpb
+// rows per block (blocks of at least 128 threads), or tpr = 0 where the row does not split into
+// whole warps of kRowGroupVectors vectors per thread or needs more than 512 threads (N > 8192).
+struct RowGroupShape {
+  int tpr = 0, rpb = 0;
+};
+
+// A benchmark knob: unset keeps `fallback`, "0" is false, anything else true.
+bool env_flag(const char* name, bool fallback) {
+  const char* env = std::getenv(name);
+  return env ? std::strcmp(env, "0") != 0 : fallback;
+}
+RowGroupShape row_group_shape(std::int64_t cols) {
+  const std::int64_t vectors = cols / kChunk;
+  if (vectors % (32 * kRowGroupVectors) != 0 || vectors / kRowGroupVectors > 512) return {};
+  const int tpr = static_cast<int>(vectors / kRowGroupVectors);
+  return {tpr, tpr >= 128 ? 1 : 128 / tpr};
+}
+
+constexpr bool cheap_activation(Activation a) {
+  return a == Activation::none || a == Activation::relu || a == Activation::squared_relu ||
+         a == Activation::leaky_relu;
+}
+
+template <typename T, typename W, typename Act>
+void forward_row_groups(const ForwardParams& p, RowGroupShape shape, int sms, cudaStream_t stream) {
+  const char* op = "bias_act_dropout_forward";
+  auto kernel = forward_row_group_kernel<T, W, Act>;
+  const int block = shape.tpr * shape.rpb;
+  int blocks_per_sm = 0;
+  FUSEKIT_CUDA_CHECK(op, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, block, 0));
+  // FUSEKIT_DROPOUT_ROW_GROUP_L2=0 drops the L2 request (benchmark knob, read once).
+  static const bool ask_l2 = env_flag("FUSEKIT_DROPOUT_ROW_GROUP_L2", true);
+  const int l2_ahead = ask_l2 ? blocks_per_sm * sms * shape.rpb : 0;  // one resident grid ahead
+  const std::int64_t grid = (p.rows + shape.rpb - 1) / shape.rpb;  // rows < 2^31: fits a grid's x
+  kernel<<<static_cast<unsigned>(grid), block, 0, stream>>>(p, philox_prefix(p.s), shape.tpr, shape.rpb, l2_ahead);
+}
+
 template <typename T, typename W>
 void launch_forward(const ForwardParams& p, int device_index, cudaStream_t stream) {
   const char* op = "bias_act_dropout_forward";
@@ -117,8 +157,20 @@ void launch_forward(const ForwardParams& p, int device_index, cudaStream_t strea
   const bool vector =
       vector_path_ok(p.cols, {p.x_row_stride, p.y_row_stride, p.pre_activation ? p.pre_activation_row_stride : 0},
                      {p.x, p.y, p.bias, p.pre_activation});
+  // FUSEKIT_DROPOUT_ROW_GROUPS=0 keeps every forward on the walking grid (benchmark knob).
+  static const bool row_groups_on = env_flag("FUSEKIT_DROPOUT_ROW_GROUPS", true);
+  const RowGroupShape row_groups = row_groups_on && vector && sizeof(T) == 2 && p.pre_activation == nullptr &&
+                                           cheap_activation(p.s.activation)
+                                       ? row_group_shape(p.cols)
+                                       : RowGroupShape{};
   dispatch_activation(p.s.activation, [&](auto act) {
     using Act = decltype(act);
+    if constexpr (sizeof(T) == 2 && cheap_activation(Act::kAct)) {
+      if (row_groups.tpr > 0) {
+        forward_row_groups<T, W, Act>(p, row_groups, sms, stream);
+        return;
+      }
+    }
     if (vector) forward_with<T, W, VectorChunk<T, ForwardTuning<Act::kAct>>, Act>(p, sms, stream);
     else forward_with<T, W, ScalarChunk<T>, Act>(p, sms, stream);
   });

@@ -13,6 +13,8 @@
 //  * Vector path (N and the row strides multiples of 8, pointers 16-byte aligned): 16-byte loads
 //    and stores; every chunk starts at a linear index that is a multiple of 8, so exactly one
 //    Philox call serves it.
+//    The cheap activations' forward in 16-bit types instead runs one block per row group
+//    (forward_row_group_kernel) where the row length allows.
 //  * Generic path (any N, any alignment): element accesses; a chunk can straddle two Philox
 //    groups (when N is not a multiple of 8), costing a second call.
 // Philox runs from a key schedule precomputed on the host (Scalars::random4), read from the
@@ -297,6 +299,71 @@ __global__ void __launch_bounds__(kThreads, Chunk::Tune::kBlocksPerSm)
   }
   if (p.pre_activation != nullptr) forward_rows<T, W, Chunk, Act, true>(p, steps, rows, col, valid, bias);
   else forward_rows<T, W, Chunk, Act, false>(p, steps, rows, col, valid, bias);
+}
+
+// ---- forward in row groups (cheap activations, 16-bit types) ---------------------------------
+
+// The forward of the activations without special-function work (none, relu, squared_relu,
+// leaky_relu) for 16-bit types on the vector path, when a row splits into whole warps of
+// kRowGroupVectors 16-byte vectors per thread (row_group_shape in dropout_cuda.cu). This is the norm
+// forward's launch shape: a row is `tpr` threads, each holding kRowGroupVectors vectors strided by
+// tpr vectors (so every warp access is 512 contiguous bytes), all loads in flight together; the
+// grid covers every row, one block per `rpb` rows, and each row asks L2 for the row of the block
+// that takes its slot in the next wave (`l2_ahead` rows further). H200, session 31, relu, us,
+// against the walking grid above: (16384, 4096) 72.4 -> 69.2-69.4, (16384, 5120) 88.7-88.9 ->
+// 85.4-85.5, (32768, 1024) 38.9 -> 37.5-37.7; (8192, 16384) (rows of 2048 vectors) keeps the
+// walking grid (138.3-139.0 against 137.2-138.5 in row groups of 4 vectors per thread). Four
+// vectors per thread lost 3-7%, and without the L2 request 1-2%. The transcendental activations
+// lose 10-20% in this shape (they are issue-bound: the walking grid amortizes a thread's set-up
+// and overlaps the math with the next row's loads), so they keep the walking grid.
+inline constexpr int kRowGroupVectors = 2;
+
+template <typename T, typename W, typename Act>
+__global__ void __launch_bounds__(512, 2)
+    forward_row_group_kernel(const ForwardParams p, const PhiloxPrefix philox, int tpr, int rpb, int l2_ahead) {
+  static_assert(sizeof(T) == 2, "16-bit types: one 16-byte vector is one 8-element chunk");
+  constexpr int VEC = kChunk, ITERS = kRowGroupVectors;
+  const int group = threadIdx.x / tpr, t = threadIdx.x - group * tpr;
+  const std::int64_t row = std::int64_t(blockIdx.x) * rpb + group;
+  if (row >= p.rows) return;
+  const int step = tpr * VEC;  // elements between a thread's vectors
+  const int col0 = t * VEC;
+  const T* __restrict__ x = static_cast<const T*>(p.x) + row * p.x_row_stride + col0;
+  uint4 raw[ITERS];
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) raw[it] = *reinterpret_cast<const uint4*>(x + it * step);
+  if (l2_ahead > 0 && row + l2_ahead < p.rows) {
+    const T* ahead = x + l2_ahead * p.x_row_stride;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) prefetch_l2(ahead + it * step);
+  }
+  const Scalars& s = p.s;
+  const W* __restrict__ bias = static_cast<const W*>(p.bias);
+  T* __restrict__ y = static_cast<T*>(p.y) + row * p.y_row_stride + col0;
+  // Philox group of vector `it`: (row * N + col0 + it * step) / 8, N a multiple of 8.
+  const std::uint64_t group0 = static_cast<std::uint64_t>(row * p.cols + col0) >> 3;
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    float h[VEC], b[VEC], out[VEC];
+    unpack16<T>(raw[it], h);
+    if (bias) {
+      load_aligned<W, VEC>(bias + col0 + it * step, b);
+    } else {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) b[i] = 0.0f;
+    }
+    const MaskWords mask = aligned_mask(s, philox, group0 + std::uint64_t(it) * tpr);
+#pragma unroll
+    for (int j = 0; j < VEC / 2; ++j) {
+      bool keep_lo, keep_hi;
+      mask.kept_pair(j, s.keep_threshold2, keep_lo, keep_hi);
+      const float a0 = Act::forward_scaled(h[2 * j] + b[2 * j], s);
+      const float a1 = Act::forward_scaled(h[2 * j + 1] + b[2 * j + 1], s);
+      out[2 * j] = keep_lo ? a0 : 0.0f;
+      out[2 * j + 1] = keep_hi ? a1 : 0.0f;
+    }
+    *reinterpret_cast<uint4*>(y + it * step) = pack16<T>(out);
+  }
 }
 
 // ---- backward ------------------------------------------------------------------------------

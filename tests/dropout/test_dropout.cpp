@@ -568,6 +568,34 @@ TEST(DropoutGpu, BenchmarkShapesMatchCpuReference) {
     }
 }
 
+// The cheap activations' forward in 16-bit types runs in row groups where N / 8 splits into whole
+// warps of two vectors per thread and N <= 8192 (one, two or four rows per block), else on the
+// walking grid: both sides of each boundary, row counts that leave a block partly empty, padded
+// rows, p = 0 and p > 0, f16 and bf16 with either bias type. This grid is what first showed the
+// f16 miscompile around the packed 16-bit mask compare (dropout_mask.h).
+TEST(DropoutGpu, RowGroupForwardShapes) {
+  FUSEKIT_REQUIRE_GPU();
+  const std::int64_t cols_choices[] = {504, 512, 1024, 1536, 4096, 5120, 8192, 8704, 16384};
+  const std::int64_t rows_choices[] = {1, 3, 5, 67};
+  const Activation acts[] = {Activation::none, Activation::relu, Activation::squared_relu, Activation::leaky_relu};
+  int salt = 0;
+  for (DType dtype : {DType::f16, DType::bf16})
+    for (std::int64_t cols : cols_choices)
+      for (Activation act : acts) {
+        Case c;
+        c.dtype = dtype;
+        c.bias_dtype = salt % 3 == 0 ? DType::f32 : dtype;
+        c.dbias_dtype = dtype;
+        c.rows = rows_choices[salt % 4];
+        c.cols = cols;
+        c.bias = salt % 5 != 4;
+        c.row_pad = (salt / 4) % 2 == 1 ? 16 : 0;
+        c.config = {act, 0.1f, salt % 2 == 0 ? 0.1f : 0.0f, 777u + salt, 31u * salt};
+        check_gpu_against_cpu(c, 9000 + salt++);
+      }
+  EXPECT_EQ(salt, 2 * 9 * 4);
+}
+
 // The zero pattern of y (forward) and of dx (backward) is exactly the mask dropout_keeps()
 // defines: x > 0 and the identity activation make every kept element non-zero.
 TEST(DropoutGpu, MaskIsBitIdenticalToCpuAndBetweenForwardAndBackward) {
