@@ -309,13 +309,15 @@ __global__ void __launch_bounds__(kThreads, Chunk::Tune::kBlocksPerSm)
 // forward's launch shape: a row is `tpr` threads, each holding kRowGroupVectors vectors strided by
 // tpr vectors (so every warp access is 512 contiguous bytes), all loads in flight together; the
 // grid covers every row, one block per `rpb` rows, and each row asks L2 for the row of the block
-// that takes its slot in the next wave (`l2_ahead` rows further). H200, session 31, relu, us,
-// against the walking grid above: (16384, 4096) 72.4 -> 69.2-69.4, (16384, 5120) 88.7-88.9 ->
-// 85.4-85.5, (32768, 1024) 38.9 -> 37.5-37.7; (8192, 16384) (rows of 2048 vectors) keeps the
-// walking grid (138.3-139.0 against 137.2-138.5 in row groups of 4 vectors per thread). Four
-// vectors per thread lost 3-7%, and without the L2 request 1-2%. The transcendental activations
-// lose 10-20% in this shape (they are issue-bound: the walking grid amortizes a thread's set-up
-// and overlaps the math with the next row's loads), so they keep the walking grid.
+// that takes its slot in the next wave (`l2_ahead` rows further). H200, session 31, relu p = 0.1,
+// us, two runs each in one call against the walking grid above: (16384, 4096) 72.5-72.8 ->
+// 69.6-69.9, (16384, 5120) 89.1-89.2 -> 86.0-86.7, (32768, 1024) 38.7-39.0 -> 37.6-37.9 (above the
+// same-size memcpy's 38.1-38.6). Without the L2 request the row groups are 7-10% slower than with
+// it (75.1, 94.8-94.9, 40.0); four vectors per thread lost 5-7% to two. Rows of more than 1024
+// vectors ((8192, 16384): 2048) keep the walking grid, even with row groups of four vectors
+// (137.2-138.5 against 138.3-139.0). The transcendental activations lose 7-19% in this shape
+// (issue-bound: the walking grid amortizes a thread's set-up over many rows and overlaps the math
+// with the next row's loads), so they keep the walking grid.
 inline constexpr int kRowGroupVectors = 2;
 
 template <typename T, typename W, typename Act>
