@@ -4,11 +4,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <cstdlib>
-#include <cstring>
-
 #include "attention/attention_sm90.h"
 #include "attention/attention_sm90_launch.h"
+#include "core/launch_tuning.h"
 
 namespace fusekit::attention::sm90 {
 namespace {
@@ -53,8 +51,7 @@ void launch(const Problem& p, const kernels::KernelParams& k, int device_index, 
 }  // namespace
 
 bool forward_supported(const Problem& p, int device_index) {
-  if (const char* env = std::getenv("FUSEKIT_ATTENTION_SM90"); env != nullptr && std::strcmp(env, "0") == 0)
-    return false;
+  if (!detail::env_flag("FUSEKIT_ATTENTION_SM90", true)) return false;
   const detail::DeviceInfo& info = detail::device_info("attention_forward", device_index);
   if (info.major != 9) return false;
   if (p.dtype != DType::bf16 && p.dtype != DType::f16) return false;

@@ -6,8 +6,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -15,6 +13,7 @@
 
 #include "core/cuda_check.h"
 #include "core/device_info.h"
+#include "core/launch_tuning.h"
 #include "core/partial_rows.cuh"
 #include "dropout/dropout_kernels.cuh"
 #include "dropout/dropout_params.h"
@@ -119,11 +118,6 @@ struct RowGroupShape {
   int tpr = 0, rpb = 0;
 };
 
-// A benchmark knob: unset keeps `fallback`, "0" is false, anything else true.
-bool env_flag(const char* name, bool fallback) {
-  const char* env = std::getenv(name);
-  return env ? std::strcmp(env, "0") != 0 : fallback;
-}
 RowGroupShape row_group_shape(std::int64_t cols) {
   const std::int64_t vectors = cols / kChunk;
   if (vectors % (32 * kRowGroupVectors) != 0 || vectors / kRowGroupVectors > 512) return {};
@@ -137,15 +131,13 @@ constexpr bool cheap_activation(Activation a) {
 }
 
 template <typename T, typename W, typename Act>
-void forward_row_groups(const ForwardParams& p, RowGroupShape shape, int sms, cudaStream_t stream) {
+void forward_row_groups(const ForwardParams& p, RowGroupShape shape, int sms, int device_index, cudaStream_t stream) {
   const char* op = "bias_act_dropout_forward";
   auto kernel = forward_row_group_kernel<T, W, Act>;
   const int block = shape.tpr * shape.rpb;
-  int blocks_per_sm = 0;
-  FUSEKIT_CUDA_CHECK(op, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, block, 0));
   // FUSEKIT_DROPOUT_ROW_GROUP_L2=0 drops the L2 request (benchmark knob, read once).
-  static const bool ask_l2 = env_flag("FUSEKIT_DROPOUT_ROW_GROUP_L2", true);
-  const int l2_ahead = ask_l2 ? blocks_per_sm * sms * shape.rpb : 0;  // one resident grid ahead
+  static const bool ask_l2 = detail::env_flag("FUSEKIT_DROPOUT_ROW_GROUP_L2", true);
+  const int l2_ahead = ask_l2 ? detail::blocks_per_sm(op, kernel, block, 0, device_index) * sms * shape.rpb : 0;
   const std::int64_t grid = (p.rows + shape.rpb - 1) / shape.rpb;  // rows < 2^31: fits a grid's x
   kernel<<<static_cast<unsigned>(grid), block, 0, stream>>>(p, philox_prefix(p.s), shape.tpr, shape.rpb, l2_ahead);
 }
@@ -158,7 +150,7 @@ void launch_forward(const ForwardParams& p, int device_index, cudaStream_t strea
       vector_path_ok(p.cols, {p.x_row_stride, p.y_row_stride, p.pre_activation ? p.pre_activation_row_stride : 0},
                      {p.x, p.y, p.bias, p.pre_activation});
   // FUSEKIT_DROPOUT_ROW_GROUPS=0 keeps every forward on the walking grid (benchmark knob).
-  static const bool row_groups_on = env_flag("FUSEKIT_DROPOUT_ROW_GROUPS", true);
+  static const bool row_groups_on = detail::env_flag("FUSEKIT_DROPOUT_ROW_GROUPS", true);
   const RowGroupShape row_groups = row_groups_on && vector && sizeof(T) == 2 && p.pre_activation == nullptr &&
                                            cheap_activation(p.s.activation)
                                        ? row_group_shape(p.cols)
@@ -167,7 +159,7 @@ void launch_forward(const ForwardParams& p, int device_index, cudaStream_t strea
     using Act = decltype(act);
     if constexpr (sizeof(T) == 2 && cheap_activation(Act::kAct)) {
       if (row_groups.tpr > 0) {
-        forward_row_groups<T, W, Act>(p, row_groups, sms, stream);
+        forward_row_groups<T, W, Act>(p, row_groups, sms, device_index, stream);
         return;
       }
     }

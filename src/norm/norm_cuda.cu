@@ -14,6 +14,7 @@
 
 #include "core/cuda_check.h"
 #include "core/device_info.h"
+#include "core/launch_tuning.h"
 #include "norm/norm_kernels.cuh"
 #include "norm/norm_params.h"
 
@@ -21,6 +22,8 @@ namespace fusekit::norm {
 namespace {
 
 using namespace kernels;
+using detail::blocks_per_sm;
+using detail::env_knob;
 
 bool aligned16(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; }
 
@@ -68,12 +71,6 @@ struct RowPlan {
   std::size_t smem_bytes = 0;
   int block_threads() const { return geometry.threads_per_row * geometry.rows_per_block; }
 };
-
-int env_knob(const char* name, int lo, int hi, int fallback) {
-  const char* env = std::getenv(name);
-  const int v = env ? std::atoi(env) : fallback;
-  return (v >= lo && v <= hi) ? v : fallback;
-}
 
 // backward_iters: the backward's vectors per thread for rows longer than a warp;
 // backward_short_row_threads: its threads per row for rows of at most one warp's 4 vectors (32,
@@ -135,46 +132,6 @@ void dispatch_iters(int iters, F&& f) {
     case 4: f(std::integral_constant<int, 4>{}); return;
     default: return;
   }
-}
-
-// Resident blocks per SM for a kernel at a block size and dynamic shared memory, cached: the
-// occupancy calculator costs microseconds, which small launches cannot afford on every call.
-// Also raises the kernel's dynamic shared-memory limit the first time it is seen.
-template <typename Kernel>
-int blocks_per_sm(const char* op, Kernel kernel, int block_threads, std::size_t smem, int device_index) {
-  struct Key {
-    const void* kernel;
-    int block, device;
-    std::size_t smem;
-    bool operator==(const Key& o) const {
-      return kernel == o.kernel && block == o.block && device == o.device && smem == o.smem;
-    }
-  };
-  static std::mutex mutex;
-  static std::vector<std::pair<Key, int>> cache;
-  const Key key{reinterpret_cast<const void*>(kernel), block_threads, device_index, smem};
-  std::lock_guard<std::mutex> lock(mutex);
-  for (const auto& [k, v] : cache)
-    if (k == key) return v;
-  // The opt-in limit covers static plus dynamic shared memory.
-  cudaFuncAttributes attributes{};
-  detail::check_cuda(cudaFuncGetAttributes(&attributes, kernel), op, "cudaFuncGetAttributes");
-  const std::size_t dynamic_limit =
-      detail::device_info(op, device_index).max_smem_per_block_optin - attributes.sharedSizeBytes;
-  if (smem > dynamic_limit) {
-    throw Error(ErrorKind::unsupported, op,
-                "kernel needs " + std::to_string(smem) + " bytes of shared memory, the GPU allows " +
-                    std::to_string(dynamic_limit));
-  }
-  detail::check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(dynamic_limit)),
-                     op, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
-  int blocks = 0;
-  detail::check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, block_threads, smem),
-                     op, "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-  blocks = std::max(1, blocks);
-  cache.push_back({key, blocks});
-  return blocks;
 }
 
 // Persistent grid: every resident block slot filled once (or fewer blocks when rows are few).
