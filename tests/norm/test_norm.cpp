@@ -435,7 +435,8 @@ TEST(NormGpu, BackwardRowLengthSpecializations) {
 // Rows of at most 128 vectors take their own launch shapes: one warp per row in 512-thread
 // blocks up to 32 vectors, in 256-thread blocks above, and LayerNorm with dbias from x on two warps
 // per row at 97..128 vectors (2 per lane, the second partly out of the row below 128): each side
-// of every boundary.
+// of every boundary. The forward of these cases runs its 128-vector rows on two warps and the
+// others on one (plan_rows), so both sides of that boundary are checked too.
 TEST(NormGpu, BackwardShortRowShapes) {
   FUSEKIT_REQUIRE_GPU();
   check_backward_row_lengths({1, 31, 32, 33, 64, 65, 96, 97, 100, 127, 128}, 300, 7300);
