@@ -85,9 +85,9 @@ RowPlan plan_rows(std::int64_t vectors, bool backward, int backward_iters = 4, i
     // vectors per lane, which also turns on the next wave's L2 request (launch_forward: rows longer
     // than a warp). H200, session 31, us, one warp -> two: LayerNorm (16384, 1024) 21.9 -> 21.3-21.4,
     // (32768, 1024) 37.9 -> 36.9-37.1; RMSNorm 20.9 -> 20.5-20.8 and 37.1 -> 36.3-36.4. Rows with a
-    // partly empty second vector lost (N = 768: 17.8 -> 21.2), four warps lost 2-25%, and N = 512
-    // (one vector per lane) was even. FUSEKIT_NORM_FWD_SHORT_TPR (32..128) sets the threads per row
-    // of every forward row of 33..128 vectors (tuning knob).
+    // partly empty second vector lost (N = 768: 17.8 -> 21.2), four warps per row lost 1-48% at
+    // every row length, and N = 512 (one vector per lane) was even. FUSEKIT_NORM_FWD_SHORT_TPR (32,
+    // 64 or 128) sets the threads per row of every forward row of 33..128 vectors (tuning knob).
     static const int forward_short_tpr = env_knob("FUSEKIT_NORM_FWD_SHORT_TPR", 32, 128, 0);
     int tpr = 32;
     if (!backward && forward_short_tpr > 0 && forward_short_tpr % 32 == 0 && vectors > 32) tpr = forward_short_tpr;
