@@ -79,6 +79,29 @@ ForwardPath last_forward_path() { return t_last_forward_path; }
 void record_forward_path(ForwardPath path) { t_last_forward_path = path; }
 
 namespace {
+std::atomic<int> g_backward_override{static_cast<int>(BackwardPath::automatic)};
+thread_local BackwardPath t_last_backward_path = BackwardPath::automatic;
+}  // namespace
+
+const char* backward_path_name(BackwardPath path) {
+  switch (path) {
+    case BackwardPath::automatic: return "automatic";
+    case BackwardPath::separate_dz: return "separate_dz";
+    case BackwardPath::dz_in_dgrad: return "dz_in_dgrad";
+    case BackwardPath::no_dz: return "no_dz";
+  }
+  return "unknown";
+}
+
+void set_backward_path_override(BackwardPath path) { g_backward_override = static_cast<int>(path); }
+
+namespace {
+std::atomic<long long> g_first_rows_override{-1};
+}  // namespace
+void set_dz_in_dgrad_first_rows(long long rows) { g_first_rows_override = rows; }
+BackwardPath last_backward_path() { return t_last_backward_path; }
+
+namespace {
 // -1: not set by a test; then FUSEKIT_LINEAR_DBIAS=gemm or automatic.
 std::atomic<int> g_dbias_override{-1};
 }  // namespace
@@ -124,6 +147,18 @@ int dbias_slots(std::int64_t m, std::int64_t n) {
 std::size_t partial_bytes(std::int64_t m, std::int64_t n) {
   if (m <= 0 || n <= 0) return 0;
   return round_up(static_cast<std::size_t>(dbias_slots(m, n)) * n * sizeof(float), 256);
+}
+
+// The dz-in-dgrad path (linear_dgrad_sm90.cuh): dz in units of kDgradUnitRows x kDgradSliceCols.
+std::int64_t forming_groups(std::int64_t m) { return (m + sm90::kDgradUnitRows - 1) / sm90::kDgradUnitRows; }
+std::int64_t forming_slices(std::int64_t n) { return (n + sm90::kDgradSliceCols - 1) / sm90::kDgradSliceCols; }
+std::size_t forming_partial_bytes(std::int64_t m, std::int64_t n) {
+  if (m <= 0 || n <= 0) return 0;
+  return round_up(static_cast<std::size_t>(forming_groups(m)) * n * sizeof(float), 256);
+}
+std::size_t forming_flag_bytes(std::int64_t m, std::int64_t n) {
+  if (m <= 0 || n <= 0) return 0;
+  return round_up(static_cast<std::size_t>(forming_groups(m) * forming_slices(n) + 1) * sizeof(unsigned), 256);
 }
 
 template <typename F>
@@ -201,9 +236,11 @@ constexpr int kDzRowsInFlight = 2;
 
 // dz = dout * act'(pre) into `dz` (null: not stored), and, with `dbias` set, dbias = the column
 // sums of dz, through dbias_slots(m, n) partial rows in `partial`. Activation none only sums dout.
+// finish_dbias = false leaves the partial rows for the caller to sum (with more rows after them).
 void launch_dz(const char* op, DType dtype, Activation act, const void* dout, std::int64_t lddout,
                const void* pre, std::int64_t ldpre, void* dz, std::int64_t lddz, void* dbias,
-               float* partial, std::int64_t m, std::int64_t n, int device_index, cudaStream_t stream) {
+               float* partial, std::int64_t m, std::int64_t n, int device_index, cudaStream_t stream,
+               bool finish_dbias = true) {
   if (!dbias) partial = nullptr;
   dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
@@ -241,7 +278,7 @@ void launch_dz(const char* op, DType dtype, Activation act, const void* dout, st
     });
   });
   detail::check_launch(op, "dz_kernel");
-  if (dbias) {
+  if (dbias && finish_dbias) {
     dispatch_dtype(dtype, [&](auto tag) {
       using T = decltype(tag);
       detail::device::launch_sum_partial_rows(partial, dbias_slots(m, n), n, static_cast<T*>(dbias), stream, op,
@@ -544,9 +581,13 @@ std::size_t forward_workspace_cuda(std::int64_t, std::int64_t, std::int64_t, DTy
 }
 
 // cuBLASLt's workspace, then dz (with an activation), then dbias's partial rows.
+// With an activation, also the dz-in-dgrad path's partial rows (one per unit row group, after the
+// elementwise pass's) and its unit flags.
 std::size_t backward_workspace_cuda(std::int64_t m, std::int64_t n, std::int64_t, DType dtype,
                                     Activation activation) {
-  return lt::kWorkspaceBytes + (activation == Activation::none ? 0 : dz_bytes(m, n, dtype)) + partial_bytes(m, n);
+  if (activation == Activation::none) return lt::kWorkspaceBytes + partial_bytes(m, n);
+  return lt::kWorkspaceBytes + dz_bytes(m, n, dtype) + partial_bytes(m, n) + forming_partial_bytes(m, n) +
+         forming_flag_bytes(m, n);
 }
 
 void forward_cuda(const ForwardParams& p, int device_index, Stream stream_handle) {
@@ -604,6 +645,124 @@ ForwardPath run_forward_path(const ForwardParams& p, ForwardPath path, lt::Epilo
 
 }  // namespace
 
+namespace {
+
+// The dz-in-dgrad path needs what the CUTLASS kernel's TMA needs (16-byte aligned rows: N, K and
+// every leading dimension a multiple of 8 elements) and the forming warps' 16-byte vectors
+// (dout and pre rows, N a multiple of 8), in a 16-bit dtype; and dx, whose GEMM it is.
+bool dz_in_dgrad_eligible(const BackwardParams& p) {
+  if (p.dtype != DType::f16 && p.dtype != DType::bf16) return false;
+  if (p.activation == Activation::none || !p.dx) return false;
+  constexpr std::int64_t a = sm90::kFusedAlignmentElements;
+  if (p.n % a || p.k % a || p.lddout % a || p.ldpre % a || p.ldw % a || p.lddx % a) return false;
+  for (const void* ptr : {p.dout, p.pre, p.w, static_cast<const void*>(p.dx)})
+    if (!aligned16(ptr)) return false;
+  constexpr std::int64_t kIntLimit = INT_MAX / 2;
+  return p.m <= kIntLimit && p.n <= kIntLimit && p.k <= kIntLimit;
+}
+
+// Automatic: the dz-in-dgrad path for GEMMs of at least 2^36 flops (it hides the dz pass under
+// the dx GEMM's math; below that the pass is short and the cuBLASLt GEMMs are tuned per shape).
+// FUSEKIT_LINEAR_DGRAD=separate / inside overrides the size rule (benchmarks); a test's override
+// comes first.
+constexpr double kMinDzInDgradFlops = 68719476736.0;  // 2^36
+
+bool choose_dz_in_dgrad(const BackwardParams& p) {
+  if (!dz_in_dgrad_eligible(p)) return false;
+  const auto forced = static_cast<BackwardPath>(g_backward_override.load());
+  if (forced == BackwardPath::dz_in_dgrad) return true;
+  if (forced == BackwardPath::separate_dz) return false;
+  static const int from_env = [] {
+    const char* v = std::getenv("FUSEKIT_LINEAR_DGRAD");
+    if (v && std::strcmp(v, "separate") == 0) return 0;
+    if (v && std::strcmp(v, "inside") == 0) return 1;
+    return -1;
+  }();
+  if (from_env >= 0) return from_env == 1;
+  return 2.0 * static_cast<double>(p.m) * static_cast<double>(p.n) * static_cast<double>(p.k) >= kMinDzInDgradFlops;
+}
+
+// Rows the elementwise pass forms before the kernel: the 128-row blocks that the first wave of
+// output tiles (one per SM, 128 x 128, rastered along the dx columns) covers entirely, which
+// would otherwise wait at once for units no warp has formed yet. FUSEKIT_LINEAR_DGRAD_FIRST_ROWS
+// (a multiple of 128) overrides it, as a benchmark knob; set_dz_in_dgrad_first_rows (tests) first.
+std::int64_t dz_in_dgrad_first_row(const BackwardParams& p, int sm_count) {
+  constexpr std::int64_t kTile = 128;
+  const std::int64_t tiles_per_row = (p.k + kTile - 1) / kTile;
+  std::int64_t blocks = std::max<std::int64_t>(2, sm_count / tiles_per_row);
+  if (const char* v = std::getenv("FUSEKIT_LINEAR_DGRAD_FIRST_ROWS")) blocks = std::atoll(v) / kTile;
+  if (const long long forced = g_first_rows_override.load(); forced >= 0) blocks = forced / kTile;
+  return std::min(blocks * kTile, p.m / kTile * kTile);
+}
+
+void backward_dz_in_dgrad(const BackwardParams& p, void* dz_buffer, float* partial, DbiasRoute route,
+                          int device_index, cudaStream_t stream) {
+  const std::int64_t lddz = dz_row_stride(p.n);
+  const bool sums = p.dbias && route == DbiasRoute::automatic;
+  const int sm_count = detail::device_info(kBackwardOp, device_index).sm_count;
+  const std::int64_t first_row = dz_in_dgrad_first_row(p, sm_count);
+  int pre_slots = 0;
+  if (first_row > 0) {
+    launch_dz(kBackwardOp, p.dtype, p.activation, p.dout, p.lddout, p.pre, p.ldpre, dz_buffer, lddz,
+              sums ? p.dbias : nullptr, partial, first_row, p.n, device_index, stream, /*finish_dbias=*/false);
+    if (sums) pre_slots = dbias_slots(first_row, p.n);
+  }
+  unsigned char* flag_area = reinterpret_cast<unsigned char*>(partial) + partial_bytes(p.m, p.n) +
+                             forming_partial_bytes(p.m, p.n);
+  const std::int64_t groups = forming_groups(p.m - first_row);
+  const std::int64_t units = groups * forming_slices(p.n);
+  detail::check_cuda(cudaMemsetAsync(flag_area, 0, static_cast<std::size_t>(units + 1) * sizeof(unsigned), stream),
+                     kBackwardOp, "cudaMemsetAsync (dz unit flags)");
+
+  sm90::DgradFormingArgs a;
+  a.m = static_cast<int>(p.m);
+  a.n = static_cast<int>(p.n);
+  a.k = static_cast<int>(p.k);
+  a.dout = p.dout;
+  a.lddout = p.lddout;
+  a.pre = p.pre;
+  a.ldpre = p.ldpre;
+  a.dz = dz_buffer;
+  a.lddz = lddz;
+  a.w = p.w;
+  a.ldw = p.ldw;
+  a.dx = p.dx;
+  a.lddx = p.lddx;
+  a.partial = sums ? partial + static_cast<std::int64_t>(pre_slots) * p.n : nullptr;
+  a.flags = reinterpret_cast<unsigned*>(flag_area) + 1;
+  a.counter = reinterpret_cast<int*>(flag_area);
+  a.first_row = static_cast<int>(first_row);
+  a.slices = static_cast<int>(forming_slices(p.n));
+  a.units = static_cast<int>(units);
+  a.activation = p.activation;
+  a.device_index = device_index;
+  a.sm_count = sm_count;
+  if (p.dtype == DType::bf16) sm90::dgrad_forming_bf16(kBackwardOp, a, stream);
+  else sm90::dgrad_forming_f16(kBackwardOp, a, stream);
+
+  bool dbias_done = sums || !p.dbias;
+  if (p.dw) {
+    const bool fuse_dbias = !dbias_done && p.k >= kMinKForFusedDbias;
+    if (fuse_dbias && lt::run(kBackwardOp, dw_gemm(p, dz_buffer, lddz, true), device_index, p.workspace, stream))
+      dbias_done = true;
+    else if (!lt::run(kBackwardOp, dw_gemm(p, dz_buffer, lddz, false), device_index, p.workspace, stream))
+      no_algorithm(kBackwardOp, "the dW", p);
+  }
+  if (sums) {
+    dispatch_dtype(p.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      detail::device::launch_sum_partial_rows(partial, pre_slots + static_cast<int>(groups), p.n,
+                                              static_cast<T*>(p.dbias), stream, kBackwardOp,
+                                              "dbias partial-row sum kernel");
+    });
+  } else if (!dbias_done) {
+    launch_dz(kBackwardOp, p.dtype, Activation::none, dz_buffer, lddz, nullptr, 0, nullptr, 0, p.dbias, partial,
+              p.m, p.n, device_index, stream);
+  }
+}
+
+}  // namespace
+
 void backward_cuda(const BackwardParams& p, int device_index, Stream stream_handle) {
   detail::DeviceGuard guard(kBackwardOp, device_index);
   const auto stream = static_cast<cudaStream_t>(stream_handle);
@@ -634,6 +793,12 @@ void backward_cuda(const BackwardParams& p, int device_index, Stream stream_hand
   std::int64_t lddz = p.lddout;
   const bool materialize_dz = p.activation != Activation::none && (p.dx || p.dw);
   const DbiasRoute route = dbias_route();
+  t_last_backward_path = materialize_dz ? BackwardPath::separate_dz : BackwardPath::no_dz;
+  if (materialize_dz && choose_dz_in_dgrad(p)) {
+    backward_dz_in_dgrad(p, dz_buffer, partial, route, device_index, stream);
+    t_last_backward_path = BackwardPath::dz_in_dgrad;
+    return;
+  }
   const bool sums_in_dz_pass = materialize_dz && route == DbiasRoute::automatic;
   if (materialize_dz) {
     lddz = dz_row_stride(p.n);

@@ -37,4 +37,37 @@ inline constexpr std::int64_t kFusedAlignmentElements = 8;
 void fused_forward_bf16(const char* op, const FusedForwardArgs& a, void* stream);
 void fused_forward_f16(const char* op, const FusedForwardArgs& a, void* stream);
 
+// The backward's dx GEMM with dz = dout * act'(pre) formed inside it (linear_dgrad_sm90.cuh):
+// dx = dz W, and dz (and dbias's partial rows) written on the way for the dW GEMM. Rows below
+// first_row must already hold dz (the elementwise pass); from first_row on, dz is cut into units
+// of kDgradUnitRows rows x kDgradSliceCols columns, one flag each.
+inline constexpr int kDgradUnitRows = 64;
+inline constexpr int kDgradSliceCols = 256;
+
+struct DgradFormingArgs {
+  int m = 0, n = 0, k = 0;
+  const void* dout = nullptr;  // (m, n) row-major
+  std::int64_t lddout = 0;
+  const void* pre = nullptr;  // (m, n) row-major
+  std::int64_t ldpre = 0;
+  void* dz = nullptr;  // (m, n) row-major, written from first_row on
+  std::int64_t lddz = 0;
+  const void* w = nullptr;  // (n, k) row-major
+  std::int64_t ldw = 0;
+  void* dx = nullptr;  // (m, k) row-major
+  std::int64_t lddx = 0;
+  float* partial = nullptr;  // null, or one float row of n per unit row group (dbias)
+  unsigned* flags = nullptr;  // `units` flags, zeroed before the call
+  int* counter = nullptr;     // zeroed before the call
+  int first_row = 0;          // a multiple of 128
+  int slices = 0;             // ceil(n / kDgradSliceCols)
+  int units = 0;              // ceil((m - first_row) / kDgradUnitRows) * slices
+  Activation activation = Activation::none;
+  int device_index = 0;
+  int sm_count = 0;
+};
+
+void dgrad_forming_bf16(const char* op, const DgradFormingArgs& a, void* stream);
+void dgrad_forming_f16(const char* op, const DgradFormingArgs& a, void* stream);
+
 }  // namespace fusekit::linear::sm90

@@ -25,6 +25,22 @@ ForwardPath forward_path_override();
 ForwardPath last_forward_path();
 void record_forward_path(ForwardPath path);
 
+// How a CUDA linear_backward with an activation forms dz = dout * act'(pre).
+enum class BackwardPath : int {
+  automatic = 0,  // (override value) let the library choose
+  separate_dz,    // one elementwise pass writes dz, then the dx and dW GEMMs (cuBLASLt) read it
+  dz_in_dgrad,    // the dx GEMM (CUTLASS, sm90, 16-bit) forms dz in its idle producer warps
+  no_dz,          // activation none, or neither dx nor dW asked for: dz is not formed
+};
+const char* backward_path_name(BackwardPath path);
+// Process-wide, like the forward's override; a forced path that cannot serve a call (misaligned
+// rows, f32) leaves that call to the automatic choice; last_backward_path() tells what ran.
+void set_backward_path_override(BackwardPath path);
+BackwardPath last_backward_path();
+// Rows of dz the dz_in_dgrad path forms with the elementwise pass before its kernel (rounded down
+// to a multiple of 128): tests set it to reach both parts; negative restores the automatic count.
+void set_dz_in_dgrad_first_rows(long long rows);
+
 // Where the backward sums dbias. automatic: fusekit's own column sums (inside the dz pass with
 // an activation, a column-sum kernel without one). gemm_epilogue: cuBLASLt's BGRADB epilogue on
 // the dW GEMM wherever it can serve (the route before session 27, kept for comparisons).

@@ -52,6 +52,19 @@ struct AutotuneSetting {
   ~AutotuneSetting() { linear::set_autotune(true); }
 };
 
+// Forces how the backward forms dz (and how many rows the dz-in-dgrad path forms before its
+// kernel) for one scope, then back to the automatic choice.
+struct BackwardPathOverride {
+  explicit BackwardPathOverride(linear::BackwardPath p, long long first_rows = -1) {
+    linear::set_backward_path_override(p);
+    linear::set_dz_in_dgrad_first_rows(first_rows);
+  }
+  ~BackwardPathOverride() {
+    linear::set_backward_path_override(linear::BackwardPath::automatic);
+    linear::set_dz_in_dgrad_first_rows(-1);
+  }
+};
+
 // Forces where the backward sums dbias for one scope (then back to the automatic choice).
 struct DbiasRouteOverride {
   explicit DbiasRouteOverride(linear::DbiasRoute r) { linear::set_dbias_route_override(r); }
@@ -188,7 +201,9 @@ struct BackwardCase {
   }
 };
 
-void check_backward(const BackwardCase& c, std::uint64_t salt) {
+// Runs one backward on the GPU and checks every gradient asked for against the float64
+// reference. Returns how dz was formed.
+linear::BackwardPath check_backward(const BackwardCase& c, std::uint64_t salt) {
   SCOPED_TRACE(c.str());
   auto rng = testing::make_rng(salt);
   const Device gpu = Device::cuda(0);
@@ -208,7 +223,11 @@ void check_backward(const BackwardCase& c, std::uint64_t salt) {
   if (c.dbias) db.emplace(c.dtype, gpu, std::vector<std::int64_t>{c.n});
   Buffer ws = workspace_for(linear_backward_workspace_size(c.m, c.n, c.k, c.dtype, c.act, gpu), gpu);
   const OptionalTensor pre_view = c.act == Activation::none ? std::nullopt : OptionalTensor(pre.view());
+  for (std::optional<Buffer>* out : {&dx, &dw, &db})
+    if (*out) (*out)->poison();
   linear_backward(dout.view(), x.view(), w.view(), pre_view, c.act, opt(dx), opt(dw), opt(db), ws.view());
+  const linear::BackwardPath path = linear::last_backward_path();
+  SCOPED_TRACE(std::string("dz ") + linear::backward_path_name(path));
 
   const BackwardReference ref = reference_backward(gv, pv, xv, wv, c.m, c.n, c.k, c.act);
   const lb::BackwardBaseline base = lb::backward_baseline(gv, pv, xv, wv, c.m, c.n, c.k, c.act, c.dtype);
@@ -216,6 +235,7 @@ void check_backward(const BackwardCase& c, std::uint64_t salt) {
   if (dx) EXPECT_TRUE(passes(lb::judge(dx->values(), ref.dx, base.dx, c.dtype, "dx", dz_values)));
   if (dw) EXPECT_TRUE(passes(lb::judge(dw->values(), ref.dw, base.dw, c.dtype, "dW", dz_values)));
   if (db) EXPECT_TRUE(passes(lb::judge(db->values(), ref.dbias, base.dbias, c.dtype, "dbias", dz_values)));
+  return path;
 }
 
 // ---- CPU reference --------------------------------------------------------------------------
@@ -680,6 +700,41 @@ TEST(LinearGpu, LargerShapesMatchReference) {
   }
 }
 
+// The dx GEMM that forms dz in its idle producer warps (linear_dgrad_sm90.cuh), forced, for every
+// activation and 16-bit dtype: rows formed before the kernel or not, a partial last row group,
+// tile and k-tile, several waves of tiles, N not a multiple of the 256-column unit, padded rows,
+// with and without dW and dbias. Every case must take the path (none may fall back unnoticed).
+TEST(LinearGpu, DzFormedInsideTheDgradGemmMatchesReference) {
+  FUSEKIT_REQUIRE_GPU();
+  struct Shape {
+    std::int64_t m, n, k, pad, first_rows;
+    bool dw, dbias;
+  };
+  const Shape shapes[] = {{1, 8, 8, 0, 0, true, true},          {129, 264, 136, 0, 0, true, true},
+                          {1531, 2056, 1024, 0, 128, true, true}, {700, 4104, 72, 8, 256, false, true},
+                          {2000, 1000, 520, 0, 0, true, false},   {333, 96, 2048, 8, 1024, true, true}};
+  int salt = 0, cases = 0;
+  for (const Shape& s : shapes) {
+    BackwardPathOverride force(linear::BackwardPath::dz_in_dgrad, s.first_rows);
+    for (DType dtype : {DType::bf16, DType::f16}) {
+      for (Activation act : kActivations) {
+        if (act == Activation::none) continue;
+        const BackwardCase c{dtype, act, s.m, s.n, s.k, true, s.dw, s.dbias, s.pad};
+        SCOPED_TRACE("first rows " + std::to_string(s.first_rows));
+        EXPECT_EQ(check_backward(c, 8100 + salt++), linear::BackwardPath::dz_in_dgrad);
+        ++cases;
+      }
+    }
+  }
+  EXPECT_EQ(cases, 60);
+  // What the path cannot serve falls back to the separate pass: f32, rows not 16-byte aligned.
+  BackwardPathOverride force(linear::BackwardPath::dz_in_dgrad, 0);
+  EXPECT_EQ(check_backward({DType::f32, Activation::relu, 64, 64, 64, true, true, true, 0}, 8200),
+            linear::BackwardPath::separate_dz);
+  EXPECT_EQ(check_backward({DType::bf16, Activation::relu, 64, 64, 64, true, true, true, 3}, 8201),
+            linear::BackwardPath::separate_dz);
+}
+
 // Every forward path, forced, for every activation it can serve.
 TEST(LinearGpu, EveryForwardPathMatchesReference) {
   FUSEKIT_REQUIRE_GPU();
@@ -904,7 +959,11 @@ TEST(LinearGpu, RunsAreBitwiseReproducible) {
   const Device gpu = Device::cuda(0);
   auto rng = testing::make_rng(10);
   const std::int64_t m = 2048, n = 1536, k = 1024;
-  for (Activation act : {Activation::gelu_tanh, Activation::squared_relu}) {
+  for (Activation act : {Activation::gelu_tanh, Activation::squared_relu, Activation::silu}) {
+    // silu with dz formed inside the dx GEMM (units claimed in whatever order the warps reach
+    // them; dz, dx and dbias must not depend on it).
+    BackwardPathOverride force(act == Activation::silu ? linear::BackwardPath::dz_in_dgrad
+                                                       : linear::BackwardPath::automatic, 0);
     Buffer x = matrix(DType::bf16, gpu, m, k), w = matrix(DType::bf16, gpu, n, k), b(DType::bf16, gpu, {n});
     Buffer y = matrix(DType::bf16, gpu, m, n), pre = matrix(DType::bf16, gpu, m, n), dout = matrix(DType::bf16, gpu, m, n);
     Buffer dx = matrix(DType::bf16, gpu, m, k), dw = matrix(DType::bf16, gpu, n, k), db(DType::bf16, gpu, {n});
