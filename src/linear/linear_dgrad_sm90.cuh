@@ -36,6 +36,7 @@
 #include <cutlass/cutlass.h>
 #include <cutlass/epilogue/collective/collective_builder.hpp>
 #include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/gemm/device/gemm_universal_adapter.h>
 #include <cutlass/gemm/dispatch_policy.hpp>
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
 #include <cutlass/kernel_hardware_info.h>
@@ -45,6 +46,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <string>
+#include <type_traits>
 
 #include "core/activation.h"
 #include "fusekit/error.h"
@@ -217,7 +219,8 @@ struct DgradFormingKernel : Base {
   using ClusterShape = typename Base::ClusterShape;
   using TiledMma = typename Base::TiledMma;
   using SharedStorage = typename Base::SharedStorage;
-  using MathWarpGroupOrderBarrier = typename Base::MathWarpGroupOrderBarrier;
+  static constexpr int kMmaThreads = cute::size(TiledMma{});
+  static_assert(kMmaThreads == 256, "two consumer warp groups on one tile (the cooperative schedule)");
   static_assert(!TileScheduler::IsDynamicPersistent, "the static persistent scheduler only");
   static_assert(cute::size<0>(TileShape{}) % kDgradUnitRows == 0, "tiles cover whole row groups");
   static_assert(kDgradSliceCols % cute::size<2>(TileShape{}) == 0, "slices cover whole k-tiles");
@@ -255,14 +258,14 @@ struct DgradFormingKernel : Base {
       CollectiveEpilogue::prefetch_tma_descriptors(params.gemm.epilogue);
     }
 
-    // Mainloop pipeline: warp 0 of the producer group produces, the consumer groups consume.
+    // Mainloop pipeline: warp 0 of the producer group produces, both consumer groups consume.
     using MainloopPipeline = typename CollectiveMainloop::MainloopPipeline;
     typename MainloopPipeline::Params mainloop_pipeline_params;
     if (role == Role::producer && warp_in_group == 0)
       mainloop_pipeline_params.role = MainloopPipeline::ThreadCategory::Producer;
     if (role != Role::producer) mainloop_pipeline_params.role = MainloopPipeline::ThreadCategory::Consumer;
     mainloop_pipeline_params.is_leader = group_thread_idx == 0;
-    mainloop_pipeline_params.num_consumers = cutlass::NumThreadsPerWarpGroup;
+    mainloop_pipeline_params.num_consumers = kMmaThreads;
     mainloop_pipeline_params.num_producers = CollectiveMainloop::NumProducerThreadEvents;
     mainloop_pipeline_params.transaction_bytes = params.gemm.mainloop.tma_transaction_bytes;
     MainloopPipeline mainloop_pipeline(shared_storage.pipelines.mainloop, mainloop_pipeline_params, ClusterShape{});
@@ -273,7 +276,7 @@ struct DgradFormingKernel : Base {
     if (role != Role::producer) epi_load_pipeline_params.role = EpiLoadPipeline::ThreadCategory::Consumer;
     epi_load_pipeline_params.dst_blockid = cute::block_rank_in_cluster();
     epi_load_pipeline_params.producer_arv_count = cutlass::NumThreadsPerWarp;
-    epi_load_pipeline_params.consumer_arv_count = cutlass::NumThreadsPerWarpGroup;
+    epi_load_pipeline_params.consumer_arv_count = kMmaThreads;
     if constexpr (CollectiveEpilogue::RequiresTransactionBytes)
       epi_load_pipeline_params.transaction_bytes = params.gemm.epilogue.tma_transaction_bytes;
     EpiLoadPipeline epi_load_pipeline(shared_storage.pipelines.epi_load, epi_load_pipeline_params);
@@ -282,12 +285,6 @@ struct DgradFormingKernel : Base {
     typename EpiStorePipeline::Params epi_store_pipeline_params;
     epi_store_pipeline_params.always_wait = true;
     EpiStorePipeline epi_store_pipeline(epi_store_pipeline_params);
-
-    // The two consumer groups take turns: one's math while the other runs its epilogue.
-    typename MathWarpGroupOrderBarrier::Params order_params;
-    order_params.group_id = cutlass::canonical_warp_group_idx() - static_cast<int>(Role::consumer0);
-    order_params.group_size = cutlass::NumThreadsPerWarpGroup;
-    MathWarpGroupOrderBarrier math_wg_order_barrier(shared_storage.pipelines.math_wg_order, order_params);
 
     typename CollectiveMainloop::PipelineState mainloop_pipe_consumer_state;
     typename CollectiveEpilogue::LoadPipelineState epi_load_pipe_consumer_state;
@@ -302,22 +299,12 @@ struct DgradFormingKernel : Base {
     TiledMma tiled_mma;
     auto blk_shape = TileShape{};
     CollectiveMainloop collective_mainloop;
-    CollectiveEpilogue collective_epilogue(params.gemm.epilogue, shared_storage.tensors.epilogue);
     auto load_inputs = collective_mainloop.load_init(problem_shape_MNKL, params.gemm.mainloop);
     Tensor gA_mkl = get<0>(load_inputs);
     Tensor gB_nkl = get<1>(load_inputs);
     auto k_tile_count = size<3>(gA_mkl);
-    auto c_tile_count = CollectiveEpilogue::get_load_pipe_increment(blk_shape);
-    auto d_tile_count = CollectiveEpilogue::get_store_pipe_increment(blk_shape);
 
     TileScheduler scheduler{params.gemm.scheduler};
-    if (role == Role::consumer1) {
-      // The second consumer group starts one tile later, past the first group's stages.
-      scheduler.advance_to_next_work();
-      mainloop_pipe_consumer_state.advance(k_tile_count);
-      epi_load_pipe_consumer_state.advance(c_tile_count);
-      epi_store_pipe_producer_state.advance(d_tile_count);
-    }
     auto work_tile_info = scheduler.initial_work_tile_info(ClusterShape{});
 
     if constexpr (size(ClusterShape{}) > 1) cute::cluster_wait();
@@ -356,37 +343,33 @@ struct DgradFormingKernel : Base {
       }
     } else {
       cutlass::arch::warpgroup_reg_alloc<kConsumerRegisters>();
+      CollectiveEpilogue collective_epilogue(params.gemm.epilogue, shared_storage.tensors.epilogue);
+      const int mma_thread_idx = thread_idx % kMmaThreads;
+      bool stored = false;
       while (work_tile_info.is_valid()) {
         auto m_coord = idx2crd(work_tile_info.M_idx, shape<2>(gA_mkl));
         auto n_coord = idx2crd(work_tile_info.N_idx, shape<2>(gB_nkl));
         auto l_coord = idx2crd(work_tile_info.L_idx, shape<4>(gB_nkl));
         auto blk_coord = make_coord(m_coord, n_coord, _, l_coord);
-        Tensor accumulators = partition_fragment_C(tiled_mma, take<0, 2>(blk_shape));
-
-        math_wg_order_barrier.wait();
+        auto accumulators = partition_fragment_C(tiled_mma, take<0, 2>(blk_shape));
         collective_mainloop.mma(mainloop_pipeline, mainloop_pipe_consumer_state, accumulators, k_tile_count,
-                                group_thread_idx, shared_storage.tensors.mainloop, params.gemm.mainloop);
-        math_wg_order_barrier.arrive();
+                                mma_thread_idx, shared_storage.tensors.mainloop, params.gemm.mainloop);
         collective_mainloop.mma_tail(mainloop_pipeline, mainloop_pipe_consumer_state, k_tile_count);
-        mainloop_pipe_consumer_state.advance(k_tile_count * 2);
-
-        math_wg_order_barrier.wait();
+        mainloop_pipe_consumer_state.advance(k_tile_count);
         auto [epi_load_next, epi_store_next] = collective_epilogue.store(
             epi_load_pipeline, epi_load_pipe_consumer_state, epi_store_pipeline, epi_store_pipe_producer_state,
-            problem_shape_MNKL, blk_shape, blk_coord, accumulators, tiled_mma, group_thread_idx,
+            problem_shape_MNKL, blk_shape, blk_coord, accumulators, tiled_mma, mma_thread_idx,
             shared_storage.tensors.epilogue);
-        // The next group must not overwrite shared memory that this tile's TMA stores still read.
-        auto [epi_load_after, epi_store_after] =
-            collective_epilogue.store_tail(epi_load_pipeline, epi_load_next, epi_store_pipeline, epi_store_next);
-        epi_load_pipe_consumer_state = epi_load_after;
-        epi_store_pipe_producer_state = epi_store_after;
-        epi_load_pipe_consumer_state.advance(c_tile_count);
-        epi_store_pipe_producer_state.advance(d_tile_count);
-        math_wg_order_barrier.arrive();
-
-        scheduler.advance_to_next_work(2);
+        epi_load_pipe_consumer_state = epi_load_next;
+        epi_store_pipe_producer_state = epi_store_next;
+        stored = true;
+        scheduler.advance_to_next_work();
         work_tile_info = scheduler.get_current_work();
       }
+      // The CTA must not exit while its last tile's TMA stores still read shared memory.
+      if (stored)
+        collective_epilogue.store_tail(epi_load_pipeline, epi_load_pipe_consumer_state, epi_store_pipeline,
+                                       epi_store_pipe_producer_state);
     }
 #endif
   }
@@ -407,19 +390,15 @@ struct DgradGemm {
   // The forward's configuration (128x128x64 tiles per consumer group, clusters of 2 along M
   // multicasting the B tile); B is W (N x K row-major), i.e. the GEMM's B is K-contiguous in the
   // output dimension ("row-major B"), which TMA and wgmma take directly for 16-bit types.
-  using TileShape = cute::Shape<cute::_128, cute::_128, cute::_64>;
-#ifndef FK_CLUSTER_M
-#define FK_CLUSTER_M 2
-#define FK_CLUSTER_N 1
-#endif
-  using ClusterShape = cute::Shape<cute::Int<FK_CLUSTER_M>, cute::Int<FK_CLUSTER_N>, cute::_1>;
+  using TileShape = cute::Shape<cute::_128, cute::_256, cute::_64>;
+  using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
 
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, Accumulator, Accumulator,
       /*C*/ void, cutlass::layout::RowMajor, kAlignment,
       /*D*/ Element, cutlass::layout::RowMajor, kAlignment,
-      cutlass::epilogue::TmaWarpSpecialized>::CollectiveOp;
+      cutlass::epilogue::TmaWarpSpecializedCooperative>::CollectiveOp;
 
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
@@ -428,7 +407,7 @@ struct DgradGemm {
       Accumulator, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
-      cutlass::gemm::KernelTmaWarpSpecializedPingpong>::CollectiveOp;
+      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
 
   using Base = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop,
                                                     CollectiveEpilogue>;
@@ -515,3 +494,74 @@ void run_dgrad_forming(const char* op, const DgradFormingArgs& a, void* stream) 
 }
 
 }  // namespace fusekit::linear::sm90
+
+// ---- LAB ONLY: stock CUTLASS kernels for the dx GEMM, to compare configurations with cuBLAS ----
+namespace fusekit::linear::sm90::lab {
+
+template <typename Element, class Schedule, class Tile, class Cluster>
+void run_stock_dx(const char* op, const DgradFormingArgs& a, void* stream) {
+  using Accumulator = float;
+  constexpr int kAlignment = 8;
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
+      cutlass::epilogue::collective::EpilogueTileAuto, Accumulator, Accumulator, void, cutlass::layout::RowMajor,
+      kAlignment, Element, cutlass::layout::RowMajor, kAlignment,
+      std::conditional_t<std::is_same_v<Schedule, cutlass::gemm::KernelTmaWarpSpecializedCooperative>,
+                         cutlass::epilogue::TmaWarpSpecializedCooperative,
+                         cutlass::epilogue::TmaWarpSpecialized>>::CollectiveOp;
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, cutlass::layout::RowMajor, kAlignment, Element,
+      cutlass::layout::RowMajor, kAlignment, Accumulator, Tile, Cluster,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      Schedule>::CollectiveOp;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop,
+                                                      CollectiveEpilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+  typename Gemm::Arguments args{};
+  args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
+  args.problem_shape = {a.m, a.k, a.n, 1};
+  args.mainloop.ptr_A = static_cast<const Element*>(a.dz);
+  args.mainloop.dA = {a.lddz, cute::Int<1>{}, a.lddz * a.m};
+  args.mainloop.ptr_B = static_cast<const Element*>(a.w);
+  args.mainloop.dB = {cute::Int<1>{}, a.ldw, a.ldw * a.n};
+  args.epilogue.ptr_C = nullptr;
+  args.epilogue.dC = {a.lddx, cute::Int<1>{}, a.lddx * a.m};
+  args.epilogue.ptr_D = static_cast<Element*>(a.dx);
+  args.epilogue.dD = {a.lddx, cute::Int<1>{}, a.lddx * a.m};
+  args.epilogue.thread.alpha = 1.0f;
+  args.epilogue.thread.beta = 0.0f;
+  args.hw_info.device_id = a.device_index;
+  args.hw_info.sm_count = a.sm_count;
+  args.scheduler.max_swizzle_size = 2;
+  if (const char* v = std::getenv("FUSEKIT_LINEAR_DGRAD_SWIZZLE")) args.scheduler.max_swizzle_size = std::atoi(v);
+  args.scheduler.raster_order = std::getenv("FUSEKIT_LINEAR_DGRAD_RASTER_M")
+                                    ? cutlass::gemm::kernel::detail::RasterOrderOptions::AlongM
+                                    : cutlass::gemm::kernel::detail::RasterOrderOptions::AlongN;
+  Gemm gemm;
+  if (gemm.can_implement(args) != cutlass::Status::kSuccess) throw Error(ErrorKind::unsupported, op, "lab stock dx: can_implement");
+  if (Gemm::get_workspace_size(args) != 0) throw Error(ErrorKind::unsupported, op, "lab stock dx: workspace");
+  auto s = static_cast<cudaStream_t>(stream);
+  if (gemm.initialize(args, nullptr, s) != cutlass::Status::kSuccess) throw Error(ErrorKind::cuda, op, "lab stock dx: init");
+  if (gemm.run(s) != cutlass::Status::kSuccess) throw Error(ErrorKind::cuda, op, "lab stock dx: run");
+}
+
+template <typename Element>
+bool run_stock_dx_if_asked(const char* op, const DgradFormingArgs& a, void* stream) {
+  const char* v = std::getenv("FUSEKIT_LINEAR_DGRAD_LAB_STOCK");
+  if (!v) return false;
+  using namespace cute;
+  using PP = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+  using CO = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+  switch (std::atoi(v)) {
+    case 1: run_stock_dx<Element, PP, Shape<_128, _128, _64>, Shape<_2, _1, _1>>(op, a, stream); break;
+    case 2: run_stock_dx<Element, CO, Shape<_256, _128, _64>, Shape<_2, _1, _1>>(op, a, stream); break;
+    case 3: run_stock_dx<Element, CO, Shape<_128, _256, _64>, Shape<_2, _1, _1>>(op, a, stream); break;
+    case 4: run_stock_dx<Element, CO, Shape<_256, _128, _64>, Shape<_1, _2, _1>>(op, a, stream); break;
+    case 5: run_stock_dx<Element, PP, Shape<_128, _128, _64>, Shape<_1, _2, _1>>(op, a, stream); break;
+    default: return false;
+  }
+  return true;
+}
+
+}  // namespace fusekit::linear::sm90::lab
