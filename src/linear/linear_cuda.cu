@@ -18,9 +18,11 @@
 // fit the derivative of the activation that produced this layer's input x (the next-layer dgrad
 // of a transformer MLP, as TransformerEngine uses them), not the derivative of this layer's own
 // output activation, which is what linear_backward(dout, pre, ...) is given. Folding act' into
-// both GEMMs' operand loads would need a custom mainloop (transforming A in registers before
-// wgmma); instead dz is formed once by one elementwise pass into the workspace (skipped for
-// activation none) and both GEMMs read it. That pass also sums its dz over rows per block, so
+// both GEMMs' operand loads would repeat it once per CTA that reads a dz tile. Instead dz is
+// formed once, either by the dx GEMM itself (linear_dgrad_sm90.cuh: a CUTLASS kernel whose idle
+// producer warps form dz while its tensor cores run, for large problems with K <= 6144, where the
+// separate pass costs the most) or by one elementwise pass into the workspace (skipped for
+// activation none); both GEMMs read it. The pass (and the forming warps) also sum dz over rows, so
 // dbias costs no extra read of dz (a fixed-order sum of the blocks' partial rows finishes it:
 // deterministic). Without an activation the same kernel, not storing anything, sums dout. Both
 // beat cuBLASLt's BGRADB epilogue (dbias summed inside the dW GEMM), which slowed that GEMM by
@@ -661,11 +663,17 @@ bool dz_in_dgrad_eligible(const BackwardParams& p) {
   return p.m <= kIntLimit && p.n <= kIntLimit && p.k <= kIntLimit;
 }
 
-// Automatic: the dz-in-dgrad path for GEMMs of at least 2^36 flops (it hides the dz pass under
-// the dx GEMM's math; below that the pass is short and the cuBLASLt GEMMs are tuned per shape).
-// FUSEKIT_LINEAR_DGRAD=separate / inside overrides the size rule (benchmarks); a test's override
-// comes first.
+// Automatic: the dz-in-dgrad path for GEMMs of at least 2^36 flops whose K (the dx GEMM's output
+// columns) is at most 6144. The separate dz pass costs about 6 M N bytes against 4 M N K flops,
+// i.e. a share of the backward that falls as 1 / K; the CUTLASS dx GEMM has to win it back against
+// cuBLAS's. Measured on an H200 (session 32, backward over the two plain GEMMs, dz inside /
+// separate): K = 4096 at (8191, 4096, 12296) 1.036-1.041 / 1.060-1.082, at (8192, 4096, 16384)
+// 0.998-1.002 / 1.032-1.064; K = 8192 at (16384, 8192, 8192) 0.995-1.004 / 0.981-0.987; K = 16384
+// at (8192, 16384, 4096) 1.020-1.029 / 0.968-0.974. Below 2^36 flops the pass is short and the
+// cuBLASLt GEMMs are tuned per shape. FUSEKIT_LINEAR_DGRAD=separate / inside overrides both rules
+// (benchmarks); a test's override comes first.
 constexpr double kMinDzInDgradFlops = 68719476736.0;  // 2^36
+constexpr std::int64_t kMaxDzInDgradK = 6144;
 
 bool choose_dz_in_dgrad(const BackwardParams& p) {
   if (!dz_in_dgrad_eligible(p)) return false;
@@ -679,7 +687,8 @@ bool choose_dz_in_dgrad(const BackwardParams& p) {
     return -1;
   }();
   if (from_env >= 0) return from_env == 1;
-  return 2.0 * static_cast<double>(p.m) * static_cast<double>(p.n) * static_cast<double>(p.k) >= kMinDzInDgradFlops;
+  return p.k <= kMaxDzInDgradK &&
+         2.0 * static_cast<double>(p.m) * static_cast<double>(p.n) * static_cast<double>(p.k) >= kMinDzInDgradFlops;
 }
 
 // Rows the elementwise pass forms before the kernel: the 128-row blocks that the first wave of

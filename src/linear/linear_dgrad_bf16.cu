@@ -8,7 +8,6 @@
 namespace fusekit::linear::sm90 {
 
 void dgrad_forming_bf16(const char* op, const DgradFormingArgs& a, void* stream) {
-  if (lab::run_stock_dx_if_asked<cutlass::bfloat16_t>(op, a, stream)) return;
   run_dgrad_forming<cutlass::bfloat16_t, __nv_bfloat16>(op, a, stream);
 }
 

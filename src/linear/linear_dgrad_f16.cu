@@ -8,7 +8,6 @@
 namespace fusekit::linear::sm90 {
 
 void dgrad_forming_f16(const char* op, const DgradFormingArgs& a, void* stream) {
-  if (lab::run_stock_dx_if_asked<cutlass::half_t>(op, a, stream)) return;
   run_dgrad_forming<cutlass::half_t, __half>(op, a, stream);
 }
 

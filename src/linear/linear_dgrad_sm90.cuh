@@ -8,9 +8,11 @@
 // transcendental activations (performance-notes, Linear "Session 29"). Here each dz element is
 // formed once, by warps that a GEMM leaves idle, while the tensor cores run:
 //
-//   - The kernel is CUTLASS's warp-specialized ping-pong GEMM (a producer warp group feeding two
-//     consumer warp groups that alternate tiles), rebuilt around CUTLASS's own collectives so that
-//     the producer group's warps 1-3, idle in a GEMM without a source matrix C, form dz.
+//   - The kernel is CUTLASS's warp-specialized cooperative GEMM (a producer warp group feeding
+//     two consumer warp groups that share each 128 x 256 tile), rebuilt around CUTLASS's own
+//     collectives so that the producer group's warps 1-3, idle in a GEMM without a source matrix
+//     C, form dz. (The forward's 128 x 128 ping-pong configuration ran this GEMM ~20% slower than
+//     cuBLAS at the odd shape; 128 x 256 cooperative tiles in clusters of 2 along M matched it.)
 //   - The dz rows are cut into units of kDgradUnitRows rows x kDgradSliceCols columns. The
 //     forming warps claim units in order (an atomic counter: no warp depends on another CTA being
 //     resident, so the kernel cannot deadlock), write dz, add its columns up for dbias (one float
@@ -24,7 +26,10 @@
 //     by the separate elementwise pass before the kernel (first_row; linear_cuda.cu chooses it).
 //
 // dz itself is still stored (the dW GEMM, cuBLAS, reads it), but its store and the reads of dout
-// and pre overlap the dx GEMM's math instead of adding to the backward's time.
+// and pre overlap the dx GEMM's math instead of adding to the backward's time. Measured on an H200
+// (session 32, two runs, the backward over the two plain cuBLAS GEMMs timed interleaved): at
+// (8191, 4096, 12296) 1.036-1.041x for every activation against 1.060-1.082x with the separate
+// pass; at (8192, 4096, 16384) 0.998-1.002x against 1.032-1.064x.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -36,17 +41,14 @@
 #include <cutlass/cutlass.h>
 #include <cutlass/epilogue/collective/collective_builder.hpp>
 #include <cutlass/gemm/collective/collective_builder.hpp>
-#include <cutlass/gemm/device/gemm_universal_adapter.h>
 #include <cutlass/gemm/dispatch_policy.hpp>
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
 #include <cutlass/kernel_hardware_info.h>
 #include <cutlass/pipeline/pipeline.hpp>
 
 #include <cstdint>
-#include <cstdlib>
 #include <mutex>
 #include <string>
-#include <type_traits>
 
 #include "core/activation.h"
 #include "fusekit/error.h"
@@ -71,7 +73,6 @@ struct DzFormParams {
   int slices = 0;     // units per row group: ceil(n / kDgradSliceCols)
   int units = 0;      // row groups from first_row on, times slices
   int activation = 0;
-  int lab_no_wait = 0;  // LAB ONLY: timing without the waits (wrong results)
 };
 
 namespace dgrad_detail {
@@ -207,9 +208,10 @@ CUTLASS_DEVICE void form_dz(const DzFormParams& f, int lane) {
 
 }  // namespace dgrad_detail
 
-// The kernel: CUTLASS's ping-pong GemmUniversal (`Base`) for its types, host-side helpers and
+// The kernel: CUTLASS's cooperative GemmUniversal (`Base`) for its types, host-side helpers and
 // shared storage, with its own device entry. Only what this GEMM uses is kept: the static
-// persistent scheduler, no source matrix C (so no epilogue load warp), no auxiliary loads.
+// persistent scheduler, no source matrix C (so no epilogue load warp), no auxiliary loads, no
+// split-K fixup.
 template <class Base, typename T>
 struct DgradFormingKernel : Base {
   using CollectiveMainloop = typename Base::CollectiveMainloop;
@@ -322,7 +324,7 @@ struct DgradFormingKernel : Base {
 
           dgrad_detail::WaitingKTileIterator k_iter;
           const int tile_m = work_tile_info.M_idx;
-          if (tile_m >= first_group_tile && !f.lab_no_wait) {
+          if (tile_m >= first_group_tile) {
             const int group0 = (tile_m * kTileRows - f.first_row) / kDgradUnitRows;
             const int rows_left = f.m - tile_m * kTileRows;
             k_iter.flags = f.flags + static_cast<std::int64_t>(group0) * f.slices;
@@ -387,9 +389,11 @@ template <typename Element>
 struct DgradGemm {
   using Accumulator = float;
   static constexpr int kAlignment = static_cast<int>(kFusedAlignmentElements);
-  // The forward's configuration (128x128x64 tiles per consumer group, clusters of 2 along M
-  // multicasting the B tile); B is W (N x K row-major), i.e. the GEMM's B is K-contiguous in the
-  // output dimension ("row-major B"), which TMA and wgmma take directly for 16-bit types.
+  // 128 x 256 x 64 tiles shared by the two consumer groups, clusters of 2 along M multicasting
+  // the B tile. B is W (N x K row-major): contiguous along the GEMM's output columns ("row-major
+  // B"), which TMA and wgmma take directly for 16-bit types. Against cuBLAS's dx GEMM at (8191,
+  // 4096, 12296) (H200, the backward with dz formed before, so only the dx GEMM differs):
+  // ping-pong 128 x 128 +10-12%, cooperative 256 x 128 +1.5-2%, cooperative 128 x 256 -0.8-+0.5%.
   using TileShape = cute::Shape<cute::_128, cute::_256, cute::_64>;
   using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
 
@@ -436,7 +440,6 @@ void run_dgrad_forming(const char* op, const DgradFormingArgs& a, void* stream) 
   args.hw_info.sm_count = a.sm_count;
   // Row strips (raster along N): the order in which the forming warps claim dz's row groups.
   args.scheduler.max_swizzle_size = 2;
-  if (const char* v = std::getenv("FUSEKIT_LINEAR_DGRAD_SWIZZLE")) args.scheduler.max_swizzle_size = std::atoi(v);
   args.scheduler.raster_order = cutlass::gemm::kernel::detail::RasterOrderOptions::AlongN;
 
   if (!Base::can_implement(args))
@@ -462,7 +465,6 @@ void run_dgrad_forming(const char* op, const DgradFormingArgs& a, void* stream) 
   f.slices = a.slices;
   f.units = a.units;
   f.activation = static_cast<int>(a.activation);
-  f.lab_no_wait = std::getenv("FUSEKIT_LINEAR_DGRAD_LAB_NOWAIT") != nullptr;
 
   const dim3 grid = Base::get_grid_shape(params.gemm);
   const int smem = static_cast<int>(sizeof(typename Base::SharedStorage));
@@ -494,74 +496,3 @@ void run_dgrad_forming(const char* op, const DgradFormingArgs& a, void* stream) 
 }
 
 }  // namespace fusekit::linear::sm90
-
-// ---- LAB ONLY: stock CUTLASS kernels for the dx GEMM, to compare configurations with cuBLAS ----
-namespace fusekit::linear::sm90::lab {
-
-template <typename Element, class Schedule, class Tile, class Cluster>
-void run_stock_dx(const char* op, const DgradFormingArgs& a, void* stream) {
-  using Accumulator = float;
-  constexpr int kAlignment = 8;
-  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
-      cutlass::epilogue::collective::EpilogueTileAuto, Accumulator, Accumulator, void, cutlass::layout::RowMajor,
-      kAlignment, Element, cutlass::layout::RowMajor, kAlignment,
-      std::conditional_t<std::is_same_v<Schedule, cutlass::gemm::KernelTmaWarpSpecializedCooperative>,
-                         cutlass::epilogue::TmaWarpSpecializedCooperative,
-                         cutlass::epilogue::TmaWarpSpecialized>>::CollectiveOp;
-  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, cutlass::layout::RowMajor, kAlignment, Element,
-      cutlass::layout::RowMajor, kAlignment, Accumulator, Tile, Cluster,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-          sizeof(typename CollectiveEpilogue::SharedStorage))>,
-      Schedule>::CollectiveOp;
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop,
-                                                      CollectiveEpilogue>;
-  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
-  typename Gemm::Arguments args{};
-  args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
-  args.problem_shape = {a.m, a.k, a.n, 1};
-  args.mainloop.ptr_A = static_cast<const Element*>(a.dz);
-  args.mainloop.dA = {a.lddz, cute::Int<1>{}, a.lddz * a.m};
-  args.mainloop.ptr_B = static_cast<const Element*>(a.w);
-  args.mainloop.dB = {cute::Int<1>{}, a.ldw, a.ldw * a.n};
-  args.epilogue.ptr_C = nullptr;
-  args.epilogue.dC = {a.lddx, cute::Int<1>{}, a.lddx * a.m};
-  args.epilogue.ptr_D = static_cast<Element*>(a.dx);
-  args.epilogue.dD = {a.lddx, cute::Int<1>{}, a.lddx * a.m};
-  args.epilogue.thread.alpha = 1.0f;
-  args.epilogue.thread.beta = 0.0f;
-  args.hw_info.device_id = a.device_index;
-  args.hw_info.sm_count = a.sm_count;
-  args.scheduler.max_swizzle_size = 2;
-  if (const char* v = std::getenv("FUSEKIT_LINEAR_DGRAD_SWIZZLE")) args.scheduler.max_swizzle_size = std::atoi(v);
-  args.scheduler.raster_order = std::getenv("FUSEKIT_LINEAR_DGRAD_RASTER_M")
-                                    ? cutlass::gemm::kernel::detail::RasterOrderOptions::AlongM
-                                    : cutlass::gemm::kernel::detail::RasterOrderOptions::AlongN;
-  Gemm gemm;
-  if (gemm.can_implement(args) != cutlass::Status::kSuccess) throw Error(ErrorKind::unsupported, op, "lab stock dx: can_implement");
-  if (Gemm::get_workspace_size(args) != 0) throw Error(ErrorKind::unsupported, op, "lab stock dx: workspace");
-  auto s = static_cast<cudaStream_t>(stream);
-  if (gemm.initialize(args, nullptr, s) != cutlass::Status::kSuccess) throw Error(ErrorKind::cuda, op, "lab stock dx: init");
-  if (gemm.run(s) != cutlass::Status::kSuccess) throw Error(ErrorKind::cuda, op, "lab stock dx: run");
-}
-
-template <typename Element>
-bool run_stock_dx_if_asked(const char* op, const DgradFormingArgs& a, void* stream) {
-  const char* v = std::getenv("FUSEKIT_LINEAR_DGRAD_LAB_STOCK");
-  if (!v) return false;
-  using namespace cute;
-  using PP = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
-  using CO = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
-  switch (std::atoi(v)) {
-    case 1: run_stock_dx<Element, PP, Shape<_128, _128, _64>, Shape<_2, _1, _1>>(op, a, stream); break;
-    case 2: run_stock_dx<Element, CO, Shape<_256, _128, _64>, Shape<_2, _1, _1>>(op, a, stream); break;
-    case 3: run_stock_dx<Element, CO, Shape<_128, _256, _64>, Shape<_2, _1, _1>>(op, a, stream); break;
-    case 4: run_stock_dx<Element, CO, Shape<_256, _128, _64>, Shape<_1, _2, _1>>(op, a, stream); break;
-    case 5: run_stock_dx<Element, PP, Shape<_128, _128, _64>, Shape<_1, _2, _1>>(op, a, stream); break;
-    default: return false;
-  }
-  return true;
-}
-
-}  // namespace fusekit::linear::sm90::lab

@@ -735,6 +735,38 @@ TEST(LinearGpu, DzFormedInsideTheDgradGemmMatchesReference) {
             linear::BackwardPath::separate_dz);
 }
 
+// The automatic choice of how dz is formed (linear_cuda.cu, choose_dz_in_dgrad): inside the dx GEMM
+// for problems of at least 2^36 flops with K <= 6144, the separate pass otherwise. Only the route
+// is checked here (these sizes are too large for the float64 reference; the test above checks the
+// path's values).
+TEST(LinearGpu, BackwardRouting) {
+  FUSEKIT_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  struct Route {
+    std::int64_t m, n, k;
+    linear::BackwardPath expected;
+  };
+  const Route routes[] = {{4096, 4096, 2048, linear::BackwardPath::dz_in_dgrad},
+                          {2048, 2048, 8192, linear::BackwardPath::separate_dz},
+                          {1024, 1024, 1024, linear::BackwardPath::separate_dz}};
+  for (const Route& r : routes) {
+    Buffer dout = matrix(DType::bf16, gpu, r.m, r.n), pre = matrix(DType::bf16, gpu, r.m, r.n);
+    Buffer x = matrix(DType::bf16, gpu, r.m, r.k), w = matrix(DType::bf16, gpu, r.n, r.k);
+    Buffer dx = matrix(DType::bf16, gpu, r.m, r.k), dw = matrix(DType::bf16, gpu, r.n, r.k);
+    Buffer db(DType::bf16, gpu, {r.n});
+    auto rng = testing::make_rng(8300);
+    for (Buffer* b : {&dout, &pre, &x, &w}) b->fill_normal(rng, 0.0, 0.05);
+    Buffer ws = workspace_for(linear_backward_workspace_size(r.m, r.n, r.k, DType::bf16, Activation::gelu_tanh, gpu), gpu);
+    linear_backward(dout.view(), x.view(), w.view(), pre.view(), Activation::gelu_tanh, dx.view(), dw.view(),
+                    db.view(), ws.view());
+    EXPECT_EQ(linear::last_backward_path(), r.expected) << r.m << " x " << r.n << " x " << r.k;
+    // Without dx there is no dx GEMM to form dz in.
+    linear_backward(dout.view(), x.view(), w.view(), pre.view(), Activation::gelu_tanh, std::nullopt, dw.view(),
+                    db.view(), ws.view());
+    EXPECT_EQ(linear::last_backward_path(), linear::BackwardPath::separate_dz);
+  }
+}
+
 // Every forward path, forced, for every activation it can serve.
 TEST(LinearGpu, EveryForwardPathMatchesReference) {
   FUSEKIT_REQUIRE_GPU();
