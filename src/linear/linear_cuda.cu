@@ -695,8 +695,8 @@ bool choose_dz_in_dgrad(const BackwardParams& p) {
 // output tiles (one per SM, 128 x 256, rastered along the dx columns) covers entirely, which
 // would otherwise wait at once for units no warp has formed yet. Measured at (8191, 4096, 12296)
 // (H200, session 32): 0 / 1024 / 2048 rows (1024 is this rule there) 1.057-1.060 / 1.040 / 1.042x
-// the plain GEMMs with relu. FUSEKIT_LINEAR_DGRAD_FIRST_ROWS
-// (a multiple of 128) overrides it, as a benchmark knob; set_dz_in_dgrad_first_rows (tests) first.
+// the plain GEMMs with relu. FUSEKIT_LINEAR_DGRAD_FIRST_ROWS (a multiple of 128) overrides it,
+// as a benchmark knob; set_dz_in_dgrad_first_rows (tests) before that.
 std::int64_t dz_in_dgrad_first_row(const BackwardParams& p, int sm_count) {
   constexpr std::int64_t kTile = 128, kTileColumns = 256;
   const std::int64_t tiles_per_row = (p.k + kTileColumns - 1) / kTileColumns;

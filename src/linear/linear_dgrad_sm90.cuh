@@ -229,8 +229,9 @@ struct DgradFormingKernel : Base {
 
   static constexpr int kTileRows = cute::size<0>(TileShape{});
   // Registers per thread after the warp groups re-balance: the forming warps need more than the
-  // 40 a TMA-only producer group keeps (at 40 they spilled 216 bytes; at 56 / 224 ptxas reports no spills); the consumers' 128 x 128
-  // float accumulators fit below CUTLASS's 232. 128 x 56 + 256 x 224 = 64512 of 65536.
+  // 40 that CUTLASS leaves a TMA-only producer group (at 40 they spilled 216 bytes); each consumer
+  // thread holds 128 float accumulators (a 64 x 256 half tile), which fit in 224 instead of
+  // CUTLASS's 232. At 56 / 224 ptxas reports no spills. 128 x 56 + 256 x 224 = 64512 of 65536.
   static constexpr uint32_t kProducerRegisters = 56;
   static constexpr uint32_t kConsumerRegisters = 224;
   static constexpr int kKTilesPerSlice = kDgradSliceCols / cute::size<2>(TileShape{});
