@@ -5,19 +5,53 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <type_traits>
 
 #include "core/cuda_check.h"
 #include "core/dependent_launch.h"
 #include "core/device_info.h"
+#include "core/launch_tuning.h"
 #include "core/partial_rows.cuh"
+#include "fp8_norm/fp8_norm_fused_forward.cuh"
 #include "fp8_norm/fp8_norm_kernels.cuh"
 #include "fp8_norm/fp8_norm_params.h"
+#include "fp8_norm/fp8_norm_paths.h"
 
 namespace fusekit::fp8_norm {
+
+// ---- design override (tests and benchmarks) -------------------------------------------------
+
 namespace {
+std::atomic<int> g_forward_design_override{static_cast<int>(ForwardDesign::automatic)};
+thread_local ForwardDesign t_last_forward_design = ForwardDesign::automatic;
+}  // namespace
+
+const char* forward_design_name(ForwardDesign design) {
+  switch (design) {
+    case ForwardDesign::automatic: return "automatic";
+    case ForwardDesign::fused: return "fused";
+    case ForwardDesign::two_pass: return "two_pass";
+  }
+  return "unknown";
+}
+void set_forward_design_override(ForwardDesign design) { g_forward_design_override = static_cast<int>(design); }
+ForwardDesign last_forward_design() { return t_last_forward_design; }
+
+namespace {
+
+// The override, else FUSEKIT_FP8_FORWARD (fused / two_pass), else automatic.
+ForwardDesign requested_forward_design() {
+  const auto forced = static_cast<ForwardDesign>(g_forward_design_override.load());
+  if (forced != ForwardDesign::automatic) return forced;
+  const char* env = std::getenv("FUSEKIT_FP8_FORWARD");
+  if (env && std::strcmp(env, "two_pass") == 0) return ForwardDesign::two_pass;
+  if (env && std::strcmp(env, "fused") == 0) return ForwardDesign::fused;
+  return ForwardDesign::automatic;
+}
 
 using namespace kernels;
 
@@ -160,6 +194,115 @@ void launch_quantize(const ForwardParams& p, bool vector, int sms, int device_in
   detail::check_launch(op, "fp8 rms norm quantize/transpose kernel");
 }
 
+// ---- forward, fused design ---------------------------------------------------------------------
+
+// Plans the fused forward (fp8_norm_fused_forward.cuh) for one call; false where it cannot serve
+// it: it needs whole 32-row chunks and 128-column strips, 16-byte aligned rows of x, qy and qy_t,
+// scale rows whose bytes per strip (4, 8, 16 or 32) can be copied as one or two cp.async, no y
+// output, at most 256 rows per block (M <= 256 x SMs) and N <= 16384 (the float weights in shared
+// memory).
+template <typename SC>
+bool plan_fused_forward(const ForwardParams& p, const detail::DeviceInfo& info, std::size_t static_smem,
+                        FusedLayout& L, int& grid) {
+  // (The cooperative-launch capability is checked by the launcher: it refuses such a grid.)
+  if (p.rows <= 0 || p.rows % kFusedChunkRows != 0 || p.cols % kFusedStripCols != 0 || p.cols > kStatsSmemWeightCols)
+    return false;
+  if (p.y != nullptr || !forward_vector_ok(p)) return false;
+  if (!aligned16(p.qy_t) || p.qy_t_row_stride % 16 != 0) return false;
+  if (p.log2_group > 7) return false;
+  const int scale_bytes = (kFusedStripCols >> p.log2_group) * static_cast<int>(sizeof(SC));
+  if (scale_bytes < 4 || scale_bytes > 32) return false;
+  const int scale_align = std::min(scale_bytes, 16);
+  if (reinterpret_cast<std::uintptr_t>(p.scales) % scale_align != 0 ||
+      (p.scale_row_stride * std::int64_t(sizeof(SC))) % scale_align != 0)
+    return false;
+  const std::int64_t chunks = p.rows / kFusedChunkRows;
+  // FUSEKIT_FP8_FUSED_GRID caps the grid (tuning and tests: more rows per block).
+  const int grid_cap = detail::env_knob("FUSEKIT_FP8_FUSED_GRID", 1, info.sm_count, info.sm_count);
+  grid = static_cast<int>(std::min<std::int64_t>(grid_cap, chunks));
+  const std::int64_t chunks_per_block = (chunks + grid - 1) / grid;
+  if (chunks_per_block * kFusedChunkRows > kFusedMaxRows) return false;
+
+  L.chunks = chunks;
+  L.strips = static_cast<int>(p.cols / kFusedStripCols);
+  L.max_rows = static_cast<int>(chunks_per_block * kFusedChunkRows);
+  L.scale_bytes = scale_bytes;
+  L.slot_bytes = L.max_rows * (kFusedStripCols + scale_bytes);
+  const std::int64_t weights = 4 * p.cols, rstd = L.max_rows * 4;
+  const std::int64_t budget = static_cast<std::int64_t>(info.max_smem_per_block_optin) -
+                              static_cast<std::int64_t>(static_smem) - weights - rstd;
+  // Ring depth: about FUSEKIT_FP8_FUSED_RING_KB (64) of copies in flight per SM, 2 to 9 slots.
+  const int ring_kb = detail::env_knob("FUSEKIT_FP8_FUSED_RING_KB", 8, 200, 64);
+  L.ring = static_cast<int>(std::clamp<std::int64_t>(std::int64_t(ring_kb) * 1024 / L.slot_bytes, 2, kFusedMaxRing));
+  std::int64_t ring_slots = L.ring;
+  if (std::int64_t(L.strips) * L.slot_bytes <= budget) {
+    // Everything fits: every strip stays on chip and no ring slot is needed.
+    L.stash_strips = L.strips;
+    ring_slots = 0;
+  } else {
+    while (L.ring > 2 && budget - std::int64_t(L.ring) * L.slot_bytes < L.slot_bytes) --L.ring;
+    ring_slots = L.ring;
+    const std::int64_t stash = (budget - ring_slots * L.slot_bytes) / L.slot_bytes;
+    if (stash < 0) return false;
+    // FUSEKIT_FP8_FUSED_STASH caps the stash (strips; tuning and tests of the ring path).
+    const int stash_cap = detail::env_knob("FUSEKIT_FP8_FUSED_STASH", 0, 1 << 20, 1 << 20);
+    L.stash_strips = static_cast<int>(std::min<std::int64_t>({stash, L.strips, stash_cap}));
+  }
+  // The ring strips phase 1 reads last (phase 2 reads them first) evict-last, up to
+  // FUSEKIT_FP8_FUSED_KEEP_PCT (40) percent of L2; the others evict-first.
+  const int keep_pct = detail::env_knob("FUSEKIT_FP8_FUSED_KEEP_PCT", 0, 100, 40);
+  const std::int64_t strip_bytes_all = p.rows * kFusedStripCols;
+  const std::int64_t keep_strips = std::int64_t(info.l2_bytes) * keep_pct / 100 / strip_bytes_all;
+  const int ring_strips = L.strips - L.stash_strips;
+  L.keep_from_strip = static_cast<int>(std::max<std::int64_t>(0, ring_strips - keep_strips));
+  L.rstd_offset = static_cast<int>(weights);
+  L.ring_offset = static_cast<int>(weights + (rstd + 15) / 16 * 16);
+  L.stash_offset = static_cast<int>(L.ring_offset + ring_slots * L.slot_bytes);
+  L.total_bytes = static_cast<int>(L.stash_offset + std::int64_t(L.stash_strips) * L.slot_bytes);
+  return true;
+}
+
+// Launches the fused forward; false (nothing launched) where it cannot serve the call or the
+// driver refuses the cooperative launch (for example a GPU shared under MPS).
+template <class XF, class QF, typename SC, typename W>
+bool launch_fused_forward(const ForwardParams& p, int device_index, cudaStream_t stream) {
+  const char* op = "fp8_rms_norm_forward";
+  const detail::DeviceInfo& info = detail::device_info(op, device_index);
+  auto kernel = fused_forward_kernel<XF, QF, SC, W>;
+  static thread_local std::size_t static_smem = [&] {
+    cudaFuncAttributes attributes{};
+    FUSEKIT_CUDA_CHECK(op, cudaFuncGetAttributes(&attributes, kernel));
+    return static_cast<std::size_t>(attributes.sharedSizeBytes);
+  }();
+  int cooperative = 0;  // a cheap query: the runtime caches device attributes
+  FUSEKIT_CUDA_CHECK(op, cudaDeviceGetAttribute(&cooperative, cudaDevAttrCooperativeLaunch, device_index));
+  if (!cooperative) return false;
+  FusedLayout layout;
+  int grid = 0;
+  if (!plan_fused_forward<SC>(p, info, static_smem, layout, grid)) return false;
+  const std::size_t need = static_cast<std::size_t>(grid) * sizeof(float);
+  if (need > p.workspace_bytes)
+    throw Error(ErrorKind::invalid_argument, op, "workspace", "at least " + std::to_string(need) + " bytes",
+                std::to_string(p.workspace_bytes) + " bytes");
+  allow_smem(op, device_index, kernel, layout.total_bytes);
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeCooperative;
+  attribute.val.cooperative = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(kFusedThreads);
+  config.dynamicSmemBytes = layout.total_bytes;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  if (cudaLaunchKernelEx(&config, kernel, p, layout, static_cast<float*>(p.workspace)) != cudaSuccess) {
+    cudaGetLastError();  // refused: the two-kernel forward runs instead
+    return false;
+  }
+  detail::check_launch(op, "fp8 rms norm fused forward kernel");
+  return true;
+}
+
 // ---- backward --------------------------------------------------------------------------------
 
 struct BackwardConfig {
@@ -270,6 +413,7 @@ void forward_cuda(const ForwardParams& params, int device_index, Stream stream) 
   p.l2_keep_from_row = std::max<std::int64_t>(0, p.rows - keep_rows);
   const int sms = device.sm_count;
   const bool vector = forward_vector_ok(p);
+  const ForwardDesign design = requested_forward_design();
   float* block_amax = static_cast<float*>(p.workspace);
   int block_count = 0;
   dispatch_fp8(p.x_dtype, [&](auto xf) {
@@ -278,6 +422,17 @@ void forward_cuda(const ForwardParams& params, int device_index, Stream stream) 
         using XF = decltype(xf);
         using SC = decltype(sc);
         using W = decltype(w);
+        if (design != ForwardDesign::two_pass) {
+          bool fused = false;
+          dispatch_fp8(p.q_dtype, [&](auto qf) {
+            fused = launch_fused_forward<XF, decltype(qf), SC, W>(p, device_index, s);
+          });
+          if (fused) {
+            t_last_forward_design = ForwardDesign::fused;
+            return;
+          }
+        }
+        t_last_forward_design = ForwardDesign::two_pass;
         if (p.rows > 0) block_count = launch_stats<XF, SC, W>(p, vector, sms, device_index, block_amax, s);
         // Launched even for M = 0: it writes the scale of the empty tensor.
         dispatch_fp8(p.q_dtype, [&](auto qf) {

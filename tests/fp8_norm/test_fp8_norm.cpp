@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <optional>
@@ -14,6 +15,7 @@
 #include "fusekit/error.h"
 #include "fusekit/fp8_norm.h"
 #include "fusekit/norm.h"
+#include "fp8_norm/fp8_norm_paths.h"
 #include "tests/fp8_norm/fp8_norm_testing.h"
 #include "tests/harness/gtest_helpers.h"
 
@@ -533,6 +535,141 @@ TEST(Fp8NormGpu, BenchmarkShapesMatchCpuReference) {
   }
   std::printf("[fp8_norm] rstd differing by one ulp in %lld rows\n", static_cast<long long>(rstd_mismatches));
   expect_rare(qy_total, "qy one-ulp differences on the benchmark shapes");
+}
+
+// Forces a forward design for the scope of a test, and sets (or clears) the fused design's
+// tuning knobs, which the launcher reads on every call.
+struct DesignScope {
+  DesignScope(fp8_norm::ForwardDesign design, const char* stash_cap = nullptr, const char* ring_kb = nullptr) {
+    fp8_norm::set_forward_design_override(design);
+    set("FUSEKIT_FP8_FUSED_STASH", stash_cap);
+    set("FUSEKIT_FP8_FUSED_RING_KB", ring_kb);
+  }
+  ~DesignScope() {
+    fp8_norm::set_forward_design_override(fp8_norm::ForwardDesign::automatic);
+    unsetenv("FUSEKIT_FP8_FUSED_STASH");
+    unsetenv("FUSEKIT_FP8_FUSED_RING_KB");
+  }
+  static void set(const char* name, const char* value) {
+    if (value) setenv(name, value, 1);
+    else unsetenv(name);
+  }
+};
+
+// The fused forward (one cooperative kernel, part of x kept in shared memory between its phases)
+// against the CPU reference: every strip on chip, the ring path with stashes of 0 to a few
+// strips and ring depths of 2 to 9 slots, blocks of 32 to 256 rows (and uneven row counts per
+// block), every scale layout it takes (bf16 groups of 16 / 32 / 64, f32 groups of 16 / 128),
+// e5m2 in and out, f32 weights (the max |y| from rounded products), padded rows, and the special
+// rows of fill_inputs (zero rows, huge and tiny scales, zero-scale groups). It asserts that the
+// fused design ran.
+TEST(Fp8NormGpu, FusedForwardMatchesCpuReference) {
+  FUSEKIT_REQUIRE_GPU();
+  struct Variant {
+    Case c;
+    const char* stash_cap;
+    const char* ring_kb;
+  };
+  std::vector<Variant> variants;
+  auto add = [&](std::int64_t rows, std::int64_t cols, const char* stash, const char* ring, auto&& tweak) {
+    Case c;
+    c.rows = rows;
+    c.cols = cols;
+    c.with_y = false;
+    tweak(c);
+    variants.push_back({c, stash, ring});
+  };
+  auto plain = [](Case&) {};
+  add(64, 512, nullptr, nullptr, plain);                       // 2 blocks, everything on chip
+  add(32 * 300, 1280, nullptr, nullptr, plain);                 // 2-3 chunks per block, on chip
+  add(32 * 300, 1280, "0", "8", plain);                         // ring only, 2 slots
+  add(32 * 300, 1280, "3", "200", plain);                       // ring of 9 slots behind a stash of 3
+  add(32 * 8 * 132 - 64, 256, "1", nullptr, plain);             // 256-row blocks (and 224)
+  add(4096, 4096, "5", nullptr, [](Case& c) { c.weight_dtype = DType::f32; });
+  add(2048, 2048, "2", nullptr, [](Case& c) {
+    c.scale_dtype = DType::f32;  // 32 scale bytes per row and strip
+    c.x_dtype = DType::f8e5m2;
+  });
+  add(2048, 2048, "2", nullptr, [](Case& c) {
+    c.group = 32;  // 8 bytes
+    c.q_dtype = DType::f8e5m2;
+  });
+  add(2048, 2048, "2", nullptr, [](Case& c) { c.group = 64; });  // 4 bytes
+  add(2048, 2048, "2", nullptr, [](Case& c) {
+    c.group = 128;  // 4 bytes (f32)
+    c.scale_dtype = DType::f32;
+    c.x_dtype = DType::f8e5m2;
+    c.q_dtype = DType::f8e5m2;
+  });
+  add(1024, 1024, "1", nullptr, [](Case& c) {
+    c.x_pad = 32;
+    c.scale_pad = 8;
+    c.qy_pad = 16;
+    c.qyt_pad = 48;
+  });
+  add(256, 16384, nullptr, nullptr, plain);  // the longest rows it takes
+  CodeDiff qy_total;
+  std::int64_t rstd_mismatches = 0;
+  int salt = 0;
+  for (const Variant& v : variants) {
+    DesignScope scope(fp8_norm::ForwardDesign::fused, v.stash_cap, v.ring_kb);
+    SCOPED_TRACE(std::string("stash cap ") + (v.stash_cap ? v.stash_cap : "-") + ", ring KB " +
+                 (v.ring_kb ? v.ring_kb : "-"));
+    check_gpu_against_cpu(v.c, 7950 + salt++, &qy_total, nullptr, &rstd_mismatches);
+    EXPECT_EQ(fp8_norm::last_forward_design(), fp8_norm::ForwardDesign::fused) << v.c.str();
+  }
+  // Huge, tiny and floored tensors through the ring path.
+  for (const FillOptions& fill : {FillOptions{false, 1e30}, FillOptions{false, 1e-20}, FillOptions{false, 1.0, 1e-33, 1e-34}}) {
+    DesignScope scope(fp8_norm::ForwardDesign::fused, "1");
+    Case c;
+    c.rows = 512;
+    c.cols = 1024;
+    c.with_y = false;
+    check_gpu_against_cpu(c, 7950 + salt++, &qy_total, nullptr, &rstd_mismatches, fill);
+    EXPECT_EQ(fp8_norm::last_forward_design(), fp8_norm::ForwardDesign::fused);
+  }
+  std::printf("[fp8_norm] fused forward: rstd differing by one ulp in %lld rows\n",
+              static_cast<long long>(rstd_mismatches));
+  expect_rare(qy_total, "qy one-ulp differences, fused forward");
+}
+
+// Which forward design serves a call: the fused one by default where it can, the two kernels
+// where it cannot (y requested, rows not a multiple of 32, columns not of 128, groups whose
+// scales per strip are under 4 bytes, N > 16384, misaligned qy_t rows), and the two kernels when
+// forced. Each call is also checked against the CPU reference.
+TEST(Fp8NormGpu, ForwardDesignRouting) {
+  FUSEKIT_REQUIRE_GPU();
+  using fp8_norm::ForwardDesign;
+  struct Route {
+    Case c;
+    ForwardDesign forced, expected;
+  };
+  auto make = [](std::int64_t rows, std::int64_t cols, bool y, auto&& tweak) {
+    Case c;
+    c.rows = rows;
+    c.cols = cols;
+    c.with_y = y;
+    tweak(c);
+    return c;
+  };
+  auto plain = [](Case&) {};
+  const Route routes[] = {
+      {make(512, 1024, false, plain), ForwardDesign::automatic, ForwardDesign::fused},
+      {make(512, 1024, false, plain), ForwardDesign::two_pass, ForwardDesign::two_pass},
+      {make(512, 1024, true, plain), ForwardDesign::automatic, ForwardDesign::two_pass},
+      {make(500, 1024, false, plain), ForwardDesign::fused, ForwardDesign::two_pass},
+      {make(512, 1040, false, plain), ForwardDesign::fused, ForwardDesign::two_pass},
+      {make(512, 1024, false, [](Case& c) { c.group = 128; }), ForwardDesign::automatic, ForwardDesign::two_pass},
+      {make(64, 16384 + 128, false, plain), ForwardDesign::automatic, ForwardDesign::two_pass},
+      {make(512, 1024, false, [](Case& c) { c.qyt_pad = 8; }), ForwardDesign::automatic, ForwardDesign::two_pass},
+  };
+  int salt = 0;
+  for (const Route& r : routes) {
+    DesignScope scope(r.forced);
+    SCOPED_TRACE(std::string("forced ") + fp8_norm::forward_design_name(r.forced));
+    check_gpu_against_cpu(r.c, 7990 + salt++, nullptr, nullptr, nullptr);
+    EXPECT_EQ(fp8_norm::last_forward_design(), r.expected) << r.c.str();
+  }
 }
 
 TEST(Fp8NormGpu, ForwardAndBackwardAreBitwiseDeterministic) {
