@@ -255,6 +255,8 @@ bool plan_fused_forward(const ForwardParams& p, const detail::DeviceInfo& info, 
   const std::int64_t keep_strips = std::int64_t(info.l2_bytes) * keep_pct / 100 / strip_bytes_all;
   const int ring_strips = L.strips - L.stash_strips;
   L.keep_from_strip = static_cast<int>(std::max<std::int64_t>(0, ring_strips - keep_strips));
+  L.lab_phases = detail::env_knob("FUSEKIT_FP8_FUSED_LAB_PHASES", 1, 2, 2);
+  L.lab_ring_first = detail::env_flag("FUSEKIT_FP8_FUSED_RING_FIRST", true);
   L.rstd_offset = static_cast<int>(weights);
   L.ring_offset = static_cast<int>(weights + (rstd + 15) / 16 * 16);
   L.stash_offset = static_cast<int>(L.ring_offset + ring_slots * L.slot_bytes);

@@ -54,6 +54,8 @@ struct FusedLayout {
   int scale_bytes = 0;      // scale bytes per row and strip: 4, 8, 16 or 32
   int slot_bytes = 0;       // max_rows * (128 + scale_bytes)
   int rstd_offset = 0, ring_offset = 0, stash_offset = 0, total_bytes = 0;  // weights at 0
+  int lab_phases = 2;      // LAB: 1 stops after the grid barrier (timing of phase 1 alone)
+  bool lab_ring_first = true;  // LAB: phase 2 takes the ring strips (from L2) before the stash strips
 };
 
 __device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
@@ -239,6 +241,10 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
   for (int t = 0; t < ahead; ++t) p2_issue(t);
 
   cooperative_groups::this_grid().sync();
+  if (L.lab_phases == 1) {
+    cp_async_wait<0>();
+    return;
+  }
 
   // ---- phase 2: quantize and transpose --------------------------------------------------------
   float a = 0.0f;
@@ -299,9 +305,14 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
   };
 
   // Stash strips: all quantized, one barrier, all transposed (their slots are never refilled).
-  for (int j = 0; j < K; ++j) quantize(ring_strips + j, stash + j * L.slot_bytes);
-  __syncthreads();
-  for (int j = 0; j < K; ++j) transpose(ring_strips + j, stash + j * L.slot_bytes);
+  auto stash_strips = [&] {
+    for (int j = 0; j < K; ++j) quantize(ring_strips + j, stash + j * L.slot_bytes);
+    __syncthreads();
+    for (int j = 0; j < K; ++j) transpose(ring_strips + j, stash + j * L.slot_bytes);
+  };
+  // Ring strips first: they were read last in phase 1, so L2 still holds many of them, until the
+  // outputs written in phase 2 push them out (the stash strips' 2 bytes out per byte would).
+  if (!L.lab_ring_first) stash_strips();
   // Ring strips, last first.
   for (int t = 0; t < ring_strips; ++t) {
     p2_issue(t + ahead);  // refills the slot of strip t - 1, whose transpose the barrier below ended
@@ -313,6 +324,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
     transpose(ring_strips - 1 - t, base);
     __syncthreads();
   }
+  if (L.lab_ring_first) stash_strips();
   cp_async_wait<0>();
 }
 
