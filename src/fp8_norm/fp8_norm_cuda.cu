@@ -226,41 +226,44 @@ bool plan_fused_forward(const ForwardParams& p, const detail::DeviceInfo& info, 
   L.chunks = chunks;
   L.strips = static_cast<int>(p.cols / kFusedStripCols);
   L.max_rows = static_cast<int>(chunks_per_block * kFusedChunkRows);
+  L.log2_kr = L.max_rows <= 64 ? 0 : (L.max_rows <= 128 ? 1 : 2);
+  const int per_step = 4 >> L.log2_kr;
+  L.steps = (L.strips + per_step - 1) / per_step;
   L.scale_bytes = scale_bytes;
-  L.slot_bytes = L.max_rows * (kFusedStripCols + scale_bytes);
+  L.slot_bytes = per_step * (64 << L.log2_kr) * (kFusedStripCols + scale_bytes);
   const std::int64_t weights = 4 * p.cols, rstd = L.max_rows * 4;
   const std::int64_t budget = static_cast<std::int64_t>(info.max_smem_per_block_optin) -
                               static_cast<std::int64_t>(static_smem) - weights - rstd;
   // Ring depth: about FUSEKIT_FP8_FUSED_RING_KB (64) of copies in flight per SM, 2 to 9 slots.
-  const int ring_kb = detail::env_knob("FUSEKIT_FP8_FUSED_RING_KB", 8, 200, 64);
+  const int ring_kb = detail::env_knob("FUSEKIT_FP8_FUSED_RING_KB", 8, 400, 64);
   L.ring = static_cast<int>(std::clamp<std::int64_t>(std::int64_t(ring_kb) * 1024 / L.slot_bytes, 2, kFusedMaxRing));
   std::int64_t ring_slots = L.ring;
-  if (std::int64_t(L.strips) * L.slot_bytes <= budget) {
-    // Everything fits: every strip stays on chip and no ring slot is needed.
-    L.stash_strips = L.strips;
+  // FUSEKIT_FP8_FUSED_STASH caps the stash (steps; tuning and tests of the ring path).
+  const int stash_cap = detail::env_knob("FUSEKIT_FP8_FUSED_STASH", 0, 1 << 20, 1 << 20);
+  if (std::int64_t(L.steps) * L.slot_bytes <= budget && stash_cap >= L.steps) {
+    // Everything fits: every step stays on chip and no ring slot is needed.
+    L.stash_steps = L.steps;
     ring_slots = 0;
   } else {
     while (L.ring > 2 && budget - std::int64_t(L.ring) * L.slot_bytes < L.slot_bytes) --L.ring;
     ring_slots = L.ring;
     const std::int64_t stash = (budget - ring_slots * L.slot_bytes) / L.slot_bytes;
     if (stash < 0) return false;
-    // FUSEKIT_FP8_FUSED_STASH caps the stash (strips; tuning and tests of the ring path).
-    const int stash_cap = detail::env_knob("FUSEKIT_FP8_FUSED_STASH", 0, 1 << 20, 1 << 20);
-    L.stash_strips = static_cast<int>(std::min<std::int64_t>({stash, L.strips, stash_cap}));
+    L.stash_steps = static_cast<int>(std::min<std::int64_t>({stash, L.steps, stash_cap}));
   }
-  // The ring strips phase 1 reads last (phase 2 reads them first) evict-last, up to
-  // FUSEKIT_FP8_FUSED_KEEP_PCT (40) percent of L2; the others evict-first.
+  // The ring steps phase 1 reads last (phase 2 reads them first) are also prefetched
+  // evict-last, up to FUSEKIT_FP8_FUSED_KEEP_PCT (40) percent of L2.
   const int keep_pct = detail::env_knob("FUSEKIT_FP8_FUSED_KEEP_PCT", 0, 100, 40);
-  const std::int64_t strip_bytes_all = p.rows * kFusedStripCols;
-  const std::int64_t keep_strips = std::int64_t(info.l2_bytes) * keep_pct / 100 / strip_bytes_all;
-  const int ring_strips = L.strips - L.stash_strips;
-  L.keep_from_strip = static_cast<int>(std::max<std::int64_t>(0, ring_strips - keep_strips));
+  const std::int64_t step_bytes_all = p.rows * kFusedStripCols * per_step;
+  const std::int64_t keep_steps = std::int64_t(info.l2_bytes) * keep_pct / 100 / step_bytes_all;
+  const int ring_steps = L.steps - L.stash_steps;
+  L.keep_from_step = static_cast<int>(std::max<std::int64_t>(0, ring_steps - keep_steps));
   L.lab_phases = detail::env_knob("FUSEKIT_FP8_FUSED_LAB_PHASES", 1, 2, 2);
   L.lab_ring_first = detail::env_flag("FUSEKIT_FP8_FUSED_RING_FIRST", true);
   L.rstd_offset = static_cast<int>(weights);
   L.ring_offset = static_cast<int>(weights + (rstd + 15) / 16 * 16);
   L.stash_offset = static_cast<int>(L.ring_offset + ring_slots * L.slot_bytes);
-  L.total_bytes = static_cast<int>(L.stash_offset + std::int64_t(L.stash_strips) * L.slot_bytes);
+  L.total_bytes = static_cast<int>(L.stash_offset + std::int64_t(L.stash_steps) * L.slot_bytes);
   return true;
 }
 

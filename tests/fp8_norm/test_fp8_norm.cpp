@@ -557,9 +557,9 @@ struct DesignScope {
 };
 
 // The fused forward (one cooperative kernel, part of x kept in shared memory between its phases)
-// against the CPU reference: every strip on chip, the ring path with stashes of 0 to a few
-// strips and ring depths of 2 to 9 slots, blocks of 32 to 256 rows (and uneven row counts per
-// block), every scale layout it takes (bf16 groups of 16 / 32 / 64, f32 groups of 16 / 128),
+// against the CPU reference: every step on chip, the ring path with stashes of 0 to a few steps
+// (a step: 4 units of 16 bytes per thread) and ring depths of 2 to 5 slots, blocks of 32 to 256
+// rows (1, 2 or 4 rows per thread; uneven row counts per block, partial last steps), every scale layout it takes (bf16 groups of 16 / 32 / 64, f32 groups of 16 / 128),
 // e5m2 in and out, f32 weights (the max |y| from rounded products), padded rows, and the special
 // rows of fill_inputs (zero rows, huge and tiny scales, zero-scale groups). It asserts that the
 // fused design ran.
@@ -583,8 +583,10 @@ TEST(Fp8NormGpu, FusedForwardMatchesCpuReference) {
   add(64, 512, nullptr, nullptr, plain);                       // 2 blocks, everything on chip
   add(32 * 300, 1280, nullptr, nullptr, plain);                 // 2-3 chunks per block, on chip
   add(32 * 300, 1280, "0", "8", plain);                         // ring only, 2 slots
-  add(32 * 300, 1280, "3", "200", plain);                       // ring of 9 slots behind a stash of 3
+  add(32 * 300, 1280, "3", "400", plain);                       // ring of 5 slots behind a stash of 3
   add(32 * 8 * 132 - 64, 256, "1", nullptr, plain);             // 256-row blocks (and 224)
+  add(4224, 384, "0", nullptr, plain);                          // one 3-strip step of 4, ring only
+  add(8192, 640, "1", nullptr, plain);                          // 64-row blocks, a partial last step
   add(4096, 4096, "5", nullptr, [](Case& c) { c.weight_dtype = DType::f32; });
   add(2048, 2048, "2", nullptr, [](Case& c) {
     c.scale_dtype = DType::f32;  // 32 scale bytes per row and strip
