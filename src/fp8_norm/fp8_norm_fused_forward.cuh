@@ -165,17 +165,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
     return to_float(*reinterpret_cast<const SC*>(base + (k >> log2_kr) * tile_bytes + tile_x_bytes + r * L.scale_bytes +
                                                  (vec >> group_shift) * static_cast<int>(sizeof(SC))));
   };
-  auto weights_of = [&](int s, float (&w)[16]) {
-    const int v = s * 8 + vec;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float4 f = w4[k * nvec + v];
-      w[4 * k] = f.x;
-      w[4 * k + 1] = f.y;
-      w[4 * k + 2] = f.z;
-      w[4 * k + 3] = f.w;
-    }
-  };
+  auto weights_of = [&](int s, float (&w)[16]) { staged_weights16(w4, nvec, s * 8 + vec, w); };
 
   // ---- phase 1: statistics ------------------------------------------------------------------
   // Phase-1 order j: stash steps (ring_steps + j) first, then ring steps j - K ascending.
@@ -211,21 +201,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
       float q[16];
       decode16<XF>(*x_of(base, k), q);
       const float sc = scale_of(base, k);
-      // As the stats kernel: exact squares summed in float32 in four chains, scaled in float64.
-      float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-      for (int i = 0; i < 16; ++i) a[i & 3] += q[i] * q[i];
-      const double scale = sc;
-      sum_squares[k] += static_cast<double>((a[0] + a[1]) + (a[2] + a[3])) * (scale * scale);
-      if constexpr (kExactProducts<SC, W>) {
-        float m = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 16; ++i) m = fmaxf(m, fabsf(q[i] * w[i]));
-        max_xw[k] = fmaxf(max_xw[k], m * fabsf(sc));
-      } else {
-#pragma unroll
-        for (int i = 0; i < 16; ++i) max_xw[k] = fmaxf(max_xw[k], fabsf(weighted(dequantize(q[i], sc), w[i])));
-      }
+      accumulate_vector_stats<SC, W>(q, w, sc, sum_squares[k], max_xw[k]);  // as the stats kernel
     }
   }
 
@@ -323,16 +299,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
 #pragma unroll
     for (int i = 0; i < 16; ++i) in[i] = tile[tile_word(16 * segment + i, word)];
     std::uint8_t* dst = qt_thread + std::int64_t(s) * kFusedStripCols * p.qy_t_row_stride;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const std::uint32_t a0 = in[4 * k], b0 = in[4 * k + 1], c0 = in[4 * k + 2], d0 = in[4 * k + 3];
-      const std::uint32_t ab_lo = __byte_perm(a0, b0, 0x5140), cd_lo = __byte_perm(c0, d0, 0x5140);
-      const std::uint32_t ab_hi = __byte_perm(a0, b0, 0x7362), cd_hi = __byte_perm(c0, d0, 0x7362);
-      in[4 * k] = __byte_perm(ab_lo, cd_lo, 0x5410);      // column 0's bytes of rows 4k .. 4k + 3
-      in[4 * k + 1] = __byte_perm(ab_lo, cd_lo, 0x7632);  // column 1
-      in[4 * k + 2] = __byte_perm(ab_hi, cd_hi, 0x5410);  // column 2
-      in[4 * k + 3] = __byte_perm(ab_hi, cd_hi, 0x7632);  // column 3
-    }
+    transpose_bytes_4x4(in);
 #pragma unroll
     for (int c = 0; c < 4; ++c)
       __stcs(reinterpret_cast<uint4*>(dst + c * p.qy_t_row_stride), make_uint4(in[c], in[4 + c], in[8 + c], in[12 + c]));

@@ -260,6 +260,65 @@ __device__ __forceinline__ void stage_weights(const W* __restrict__ weight, int 
   }
 }
 
+// The 16 weights of vector v from stage_weights' interleaved layout (quads = 4, count units).
+__device__ __forceinline__ void staged_weights16(const float4* w4, int count, int v, float (&w)[16]) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float4 f = w4[k * count + v];
+    w[4 * k] = f.x;
+    w[4 * k + 1] = f.y;
+    w[4 * k + 2] = f.z;
+    w[4 * k + 3] = f.w;
+  }
+}
+
+// bf16 scales and bf16 weights: products of an fp8 value, a scale and a weight are exact in
+// float32 as long as they stay in its normal range (|q * w| >= 2^-126), so the statistics can
+// take max |q w| per vector and multiply by |scale| once.
+template <typename SC, typename W>
+inline constexpr bool kExactProducts = std::is_same_v<SC, __nv_bfloat16> && std::is_same_v<W, __nv_bfloat16>;
+
+// One 16-element vector's share of its row's statistics (every statistics pass uses it, so that
+// all designs give the same rstd and max). q^2 is exact in float32 (at most 8 significant bits);
+// the 16 squares are summed in float32 (four chains of four, then a pairwise tree: at most 5
+// roundings on any path), then scaled by scale^2 and accumulated in float64 (no overflow or
+// underflow for any float32 scale).
+template <typename SC, typename W>
+__device__ __forceinline__ void accumulate_vector_stats(const float (&q)[16], const float (&w)[16], float sc,
+                                                        double& sum_squares, float& max_xw) {
+  float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int i = 0; i < 16; ++i) a[i & 3] += q[i] * q[i];
+  const double scale = sc;
+  sum_squares += static_cast<double>((a[0] + a[1]) + (a[2] + a[3])) * (scale * scale);
+  if constexpr (kExactProducts<SC, W>) {
+    // q * w * scale needs at most 4 + 8 + 8 significant bits: every grouping of the product is
+    // exact, so max |q w| * |scale| is exactly max |fl(fl(q scale) w)|.
+    float m = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) m = fmaxf(m, fabsf(q[i] * w[i]));
+    max_xw = fmaxf(max_xw, m * fabsf(sc));
+  } else {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) max_xw = fmaxf(max_xw, fabsf(weighted(dequantize(q[i], sc), w[i])));
+  }
+}
+
+// 16 words = 16 rows x 4 byte columns of an fp8 tile, transposed in place: afterwards word
+// 4 k + c holds column c's bytes of rows 4 k .. 4 k + 3 (first row in the lowest byte).
+__device__ __forceinline__ void transpose_bytes_4x4(std::uint32_t (&in)[16]) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const std::uint32_t a = in[4 * k], b = in[4 * k + 1], c = in[4 * k + 2], d = in[4 * k + 3];
+    const std::uint32_t ab_lo = __byte_perm(a, b, 0x5140), cd_lo = __byte_perm(c, d, 0x5140);
+    const std::uint32_t ab_hi = __byte_perm(a, b, 0x7362), cd_hi = __byte_perm(c, d, 0x7362);
+    in[4 * k] = __byte_perm(ab_lo, cd_lo, 0x5410);
+    in[4 * k + 1] = __byte_perm(ab_lo, cd_lo, 0x7632);
+    in[4 * k + 2] = __byte_perm(ab_hi, cd_hi, 0x5410);
+    in[4 * k + 3] = __byte_perm(ab_hi, cd_hi, 0x7632);
+  }
+}
+
 // =============================================================================================
 // Forward 1: statistics (rstd per row, per-block max |y|).
 
@@ -267,12 +326,6 @@ inline constexpr int kStatsThreads = 256;
 inline constexpr int kStatsUnroll = 4;  // 16-byte vectors in flight per thread
 // Rows up to this long stage their weights in shared memory (64 KB of floats).
 inline constexpr std::int64_t kStatsSmemWeightCols = 16384;
-
-// bf16 scales and bf16 weights: products of an fp8 value, a scale and a weight are exact in
-// float32 as long as they stay in its normal range (|q * w| >= 2^-126), so the stats pass can
-// take max |q w| per vector and multiply by |scale| once.
-template <typename SC, typename W>
-inline constexpr bool kExactProducts = std::is_same_v<SC, __nv_bfloat16> && std::is_same_v<W, __nv_bfloat16>;
 
 // Row groups of 2^log2_tpr threads (1..32) stride over the row's 16-element vectors. With
 // kSmemWeights the block first stages the weights (dynamic shared memory, 4 N bytes).
@@ -338,38 +391,9 @@ __global__ void __launch_bounds__(kStatsThreads, 4)
       const float sc = to_float(scr[u]);
       float q[16], w[16];
       decode16<XF>(raw[u], q);
-      if constexpr (kSmemWeights) {
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const float4 f = stats_w4[k * nvec + v];
-          w[4 * k] = f.x;
-          w[4 * k + 1] = f.y;
-          w[4 * k + 2] = f.z;
-          w[4 * k + 3] = f.w;
-        }
-      } else {
-        load_w16(weight + std::int64_t(v) * 16, w);
-      }
-      // q^2 is exact in float32 (at most 8 significant bits); the 16 squares are summed in
-      // float32 (four chains of four, then a pairwise tree: at most 5 roundings on any path),
-      // then scaled by scale^2 and accumulated in float64 (no overflow or underflow for any
-      // float32 scale).
-      float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-      for (int i = 0; i < 16; ++i) a[i & 3] += q[i] * q[i];
-      const double scale = sc;
-      sum_squares += static_cast<double>((a[0] + a[1]) + (a[2] + a[3])) * (scale * scale);
-      if constexpr (kExactProducts<SC, W>) {
-        // q * w * scale needs at most 4 + 8 + 8 significant bits: every grouping of the product
-        // is exact, so max |q w| * |scale| is exactly max |fl(fl(q scale) w)|.
-        float m = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 16; ++i) m = fmaxf(m, fabsf(q[i] * w[i]));
-        max_xw = fmaxf(max_xw, m * fabsf(sc));
-      } else {
-#pragma unroll
-        for (int i = 0; i < 16; ++i) max_xw = fmaxf(max_xw, fabsf(weighted(dequantize(q[i], sc), w[i])));
-      }
+      if constexpr (kSmemWeights) staged_weights16(stats_w4, nvec, v, w);
+      else load_w16(weight + std::int64_t(v) * 16, w);
+      accumulate_vector_stats<SC, W>(q, w, sc, sum_squares, max_xw);
     }
   };
   // The row's totals over the group (every thread gets them); then the keep-and-finalize step.
@@ -691,28 +715,17 @@ __global__ void __launch_bounds__(kQuantThreads, 3)
       std::uint32_t in[16];
 #pragma unroll
       for (int i = 0; i < 16; ++i) in[i] = tile[tile_word(16 * segment + i, word)];
-      // 4x4 byte transposes: out[c][k] holds column c's bytes of rows 4k .. 4k + 3.
-      std::uint32_t out[4][4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const std::uint32_t a = in[4 * k], b = in[4 * k + 1], c = in[4 * k + 2], d = in[4 * k + 3];
-        const std::uint32_t ab_lo = __byte_perm(a, b, 0x5140), cd_lo = __byte_perm(c, d, 0x5140);
-        const std::uint32_t ab_hi = __byte_perm(a, b, 0x7362), cd_hi = __byte_perm(c, d, 0x7362);
-        out[0][k] = __byte_perm(ab_lo, cd_lo, 0x5410);
-        out[1][k] = __byte_perm(ab_lo, cd_lo, 0x7632);
-        out[2][k] = __byte_perm(ab_hi, cd_hi, 0x5410);
-        out[3][k] = __byte_perm(ab_hi, cd_hi, 0x7632);
-      }
+      transpose_bytes_4x4(in);  // in[4 k + c]: column c's bytes of rows 4 k .. 4 k + 3
       std::uint8_t* dst0 = qy_t + col0 * p.qy_t_row_stride + row0 + qt_off;
       const bool vector_stores = kWholeTiles || (qy_t_vector_stores && (kFull || t_col + 16 <= p.rows));
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         std::uint8_t* dst = dst0 + c * p.qy_t_row_stride;
         if (vector_stores) {
-          store16(dst, make_uint4(out[c][0], out[c][1], out[c][2], out[c][3]));
+          store16(dst, make_uint4(in[c], in[4 + c], in[8 + c], in[12 + c]));
         } else {
           for (int b = 0; b < 16 && t_col + b < p.rows; ++b)
-            dst[b] = static_cast<std::uint8_t>(out[c][b >> 2] >> (8 * (b & 3)));
+            dst[b] = static_cast<std::uint8_t>(in[4 * (b >> 2) + c] >> (8 * (b & 3)));
         }
       }
     }
