@@ -42,6 +42,23 @@ void set_forward_design_override(ForwardDesign design) { g_forward_design_overri
 ForwardDesign last_forward_design() { return t_last_forward_design; }
 
 namespace {
+std::atomic<int> g_stats_design_override{static_cast<int>(StatsDesign::automatic)};
+thread_local StatsDesign t_last_stats_design = StatsDesign::automatic;
+}  // namespace
+
+const char* stats_design_name(StatsDesign design) {
+  switch (design) {
+    case StatsDesign::automatic: return "automatic";
+    case StatsDesign::registers: return "registers";
+    case StatsDesign::bulk: return "bulk";
+    case StatsDesign::generic: return "generic";
+  }
+  return "unknown";
+}
+void set_stats_design_override(StatsDesign design) { g_stats_design_override = static_cast<int>(design); }
+StatsDesign last_stats_design() { return t_last_stats_design; }
+
+namespace {
 
 // The override, else FUSEKIT_FP8_FORWARD (fused / two_pass), else automatic.
 ForwardDesign requested_forward_design() {
@@ -51,6 +68,16 @@ ForwardDesign requested_forward_design() {
   if (env && std::strcmp(env, "two_pass") == 0) return ForwardDesign::two_pass;
   if (env && std::strcmp(env, "fused") == 0) return ForwardDesign::fused;
   return ForwardDesign::automatic;
+}
+
+// The override, else FUSEKIT_FP8_STATS (registers / bulk), else automatic.
+StatsDesign requested_stats_design() {
+  const auto forced = static_cast<StatsDesign>(g_stats_design_override.load());
+  if (forced != StatsDesign::automatic) return forced;
+  const char* env = std::getenv("FUSEKIT_FP8_STATS");
+  if (env && std::strcmp(env, "registers") == 0) return StatsDesign::registers;
+  if (env && std::strcmp(env, "bulk") == 0) return StatsDesign::bulk;
+  return StatsDesign::automatic;
 }
 
 using namespace kernels;
@@ -136,7 +163,39 @@ int launch_stats(const ForwardParams& p, bool vector, int sms, int device_index,
                   std::to_string(p.workspace_bytes) + " bytes");
   };
   int grid = 0;
-  if (vector) {
+  // The bulk-copy kernel: whole rounds (2048 columns: kStatsBulkRoundBytes of fp8), weights
+  // staged in shared memory, 16-byte aligned rows and rounds of scales.
+  const int round_scale_bytes = vector ? stats_bulk_round_scale_bytes<SC>(p.log2_group) : 0;
+  const bool bulk_fits = vector && p.cols % kStatsBulkRoundBytes == 0 && p.cols <= kStatsSmemWeightCols &&
+                         round_scale_bytes >= 16 && round_scale_bytes % 16 == 0 && aligned16(p.scales) &&
+                         (p.scale_row_stride * std::int64_t(sizeof(SC))) % 16 == 0;
+  if (bulk_fits && requested_stats_design() != StatsDesign::registers) {
+    // Chunks of FUSEKIT_FP8_STATS_ROUNDS rounds (1, 2 or 4; default 2 where the row has an even
+    // number of rounds), FUSEKIT_FP8_STATS_STAGES chunk slots per warp (2..8; default: 2 for
+    // chunks of two rounds or more, else 4), fewer where two blocks would not fit on an SM.
+    const int row_rounds = static_cast<int>(p.cols / kStatsBulkRoundBytes);
+    StatsBulkShape shape{detail::env_knob("FUSEKIT_FP8_STATS_ROUNDS", 1, 4, 2), 0, 0, 0};
+    while (shape.rounds > 1 && row_rounds % shape.rounds != 0) shape.rounds /= 2;
+    shape.stages = detail::env_knob("FUSEKIT_FP8_STATS_STAGES", 2, kStatsBulkMaxStages, shape.rounds > 1 ? 2 : 4);
+    const std::size_t optin = detail::device_info(op, device_index).max_smem_per_block_optin;
+    // Two blocks per SM (16 warps): ~4 KB of static shared memory and reserve per block.
+    while (shape.stages > 2 && 2 * (stats_bulk_smem_bytes<SC>(p.cols, p.log2_group, shape) + 4096) > optin)
+      --shape.stages;
+    while (shape.rounds > 1 && 2 * (stats_bulk_smem_bytes<SC>(p.cols, p.log2_group, shape) + 4096) > optin)
+      shape.rounds /= 2;
+    const std::size_t smem = stats_bulk_smem_bytes<SC>(p.cols, p.log2_group, shape);
+    auto kernel = stats_bulk_kernel<XF, SC, W>;
+    allow_smem(op, device_index, kernel, smem);
+    const int per_sm = std::min(kStatsBlocksPerSm, occupancy(op, kernel, kStatsThreads, smem));
+    grid = persistent_grid((p.rows + kStatsBulkWarps - 1) / kStatsBulkWarps, std::int64_t(sms) * per_sm);
+    check_capacity(grid);
+    const std::int64_t row_step = std::int64_t(grid) * kStatsBulkWarps;
+    shape.x_row_jump = row_step * p.x_row_stride - p.cols;
+    shape.scale_row_jump = (row_step * p.scale_row_stride - (p.cols >> p.log2_group)) * std::int64_t(sizeof(SC));
+    kernel<<<grid, kStatsThreads, smem, stream>>>(p, shape, block_amax);
+    t_last_stats_design = StatsDesign::bulk;
+  } else if (vector) {
+    t_last_stats_design = StatsDesign::registers;
     const int log2_tpr = std::min(5, log2_ceil(p.cols / 16));
     const int rows_per_block = kStatsThreads >> log2_tpr;
     auto run = [&](auto kernel, std::size_t smem) {
@@ -155,6 +214,7 @@ int launch_stats(const ForwardParams& p, bool vector, int sms, int device_index,
     else
       run(stats_vector_kernel<XF, SC, W, true, false>, weight_bytes);
   } else {
+    t_last_stats_design = StatsDesign::generic;
     auto kernel = stats_generic_kernel<XF, SC, W>;
     const int per_sm = std::min(kStatsBlocksPerSm, occupancy(op, kernel, kStatsThreads));
     grid = persistent_grid((p.rows + kGenericStatsRowsPerBlock - 1) / kGenericStatsRowsPerBlock,
@@ -419,6 +479,7 @@ void forward_cuda(const ForwardParams& params, int device_index, Stream stream) 
   const int sms = device.sm_count;
   const bool vector = forward_vector_ok(p);
   const ForwardDesign design = requested_forward_design();
+  t_last_stats_design = StatsDesign::automatic;
   float* block_amax = static_cast<float*>(p.workspace);
   int block_count = 0;
   dispatch_fp8(p.x_dtype, [&](auto xf) {
