@@ -5,12 +5,11 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
-#include <cstring>
 #include <string>
 #include <type_traits>
 
+#include "core/choice_override.h"
 #include "core/cuda_check.h"
 #include "core/dependent_launch.h"
 #include "core/device_info.h"
@@ -23,11 +22,11 @@
 
 namespace fusekit::fp8_norm {
 
-// ---- design override (tests and benchmarks) -------------------------------------------------
+// ---- design overrides (tests and benchmarks) ------------------------------------------------
 
 namespace {
-std::atomic<int> g_forward_design_override{static_cast<int>(ForwardDesign::automatic)};
-thread_local ForwardDesign t_last_forward_design = ForwardDesign::automatic;
+using ForwardChoice = detail::ChoiceOverride<ForwardDesign>;
+using StatsChoice = detail::ChoiceOverride<StatsDesign>;
 }  // namespace
 
 const char* forward_design_name(ForwardDesign design) {
@@ -38,13 +37,8 @@ const char* forward_design_name(ForwardDesign design) {
   }
   return "unknown";
 }
-void set_forward_design_override(ForwardDesign design) { g_forward_design_override = static_cast<int>(design); }
-ForwardDesign last_forward_design() { return t_last_forward_design; }
-
-namespace {
-std::atomic<int> g_stats_design_override{static_cast<int>(StatsDesign::automatic)};
-thread_local StatsDesign t_last_stats_design = StatsDesign::automatic;
-}  // namespace
+void set_forward_design_override(ForwardDesign design) { ForwardChoice::force(design); }
+ForwardDesign last_forward_design() { return ForwardChoice::last(); }
 
 const char* stats_design_name(StatsDesign design) {
   switch (design) {
@@ -55,29 +49,19 @@ const char* stats_design_name(StatsDesign design) {
   }
   return "unknown";
 }
-void set_stats_design_override(StatsDesign design) { g_stats_design_override = static_cast<int>(design); }
-StatsDesign last_stats_design() { return t_last_stats_design; }
+void set_stats_design_override(StatsDesign design) { StatsChoice::force(design); }
+StatsDesign last_stats_design() { return StatsChoice::last(); }
 
 namespace {
 
-// The override, else FUSEKIT_FP8_FORWARD (fused / two_pass), else automatic.
+// The override, else FUSEKIT_FP8_FORWARD / FUSEKIT_FP8_STATS, else automatic.
 ForwardDesign requested_forward_design() {
-  const auto forced = static_cast<ForwardDesign>(g_forward_design_override.load());
-  if (forced != ForwardDesign::automatic) return forced;
-  const char* env = std::getenv("FUSEKIT_FP8_FORWARD");
-  if (env && std::strcmp(env, "two_pass") == 0) return ForwardDesign::two_pass;
-  if (env && std::strcmp(env, "fused") == 0) return ForwardDesign::fused;
-  return ForwardDesign::automatic;
+  return ForwardChoice::requested("FUSEKIT_FP8_FORWARD",
+                                  {{"fused", ForwardDesign::fused}, {"two_pass", ForwardDesign::two_pass}});
 }
-
-// The override, else FUSEKIT_FP8_STATS (registers / bulk), else automatic.
 StatsDesign requested_stats_design() {
-  const auto forced = static_cast<StatsDesign>(g_stats_design_override.load());
-  if (forced != StatsDesign::automatic) return forced;
-  const char* env = std::getenv("FUSEKIT_FP8_STATS");
-  if (env && std::strcmp(env, "registers") == 0) return StatsDesign::registers;
-  if (env && std::strcmp(env, "bulk") == 0) return StatsDesign::bulk;
-  return StatsDesign::automatic;
+  return StatsChoice::requested("FUSEKIT_FP8_STATS",
+                                {{"registers", StatsDesign::registers}, {"bulk", StatsDesign::bulk}});
 }
 
 using namespace kernels;
@@ -193,9 +177,9 @@ int launch_stats(const ForwardParams& p, bool vector, int sms, int device_index,
     shape.x_row_jump = row_step * p.x_row_stride - p.cols;
     shape.scale_row_jump = (row_step * p.scale_row_stride - (p.cols >> p.log2_group)) * std::int64_t(sizeof(SC));
     kernel<<<grid, kStatsThreads, smem, stream>>>(p, shape, block_amax);
-    t_last_stats_design = StatsDesign::bulk;
+    StatsChoice::record(StatsDesign::bulk);
   } else if (vector) {
-    t_last_stats_design = StatsDesign::registers;
+    StatsChoice::record(StatsDesign::registers);
     const int log2_tpr = std::min(5, log2_ceil(p.cols / 16));
     const int rows_per_block = kStatsThreads >> log2_tpr;
     auto run = [&](auto kernel, std::size_t smem) {
@@ -214,7 +198,7 @@ int launch_stats(const ForwardParams& p, bool vector, int sms, int device_index,
     else
       run(stats_vector_kernel<XF, SC, W, true, false>, weight_bytes);
   } else {
-    t_last_stats_design = StatsDesign::generic;
+    StatsChoice::record(StatsDesign::generic);
     auto kernel = stats_generic_kernel<XF, SC, W>;
     const int per_sm = std::min(kStatsBlocksPerSm, occupancy(op, kernel, kStatsThreads));
     grid = persistent_grid((p.rows + kGenericStatsRowsPerBlock - 1) / kGenericStatsRowsPerBlock,
@@ -479,7 +463,7 @@ void forward_cuda(const ForwardParams& params, int device_index, Stream stream) 
   const int sms = device.sm_count;
   const bool vector = forward_vector_ok(p);
   const ForwardDesign design = requested_forward_design();
-  t_last_stats_design = StatsDesign::automatic;
+  StatsChoice::record(StatsDesign::automatic);
   float* block_amax = static_cast<float*>(p.workspace);
   int block_count = 0;
   dispatch_fp8(p.x_dtype, [&](auto xf) {
@@ -494,11 +478,11 @@ void forward_cuda(const ForwardParams& params, int device_index, Stream stream) 
             fused = launch_fused_forward<XF, decltype(qf), SC, W>(p, device_index, s);
           });
           if (fused) {
-            t_last_forward_design = ForwardDesign::fused;
+            ForwardChoice::record(ForwardDesign::fused);
             return;
           }
         }
-        t_last_forward_design = ForwardDesign::two_pass;
+        ForwardChoice::record(ForwardDesign::two_pass);
         if (p.rows > 0) block_count = launch_stats<XF, SC, W>(p, vector, sms, device_index, block_amax, s);
         // Launched even for M = 0: it writes the scale of the empty tensor.
         dispatch_fp8(p.q_dtype, [&](auto qf) {

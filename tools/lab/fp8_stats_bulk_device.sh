@@ -46,10 +46,12 @@ for d in registers bulk; do
   echo "== ncu stats $d rc=$?" | tee -a $S
   grep -E "stats_|duration|dram__|inst_executed|warps_active" $L/ncu-$d.log | head -8 | tee -a $S
 done
-# The whole Fp8 suite (the fused forward's tests included) and the norm suite (its bulk-copy
-# helpers moved to core/device_vector.cuh).
+# The whole Fp8 suite (the fused forward's tests included), the norm suite (its bulk-copy
+# helpers moved to core/device_vector.cuh) and the linear suite (its path overrides now
+# core/choice_override.h).
 suite fp8 'Fp8*' 200
-suite norm 'Norm*' 200
+suite norm 'Norm*' 150
+suite linear 'Linear*' 150
 # The fused forward's untested follow-ups (session 33).
 for i in 1 2; do run FUSEKIT_FP8_FORWARD=fused; done
 run FUSEKIT_FP8_FORWARD=fused FUSEKIT_FP8_FUSED_LAB_PHASES=1
