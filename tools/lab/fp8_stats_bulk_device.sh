@@ -4,8 +4,10 @@
 # untested follow-ups. Pack prebuilt binaries first (docs/performance-notes.md, FP8 RMSNorm):
 #   rm -rf .devbin .devpack && mkdir -p .devbin/cur .devpack && cp build/fusekit build/fusekit_tests .devbin/cur/ &&
 #   tar -C .devbin -cf - . | xz -T2 -3 > .devpack/bins.tar.xz && cp tools/lab/fp8_stats_bulk_device.sh .devpack/
-# then run `bash .devpack/fp8_stats_bulk_device.sh` with carry [".devpack"] (about 8 minutes).
-# Everything goes to $OUT/summary.txt as it happens, most important first.
+# then run `bash .devpack/fp8_stats_bulk_device.sh` with carry [".devpack"]. PART=1 (the bulk
+# statistics kernel: tests, sanitizers, timings, profiles; ~6 minutes) and PART=2 (the Fp8, Norm
+# and Linear suites, the fused forward's sweep; ~5 minutes) fit one device call each; unset runs
+# both. Everything goes to $OUT/summary.txt as it happens, most important first.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -18,6 +20,8 @@ suite() {  # name filter timeout
   echo "== tests $2 rc=$? in $(( $(date +%s) - start ))s: $(grep -E '^\[  (PASSED|FAILED) ' $L/t-$1.log | tr '\n' ' ')" | tee -a $S
   grep -E "FAILED|Failure|exception|qy:|rstd:|\[fp8_norm\]" $L/t-$1.log | head -30 | tee -a $S
 }
+PART=${PART:-all}
+if [ "$PART" != 2 ]; then
 suite stats 'Fp8NormGpu.BulkStatisticsMatchRegisterKernelBitwise:Fp8NormGpu.StatsDesignRouting' 150
 for tool in memcheck racecheck synccheck; do
   extra=(); [ $tool = synccheck ] && extra=(--num-cuda-barriers 4096)
@@ -37,15 +41,22 @@ done
 for st in 2 3 4 6; do
   run FUSEKIT_FP8_FORWARD=two_pass FUSEKIT_FP8_STATS=bulk FUSEKIT_FP8_STATS_ROUNDS=1 FUSEKIT_FP8_STATS_STAGES=$st
 done
-# The statistics kernel alone (Nsight Compute, real clocks, one warm call at (16384, 4096)).
-for d in registers bulk; do
-  FUSEKIT_FP8_FORWARD=two_pass FUSEKIT_FP8_STATS=$d FUSEKIT_BENCH_SHAPES=16384x4096 timeout 120 \
-    ncu --clock-control none --kernel-name regex:stats --launch-skip 20 --launch-count 1 \
+# The statistics kernel alone, then the quantize kernel behind each (Nsight Compute, real clocks,
+# one warm call at (16384, 4096)): time, DRAM, instructions, and where the warps stall.
+prof() {  # design kernel-regex
+  FUSEKIT_FP8_FORWARD=two_pass FUSEKIT_FP8_STATS=$1 FUSEKIT_BENCH_SHAPES=16384x4096 timeout 150 \
+    ncu --clock-control none --kernel-name regex:$2 --launch-skip 20 --launch-count 1 \
+    --section SchedulerStats --section WarpStateStats \
     --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,smsp__inst_executed.sum,sm__warps_active.avg.pct_of_peak_sustained_active \
-    $B/fusekit bench fp8_rms_norm > $L/ncu-$d.log 2>&1
-  echo "== ncu stats $d rc=$?" | tee -a $S
-  grep -E "stats_|duration|dram__|inst_executed|warps_active" $L/ncu-$d.log | head -8 | tee -a $S
-done
+    $B/fusekit bench fp8_rms_norm > $L/ncu-$1-$2.log 2>&1
+  echo "== ncu $2 after stats=$1 rc=$?" | tee -a $S
+  grep -E "gpu__time|dram__|inst_executed|warps_active|Eligible Warps|Issued Warp|No Eligible|Warp Cycles Per Issued|stalled|Stall" \
+    $L/ncu-$1-$2.log | head -14 | tee -a $S
+}
+for d in registers bulk; do prof $d stats; done
+prof registers quantize
+fi
+[ "$PART" = 1 ] && exit 0
 # The whole Fp8 suite (the fused forward's tests included), the norm suite (its bulk-copy
 # helpers moved to core/device_vector.cuh) and the linear suite (its path overrides now
 # core/choice_override.h).
