@@ -825,6 +825,122 @@ TEST(Fp8NormGpu, StatsDesignRouting) {
   }
 }
 
+// Forces the backward's row-sum scheme for the scope of a test.
+struct RowSumScope {
+  explicit RowSumScope(fp8_norm::BackwardRowSum choice) { fp8_norm::set_backward_row_sum_override(choice); }
+  ~RowSumScope() { fp8_norm::set_backward_row_sum_override(fp8_norm::BackwardRowSum::automatic); }
+};
+
+// The deferred row sum adds the same terms in the same order as the barrier one, one first pass
+// later: dx and dweight must come out bitwise equal. Cases: fewer rows than blocks (blocks with
+// no row, or one), a few iterations per block, many (the four sum slots and their barrier phases
+// wrap many times), two row groups per block with the last row missing for one of them, dx alone,
+// dweight alone, f32 scales and weights, e5m2, padded rows; then the CPU reference.
+TEST(Fp8NormGpu, DeferredRowSumBackwardMatchesBarrierBitwise) {
+  FUSEKIT_REQUIRE_GPU();
+  using fp8_norm::BackwardRowSum;
+  struct Variant {
+    Case c;
+    bool want_dx = true, want_dweight = true;
+  };
+  std::vector<Variant> variants;
+  auto add = [&](std::int64_t rows, std::int64_t cols, auto&& tweak, bool want_dx = true, bool want_dweight = true) {
+    Case c;
+    c.rows = rows;
+    c.cols = cols;
+    c.with_y = false;
+    tweak(c);
+    variants.push_back({c, want_dx, want_dweight});
+  };
+  auto plain = [](Case&) {};
+  add(1, 8192, plain);
+  add(5, 8192, plain);
+  add(600, 8192, plain);
+  add(4099, 8192, [](Case& c) {
+    c.scale_dtype = DType::f32;
+    c.weight_dtype = DType::f32;
+    c.x_dtype = DType::f8e5m2;
+  });
+  add(2048, 8192, plain, true, false);
+  add(2048, 8192, plain, false, true);
+  add(3001, 4096, plain);
+  add(16384, 4096, plain);
+  add(777, 4096, [](Case& c) {
+    c.x_pad = 32;
+    c.scale_pad = 8;
+    c.dy_pad = 8;
+    c.dx_pad = 8;
+  });
+  int salt = 0;
+  for (const Variant& v : variants) {
+    SCOPED_TRACE(v.c.str() + (v.want_dx ? " dx" : "") + (v.want_dweight ? " dweight" : ""));
+    auto rng = testing::make_rng(8300 + salt++);
+    Problem barrier(v.c, Device::cuda(0)), deferred(v.c, Device::cuda(0));
+    fill_inputs(barrier, rng);
+    copy_inputs(barrier, deferred);
+    barrier.forward();
+    deferred.rstd.set_values(barrier.rstd.values());
+    {
+      RowSumScope scope(BackwardRowSum::barrier);
+      barrier.dx.poison();
+      barrier.dweight.poison();
+      barrier.backward(v.want_dx, v.want_dweight);
+      EXPECT_EQ(fp8_norm::last_backward_row_sum(), BackwardRowSum::barrier);
+    }
+    {
+      RowSumScope scope(BackwardRowSum::deferred);
+      deferred.dx.poison();
+      deferred.dweight.poison();
+      deferred.backward(v.want_dx, v.want_dweight);
+      EXPECT_EQ(fp8_norm::last_backward_row_sum(), BackwardRowSum::deferred);
+    }
+    // Outputs not asked for stay poisoned on both sides, so the bytes still compare.
+    EXPECT_EQ(barrier.dx.raw_bytes(), deferred.dx.raw_bytes()) << "dx";
+    EXPECT_EQ(barrier.dweight.raw_bytes(), deferred.dweight.raw_bytes()) << "dweight";
+    if (v.want_dx && v.want_dweight && v.c.rows <= 4099) {
+      RowSumScope scope(BackwardRowSum::deferred);
+      check_gpu_against_cpu(v.c, 8300 + salt++, nullptr, nullptr, nullptr);
+      EXPECT_EQ(fp8_norm::last_backward_row_sum(), BackwardRowSum::deferred);
+    }
+  }
+}
+
+// Which row-sum scheme the backward runs: deferred only when forced and where it applies (groups
+// of 128 or 256 threads with staged scales: N = 4096 or 8192, groups of 16, 16-byte scale rows),
+// the barrier for other multi-warp groups, none for one-warp groups and the generic kernel.
+TEST(Fp8NormGpu, BackwardRowSumRouting) {
+  FUSEKIT_REQUIRE_GPU();
+  using fp8_norm::BackwardRowSum;
+  struct Route {
+    std::int64_t cols;
+    int group;
+    BackwardRowSum forced, expected;
+  };
+  const Route routes[] = {
+      {8192, 16, BackwardRowSum::automatic, BackwardRowSum::barrier},
+      {8192, 16, BackwardRowSum::deferred, BackwardRowSum::deferred},
+      {4096, 16, BackwardRowSum::deferred, BackwardRowSum::deferred},
+      {8192, 16, BackwardRowSum::barrier, BackwardRowSum::barrier},
+      {2048, 16, BackwardRowSum::deferred, BackwardRowSum::barrier},
+      {1024, 16, BackwardRowSum::deferred, BackwardRowSum::none},
+      {8192, 32, BackwardRowSum::deferred, BackwardRowSum::barrier},
+      {16384, 16, BackwardRowSum::deferred, BackwardRowSum::barrier},
+      {3000, 8, BackwardRowSum::deferred, BackwardRowSum::none},
+  };
+  int salt = 0;
+  for (const Route& r : routes) {
+    Case c;
+    c.rows = 96;
+    c.cols = r.cols;
+    c.group = r.group;
+    c.with_y = false;
+    RowSumScope scope(r.forced);
+    SCOPED_TRACE(std::string("forced ") + fp8_norm::backward_row_sum_name(r.forced));
+    check_gpu_against_cpu(c, 8390 + salt++, nullptr, nullptr, nullptr);
+    EXPECT_EQ(fp8_norm::last_backward_row_sum(), r.expected) << c.str();
+  }
+}
+
 TEST(Fp8NormGpu, ForwardAndBackwardAreBitwiseDeterministic) {
   FUSEKIT_REQUIRE_GPU();
   auto rng = testing::make_rng(710);
