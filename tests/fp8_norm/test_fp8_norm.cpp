@@ -434,6 +434,18 @@ void check_gpu_against_cpu(const Case& c, std::uint64_t salt, CodeDiff* qy_total
                                        "dweight"));
 }
 
+// A case of rows x cols without y, the other fields at their defaults and then `tweak` applied.
+template <typename Tweak>
+Case no_y_case(std::int64_t rows, std::int64_t cols, Tweak&& tweak) {
+  Case c;
+  c.rows = rows;
+  c.cols = cols;
+  c.with_y = false;
+  tweak(c);
+  return c;
+}
+void keep_defaults(Case&) {}
+
 // The bar on quantized outputs: at most 1 in 10^5 elements one ulp off.
 void expect_rare(const CodeDiff& d, const char* what) {
   EXPECT_LE(static_cast<double>(d.mismatches), 1e-5 * static_cast<double>(d.count)) << what << ": " << d.str();
@@ -572,14 +584,9 @@ TEST(Fp8NormGpu, FusedForwardMatchesCpuReference) {
   };
   std::vector<Variant> variants;
   auto add = [&](std::int64_t rows, std::int64_t cols, const char* stash, const char* ring, auto&& tweak) {
-    Case c;
-    c.rows = rows;
-    c.cols = cols;
-    c.with_y = false;
-    tweak(c);
-    variants.push_back({c, stash, ring});
+    variants.push_back({no_y_case(rows, cols, tweak), stash, ring});
   };
-  auto plain = [](Case&) {};
+  auto plain = keep_defaults;
   add(64, 512, nullptr, nullptr, plain);                       // 2 blocks, everything on chip
   add(32 * 300, 1280, nullptr, nullptr, plain);                 // 2-3 chunks per block, on chip
   add(32 * 300, 1280, "0", "8", plain);                         // ring only, 2 slots
@@ -647,14 +654,12 @@ TEST(Fp8NormGpu, ForwardDesignRouting) {
     ForwardDesign forced, expected;
   };
   auto make = [](std::int64_t rows, std::int64_t cols, bool y, auto&& tweak) {
-    Case c;
-    c.rows = rows;
-    c.cols = cols;
-    c.with_y = y;
-    tweak(c);
-    return c;
+    return no_y_case(rows, cols, [&](Case& c) {
+      c.with_y = y;
+      tweak(c);
+    });
   };
-  auto plain = [](Case&) {};
+  auto plain = keep_defaults;
   const Route routes[] = {
       {make(512, 1024, false, plain), ForwardDesign::automatic, ForwardDesign::fused},
       {make(512, 1024, false, plain), ForwardDesign::two_pass, ForwardDesign::two_pass},
@@ -708,14 +713,9 @@ TEST(Fp8NormGpu, BulkStatisticsMatchRegisterKernelBitwise) {
   };
   std::vector<Variant> variants;
   auto add = [&](std::int64_t rows, std::int64_t cols, const char* rounds, const char* stages, auto&& tweak) {
-    Case c;
-    c.rows = rows;
-    c.cols = cols;
-    c.with_y = false;
-    tweak(c);
-    variants.push_back({c, rounds, stages});
+    variants.push_back({no_y_case(rows, cols, tweak), rounds, stages});
   };
-  auto plain = [](Case&) {};
+  auto plain = keep_defaults;
   add(64, 2048, nullptr, nullptr, plain);        // one round per row, 4 slots
   add(3001, 2048, "1", "3", plain);              // ~3 rows per warp, 3 slots
   add(2500, 2048, "1", "8", plain);              // 8 slots
@@ -797,15 +797,8 @@ TEST(Fp8NormGpu, StatsDesignRouting) {
     Case c;
     StatsDesign forced, expected;
   };
-  auto make = [](std::int64_t rows, std::int64_t cols, auto&& tweak) {
-    Case c;
-    c.rows = rows;
-    c.cols = cols;
-    c.with_y = false;
-    tweak(c);
-    return c;
-  };
-  auto plain = [](Case&) {};
+  auto make = [](std::int64_t rows, std::int64_t cols, auto&& tweak) { return no_y_case(rows, cols, tweak); };
+  auto plain = keep_defaults;
   const Route routes[] = {
       {make(256, 2048, plain), StatsDesign::automatic, StatsDesign::bulk},
       {make(256, 2048, plain), StatsDesign::registers, StatsDesign::registers},
@@ -845,14 +838,9 @@ TEST(Fp8NormGpu, DeferredRowSumBackwardMatchesBarrierBitwise) {
   };
   std::vector<Variant> variants;
   auto add = [&](std::int64_t rows, std::int64_t cols, auto&& tweak, bool want_dx = true, bool want_dweight = true) {
-    Case c;
-    c.rows = rows;
-    c.cols = cols;
-    c.with_y = false;
-    tweak(c);
-    variants.push_back({c, want_dx, want_dweight});
+    variants.push_back({no_y_case(rows, cols, tweak), want_dx, want_dweight});
   };
-  auto plain = [](Case&) {};
+  auto plain = keep_defaults;
   add(1, 8192, plain);
   add(5, 8192, plain);
   add(600, 8192, plain);

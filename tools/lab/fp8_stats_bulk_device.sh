@@ -22,47 +22,50 @@ suite() {  # name filter timeout
   echo "== tests $2 rc=$? in $(( $(date +%s) - start ))s: $(grep -E '^\[  (PASSED|FAILED) ' $L/t-$1.log | tr '\n' ' ')" | tee -a $S
   grep -E "FAILED|Failure|exception|qy:|rstd:|\[fp8_norm\]" $L/t-$1.log | head -30 | tee -a $S
 }
+sanitize() {  # tag filter timeout: memcheck, racecheck and synccheck on one test
+  for tool in memcheck racecheck synccheck; do
+    local extra=(); [ $tool = synccheck ] && extra=(--num-cuda-barriers 4096)
+    timeout "$3" compute-sanitizer --tool $tool ${extra[@]+"${extra[@]}"} --print-limit 4 $B/fusekit_tests \
+      --gtest_filter="$2" > $L/s-$1-$tool.log 2>&1
+    echo "== $tool ($1) rc=$?: $(grep -E 'SUMMARY|PASSED|FAILED' $L/s-$1-$tool.log | tr '\n' ' ')" | tee -a $S
+    grep -m6 -E "Illegal|Invalid|hazard|at .*0x" $L/s-$1-$tool.log | tee -a $S
+  done
+}
+bench() {  # line-regex env...: one `fusekit bench fp8_rms_norm` under the given environment
+  local pick=$1; shift
+  env "$@" timeout 60 $B/fusekit bench fp8_rms_norm > $L/b.log 2>&1
+  echo "== $* rc=$?" | tee -a $S; grep -E "$pick|copy" $L/b.log | tee -a $S
+}
+run() { bench fwd "$@"; }
+runb() { bench bwd "$@"; }
+profile() {  # tag kernel-regex shape env...: Nsight Compute on one warm call (real clocks)
+  local tag=$1 kernel=$2 shape=$3; shift 3
+  env "$@" FUSEKIT_BENCH_SHAPES=$shape timeout 150 \
+    ncu --clock-control none --kernel-name regex:$kernel --launch-skip 20 --launch-count 1 \
+    --section SchedulerStats --section WarpStateStats \
+    --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,smsp__inst_executed.sum,sm__warps_active.avg.pct_of_peak_sustained_active \
+    $B/fusekit bench fp8_rms_norm > $L/ncu-$tag.log 2>&1
+  echo "== ncu $tag ($kernel at $shape, $*) rc=$?" | tee -a $S
+  grep -E "gpu__time|dram__|inst_executed|warps_active|Eligible Warps|Issued Warp|No Eligible|Warp Cycles Per Issued|stalled|Stall" \
+    $L/ncu-$tag.log | head -14 | tee -a $S
+}
 PART=${PART:-all}
-run() { env "$@" timeout 60 $B/fusekit bench fp8_rms_norm > $L/b.log 2>&1; echo "== $* rc=$?" | tee -a $S; grep -E "fwd|copy" $L/b.log | tee -a $S; }
 if [ "$PART" = 3 ] || [ "$PART" = all ]; then
 # The backward's row sums, deferred (mbarriers, one first pass late) against the barrier: bitwise
 # equal outputs, the routing, the sanitizers (racecheck sees the slots, synccheck the barriers),
 # then alternating timings and where the (8192, 8192) kernel's warps stall under each.
 suite rowsum 'Fp8NormGpu.DeferredRowSumBackwardMatchesBarrierBitwise:Fp8NormGpu.BackwardRowSumRouting' 150
-for tool in memcheck racecheck synccheck; do
-  extra=(); [ $tool = synccheck ] && extra=(--num-cuda-barriers 4096)
-  timeout 150 compute-sanitizer --tool $tool ${extra[@]+"${extra[@]}"} --print-limit 4 $B/fusekit_tests \
-    --gtest_filter='Fp8NormGpu.BackwardRowSumRouting' > $L/s3-$tool.log 2>&1
-  echo "== $tool (row sums) rc=$?: $(grep -E 'SUMMARY|PASSED|FAILED' $L/s3-$tool.log | tr '\n' ' ')" | tee -a $S
-  grep -m6 -E "Illegal|Invalid|hazard|at .*0x" $L/s3-$tool.log | tee -a $S
-done
-runb() { env "$@" timeout 60 $B/fusekit bench fp8_rms_norm > $L/bb.log 2>&1; echo "== $* rc=$?" | tee -a $S; grep -E "bwd|copy" $L/bb.log | tee -a $S; }
+sanitize rowsum 'Fp8NormGpu.BackwardRowSumRouting' 150
 for i in 1 2; do
   runb FUSEKIT_FP8_BWD_ROWSUM=barrier
   runb FUSEKIT_FP8_BWD_ROWSUM=deferred
 done
-profb() {  # row-sum scheme
-  FUSEKIT_FP8_BWD_ROWSUM=$1 FUSEKIT_BENCH_SHAPES=8192x8192 timeout 150 \
-    ncu --clock-control none --kernel-name regex:backward_vector --launch-skip 20 --launch-count 1 \
-    --section SchedulerStats --section WarpStateStats \
-    --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,smsp__inst_executed.sum \
-    $B/fusekit bench fp8_rms_norm > $L/ncu-bwd-$1.log 2>&1
-  echo "== ncu backward 8192x8192 rowsum=$1 rc=$?" | tee -a $S
-  grep -E "gpu__time|dram__|inst_executed|Eligible Warps|Issued Warp|No Eligible|Warp Cycles Per Issued|stalled|Stall" \
-    $L/ncu-bwd-$1.log | head -14 | tee -a $S
-}
-for r in barrier deferred; do profb $r; done
+for r in barrier deferred; do profile bwd-$r backward_vector 8192x8192 FUSEKIT_FP8_BWD_ROWSUM=$r; done
 [ "$PART" = 3 ] && exit 0
 fi
 if [ "$PART" != 2 ]; then
 suite stats 'Fp8NormGpu.BulkStatisticsMatchRegisterKernelBitwise:Fp8NormGpu.StatsDesignRouting' 150
-for tool in memcheck racecheck synccheck; do
-  extra=(); [ $tool = synccheck ] && extra=(--num-cuda-barriers 4096)
-  timeout 120 compute-sanitizer --tool $tool ${extra[@]+"${extra[@]}"} --print-limit 4 $B/fusekit_tests \
-    --gtest_filter='Fp8NormGpu.StatsDesignRouting' > $L/s-$tool.log 2>&1
-  echo "== $tool rc=$?: $(grep -E 'SUMMARY|PASSED|FAILED' $L/s-$tool.log | tr '\n' ' ')" | tee -a $S
-  grep -m6 -E "Illegal|Invalid|hazard|at .*0x" $L/s-$tool.log | tee -a $S
-done
+sanitize stats 'Fp8NormGpu.StatsDesignRouting' 120
 # The statistics kernels against each other (two-pass forward), alternating.
 for i in 1 2; do
   run FUSEKIT_FP8_FORWARD=two_pass FUSEKIT_FP8_STATS=registers
@@ -75,18 +78,8 @@ for st in 2 3 4 6; do
 done
 # The statistics kernel alone, then the quantize kernel behind each (Nsight Compute, real clocks,
 # one warm call at (16384, 4096)): time, DRAM, instructions, and where the warps stall.
-prof() {  # design kernel-regex
-  FUSEKIT_FP8_FORWARD=two_pass FUSEKIT_FP8_STATS=$1 FUSEKIT_BENCH_SHAPES=16384x4096 timeout 150 \
-    ncu --clock-control none --kernel-name regex:$2 --launch-skip 20 --launch-count 1 \
-    --section SchedulerStats --section WarpStateStats \
-    --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,smsp__inst_executed.sum,sm__warps_active.avg.pct_of_peak_sustained_active \
-    $B/fusekit bench fp8_rms_norm > $L/ncu-$1-$2.log 2>&1
-  echo "== ncu $2 after stats=$1 rc=$?" | tee -a $S
-  grep -E "gpu__time|dram__|inst_executed|warps_active|Eligible Warps|Issued Warp|No Eligible|Warp Cycles Per Issued|stalled|Stall" \
-    $L/ncu-$1-$2.log | head -14 | tee -a $S
-}
-for d in registers bulk; do prof $d stats; done
-prof registers quantize
+for d in registers bulk; do profile stats-$d stats 16384x4096 FUSEKIT_FP8_FORWARD=two_pass FUSEKIT_FP8_STATS=$d; done
+profile quantize-registers quantize 16384x4096 FUSEKIT_FP8_FORWARD=two_pass FUSEKIT_FP8_STATS=registers
 fi
 [ "$PART" = 1 ] && exit 0
 # The whole Fp8 suite (the fused forward's tests included), the norm suite (its bulk-copy
