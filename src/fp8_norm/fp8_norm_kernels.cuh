@@ -1269,36 +1269,36 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
         st = st == S - 1 ? 0 : st + 1;
       }
     }
-  } else {
-  float sc[K], rstd, next_sc[K], next_rstd;
-  load_row_scalars(0, sc, rstd);
-  std::int64_t row = first;
-  __nv_bfloat16* dx_row = dx ? dx + first * p.dx_row_stride : nullptr;
-  const std::int64_t dx_step = stride * p.dx_row_stride;
-  int st = 0;
-  int phase = 0;
-  for (int k = 0; k < iters; ++k) {
-    // Staged scales: the warp's lanes have read row k - 1's scales before any lane refills them.
-    if constexpr (kStagedScales) __syncwarp();
-    issue(k + S - 1);
-    load_row_scalars(k + 1, next_sc, next_rstd);
-    cp_async_wait<S - 1>();  // this thread's copies of row k have landed
-    const bool valid = row < p.rows;
-    if constexpr (kStagedScales) {
-      __syncwarp();  // and those of the warp's other lanes (its scales) are visible
-      staged_scales(st, sc);
-    }
-    float sum_gx = valid ? first_pass(st, sc, rstd) : 0.0f;
-    sum_gx = row_sum(sum_gx, log2_tpr, scratch[phase]);
-    phase ^= 1;
-    if (valid && dx) dx_pass(st, sc, rstd, sum_gx, dx_row);
+  } else {  // the barrier: row k's dx pass right after its row sum
+    float sc[K], rstd, next_sc[K], next_rstd;
+    load_row_scalars(0, sc, rstd);
+    std::int64_t row = first;
+    __nv_bfloat16* dx_row = dx ? dx + first * p.dx_row_stride : nullptr;
+    const std::int64_t dx_step = stride * p.dx_row_stride;
+    int st = 0;
+    int phase = 0;
+    for (int k = 0; k < iters; ++k) {
+      // Staged scales: the warp's lanes have read row k - 1's scales before any lane refills them.
+      if constexpr (kStagedScales) __syncwarp();
+      issue(k + S - 1);
+      load_row_scalars(k + 1, next_sc, next_rstd);
+      cp_async_wait<S - 1>();  // this thread's copies of row k have landed
+      const bool valid = row < p.rows;
+      if constexpr (kStagedScales) {
+        __syncwarp();  // and those of the warp's other lanes (its scales) are visible
+        staged_scales(st, sc);
+      }
+      float sum_gx = valid ? first_pass(st, sc, rstd) : 0.0f;
+      sum_gx = row_sum(sum_gx, log2_tpr, scratch[phase]);
+      phase ^= 1;
+      if (valid && dx) dx_pass(st, sc, rstd, sum_gx, dx_row);
 #pragma unroll
-    for (int kk = 0; kk < K; ++kk) sc[kk] = next_sc[kk];
-    rstd = next_rstd;
-    row += stride;
-    if (dx) dx_row += dx_step;
-    st = st == S - 1 ? 0 : st + 1;
-  }
+      for (int kk = 0; kk < K; ++kk) sc[kk] = next_sc[kk];
+      rstd = next_rstd;
+      row += stride;
+      if (dx) dx_row += dx_step;
+      st = st == S - 1 ? 0 : st + 1;
+    }
   }
   cp_async_wait<0>();
   if (partial_dw == nullptr) return;
