@@ -82,14 +82,14 @@ for d in registers bulk; do profile stats-$d stats 16384x4096 FUSEKIT_FP8_FORWAR
 profile quantize-registers quantize 16384x4096 FUSEKIT_FP8_FORWARD=two_pass FUSEKIT_FP8_STATS=registers
 fi
 [ "$PART" = 1 ] && exit 0
-# The whole Fp8 suite (the fused forward's tests included), the norm suite (its bulk-copy
-# helpers moved to core/device_vector.cuh) and the linear suite (its path overrides now
-# core/choice_override.h).
-suite fp8 'Fp8*' 200
-suite norm 'Norm*' 150
-suite linear 'Linear*' 150
-# The fused forward's untested follow-ups (session 33).
+# The fused forward's untested follow-ups (session 33), then the whole Fp8 suite (the fused
+# forward's tests included), the norm suite (its bulk-copy helpers moved to core/device_vector.cuh)
+# and the linear suite (its path overrides now core/choice_override.h). The suites come last: the
+# full device suite after a merge covers them too, so a call cut short loses the least there.
 for i in 1 2; do run FUSEKIT_FP8_FORWARD=fused; done
 run FUSEKIT_FP8_FORWARD=fused FUSEKIT_FP8_FUSED_LAB_PHASES=1
 run FUSEKIT_FP8_FORWARD=fused FUSEKIT_FP8_FUSED_RING_FIRST=0
 run FUSEKIT_FP8_FORWARD=fused FUSEKIT_FP8_FUSED_STASH=0
+suite fp8 'Fp8*' 200
+suite norm 'Norm*' 150
+suite linear 'Linear*' 150
