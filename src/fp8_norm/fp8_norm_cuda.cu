@@ -27,7 +27,6 @@ namespace fusekit::fp8_norm {
 namespace {
 using ForwardChoice = detail::ChoiceOverride<ForwardDesign>;
 using StatsChoice = detail::ChoiceOverride<StatsDesign>;
-using RowSumChoice = detail::ChoiceOverride<BackwardRowSum>;
 }  // namespace
 
 const char* forward_design_name(ForwardDesign design) {
@@ -53,18 +52,6 @@ const char* stats_design_name(StatsDesign design) {
 void set_stats_design_override(StatsDesign design) { StatsChoice::force(design); }
 StatsDesign last_stats_design() { return StatsChoice::last(); }
 
-const char* backward_row_sum_name(BackwardRowSum choice) {
-  switch (choice) {
-    case BackwardRowSum::automatic: return "automatic";
-    case BackwardRowSum::barrier: return "barrier";
-    case BackwardRowSum::deferred: return "deferred";
-    case BackwardRowSum::none: return "none";
-  }
-  return "unknown";
-}
-void set_backward_row_sum_override(BackwardRowSum choice) { RowSumChoice::force(choice); }
-BackwardRowSum last_backward_row_sum() { return RowSumChoice::last(); }
-
 namespace {
 
 // The override, else FUSEKIT_FP8_FORWARD / FUSEKIT_FP8_STATS, else automatic.
@@ -75,10 +62,6 @@ ForwardDesign requested_forward_design() {
 StatsDesign requested_stats_design() {
   return StatsChoice::requested("FUSEKIT_FP8_STATS",
                                 {{"registers", StatsDesign::registers}, {"bulk", StatsDesign::bulk}});
-}
-BackwardRowSum requested_backward_row_sum() {
-  return RowSumChoice::requested("FUSEKIT_FP8_BWD_ROWSUM",
-                                 {{"barrier", BackwardRowSum::barrier}, {"deferred", BackwardRowSum::deferred}});
 }
 
 using namespace kernels;
@@ -425,32 +408,21 @@ int launch_backward_main(const BackwardParams& p, const BackwardConfig& c, int s
     // of 16 and 16-byte aligned scale rows.
     const bool staged_scales = all_octs && p.log2_group == 4 && aligned16(p.scales) &&
                                (p.scale_row_stride * std::int64_t(sizeof(SC))) % 16 == 0;
-    // Groups of 128 and 256 threads with staged scales (N = 4096, 8192) may take their row sums
-    // one first pass late (kDeferredSum) when asked to: lab builds measure it against the barrier.
-    const bool deferred = staged_scales && c.log2_tpr >= 7 && requested_backward_row_sum() == BackwardRowSum::deferred;
-    RowSumChoice::record(c.log2_tpr == 5 ? BackwardRowSum::none
-                                         : (deferred ? BackwardRowSum::deferred : BackwardRowSum::barrier));
     auto run4 = [&](auto log2_tpr) {
       constexpr int kLog2 = decltype(log2_tpr)::value;
-      constexpr std::size_t kStagedBytes = backward_smem_bytes<4>(1 << kLog2) + backward_scale_stage_bytes<4, SC>();
-      if constexpr (kLog2 >= 7) {
-        if (deferred) return run(backward_vector_kernel<XF, SC, W, 4, kLog2, true, true, true>, kStagedBytes);
-      }
-      if (staged_scales) run(backward_vector_kernel<XF, SC, W, 4, kLog2, true, true>, kStagedBytes);
+      if (staged_scales)
+        run(backward_vector_kernel<XF, SC, W, 4, kLog2, true, true>,
+            backward_smem_bytes<4>(tpr) + backward_scale_stage_bytes<4, SC>());
       else if (all_octs) run(backward_vector_kernel<XF, SC, W, 4, kLog2, true>, backward_smem_bytes<4>(tpr));
       else run(backward_vector_kernel<XF, SC, W, 4, kLog2, false>, backward_smem_bytes<4>(tpr));
     };
     using std::integral_constant;
-    if (c.octs == 8) {
-      RowSumChoice::record(BackwardRowSum::barrier);
-      run(backward_vector_kernel<XF, SC, W, 8, 8, false>, backward_smem_bytes<8>(tpr));
-    }
+    if (c.octs == 8) run(backward_vector_kernel<XF, SC, W, 8, 8, false>, backward_smem_bytes<8>(tpr));
     else if (c.log2_tpr == 5) run4(integral_constant<int, 5>{});
     else if (c.log2_tpr == 6) run4(integral_constant<int, 6>{});
     else if (c.log2_tpr == 7) run4(integral_constant<int, 7>{});
     else run4(integral_constant<int, 8>{});
   } else {
-    RowSumChoice::record(BackwardRowSum::none);
     auto kernel = backward_generic_kernel<XF, SC, W>;
     const int per_sm = std::min(kBwdBlocksPerSm, occupancy(op, kernel, kGenericBwdThreads));
     grid = persistent_grid(p.rows, std::int64_t(sms) * per_sm);
@@ -525,7 +497,6 @@ void backward_cuda(const BackwardParams& p, int device_index, Stream stream) {
   const char* op = "fp8_rms_norm_backward";
   detail::DeviceGuard guard(op, device_index);
   const auto s = static_cast<cudaStream_t>(stream);
-  RowSumChoice::record(BackwardRowSum::none);
   if (p.rows == 0) {
     // The weight gradient of an empty batch is zero (all-zero bits are 0.0 in bf16 and f32).
     if (p.dweight)

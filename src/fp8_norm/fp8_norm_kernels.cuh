@@ -1030,15 +1030,7 @@ constexpr std::size_t backward_scale_stage_bytes() {
 // that its lanes use, instead of a register load one row ahead: the conversion of those loads
 // made every warp wait out a global load latency per row (Nsight at (8192, 8192): 37% of the
 // stall samples).
-// kDeferredSum (with kStagedScales, groups of 64 or more threads): a row's dx pass runs one
-// iteration late, after the next row's first pass, so that a warp never waits for the other warps
-// of its group at the row sum: each warp posts its share to a shared slot and arrives on an
-// mbarrier, and waits on that barrier one first pass later, by when the group's slower warps have
-// usually arrived too. The stages then hold one row less ahead (the row waiting for its dx pass
-// keeps its stage). The arithmetic and its order are the barrier variant's: dx and dweight are
-// bitwise the same.
-template <class XF, typename SC, typename W, int K, int LOG2_TPR, bool kAllOcts, bool kStagedScales = false,
-          bool kDeferredSum = false>
+template <class XF, typename SC, typename W, int K, int LOG2_TPR, bool kAllOcts, bool kStagedScales = false>
 __global__ void __launch_bounds__(kBwdThreads, 2)
     backward_vector_kernel(BackwardParams p, float* __restrict__ partial_dw) {
   constexpr int S = kBwdStages<K>;
@@ -1047,15 +1039,8 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
   constexpr int rows_per_block = kBwdThreads >> log2_tpr;
   constexpr int count = K * tpr;  // oct slots of a row (>= nocts)
   static_assert(tpr >= 32 && tpr <= kBwdThreads, "row groups of 32 to 256 threads");
-  static_assert(!kDeferredSum || (kStagedScales && tpr > 32), "deferred sums: staged scales, groups of 2+ warps");
   extern __shared__ uint4 bwd_smem[];
   __shared__ float scratch[2][kBwdThreads / 32];
-  // Deferred sums: per row group, kSumSlots barriers and per-warp slots used by rows k % kSumSlots.
-  // Four, because a warp posting row k knows only that every warp of its group has finished the
-  // first pass of row k - 2: rows k - 3 .. k - 1 may still be read.
-  constexpr int kSumSlots = 4;
-  __shared__ std::uint64_t sum_bar[kDeferredSum ? kSumSlots * rows_per_block : 1];
-  __shared__ float sum_slot[kDeferredSum ? kSumSlots : 1][kBwdThreads / 32];
   // The dweight reduction may start launching now; it waits for our partial rows.
   allow_dependent_launch();
   const int group = threadIdx.x >> log2_tpr, t = threadIdx.x & (tpr - 1);
@@ -1162,10 +1147,6 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
 #pragma unroll
   for (int s = 0; s < S - 1; ++s) issue(s);
   stage_weights(weight, nocts, 2, count, w4);
-  if constexpr (kDeferredSum) {
-    if (threadIdx.x < kSumSlots * rows_per_block) mbarrier_init(&sum_bar[threadIdx.x], tpr / 32);
-    mbarrier_init_fence();
-  }
   __syncthreads();
 
   float acc[K][8];
@@ -1174,131 +1155,68 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
 #pragma unroll
     for (int i = 0; i < 8; ++i) acc[kk][i] = 0.0f;
 
-  // The first pass over a staged row: dweight accumulates dy * x_hat, and the result is this
-  // thread's share of sum(g * x_hat).
-  auto first_pass = [&](int st, const float (&sc)[K], float rstd) {
-    float sum_gx = 0.0f;
+  float sc[K], rstd, next_sc[K], next_rstd;
+  load_row_scalars(0, sc, rstd);
+  std::int64_t row = first;
+  __nv_bfloat16* dx_row = dx ? dx + first * p.dx_row_stride : nullptr;
+  const std::int64_t dx_step = stride * p.dx_row_stride;
+  int st = 0;
+  int phase = 0;
+  for (int k = 0; k < iters; ++k) {
+    // Staged scales: the warp's lanes have read row k - 1's scales before any lane refills them.
+    if constexpr (kStagedScales) __syncwarp();
+    issue(k + S - 1);
+    load_row_scalars(k + 1, next_sc, next_rstd);
+    cp_async_wait<S - 1>();  // this thread's copies of row k have landed
+    const bool valid = row < p.rows;
+    if constexpr (kStagedScales) {
+      __syncwarp();  // and those of the warp's other lanes (its scales) are visible
+      const SC* row_sc = sc_stage + (st * (kBwdThreads / 32) + warp) * K * 16 + (lane >> 1);
 #pragma unroll
-    for (int kk = 0; kk < K; ++kk) {
-      if (!(oct_valid & (1u << kk))) continue;
-      float q[8], d[8], w[8];
-      read_oct(st, kk, q, d, w);
-      const float xs = sc[kk] * rstd;
-      float a0 = 0.0f, a1 = 0.0f;
-#pragma unroll
-      for (int i = 0; i < 8; i += 2) {
-        const float u0 = d[i] * q[i], u1 = d[i + 1] * q[i + 1];
-        acc[kk][i] = fmaf(u0, xs, acc[kk][i]);
-        acc[kk][i + 1] = fmaf(u1, xs, acc[kk][i + 1]);
-        a0 = fmaf(u0, w[i], a0);
-        a1 = fmaf(u1, w[i + 1], a1);
-      }
-      sum_gx = fmaf(a0 + a1, xs, sum_gx);
+      for (int kk = 0; kk < K; ++kk) sc[kk] = to_float(row_sc[kk * 16]);
     }
-    return sum_gx;
-  };
-  // The dx pass over a staged row, once its sum(g * x_hat) is known.
-  auto dx_pass = [&](int st, const float (&sc)[K], float rstd, float sum_gx, __nv_bfloat16* dx_row) {
-    const float mean_gx = sum_gx * inv_cols;
-#pragma unroll
-    for (int kk = 0; kk < K; ++kk) {
-      if (!(oct_valid & (1u << kk))) continue;
-      float q[8], d[8], w[8];
-      read_oct(st, kk, q, d, w);
-      const float c = (sc[kk] * rstd) * mean_gx;  // x_hat * mean = q * c
-#pragma unroll
-      for (int i = 0; i < 8; ++i) d[i] = fmaf(-q[i], c, d[i] * w[i]) * rstd;
-      *reinterpret_cast<uint4*>(dx_row + oct_col + kk * oct_step) = pack16<__nv_bfloat16>(d);
-    }
-  };
-  // Staged scales: the warp's own 16 per oct slot of stage st (lanes 2i and 2i + 1 share one).
-  auto staged_scales = [&](int st, float (&sc)[K]) {
-    const SC* row_sc = sc_stage + (st * (kBwdThreads / 32) + warp) * K * 16 + (lane >> 1);
-#pragma unroll
-    for (int kk = 0; kk < K; ++kk) sc[kk] = to_float(row_sc[kk * 16]);
-  };
 
-  if constexpr (kDeferredSum) {
-    // Iteration k: the first pass of row k (k < iters), then the dx pass of row k - 1 (k > 0).
-    float rstd, next_rstd, prev_rstd = 0.0f, unused_sc[K];
-    load_row_scalars(0, unused_sc, rstd);
-    std::int64_t row = first;
-    bool prev_valid = false;
-    __nv_bfloat16* dx_row = dx ? dx + first * p.dx_row_stride : nullptr;  // row k - 1's
-    const std::int64_t dx_step = stride * p.dx_row_stride;
-    const int first_warp = group * (tpr >> 5);
-    std::uint64_t* group_bar = sum_bar + group * kSumSlots;
-    int st = 0, prev_st = 0;
-    for (int k = 0; k <= iters; ++k) {
-      if (k < iters) {
-        load_row_scalars(k + 1, unused_sc, next_rstd);
-        cp_async_wait<S - 2>();  // this thread's copies of row k have landed (row k + 1 may not)
-        __syncwarp();            // and those of the warp's other lanes (its scales) are visible
-        float sc[K];
-        staged_scales(st, sc);
-        float sum_gx = row < p.rows ? first_pass(st, sc, rstd) : 0.0f;
+    float sum_gx = 0.0f;
+    if (valid) {
 #pragma unroll
-        for (int off = 16; off > 0; off >>= 1) sum_gx += __shfl_xor_sync(0xffffffffu, sum_gx, off);
-        if (lane == 0) {
-          sum_slot[k % kSumSlots][warp] = sum_gx;
-          mbarrier_arrive(&group_bar[k % kSumSlots]);  // release: the slot is visible to the waiters
-        }
-      }
-      if (k > 0) {
-        const int slot = (k - 1) % kSumSlots;
-        mbarrier_wait(&group_bar[slot], ((k - 1) / kSumSlots) & 1);
-        if (prev_valid && dx) {
-          // The group's warps in index order from zero, as row_sum adds them.
-          float sum_gx = 0.0f;
+      for (int kk = 0; kk < K; ++kk) {
+        if (!(oct_valid & (1u << kk))) continue;
+        float q[8], d[8], w[8];
+        read_oct(st, kk, q, d, w);
+        const float xs = sc[kk] * rstd;
+        float a0 = 0.0f, a1 = 0.0f;
 #pragma unroll
-          for (int w = 0; w < (tpr >> 5); ++w) sum_gx += sum_slot[slot][first_warp + w];
-          float sc[K];
-          staged_scales(prev_st, sc);
-          dx_pass(prev_st, sc, prev_rstd, sum_gx, dx_row);
+        for (int i = 0; i < 8; i += 2) {
+          const float u0 = d[i] * q[i], u1 = d[i + 1] * q[i + 1];
+          acc[kk][i] = fmaf(u0, xs, acc[kk][i]);
+          acc[kk][i + 1] = fmaf(u1, xs, acc[kk][i + 1]);
+          a0 = fmaf(u0, w[i], a0);
+          a1 = fmaf(u1, w[i + 1], a1);
         }
-        if (dx) dx_row += dx_step;
-      }
-      if (k < iters) {
-        __syncwarp();  // the warp's lanes have read row k - 1's scales before any lane refills them
-        issue(k + S - 1);  // into row k - 1's stage
-        prev_valid = row < p.rows;
-        prev_rstd = rstd;
-        prev_st = st;
-        rstd = next_rstd;
-        row += stride;
-        st = st == S - 1 ? 0 : st + 1;
+        sum_gx = fmaf(a0 + a1, xs, sum_gx);
       }
     }
-  } else {  // the barrier: row k's dx pass right after its row sum
-    float sc[K], rstd, next_sc[K], next_rstd;
-    load_row_scalars(0, sc, rstd);
-    std::int64_t row = first;
-    __nv_bfloat16* dx_row = dx ? dx + first * p.dx_row_stride : nullptr;
-    const std::int64_t dx_step = stride * p.dx_row_stride;
-    int st = 0;
-    int phase = 0;
-    for (int k = 0; k < iters; ++k) {
-      // Staged scales: the warp's lanes have read row k - 1's scales before any lane refills them.
-      if constexpr (kStagedScales) __syncwarp();
-      issue(k + S - 1);
-      load_row_scalars(k + 1, next_sc, next_rstd);
-      cp_async_wait<S - 1>();  // this thread's copies of row k have landed
-      const bool valid = row < p.rows;
-      if constexpr (kStagedScales) {
-        __syncwarp();  // and those of the warp's other lanes (its scales) are visible
-        staged_scales(st, sc);
-      }
-      float sum_gx = valid ? first_pass(st, sc, rstd) : 0.0f;
-      sum_gx = row_sum(sum_gx, log2_tpr, scratch[phase]);
-      phase ^= 1;
-      if (valid && dx) dx_pass(st, sc, rstd, sum_gx, dx_row);
+    sum_gx = row_sum(sum_gx, log2_tpr, scratch[phase]);
+    phase ^= 1;
+    if (valid && dx) {
+      const float mean_gx = sum_gx * inv_cols;
 #pragma unroll
-      for (int kk = 0; kk < K; ++kk) sc[kk] = next_sc[kk];
-      rstd = next_rstd;
-      row += stride;
-      if (dx) dx_row += dx_step;
-      st = st == S - 1 ? 0 : st + 1;
+      for (int kk = 0; kk < K; ++kk) {
+        if (!(oct_valid & (1u << kk))) continue;
+        float q[8], d[8], w[8];
+        read_oct(st, kk, q, d, w);
+        const float c = (sc[kk] * rstd) * mean_gx;  // x_hat * mean = q * c
+#pragma unroll
+        for (int i = 0; i < 8; ++i) d[i] = fmaf(-q[i], c, d[i] * w[i]) * rstd;
+        *reinterpret_cast<uint4*>(dx_row + oct_col + kk * oct_step) = pack16<__nv_bfloat16>(d);
+      }
     }
+#pragma unroll
+    for (int kk = 0; kk < K; ++kk) sc[kk] = next_sc[kk];
+    rstd = next_rstd;
+    row += stride;
+    if (dx) dx_row += dx_step;
+    st = st == S - 1 ? 0 : st + 1;
   }
   cp_async_wait<0>();
   if (partial_dw == nullptr) return;

@@ -39,22 +39,4 @@ void set_stats_design_override(StatsDesign design);
 // the forward ran fused or had no rows).
 StatsDesign last_stats_design();
 
-// How the backward's row groups of 64 or more threads (N = 2048 .. 8192 with groups of 16) learn
-// their row sums.
-enum class BackwardRowSum : int {
-  automatic = 0,  // (override value) let the library choose
-  barrier,        // the group waits at a barrier before the row's dx pass
-  deferred,       // each warp posts its share and takes the total one first pass later (mbarriers)
-  none,           // (reported only) one warp per row, other layouts, or the generic kernel
-};
-
-const char* backward_row_sum_name(BackwardRowSum choice);
-
-// Process-wide, like the other overrides; FUSEKIT_FP8_BWD_ROWSUM=barrier|deferred is read only
-// when no override is set. A forced `deferred` that cannot serve a call runs `barrier` or `none`.
-void set_backward_row_sum_override(BackwardRowSum choice);
-
-// The row-sum scheme the calling thread's most recent CUDA fp8_rms_norm_backward ran.
-BackwardRowSum last_backward_row_sum();
-
 }  // namespace fusekit::fp8_norm
