@@ -15,7 +15,6 @@
 #include "core/device_info.h"
 #include "core/launch_tuning.h"
 #include "core/partial_rows.cuh"
-#include "fp8_norm/fp8_norm_fused_forward.cuh"
 #include "fp8_norm/fp8_norm_kernels.cuh"
 #include "fp8_norm/fp8_norm_params.h"
 #include "fp8_norm/fp8_norm_paths.h"
@@ -25,20 +24,8 @@ namespace fusekit::fp8_norm {
 // ---- design overrides (tests and benchmarks) ------------------------------------------------
 
 namespace {
-using ForwardChoice = detail::ChoiceOverride<ForwardDesign>;
 using StatsChoice = detail::ChoiceOverride<StatsDesign>;
 }  // namespace
-
-const char* forward_design_name(ForwardDesign design) {
-  switch (design) {
-    case ForwardDesign::automatic: return "automatic";
-    case ForwardDesign::fused: return "fused";
-    case ForwardDesign::two_pass: return "two_pass";
-  }
-  return "unknown";
-}
-void set_forward_design_override(ForwardDesign design) { ForwardChoice::force(design); }
-ForwardDesign last_forward_design() { return ForwardChoice::last(); }
 
 const char* stats_design_name(StatsDesign design) {
   switch (design) {
@@ -54,11 +41,7 @@ StatsDesign last_stats_design() { return StatsChoice::last(); }
 
 namespace {
 
-// The override, else FUSEKIT_FP8_FORWARD / FUSEKIT_FP8_STATS, else automatic.
-ForwardDesign requested_forward_design() {
-  return ForwardChoice::requested("FUSEKIT_FP8_FORWARD",
-                                  {{"fused", ForwardDesign::fused}, {"two_pass", ForwardDesign::two_pass}});
-}
+// The override, else FUSEKIT_FP8_STATS, else automatic.
 StatsDesign requested_stats_design() {
   return StatsChoice::requested("FUSEKIT_FP8_STATS",
                                 {{"registers", StatsDesign::registers}, {"bulk", StatsDesign::bulk}});
@@ -155,12 +138,18 @@ int launch_stats(const ForwardParams& p, bool vector, int sms, int device_index,
                          (p.scale_row_stride * std::int64_t(sizeof(SC))) % 16 == 0;
   if (bulk_fits && requested_stats_design() != StatsDesign::registers) {
     // Chunks of FUSEKIT_FP8_STATS_ROUNDS rounds (1, 2 or 4; default 2 where the row has an even
-    // number of rounds), FUSEKIT_FP8_STATS_STAGES chunk slots per warp (2..8; default: 2 for
-    // chunks of two rounds or more, else 4), fewer where two blocks would not fit on an SM.
+    // number of rounds), FUSEKIT_FP8_STATS_STAGES chunk slots per warp (2..8; default 2), fewer
+    // where two blocks would not fit on an SM. Two slots measured best (H200, session 35, forward
+    // us at (16384, 4096) / (8192, 8192) / (32768, 2048), register kernel 86.7 / 88.4 / 87.9):
+    // 2-round chunks in 2 slots 83.8 / 87.0 / -, 1-round chunks in 2 / 3 / 4 / 6 slots
+    // 86.4 / 86.7 / 87.4, 87.5 / 87.4 / 88.4, 87.8 / 89.6 / 88.4 and 89.8 / 89.6 / 90.6. Alone
+    // (Nsight Compute) the bulk kernel is only ~1 us faster than the register one (26.1 against
+    // 27.1 us at (16384, 4096)), so most of the gain is in how the two kernels overlap; a smaller
+    // ring leaves more of the SM to the quantize kernel's early blocks (not measured directly).
     const int row_rounds = static_cast<int>(p.cols / kStatsBulkRoundBytes);
     StatsBulkShape shape{detail::env_knob("FUSEKIT_FP8_STATS_ROUNDS", 1, 4, 2), 0, 0, 0};
     while (shape.rounds > 1 && row_rounds % shape.rounds != 0) shape.rounds /= 2;
-    shape.stages = detail::env_knob("FUSEKIT_FP8_STATS_STAGES", 2, kStatsBulkMaxStages, shape.rounds > 1 ? 2 : 4);
+    shape.stages = detail::env_knob("FUSEKIT_FP8_STATS_STAGES", 2, kStatsBulkMaxStages, 2);
     const std::size_t optin = detail::device_info(op, device_index).max_smem_per_block_optin;
     // Two blocks per SM (16 warps): ~4 KB of static shared memory and reserve per block.
     while (shape.stages > 2 && 2 * (stats_bulk_smem_bytes<SC>(p.cols, p.log2_group, shape) + 4096) > optin)
@@ -236,120 +225,6 @@ void launch_quantize(const ForwardParams& p, bool vector, int sms, int device_in
     kernel<<<grid, kQuantThreads, 0, stream>>>(p, block_amax, block_count);
   }
   detail::check_launch(op, "fp8 rms norm quantize/transpose kernel");
-}
-
-// ---- forward, fused design ---------------------------------------------------------------------
-
-// Plans the fused forward (fp8_norm_fused_forward.cuh) for one call; false where it cannot serve
-// it: it needs whole 32-row chunks and 128-column strips, 16-byte aligned rows of x, qy and qy_t,
-// scale rows whose bytes per strip (4, 8, 16 or 32) can be copied as one or two cp.async, no y
-// output, at most 256 rows per block (M <= 256 x SMs) and N <= 16384 (the float weights in shared
-// memory).
-template <typename SC>
-bool plan_fused_forward(const ForwardParams& p, const detail::DeviceInfo& info, std::size_t static_smem,
-                        FusedLayout& L, int& grid) {
-  // (The cooperative-launch capability is checked by the launcher: it refuses such a grid.)
-  if (p.rows <= 0 || p.rows % kFusedChunkRows != 0 || p.cols % kFusedStripCols != 0 || p.cols > kStatsSmemWeightCols)
-    return false;
-  if (p.y != nullptr || !forward_vector_ok(p)) return false;
-  if (!aligned16(p.qy_t) || p.qy_t_row_stride % 16 != 0) return false;
-  if (p.log2_group > 7) return false;
-  const int scale_bytes = (kFusedStripCols >> p.log2_group) * static_cast<int>(sizeof(SC));
-  if (scale_bytes < 4 || scale_bytes > 32) return false;
-  const int scale_align = std::min(scale_bytes, 16);
-  if (reinterpret_cast<std::uintptr_t>(p.scales) % scale_align != 0 ||
-      (p.scale_row_stride * std::int64_t(sizeof(SC))) % scale_align != 0)
-    return false;
-  const std::int64_t chunks = p.rows / kFusedChunkRows;
-  // FUSEKIT_FP8_FUSED_GRID caps the grid (tuning and tests: more rows per block).
-  const int grid_cap = detail::env_knob("FUSEKIT_FP8_FUSED_GRID", 1, info.sm_count, info.sm_count);
-  grid = static_cast<int>(std::min<std::int64_t>(grid_cap, chunks));
-  const std::int64_t chunks_per_block = (chunks + grid - 1) / grid;
-  if (chunks_per_block * kFusedChunkRows > kFusedMaxRows) return false;
-
-  L.chunks = chunks;
-  L.strips = static_cast<int>(p.cols / kFusedStripCols);
-  L.max_rows = static_cast<int>(chunks_per_block * kFusedChunkRows);
-  L.log2_kr = L.max_rows <= 64 ? 0 : (L.max_rows <= 128 ? 1 : 2);
-  const int per_step = 4 >> L.log2_kr;
-  L.steps = (L.strips + per_step - 1) / per_step;
-  L.scale_bytes = scale_bytes;
-  L.slot_bytes = per_step * (64 << L.log2_kr) * (kFusedStripCols + scale_bytes);
-  const std::int64_t weights = 4 * p.cols, rstd = L.max_rows * 4;
-  const std::int64_t budget = static_cast<std::int64_t>(info.max_smem_per_block_optin) -
-                              static_cast<std::int64_t>(static_smem) - weights - rstd;
-  // Ring depth: about FUSEKIT_FP8_FUSED_RING_KB (64) of copies in flight per SM, 2 to 9 slots.
-  const int ring_kb = detail::env_knob("FUSEKIT_FP8_FUSED_RING_KB", 8, 400, 64);
-  L.ring = static_cast<int>(std::clamp<std::int64_t>(std::int64_t(ring_kb) * 1024 / L.slot_bytes, 2, kFusedMaxRing));
-  std::int64_t ring_slots = L.ring;
-  // FUSEKIT_FP8_FUSED_STASH caps the stash (steps; tuning and tests of the ring path).
-  const int stash_cap = detail::env_knob("FUSEKIT_FP8_FUSED_STASH", 0, 1 << 20, 1 << 20);
-  if (std::int64_t(L.steps) * L.slot_bytes <= budget && stash_cap >= L.steps) {
-    // Everything fits: every step stays on chip and no ring slot is needed.
-    L.stash_steps = L.steps;
-    ring_slots = 0;
-  } else {
-    while (L.ring > 2 && budget - std::int64_t(L.ring) * L.slot_bytes < L.slot_bytes) --L.ring;
-    ring_slots = L.ring;
-    const std::int64_t stash = (budget - ring_slots * L.slot_bytes) / L.slot_bytes;
-    if (stash < 0) return false;
-    L.stash_steps = static_cast<int>(std::min<std::int64_t>({stash, L.steps, stash_cap}));
-  }
-  // The ring steps phase 1 reads last (phase 2 reads them first) are also prefetched
-  // evict-last, up to FUSEKIT_FP8_FUSED_KEEP_PCT (40) percent of L2.
-  const int keep_pct = detail::env_knob("FUSEKIT_FP8_FUSED_KEEP_PCT", 0, 100, 40);
-  const std::int64_t step_bytes_all = p.rows * kFusedStripCols * per_step;
-  const std::int64_t keep_steps = std::int64_t(info.l2_bytes) * keep_pct / 100 / step_bytes_all;
-  const int ring_steps = L.steps - L.stash_steps;
-  L.keep_from_step = static_cast<int>(std::max<std::int64_t>(0, ring_steps - keep_steps));
-  L.lab_phases = detail::env_knob("FUSEKIT_FP8_FUSED_LAB_PHASES", 1, 2, 2);
-  L.lab_ring_first = detail::env_flag("FUSEKIT_FP8_FUSED_RING_FIRST", true);
-  L.rstd_offset = static_cast<int>(weights);
-  L.ring_offset = static_cast<int>(weights + (rstd + 15) / 16 * 16);
-  L.stash_offset = static_cast<int>(L.ring_offset + ring_slots * L.slot_bytes);
-  L.total_bytes = static_cast<int>(L.stash_offset + std::int64_t(L.stash_steps) * L.slot_bytes);
-  return true;
-}
-
-// Launches the fused forward; false (nothing launched) where it cannot serve the call or the
-// driver refuses the cooperative launch (for example a GPU shared under MPS).
-template <class XF, class QF, typename SC, typename W>
-bool launch_fused_forward(const ForwardParams& p, int device_index, cudaStream_t stream) {
-  const char* op = "fp8_rms_norm_forward";
-  const detail::DeviceInfo& info = detail::device_info(op, device_index);
-  auto kernel = fused_forward_kernel<XF, QF, SC, W>;
-  static thread_local std::size_t static_smem = [&] {
-    cudaFuncAttributes attributes{};
-    FUSEKIT_CUDA_CHECK(op, cudaFuncGetAttributes(&attributes, kernel));
-    return static_cast<std::size_t>(attributes.sharedSizeBytes);
-  }();
-  int cooperative = 0;  // a cheap query: the runtime caches device attributes
-  FUSEKIT_CUDA_CHECK(op, cudaDeviceGetAttribute(&cooperative, cudaDevAttrCooperativeLaunch, device_index));
-  if (!cooperative) return false;
-  FusedLayout layout;
-  int grid = 0;
-  if (!plan_fused_forward<SC>(p, info, static_smem, layout, grid)) return false;
-  const std::size_t need = static_cast<std::size_t>(grid) * sizeof(float);
-  if (need > p.workspace_bytes)
-    throw Error(ErrorKind::invalid_argument, op, "workspace", "at least " + std::to_string(need) + " bytes",
-                std::to_string(p.workspace_bytes) + " bytes");
-  allow_smem(op, device_index, kernel, layout.total_bytes);
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeCooperative;
-  attribute.val.cooperative = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(grid);
-  config.blockDim = dim3(kFusedThreads);
-  config.dynamicSmemBytes = layout.total_bytes;
-  config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  if (cudaLaunchKernelEx(&config, kernel, p, layout, static_cast<float*>(p.workspace)) != cudaSuccess) {
-    cudaGetLastError();  // refused: the two-kernel forward runs instead
-    return false;
-  }
-  detail::check_launch(op, "fp8 rms norm fused forward kernel");
-  return true;
 }
 
 // ---- backward --------------------------------------------------------------------------------
@@ -462,7 +337,6 @@ void forward_cuda(const ForwardParams& params, int device_index, Stream stream) 
   p.l2_keep_from_row = std::max<std::int64_t>(0, p.rows - keep_rows);
   const int sms = device.sm_count;
   const bool vector = forward_vector_ok(p);
-  const ForwardDesign design = requested_forward_design();
   StatsChoice::record(StatsDesign::automatic);
   float* block_amax = static_cast<float*>(p.workspace);
   int block_count = 0;
@@ -472,17 +346,6 @@ void forward_cuda(const ForwardParams& params, int device_index, Stream stream) 
         using XF = decltype(xf);
         using SC = decltype(sc);
         using W = decltype(w);
-        if (design != ForwardDesign::two_pass) {
-          bool fused = false;
-          dispatch_fp8(p.q_dtype, [&](auto qf) {
-            fused = launch_fused_forward<XF, decltype(qf), SC, W>(p, device_index, s);
-          });
-          if (fused) {
-            ForwardChoice::record(ForwardDesign::fused);
-            return;
-          }
-        }
-        ForwardChoice::record(ForwardDesign::two_pass);
         if (p.rows > 0) block_count = launch_stats<XF, SC, W>(p, vector, sms, device_index, block_amax, s);
         // Launched even for M = 0: it writes the scale of the empty tensor.
         dispatch_fp8(p.q_dtype, [&](auto qf) {

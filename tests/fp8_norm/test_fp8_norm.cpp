@@ -549,147 +549,19 @@ TEST(Fp8NormGpu, BenchmarkShapesMatchCpuReference) {
   expect_rare(qy_total, "qy one-ulp differences on the benchmark shapes");
 }
 
-// Forces a forward design for the scope of a test, and sets (or clears) the fused design's
+// Forces one statistics kernel for the scope of a test, and sets (or clears) the bulk kernel's
 // tuning knobs, which the launcher reads on every call.
-struct DesignScope {
-  DesignScope(fp8_norm::ForwardDesign design, const char* stash_cap = nullptr, const char* ring_kb = nullptr) {
-    fp8_norm::set_forward_design_override(design);
-    set("FUSEKIT_FP8_FUSED_STASH", stash_cap);
-    set("FUSEKIT_FP8_FUSED_RING_KB", ring_kb);
+struct StatsScope {
+  StatsScope(fp8_norm::StatsDesign stats, const char* rounds = nullptr, const char* stages = nullptr) {
+    fp8_norm::set_stats_design_override(stats);
+    set_env("FUSEKIT_FP8_STATS_ROUNDS", rounds);
+    set_env("FUSEKIT_FP8_STATS_STAGES", stages);
   }
-  ~DesignScope() {
-    fp8_norm::set_forward_design_override(fp8_norm::ForwardDesign::automatic);
-    unsetenv("FUSEKIT_FP8_FUSED_STASH");
-    unsetenv("FUSEKIT_FP8_FUSED_RING_KB");
-  }
-  static void set(const char* name, const char* value) {
+  static void set_env(const char* name, const char* value) {
     if (value) setenv(name, value, 1);
     else unsetenv(name);
   }
-};
-
-// The fused forward (one cooperative kernel, part of x kept in shared memory between its phases)
-// against the CPU reference: every step on chip, the ring path with stashes of 0 to a few steps
-// (a step: 4 units of 16 bytes per thread) and ring depths of 2 to 5 slots, blocks of 32 to 256
-// rows (1, 2 or 4 rows per thread; uneven row counts per block, partial last steps), every scale layout it takes (bf16 groups of 16 / 32 / 64, f32 groups of 16 / 128),
-// e5m2 in and out, f32 weights (the max |y| from rounded products), padded rows, and the special
-// rows of fill_inputs (zero rows, huge and tiny scales, zero-scale groups). It asserts that the
-// fused design ran.
-TEST(Fp8NormGpu, FusedForwardMatchesCpuReference) {
-  FUSEKIT_REQUIRE_GPU();
-  struct Variant {
-    Case c;
-    const char* stash_cap;
-    const char* ring_kb;
-  };
-  std::vector<Variant> variants;
-  auto add = [&](std::int64_t rows, std::int64_t cols, const char* stash, const char* ring, auto&& tweak) {
-    variants.push_back({no_y_case(rows, cols, tweak), stash, ring});
-  };
-  auto plain = keep_defaults;
-  add(64, 512, nullptr, nullptr, plain);                       // 2 blocks, everything on chip
-  add(32 * 300, 1280, nullptr, nullptr, plain);                 // 2-3 chunks per block, on chip
-  add(32 * 300, 1280, "0", "8", plain);                         // ring only, 2 slots
-  add(32 * 300, 1280, "3", "400", plain);                       // ring of 5 slots behind a stash of 3
-  add(32 * 8 * 132 - 64, 256, "1", nullptr, plain);             // 256-row blocks (and 224)
-  add(4224, 384, "0", nullptr, plain);                          // one 3-strip step of 4, ring only
-  add(8192, 640, "1", nullptr, plain);                          // 64-row blocks, a partial last step
-  add(4096, 4096, "5", nullptr, [](Case& c) { c.weight_dtype = DType::f32; });
-  add(2048, 2048, "2", nullptr, [](Case& c) {
-    c.scale_dtype = DType::f32;  // 32 scale bytes per row and strip
-    c.x_dtype = DType::f8e5m2;
-  });
-  add(2048, 2048, "2", nullptr, [](Case& c) {
-    c.group = 32;  // 8 bytes
-    c.q_dtype = DType::f8e5m2;
-  });
-  add(2048, 2048, "2", nullptr, [](Case& c) { c.group = 64; });  // 4 bytes
-  add(2048, 2048, "2", nullptr, [](Case& c) {
-    c.group = 128;  // 4 bytes (f32)
-    c.scale_dtype = DType::f32;
-    c.x_dtype = DType::f8e5m2;
-    c.q_dtype = DType::f8e5m2;
-  });
-  add(1024, 1024, "1", nullptr, [](Case& c) {
-    c.x_pad = 32;
-    c.scale_pad = 8;
-    c.qy_pad = 16;
-    c.qyt_pad = 48;
-  });
-  add(256, 16384, nullptr, nullptr, plain);  // the longest rows it takes
-  CodeDiff qy_total;
-  std::int64_t rstd_mismatches = 0;
-  int salt = 0;
-  for (const Variant& v : variants) {
-    DesignScope scope(fp8_norm::ForwardDesign::fused, v.stash_cap, v.ring_kb);
-    SCOPED_TRACE(std::string("stash cap ") + (v.stash_cap ? v.stash_cap : "-") + ", ring KB " +
-                 (v.ring_kb ? v.ring_kb : "-"));
-    check_gpu_against_cpu(v.c, 7950 + salt++, &qy_total, nullptr, &rstd_mismatches);
-    EXPECT_EQ(fp8_norm::last_forward_design(), fp8_norm::ForwardDesign::fused) << v.c.str();
-  }
-  // Huge, tiny and floored tensors through the ring path.
-  for (const FillOptions& fill : {FillOptions{false, 1e30}, FillOptions{false, 1e-20}, FillOptions{false, 1.0, 1e-33, 1e-34}}) {
-    DesignScope scope(fp8_norm::ForwardDesign::fused, "1");
-    Case c;
-    c.rows = 512;
-    c.cols = 1024;
-    c.with_y = false;
-    check_gpu_against_cpu(c, 7950 + salt++, &qy_total, nullptr, &rstd_mismatches, fill);
-    EXPECT_EQ(fp8_norm::last_forward_design(), fp8_norm::ForwardDesign::fused);
-  }
-  std::printf("[fp8_norm] fused forward: rstd differing by one ulp in %lld rows\n",
-              static_cast<long long>(rstd_mismatches));
-  expect_rare(qy_total, "qy one-ulp differences, fused forward");
-}
-
-// Which forward design serves a call: the fused one by default where it can, the two kernels
-// where it cannot (y requested, rows not a multiple of 32, columns not of 128, groups whose
-// scales per strip are under 4 bytes, N > 16384, misaligned qy_t rows), and the two kernels when
-// forced. Each call is also checked against the CPU reference.
-TEST(Fp8NormGpu, ForwardDesignRouting) {
-  FUSEKIT_REQUIRE_GPU();
-  using fp8_norm::ForwardDesign;
-  struct Route {
-    Case c;
-    ForwardDesign forced, expected;
-  };
-  auto make = [](std::int64_t rows, std::int64_t cols, bool y, auto&& tweak) {
-    return no_y_case(rows, cols, [&](Case& c) {
-      c.with_y = y;
-      tweak(c);
-    });
-  };
-  auto plain = keep_defaults;
-  const Route routes[] = {
-      {make(512, 1024, false, plain), ForwardDesign::automatic, ForwardDesign::fused},
-      {make(512, 1024, false, plain), ForwardDesign::two_pass, ForwardDesign::two_pass},
-      {make(512, 1024, true, plain), ForwardDesign::automatic, ForwardDesign::two_pass},
-      {make(500, 1024, false, plain), ForwardDesign::fused, ForwardDesign::two_pass},
-      {make(512, 1040, false, plain), ForwardDesign::fused, ForwardDesign::two_pass},
-      {make(512, 1024, false, [](Case& c) { c.group = 128; }), ForwardDesign::automatic, ForwardDesign::two_pass},
-      {make(64, 16384 + 128, false, plain), ForwardDesign::automatic, ForwardDesign::two_pass},
-      {make(512, 1024, false, [](Case& c) { c.qyt_pad = 8; }), ForwardDesign::automatic, ForwardDesign::two_pass},
-  };
-  int salt = 0;
-  for (const Route& r : routes) {
-    DesignScope scope(r.forced);
-    SCOPED_TRACE(std::string("forced ") + fp8_norm::forward_design_name(r.forced));
-    check_gpu_against_cpu(r.c, 7990 + salt++, nullptr, nullptr, nullptr);
-    EXPECT_EQ(fp8_norm::last_forward_design(), r.expected) << r.c.str();
-  }
-}
-
-// Forces the two-pass forward with one statistics kernel for the scope of a test, and sets (or
-// clears) the bulk kernel's tuning knobs, which the launcher reads on every call.
-struct StatsScope {
-  StatsScope(fp8_norm::StatsDesign stats, const char* rounds = nullptr, const char* stages = nullptr) {
-    fp8_norm::set_forward_design_override(fp8_norm::ForwardDesign::two_pass);
-    fp8_norm::set_stats_design_override(stats);
-    DesignScope::set("FUSEKIT_FP8_STATS_ROUNDS", rounds);
-    DesignScope::set("FUSEKIT_FP8_STATS_STAGES", stages);
-  }
   ~StatsScope() {
-    fp8_norm::set_forward_design_override(fp8_norm::ForwardDesign::automatic);
     fp8_norm::set_stats_design_override(fp8_norm::StatsDesign::automatic);
     unsetenv("FUSEKIT_FP8_STATS_ROUNDS");
     unsetenv("FUSEKIT_FP8_STATS_STAGES");
