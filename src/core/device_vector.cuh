@@ -195,23 +195,6 @@ __device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, 
       "l"(src), "r"(bytes), "r"(shared_address(bar))
       : "memory");
 }
-// The same with an L2 eviction priority, evict-last (kKeep) or evict-first. The policy is made
-// inside the asm statement, next to the copy, so no policy register is chosen at run time (ptxas
-// 13.0 mis-encoded a cp.async whose policy operand was picked at run time: an illegal instruction
-// on the H200, session 33).
-template <bool kKeep>
-__device__ __forceinline__ void bulk_copy_to_shared_l2(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
-#define FUSEKIT_BULK_COPY_L2(PRIORITY)                                                                          \
-  asm volatile("{\n .reg .b64 policy;\n createpolicy.fractional.L2::" PRIORITY ".b64 policy, 1.0;\n"           \
-               " cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"              \
-               " [%0], [%1], %2, [%3], policy;\n}\n" ::"r"(dst),                                                \
-               "l"(src), "r"(bytes), "r"(bar)                                                                  \
-               : "memory")
-  if constexpr (kKeep) FUSEKIT_BULK_COPY_L2("evict_last");
-  else FUSEKIT_BULK_COPY_L2("evict_first");
-#undef FUSEKIT_BULK_COPY_L2
-}
-
 // Lets the next kernel in the stream, when launched with programmatic stream serialization,
 // begin launching now; it still waits for this grid's results in wait_for_prerequisite_grid().
 __device__ __forceinline__ void allow_dependent_launch() {

@@ -186,7 +186,6 @@ __device__ __forceinline__ float row_sum(float v, int log2_tpr, float* scratch) 
 
 // ---- asynchronous copies and programmatic dependent launch ------------------------------------
 
-using detail::device::bulk_copy_to_shared_l2;
 using detail::device::mbarrier_arrive;
 using detail::device::mbarrier_arrive_expect_tx;
 using detail::device::mbarrier_init;
