@@ -26,6 +26,7 @@
 #include "attention/attention_sm90.h"
 #include "core/cuda_check.h"
 #include "core/device_info.h"
+#include "core/launch_tuning.h"
 #include "fusekit/error.h"
 
 namespace fusekit::attention {
@@ -142,17 +143,11 @@ KernelParams make_params(const Problem& p) {
   return k;
 }
 
-// Launches kernel<<<grid, block, smem>>>(k) after opting in to more than 48 KB of shared memory.
+// Launches kernel<<<grid, block, smem>>>(k) after opting it in to `smem` bytes of dynamic shared memory.
 void launch(const char* op, const char* name, void (*kernel)(KernelParams), dim3 grid, int threads, int smem,
             cudaStream_t stream, const KernelParams& k, int device_index) {
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
-  const std::size_t optin = detail::device_info(op, device_index).max_smem_per_block_optin;
-  if (static_cast<std::size_t>(smem) > optin)
-    throw Error(ErrorKind::unsupported, op,
-                std::string(name) + " needs " + std::to_string(smem) + " bytes of shared memory per block; the GPU allows " +
-                    std::to_string(optin));
-  if (smem > 48 * 1024)
-    FUSEKIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  detail::allow_dynamic_smem(op, kernel, static_cast<std::size_t>(smem), device_index, name);
   kernel<<<grid, threads, smem, stream>>>(k);
   detail::check_launch(op, name);
 }

@@ -10,6 +10,7 @@
 #include "attention/attention_sm90_kernels.cuh"
 #include "core/cuda_check.h"
 #include "core/device_info.h"
+#include "core/launch_tuning.h"
 #include "fusekit/error.h"
 
 namespace fusekit::attention::sm90::launch_detail {
@@ -58,16 +59,11 @@ inline bool tma_describable(const Operand& op, std::int64_t tokens, std::int64_t
 }
 
 // Launches `kernel` with `smem` bytes of dynamic shared memory (more than the default 48 KB: the
-// kernel must be allowed it first, and the GPU must have it).
+// kernel is opted in first, and the GPU must have it).
 template <typename Kernel, typename Params>
 void launch_kernel(const char* op, const char* what, Kernel kernel, dim3 grid, int threads, int smem, const Params& P,
                    int device_index, cudaStream_t stream) {
-  const std::size_t optin = detail::device_info(op, device_index).max_smem_per_block_optin;
-  if (static_cast<std::size_t>(smem) > optin)
-    throw Error(ErrorKind::unsupported, op,
-                std::string("the ") + what + " needs " + std::to_string(smem) +
-                    " bytes of shared memory per block; the GPU allows " + std::to_string(optin));
-  FUSEKIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  detail::allow_dynamic_smem(op, kernel, static_cast<std::size_t>(smem), device_index, std::string("the ") + what);
   kernel<<<grid, threads, smem, stream>>>(P);
   detail::check_launch(op, what);
 }

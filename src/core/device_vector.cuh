@@ -152,7 +152,49 @@ __device__ __forceinline__ unsigned shared_address(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
 
-
+// mbarriers and bulk copies (TMA, sm_90): a copy of `bytes` into shared memory completes by
+// adding its bytes to an mbarrier's transaction count; the consumer waits on the barrier's phase.
+// The forms on 32-bit shared-window addresses (shared_address) are for loops that keep their
+// addresses: one that issues a copy every few hundred instructions from one lane pays for every
+// address conversion it makes.
+__device__ __forceinline__ void mbarrier_init(std::uint64_t* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbarrier_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive(std::uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(shared_address(bar)) : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(std::uint64_t* bar, unsigned bytes) {
+  mbarrier_arrive_expect_tx(shared_address(bar), bytes);
+}
+__device__ __forceinline__ void mbarrier_wait(unsigned bar, unsigned parity) {
+  unsigned done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred ready;\n"
+        " mbarrier.try_wait.parity.shared::cta.b64 ready, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, ready;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+__device__ __forceinline__ void mbarrier_wait(std::uint64_t* bar, unsigned parity) {
+  mbarrier_wait(shared_address(bar), parity);
+}
+// `bytes` a multiple of 16, both addresses 16-byte aligned.
+__device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, unsigned bytes, std::uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          shared_address(dst)),
+      "l"(src), "r"(bytes), "r"(shared_address(bar))
+      : "memory");
+}
 // Lets the next kernel in the stream, when launched with programmatic stream serialization,
 // begin launching now; it still waits for this grid's results in wait_for_prerequisite_grid().
 __device__ __forceinline__ void allow_dependent_launch() {

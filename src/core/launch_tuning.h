@@ -32,9 +32,48 @@ inline bool env_flag(const char* name, bool fallback) {
   return env ? std::strcmp(env, "0") != 0 : fallback;
 }
 
+// Lets `kernel` (`what`, for the error) take `smem` bytes of dynamic shared memory: raises its limit, once per kernel and
+// device, to all that the GPU allows a block beside the kernel's static shared memory, and throws
+// when `smem` is more than that. Without the opt-in a block may have 48 KB of static and dynamic
+// shared memory together, so a launch with, say, 48 KB of dynamic memory fails with
+// cudaErrorInvalidValue as soon as the kernel declares any static shared memory: a test of
+// "dynamic bytes over 48 KB" is not enough (an FP8 statistics launch with 48 KB of dynamic and
+// 1.1 KB of static shared memory failed this way, session 36).
+template <typename Kernel>
+void allow_dynamic_smem(const char* op, Kernel kernel, std::size_t smem, int device_index,
+                        const std::string& what = "a kernel") {
+  struct Entry {
+    const void* kernel;
+    int device;
+    std::size_t dynamic_limit;
+  };
+  static std::mutex mutex;
+  static std::vector<Entry> opted_in;
+  const void* key = reinterpret_cast<const void*>(kernel);
+  std::size_t dynamic_limit = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (const Entry& e : opted_in)
+      if (e.kernel == key && e.device == device_index) dynamic_limit = e.dynamic_limit;
+    if (dynamic_limit == 0) {
+      // The opt-in limit covers static plus dynamic shared memory.
+      cudaFuncAttributes attributes{};
+      check_cuda(cudaFuncGetAttributes(&attributes, kernel), op, "cudaFuncGetAttributes");
+      dynamic_limit = device_info(op, device_index).max_smem_per_block_optin - attributes.sharedSizeBytes;
+      check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dynamic_limit)),
+                 op, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+      opted_in.push_back({key, device_index, dynamic_limit});
+    }
+  }
+  if (smem > dynamic_limit)
+    throw Error(ErrorKind::unsupported, op,
+                what + " needs " + std::to_string(smem) + " bytes of dynamic shared memory per block; the GPU allows it " +
+                    std::to_string(dynamic_limit) + " beside its static shared memory");
+}
+
 // Resident blocks per SM for a kernel at a block size and dynamic shared memory, cached: the
 // occupancy calculator costs microseconds, which small launches cannot afford on every call.
-// Also raises the kernel's dynamic shared-memory limit the first time it is seen.
+// Also raises the kernel's dynamic shared-memory limit (allow_dynamic_smem).
 template <typename Kernel>
 int blocks_per_sm(const char* op, Kernel kernel, int block_threads, std::size_t smem, int device_index) {
   struct Key {
@@ -48,24 +87,17 @@ int blocks_per_sm(const char* op, Kernel kernel, int block_threads, std::size_t 
   static std::mutex mutex;
   static std::vector<std::pair<Key, int>> cache;
   const Key key{reinterpret_cast<const void*>(kernel), block_threads, device_index, smem};
-  std::lock_guard<std::mutex> lock(mutex);
-  for (const auto& [k, v] : cache)
-    if (k == key) return v;
-  // The opt-in limit covers static plus dynamic shared memory.
-  cudaFuncAttributes attributes{};
-  check_cuda(cudaFuncGetAttributes(&attributes, kernel), op, "cudaFuncGetAttributes");
-  const std::size_t dynamic_limit = device_info(op, device_index).max_smem_per_block_optin - attributes.sharedSizeBytes;
-  if (smem > dynamic_limit) {
-    throw Error(ErrorKind::unsupported, op,
-                "kernel needs " + std::to_string(smem) + " bytes of shared memory, the GPU allows " +
-                    std::to_string(dynamic_limit));
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (const auto& [k, v] : cache)
+      if (k == key) return v;
   }
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dynamic_limit)),
-             op, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  allow_dynamic_smem(op, kernel, smem, device_index);
   int blocks = 0;
   check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, block_threads, smem), op,
              "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
   blocks = std::max(1, blocks);
+  std::lock_guard<std::mutex> lock(mutex);
   cache.push_back({key, blocks});
   return blocks;
 }

@@ -9,15 +9,43 @@
 #include <string>
 #include <type_traits>
 
+#include "core/choice_override.h"
 #include "core/cuda_check.h"
 #include "core/dependent_launch.h"
 #include "core/device_info.h"
+#include "core/launch_tuning.h"
 #include "core/partial_rows.cuh"
 #include "fp8_norm/fp8_norm_kernels.cuh"
 #include "fp8_norm/fp8_norm_params.h"
+#include "fp8_norm/fp8_norm_paths.h"
 
 namespace fusekit::fp8_norm {
+
+// ---- design overrides (tests and benchmarks) ------------------------------------------------
+
 namespace {
+using StatsChoice = detail::ChoiceOverride<StatsDesign>;
+}  // namespace
+
+const char* stats_design_name(StatsDesign design) {
+  switch (design) {
+    case StatsDesign::automatic: return "automatic";
+    case StatsDesign::registers: return "registers";
+    case StatsDesign::bulk: return "bulk";
+    case StatsDesign::generic: return "generic";
+  }
+  return "unknown";
+}
+void set_stats_design_override(StatsDesign design) { StatsChoice::force(design); }
+StatsDesign last_stats_design() { return StatsChoice::last(); }
+
+namespace {
+
+// The override, else FUSEKIT_FP8_STATS, else automatic.
+StatsDesign requested_stats_design() {
+  return StatsChoice::requested("FUSEKIT_FP8_STATS",
+                                {{"registers", StatsDesign::registers}, {"bulk", StatsDesign::bulk}});
+}
 
 using namespace kernels;
 
@@ -47,25 +75,12 @@ void dispatch_real(DType dtype, F&& f) {
   else f(float{});
 }
 
+// Resident blocks per SM of `kernel` at `threads` and `smem` bytes of dynamic shared memory, after
+// letting it have them (detail::blocks_per_sm caches the answer and opts the kernel in past the
+// default 48 KB, static shared memory counted).
 template <typename Kernel>
-int occupancy(const char* op, Kernel kernel, int threads, std::size_t smem = 0) {
-  int blocks = 0;
-  detail::check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem), op,
-                     "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-  return std::max(1, blocks);
-}
-
-// Opts a kernel in to more than 48 KB of dynamic shared memory.
-template <typename Kernel>
-void allow_smem(const char* op, int device_index, Kernel kernel, std::size_t smem) {
-  if (smem <= 48 * 1024) return;
-  const std::size_t optin = detail::device_info(op, device_index).max_smem_per_block_optin;
-  if (smem > optin)
-    throw Error(ErrorKind::unsupported, op,
-                "a kernel needs " + std::to_string(smem) + " bytes of shared memory per block; the GPU allows " +
-                    std::to_string(optin));
-  FUSEKIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              static_cast<int>(smem)));
+int occupancy(const char* op, int device_index, Kernel kernel, int threads, std::size_t smem = 0) {
+  return detail::blocks_per_sm(op, kernel, threads, smem, device_index);
 }
 
 using detail::launch_dependent;
@@ -102,12 +117,48 @@ int launch_stats(const ForwardParams& p, bool vector, int sms, int device_index,
                   std::to_string(p.workspace_bytes) + " bytes");
   };
   int grid = 0;
-  if (vector) {
+  // The bulk-copy kernel: whole rounds (2048 columns: kStatsBulkRoundBytes of fp8), weights
+  // staged in shared memory, 16-byte aligned rows and rounds of scales.
+  const int round_scale_bytes = vector ? stats_bulk_round_scale_bytes<SC>(p.log2_group) : 0;
+  const bool bulk_fits = vector && p.cols % kStatsBulkRoundBytes == 0 && p.cols <= kStatsSmemWeightCols &&
+                         round_scale_bytes >= 16 && round_scale_bytes % 16 == 0 && aligned16(p.scales) &&
+                         (p.scale_row_stride * std::int64_t(sizeof(SC))) % 16 == 0;
+  if (bulk_fits && requested_stats_design() != StatsDesign::registers) {
+    // Chunks of FUSEKIT_FP8_STATS_ROUNDS rounds (1, 2 or 4; default 2 where the row has an even
+    // number of rounds), FUSEKIT_FP8_STATS_STAGES chunk slots per warp (2..8; default 2), fewer
+    // where two blocks would not fit on an SM. Two slots measured best (H200, session 35, forward
+    // us at (16384, 4096) / (8192, 8192) / (32768, 2048), register kernel 86.7 / 88.4 / 87.9):
+    // 2-round chunks in 2 slots 83.8 / 87.0 / -, 1-round chunks in 2 / 3 / 4 / 6 slots
+    // 86.4 / 86.7 / 87.4, 87.5 / 87.4 / 88.4, 87.8 / 89.6 / 88.4 and 89.8 / 89.6 / 90.6. Alone
+    // (Nsight Compute) the bulk kernel is only ~1 us faster than the register one (26.1 against
+    // 27.1 us at (16384, 4096)), so most of the gain is in how the two kernels overlap; a smaller
+    // ring leaves more of the SM to the quantize kernel's early blocks (not measured directly).
+    const int row_rounds = static_cast<int>(p.cols / kStatsBulkRoundBytes);
+    StatsBulkShape shape{detail::env_knob("FUSEKIT_FP8_STATS_ROUNDS", 1, 4, 2), 0, 0, 0};
+    while (shape.rounds > 1 && row_rounds % shape.rounds != 0) shape.rounds /= 2;
+    shape.stages = detail::env_knob("FUSEKIT_FP8_STATS_STAGES", 2, kStatsBulkMaxStages, 2);
+    const std::size_t optin = detail::device_info(op, device_index).max_smem_per_block_optin;
+    // Two blocks per SM (16 warps): ~4 KB of static shared memory and reserve per block.
+    while (shape.stages > 2 && 2 * (stats_bulk_smem_bytes<SC>(p.cols, p.log2_group, shape) + 4096) > optin)
+      --shape.stages;
+    while (shape.rounds > 1 && 2 * (stats_bulk_smem_bytes<SC>(p.cols, p.log2_group, shape) + 4096) > optin)
+      shape.rounds /= 2;
+    const std::size_t smem = stats_bulk_smem_bytes<SC>(p.cols, p.log2_group, shape);
+    auto kernel = stats_bulk_kernel<XF, SC, W>;
+    const int per_sm = std::min(kStatsBlocksPerSm, occupancy(op, device_index, kernel, kStatsThreads, smem));
+    grid = persistent_grid((p.rows + kStatsBulkWarps - 1) / kStatsBulkWarps, std::int64_t(sms) * per_sm);
+    check_capacity(grid);
+    const std::int64_t row_step = std::int64_t(grid) * kStatsBulkWarps;
+    shape.x_row_jump = row_step * p.x_row_stride - p.cols;
+    shape.scale_row_jump = (row_step * p.scale_row_stride - (p.cols >> p.log2_group)) * std::int64_t(sizeof(SC));
+    kernel<<<grid, kStatsThreads, smem, stream>>>(p, shape, block_amax);
+    StatsChoice::record(StatsDesign::bulk);
+  } else if (vector) {
+    StatsChoice::record(StatsDesign::registers);
     const int log2_tpr = std::min(5, log2_ceil(p.cols / 16));
     const int rows_per_block = kStatsThreads >> log2_tpr;
     auto run = [&](auto kernel, std::size_t smem) {
-      allow_smem(op, device_index, kernel, smem);
-      const int per_sm = std::min(kStatsBlocksPerSm, occupancy(op, kernel, kStatsThreads, smem));
+      const int per_sm = std::min(kStatsBlocksPerSm, occupancy(op, device_index, kernel, kStatsThreads, smem));
       grid = persistent_grid((p.rows + rows_per_block - 1) / rows_per_block, std::int64_t(sms) * per_sm);
       check_capacity(grid);
       kernel<<<grid, kStatsThreads, smem, stream>>>(p, log2_tpr, block_amax);
@@ -121,8 +172,9 @@ int launch_stats(const ForwardParams& p, bool vector, int sms, int device_index,
     else
       run(stats_vector_kernel<XF, SC, W, true, false>, weight_bytes);
   } else {
+    StatsChoice::record(StatsDesign::generic);
     auto kernel = stats_generic_kernel<XF, SC, W>;
-    const int per_sm = std::min(kStatsBlocksPerSm, occupancy(op, kernel, kStatsThreads));
+    const int per_sm = std::min(kStatsBlocksPerSm, occupancy(op, device_index, kernel, kStatsThreads));
     grid = persistent_grid((p.rows + kGenericStatsRowsPerBlock - 1) / kGenericStatsRowsPerBlock,
                            std::int64_t(sms) * per_sm);
     check_capacity(grid);
@@ -142,11 +194,10 @@ void launch_quantize(const ForwardParams& p, bool vector, int sms, int device_in
     auto kernel = whole_tiles ? quantize_vector_kernel<XF, QF, SC, W, true>
                               : quantize_vector_kernel<XF, QF, SC, W, false>;
     const std::size_t smem = kQuantSmemBytes;
-    allow_smem(op, device_index, kernel, smem);
     const std::int64_t tiles = ((p.rows + kTile - 1) / kTile) * ((p.cols + kTile - 1) / kTile);
     // Persistent, as many blocks as fit at once, and sized so that every block gets the same
     // number of tiles give or take one (no block starts a last round that others do not).
-    const std::int64_t capacity = std::int64_t(sms) * occupancy(op, kernel, kQuantThreads, smem);
+    const std::int64_t capacity = std::int64_t(sms) * occupancy(op, device_index, kernel, kQuantThreads, smem);
     const std::int64_t per_block = std::max<std::int64_t>(1, (tiles + capacity - 1) / capacity);
     const int grid = persistent_grid((tiles + per_block - 1) / per_block, capacity);
     launch_dependent(kernel, dim3(grid), dim3(kQuantThreads), smem, stream, p, block_amax, block_count, t_vector);
@@ -154,7 +205,7 @@ void launch_quantize(const ForwardParams& p, bool vector, int sms, int device_in
     auto kernel = quantize_generic_kernel<XF, QF, SC, W>;
     const std::int64_t tiles =
         ((p.rows + kGenericTile - 1) / kGenericTile) * ((p.cols + kGenericTile - 1) / kGenericTile);
-    const int grid = persistent_grid(tiles, std::int64_t(sms) * occupancy(op, kernel, kQuantThreads));
+    const int grid = persistent_grid(tiles, std::int64_t(sms) * occupancy(op, device_index, kernel, kQuantThreads));
     kernel<<<grid, kQuantThreads, 0, stream>>>(p, block_amax, block_count);
   }
   detail::check_launch(op, "fp8 rms norm quantize/transpose kernel");
@@ -201,8 +252,7 @@ int launch_backward_main(const BackwardParams& p, const BackwardConfig& c, int s
   int grid = 0;
   if (c.vector) {
     auto run = [&](auto kernel, std::size_t smem) {
-      allow_smem(op, device_index, kernel, smem);
-      const int per_sm = std::min(kBwdBlocksPerSm, occupancy(op, kernel, kBwdThreads, smem));
+      const int per_sm = std::min(kBwdBlocksPerSm, occupancy(op, device_index, kernel, kBwdThreads, smem));
       grid = balanced_grid((p.rows + c.rows_per_block - 1) / c.rows_per_block, std::int64_t(sms) * per_sm);
       check_capacity(grid);
       kernel<<<grid, kBwdThreads, smem, stream>>>(p, partial);
@@ -232,7 +282,7 @@ int launch_backward_main(const BackwardParams& p, const BackwardConfig& c, int s
     else run4(integral_constant<int, 8>{});
   } else {
     auto kernel = backward_generic_kernel<XF, SC, W>;
-    const int per_sm = std::min(kBwdBlocksPerSm, occupancy(op, kernel, kGenericBwdThreads));
+    const int per_sm = std::min(kBwdBlocksPerSm, occupancy(op, device_index, kernel, kGenericBwdThreads));
     grid = persistent_grid(p.rows, std::int64_t(sms) * per_sm);
     check_capacity(grid);
     kernel<<<grid, kGenericBwdThreads, 0, stream>>>(p, partial);
@@ -270,6 +320,7 @@ void forward_cuda(const ForwardParams& params, int device_index, Stream stream) 
   p.l2_keep_from_row = std::max<std::int64_t>(0, p.rows - keep_rows);
   const int sms = device.sm_count;
   const bool vector = forward_vector_ok(p);
+  StatsChoice::record(StatsDesign::automatic);
   float* block_amax = static_cast<float*>(p.workspace);
   int block_count = 0;
   dispatch_fp8(p.x_dtype, [&](auto xf) {

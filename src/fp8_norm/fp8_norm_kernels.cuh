@@ -186,6 +186,11 @@ __device__ __forceinline__ float row_sum(float v, int log2_tpr, float* scratch) 
 
 // ---- asynchronous copies and programmatic dependent launch ------------------------------------
 
+using detail::device::mbarrier_arrive;
+using detail::device::mbarrier_arrive_expect_tx;
+using detail::device::mbarrier_init;
+using detail::device::mbarrier_init_fence;
+using detail::device::mbarrier_wait;
 using detail::device::shared_address;
 // Streaming data read once: 16 bytes bypass L1.
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
@@ -260,6 +265,65 @@ __device__ __forceinline__ void stage_weights(const W* __restrict__ weight, int 
   }
 }
 
+// The 16 weights of vector v from stage_weights' interleaved layout (quads = 4, count units).
+__device__ __forceinline__ void staged_weights16(const float4* w4, int count, int v, float (&w)[16]) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float4 f = w4[k * count + v];
+    w[4 * k] = f.x;
+    w[4 * k + 1] = f.y;
+    w[4 * k + 2] = f.z;
+    w[4 * k + 3] = f.w;
+  }
+}
+
+// bf16 scales and bf16 weights: products of an fp8 value, a scale and a weight are exact in
+// float32 as long as they stay in its normal range (|q * w| >= 2^-126), so the statistics can
+// take max |q w| per vector and multiply by |scale| once.
+template <typename SC, typename W>
+inline constexpr bool kExactProducts = std::is_same_v<SC, __nv_bfloat16> && std::is_same_v<W, __nv_bfloat16>;
+
+// One 16-element vector's share of its row's statistics (every statistics pass uses it, so that
+// all designs give the same rstd and max). q^2 is exact in float32 (at most 8 significant bits);
+// the 16 squares are summed in float32 (four chains of four, then a pairwise tree: at most 5
+// roundings on any path), then scaled by scale^2 and accumulated in float64 (no overflow or
+// underflow for any float32 scale).
+template <typename SC, typename W>
+__device__ __forceinline__ void accumulate_vector_stats(const float (&q)[16], const float (&w)[16], float sc,
+                                                        double& sum_squares, float& max_xw) {
+  float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int i = 0; i < 16; ++i) a[i & 3] += q[i] * q[i];
+  const double scale = sc;
+  sum_squares += static_cast<double>((a[0] + a[1]) + (a[2] + a[3])) * (scale * scale);
+  if constexpr (kExactProducts<SC, W>) {
+    // q * w * scale needs at most 4 + 8 + 8 significant bits: every grouping of the product is
+    // exact, so max |q w| * |scale| is exactly max |fl(fl(q scale) w)|.
+    float m = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) m = fmaxf(m, fabsf(q[i] * w[i]));
+    max_xw = fmaxf(max_xw, m * fabsf(sc));
+  } else {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) max_xw = fmaxf(max_xw, fabsf(weighted(dequantize(q[i], sc), w[i])));
+  }
+}
+
+// 16 words = 16 rows x 4 byte columns of an fp8 tile, transposed in place: afterwards word
+// 4 k + c holds column c's bytes of rows 4 k .. 4 k + 3 (first row in the lowest byte).
+__device__ __forceinline__ void transpose_bytes_4x4(std::uint32_t (&in)[16]) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const std::uint32_t a = in[4 * k], b = in[4 * k + 1], c = in[4 * k + 2], d = in[4 * k + 3];
+    const std::uint32_t ab_lo = __byte_perm(a, b, 0x5140), cd_lo = __byte_perm(c, d, 0x5140);
+    const std::uint32_t ab_hi = __byte_perm(a, b, 0x7362), cd_hi = __byte_perm(c, d, 0x7362);
+    in[4 * k] = __byte_perm(ab_lo, cd_lo, 0x5410);
+    in[4 * k + 1] = __byte_perm(ab_lo, cd_lo, 0x7632);
+    in[4 * k + 2] = __byte_perm(ab_hi, cd_hi, 0x5410);
+    in[4 * k + 3] = __byte_perm(ab_hi, cd_hi, 0x7632);
+  }
+}
+
 // =============================================================================================
 // Forward 1: statistics (rstd per row, per-block max |y|).
 
@@ -268,11 +332,45 @@ inline constexpr int kStatsUnroll = 4;  // 16-byte vectors in flight per thread
 // Rows up to this long stage their weights in shared memory (64 KB of floats).
 inline constexpr std::int64_t kStatsSmemWeightCols = 16384;
 
-// bf16 scales and bf16 weights: products of an fp8 value, a scale and a weight are exact in
-// float32 as long as they stay in its normal range (|q * w| >= 2^-126), so the stats pass can
-// take max |q w| per vector and multiply by |scale| once.
-template <typename SC, typename W>
-inline constexpr bool kExactProducts = std::is_same_v<SC, __nv_bfloat16> && std::is_same_v<W, __nv_bfloat16>;
+// The end of a row in the statistics passes: the row group's totals by an xor butterfly (every
+// thread of the group gets them), then rstd and the row's max |y|. rstd costs a float64
+// division, square root and reciprocal: rather than one thread of the group computing it every
+// row while the others wait, thread (row count mod tpr) keeps that row's totals and the group
+// finalizes tpr rows at once.
+struct RowStatsEnd {
+  double kept_sum_squares = 0.0;
+  float kept_max_xw = 0.0f;
+  std::int64_t kept_row = -1;
+  int rows_ended = 0;
+  float amax = 0.0f;  // max |y| over the rows this thread finalized
+
+  __device__ __forceinline__ void finalize(const ForwardParams& p) {
+    if (kept_row >= 0 && kept_row < p.rows) {
+      const float rstd = rstd_from_sum_squares(kept_sum_squares, p.cols, p.eps);
+      p.rstd[kept_row] = rstd;
+      amax = fmaxf(amax, normalized(kept_max_xw, rstd));
+    }
+    kept_row = -1;
+  }
+  // Every thread of the group calls it for every row the group walks, `row` past the end
+  // included (its totals are then ignored); `last`: the group has no further row.
+  __device__ __forceinline__ void end_row(const ForwardParams& p, int log2_tpr, int t, std::int64_t row,
+                                          double sum_squares, float max_xw, bool last) {
+    const int tpr = 1 << log2_tpr;
+    for (int off = tpr >> 1; off > 0; off >>= 1) {
+      sum_squares += __shfl_xor_sync(0xffffffffu, sum_squares, off);
+      max_xw = fmaxf(max_xw, __shfl_xor_sync(0xffffffffu, max_xw, off));
+    }
+    const int slot = rows_ended & (tpr - 1);
+    if (slot == t) {
+      kept_sum_squares = sum_squares;
+      kept_max_xw = max_xw;
+      kept_row = row;
+    }
+    if (slot == tpr - 1 || last) finalize(p);
+    ++rows_ended;
+  }
+};
 
 // Row groups of 2^log2_tpr threads (1..32) stride over the row's 16-element vectors. With
 // kSmemWeights the block first stages the weights (dynamic shared memory, 4 N bytes).
@@ -297,21 +395,7 @@ __global__ void __launch_bounds__(kStatsThreads, 4)
     stage_weights(weight, nvec, 4, nvec, stats_w4);
     __syncthreads();
   }
-  float amax = 0.0f;
-  // rstd costs a float64 division, square root and reciprocal: rather than one thread of the
-  // group computing it every row while the others wait, thread (iteration mod tpr) keeps the
-  // totals of that iteration's row and the group finalizes tpr rows at once.
-  double kept_sum_squares = 0.0;
-  float kept_max_xw = 0.0f;
-  std::int64_t kept_row = -1;
-  auto finalize_kept_rows = [&] {
-    if (kept_row >= 0 && kept_row < p.rows) {
-      const float rstd = rstd_from_sum_squares(kept_sum_squares, p.cols, p.eps);
-      p.rstd[kept_row] = rstd;
-      amax = fmaxf(amax, normalized(kept_max_xw, rstd));
-    }
-    kept_row = -1;
-  };
+  RowStatsEnd row_end;
 
   // One round: this thread's kStatsUnroll vectors v0, v0 + tpr, ... of a row. Past the row's end
   // (only without kWholeRounds) the loads repeat its last vector and the math skips it.
@@ -338,58 +422,12 @@ __global__ void __launch_bounds__(kStatsThreads, 4)
       const float sc = to_float(scr[u]);
       float q[16], w[16];
       decode16<XF>(raw[u], q);
-      if constexpr (kSmemWeights) {
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const float4 f = stats_w4[k * nvec + v];
-          w[4 * k] = f.x;
-          w[4 * k + 1] = f.y;
-          w[4 * k + 2] = f.z;
-          w[4 * k + 3] = f.w;
-        }
-      } else {
-        load_w16(weight + std::int64_t(v) * 16, w);
-      }
-      // q^2 is exact in float32 (at most 8 significant bits); the 16 squares are summed in
-      // float32 (four chains of four, then a pairwise tree: at most 5 roundings on any path),
-      // then scaled by scale^2 and accumulated in float64 (no overflow or underflow for any
-      // float32 scale).
-      float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-      for (int i = 0; i < 16; ++i) a[i & 3] += q[i] * q[i];
-      const double scale = sc;
-      sum_squares += static_cast<double>((a[0] + a[1]) + (a[2] + a[3])) * (scale * scale);
-      if constexpr (kExactProducts<SC, W>) {
-        // q * w * scale needs at most 4 + 8 + 8 significant bits: every grouping of the product
-        // is exact, so max |q w| * |scale| is exactly max |fl(fl(q scale) w)|.
-        float m = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 16; ++i) m = fmaxf(m, fabsf(q[i] * w[i]));
-        max_xw = fmaxf(max_xw, m * fabsf(sc));
-      } else {
-#pragma unroll
-        for (int i = 0; i < 16; ++i) max_xw = fmaxf(max_xw, fabsf(weighted(dequantize(q[i], sc), w[i])));
-      }
+      if constexpr (kSmemWeights) staged_weights16(stats_w4, nvec, v, w);
+      else load_w16(weight + std::int64_t(v) * 16, w);
+      accumulate_vector_stats<SC, W>(q, w, sc, sum_squares, max_xw);
     }
   };
-  // The row's totals over the group (every thread gets them); then the keep-and-finalize step.
-  int iteration = 0;
   const std::int64_t row_step = std::int64_t(gridDim.x) * rows_per_block;
-  auto finish_row = [&](std::int64_t base, double sum_squares, float max_xw) {
-    for (int off = tpr >> 1; off > 0; off >>= 1) {
-      sum_squares += __shfl_xor_sync(0xffffffffu, sum_squares, off);
-      max_xw = fmaxf(max_xw, __shfl_xor_sync(0xffffffffu, max_xw, off));
-    }
-    const int slot = iteration & (tpr - 1);
-    if (slot == t) {
-      kept_sum_squares = sum_squares;
-      kept_max_xw = max_xw;
-      kept_row = base + group;
-    }
-    if (slot == tpr - 1 || base + row_step >= p.rows) finalize_kept_rows();
-    ++iteration;
-  };
-
   for (std::int64_t base = std::int64_t(blockIdx.x) * rows_per_block; base < p.rows; base += row_step) {
     const std::int64_t row = base + group;
     double sum_squares = 0.0;
@@ -402,9 +440,192 @@ __global__ void __launch_bounds__(kStatsThreads, 4)
         accumulate_round(v0, raw, sc, sum_squares, max_xw);
       }
     }
-    finish_row(base, sum_squares, max_xw);
+    row_end.end_row(p, log2_tpr, t, row, sum_squares, max_xw, base + row_step >= p.rows);
   }
-  amax = block_max(amax, scratch);
+  const float amax = block_max(row_end.amax, scratch);
+  if (threadIdx.x == 0) block_amax_out[blockIdx.x] = amax;
+}
+
+// Forward 1, bulk-copy variant: the same statistics with x and its scales brought into shared
+// memory by bulk copies (TMA) instead of register loads.
+//
+// One warp per row, and lane t takes vectors t, t + 32, t + 64 and t + 96 of every 128-vector
+// round of its row: the vectors, the order of additions and the row end of stats_vector_kernel
+// with log2_tpr = 5 and whole rounds, so that rstd and the block maxima are bitwise that kernel's.
+// What differs is how the bytes arrive. Each warp owns a ring of `stages` slots of one chunk
+// (`rounds` rounds: 2 KB of x each, then the chunk's scales), which its lane 0 fills up to
+// `stages - 1` chunks ahead with two bulk copies per chunk (a "full" mbarrier per slot counts the
+// bytes in, an "empty" one the warp's 32 lanes out). In the register kernel a warp had loads in
+// flight only while it waited on them, and each 16-byte load cost its own 64-bit address
+// arithmetic; here the copies run during all of the arithmetic and a lane's addresses are
+// shared-memory offsets. Chunks of two rounds halve what issuing the copies costs lane 0 (about
+// 70 instructions a chunk, which its warp issues alone).
+//
+// Launch contract (launch_stats checks it): N a multiple of 2048 * rounds and at most
+// kStatsSmemWeightCols, 16-byte aligned x and scale rows, and a round's scales a multiple of 16
+// bytes (stats_bulk_round_scale_bytes). Dynamic shared memory: the staged weights (4 N bytes),
+// then 8 rings of `stages` slots (stats_bulk_smem_bytes).
+inline constexpr int kStatsBulkWarps = kStatsThreads / 32;
+inline constexpr int kStatsBulkRoundVectors = 32 * kStatsUnroll;  // vectors per round: 128
+inline constexpr int kStatsBulkRoundBytes = kStatsBulkRoundVectors * 16;  // 2 KB of x
+inline constexpr int kStatsBulkMaxStages = 8;
+
+struct StatsBulkShape {
+  int rounds;  // rounds per chunk (per copy)
+  int stages;  // chunk slots per warp, 2 .. kStatsBulkMaxStages
+  // Bytes from the end of a row of x (of its scales) to the start of the warp's next row: set by
+  // the launcher once the grid is known, so that lane 0 does not recompute them every chunk.
+  std::int64_t x_row_jump = 0, scale_row_jump = 0;
+};
+
+// Bytes of one round's scales: one per 2^log2_group columns.
+template <typename SC>
+__host__ __device__ constexpr int stats_bulk_round_scale_bytes(int log2_group) {
+  return (kStatsBulkRoundVectors >> (log2_group - 4)) * static_cast<int>(sizeof(SC));
+}
+template <typename SC>
+constexpr std::size_t stats_bulk_smem_bytes(std::int64_t cols, int log2_group, StatsBulkShape shape) {
+  const std::size_t slot = static_cast<std::size_t>(shape.rounds) *
+                           (kStatsBulkRoundBytes + stats_bulk_round_scale_bytes<SC>(log2_group));
+  return static_cast<std::size_t>(cols) * sizeof(float) + std::size_t(kStatsBulkWarps) * shape.stages * slot;
+}
+
+// Two bulk copies that complete on one mbarrier, with one L2 policy for both (evict-last when
+// kKeep, else evict-first), made inside the asm statement: no policy register is chosen at run
+// time (ptxas 13.0 mis-encoded a cp.async whose policy was picked at run time, session 33).
+template <bool kKeep>
+__device__ __forceinline__ void bulk_copy_pair_l2(unsigned dst_a, const void* src_a, unsigned bytes_a, unsigned dst_b,
+                                                  const void* src_b, unsigned bytes_b, unsigned bar) {
+#define FUSEKIT_BULK_COPY_PAIR(PRIORITY)                                                                    \
+  asm volatile("{\n .reg .b64 policy;\n createpolicy.fractional.L2::" PRIORITY ".b64 policy, 1.0;\n"       \
+               " cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"          \
+               " [%0], [%1], %2, [%6], policy;\n"                                                           \
+               " cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"          \
+               " [%3], [%4], %5, [%6], policy;\n}\n" ::"r"(dst_a),                                          \
+               "l"(src_a), "r"(bytes_a), "r"(dst_b), "l"(src_b), "r"(bytes_b), "r"(bar)                    \
+               : "memory")
+  if constexpr (kKeep) FUSEKIT_BULK_COPY_PAIR("evict_last");
+  else FUSEKIT_BULK_COPY_PAIR("evict_first");
+#undef FUSEKIT_BULK_COPY_PAIR
+}
+
+template <class XF, typename SC, typename W>
+__global__ void __launch_bounds__(kStatsThreads, 2)
+    stats_bulk_kernel(ForwardParams p, StatsBulkShape shape, float* __restrict__ block_amax_out) {
+  extern __shared__ float4 stats_w4[];
+  __shared__ float scratch[32];
+  __shared__ std::uint64_t full_bar[kStatsBulkWarps * kStatsBulkMaxStages];
+  __shared__ std::uint64_t empty_bar[kStatsBulkWarps * kStatsBulkMaxStages];
+  // The quantize kernel may start launching now: it copies x tiles until it needs our results.
+  allow_dependent_launch();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int nvec = static_cast<int>(p.cols >> 4);
+  const int stages = shape.stages, rounds = shape.rounds;
+  const int chunks = nvec / (kStatsBulkRoundVectors * rounds);  // per row
+  const int scale_shift = p.log2_group - 4;                     // vector index -> group index
+  const unsigned chunk_x_bytes = rounds * kStatsBulkRoundBytes;
+  const unsigned chunk_scale_bytes = rounds * stats_bulk_round_scale_bytes<SC>(p.log2_group);
+  const unsigned slot_bytes = chunk_x_bytes + chunk_scale_bytes;
+  std::uint8_t* ring = reinterpret_cast<std::uint8_t*>(stats_w4 + 4 * nvec) + std::size_t(warp) * stages * slot_bytes;
+  std::uint64_t* full = full_bar + warp * kStatsBulkMaxStages;
+  std::uint64_t* empty = empty_bar + warp * kStatsBulkMaxStages;
+  const std::int64_t row_step = std::int64_t(gridDim.x) * kStatsBulkWarps;
+  const std::int64_t first_row = std::int64_t(blockIdx.x) * kStatsBulkWarps + warp;
+
+  if (lane < stages) {
+    mbarrier_init(&full[lane], 1);
+    mbarrier_init(&empty[lane], 32);
+  }
+  mbarrier_init_fence();
+  __syncthreads();
+
+  // The copies (lane 0 only) walk the warp's chunks in the order the loop below reads them:
+  // chunk c of row first_row + k row_step into slot (k chunks + c) mod stages. Sources and
+  // destinations advance by additions.
+  struct Copier {
+    const std::uint8_t* x;       // the next chunk's fp8 bytes
+    const std::uint8_t* scales;  // and its scales
+    std::int64_t row;
+    int chunk, slot;
+    unsigned dst, bar;  // shared-window addresses of the next slot and its "full" barrier
+  } copier{static_cast<const std::uint8_t*>(p.x) + first_row * p.x_row_stride,
+           static_cast<const std::uint8_t*>(p.scales) + first_row * p.scale_row_stride * std::int64_t(sizeof(SC)),
+           first_row, 0, 0, shared_address(ring), shared_address(full)};
+  const unsigned ring_address = copier.dst, full_address = copier.bar;
+  auto copy_next_chunk = [&] {
+    if (copier.row >= p.rows) return;
+    mbarrier_arrive_expect_tx(copier.bar, slot_bytes);
+    // Rows the quantize pass will find in L2 evict-last, the others evict-first (as in
+    // stats_vector_kernel).
+    if (copier.row >= p.l2_keep_from_row)
+      bulk_copy_pair_l2<true>(copier.dst, copier.x, chunk_x_bytes, copier.dst + chunk_x_bytes, copier.scales,
+                              chunk_scale_bytes, copier.bar);
+    else
+      bulk_copy_pair_l2<false>(copier.dst, copier.x, chunk_x_bytes, copier.dst + chunk_x_bytes, copier.scales,
+                               chunk_scale_bytes, copier.bar);
+    copier.x += chunk_x_bytes;
+    copier.scales += chunk_scale_bytes;
+    if (++copier.chunk == chunks) {
+      copier.chunk = 0;
+      copier.row += row_step;
+      copier.x += shape.x_row_jump;
+      copier.scales += shape.scale_row_jump;
+    }
+    copier.dst += slot_bytes;
+    copier.bar += sizeof(std::uint64_t);
+    if (++copier.slot == stages) {
+      copier.slot = 0;
+      copier.dst = ring_address;
+      copier.bar = full_address;
+    }
+  };
+  if (lane == 0)
+    for (int i = 0; i < stages - 1; ++i) copy_next_chunk();
+
+  stage_weights(static_cast<const W*>(p.weight), nvec, 4, nvec, stats_w4);
+  __syncthreads();
+
+  RowStatsEnd row_end;
+  int slot = 0, prev_slot = 0;
+  unsigned parity = 0, prev_parity = 0;
+  bool first_chunk = true;
+  for (std::int64_t row = first_row; row < p.rows; row += row_step) {
+    double sum_squares = 0.0;
+    float max_xw = 0.0f;
+    for (int c = 0; c < chunks; ++c) {
+      if (lane == 0) {
+        // The chunk copied now goes to the slot the warp read last: wait until all its lanes
+        // have left it.
+        if (!first_chunk) mbarrier_wait(&empty[prev_slot], prev_parity);
+        copy_next_chunk();
+      }
+      first_chunk = false;
+      mbarrier_wait(&full[slot], parity);
+      const std::uint8_t* chunk_x = ring + slot * slot_bytes;
+      const SC* chunk_scales = reinterpret_cast<const SC*>(chunk_x + chunk_x_bytes);
+      for (int r = 0; r < rounds; ++r) {
+#pragma unroll
+        for (int u = 0; u < kStatsUnroll; ++u) {
+          const int j = (r * kStatsUnroll + u) * 32 + lane;  // the vector within the chunk
+          const uint4 raw = *reinterpret_cast<const uint4*>(chunk_x + 16 * j);
+          const float sc = to_float(chunk_scales[j >> scale_shift]);
+          float q[16], w[16];
+          decode16<XF>(raw, q);
+          staged_weights16(stats_w4, nvec, (c * rounds) * kStatsBulkRoundVectors + j, w);
+          accumulate_vector_stats<SC, W>(q, w, sc, sum_squares, max_xw);
+        }
+      }
+      mbarrier_arrive(&empty[slot]);
+      prev_slot = slot;
+      prev_parity = parity;
+      if (++slot == stages) {
+        slot = 0;
+        parity ^= 1;
+      }
+    }
+    row_end.end_row(p, 5, lane, row, sum_squares, max_xw, row + row_step >= p.rows);
+  }
+  const float amax = block_max(row_end.amax, scratch);
   if (threadIdx.x == 0) block_amax_out[blockIdx.x] = amax;
 }
 
@@ -691,28 +912,17 @@ __global__ void __launch_bounds__(kQuantThreads, 3)
       std::uint32_t in[16];
 #pragma unroll
       for (int i = 0; i < 16; ++i) in[i] = tile[tile_word(16 * segment + i, word)];
-      // 4x4 byte transposes: out[c][k] holds column c's bytes of rows 4k .. 4k + 3.
-      std::uint32_t out[4][4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const std::uint32_t a = in[4 * k], b = in[4 * k + 1], c = in[4 * k + 2], d = in[4 * k + 3];
-        const std::uint32_t ab_lo = __byte_perm(a, b, 0x5140), cd_lo = __byte_perm(c, d, 0x5140);
-        const std::uint32_t ab_hi = __byte_perm(a, b, 0x7362), cd_hi = __byte_perm(c, d, 0x7362);
-        out[0][k] = __byte_perm(ab_lo, cd_lo, 0x5410);
-        out[1][k] = __byte_perm(ab_lo, cd_lo, 0x7632);
-        out[2][k] = __byte_perm(ab_hi, cd_hi, 0x5410);
-        out[3][k] = __byte_perm(ab_hi, cd_hi, 0x7632);
-      }
+      transpose_bytes_4x4(in);  // in[4 k + c]: column c's bytes of rows 4 k .. 4 k + 3
       std::uint8_t* dst0 = qy_t + col0 * p.qy_t_row_stride + row0 + qt_off;
       const bool vector_stores = kWholeTiles || (qy_t_vector_stores && (kFull || t_col + 16 <= p.rows));
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         std::uint8_t* dst = dst0 + c * p.qy_t_row_stride;
         if (vector_stores) {
-          store16(dst, make_uint4(out[c][0], out[c][1], out[c][2], out[c][3]));
+          store16(dst, make_uint4(in[c], in[4 + c], in[8 + c], in[12 + c]));
         } else {
           for (int b = 0; b < 16 && t_col + b < p.rows; ++b)
-            dst[b] = static_cast<std::uint8_t>(out[c][b >> 2] >> (8 * (b & 3)));
+            dst[b] = static_cast<std::uint8_t>(in[4 * (b >> 2) + c] >> (8 * (b & 3)));
         }
       }
     }

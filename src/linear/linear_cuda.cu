@@ -45,6 +45,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/choice_override.h"
 #include "core/cuda_check.h"
 #include "core/device_info.h"
 #include "core/partial_rows.cuh"
@@ -59,8 +60,8 @@ namespace fusekit::linear {
 // ---- path override (tests and benchmarks) --------------------------------------------------
 
 namespace {
-std::atomic<int> g_forward_override{static_cast<int>(ForwardPath::automatic)};
-thread_local ForwardPath t_last_forward_path = ForwardPath::automatic;
+using ForwardChoice = detail::ChoiceOverride<ForwardPath>;
+using BackwardChoice = detail::ChoiceOverride<BackwardPath>;
 }  // namespace
 
 const char* forward_path_name(ForwardPath path) {
@@ -74,16 +75,10 @@ const char* forward_path_name(ForwardPath path) {
   return "unknown";
 }
 
-void set_forward_path_override(ForwardPath path) { g_forward_override = static_cast<int>(path); }
-
-ForwardPath forward_path_override() { return static_cast<ForwardPath>(g_forward_override.load()); }
-ForwardPath last_forward_path() { return t_last_forward_path; }
-void record_forward_path(ForwardPath path) { t_last_forward_path = path; }
-
-namespace {
-std::atomic<int> g_backward_override{static_cast<int>(BackwardPath::automatic)};
-thread_local BackwardPath t_last_backward_path = BackwardPath::automatic;
-}  // namespace
+void set_forward_path_override(ForwardPath path) { ForwardChoice::force(path); }
+ForwardPath forward_path_override() { return ForwardChoice::forced(); }
+ForwardPath last_forward_path() { return ForwardChoice::last(); }
+void record_forward_path(ForwardPath path) { ForwardChoice::record(path); }
 
 const char* backward_path_name(BackwardPath path) {
   switch (path) {
@@ -95,13 +90,13 @@ const char* backward_path_name(BackwardPath path) {
   return "unknown";
 }
 
-void set_backward_path_override(BackwardPath path) { g_backward_override = static_cast<int>(path); }
+void set_backward_path_override(BackwardPath path) { BackwardChoice::force(path); }
 
 namespace {
 std::atomic<long long> g_first_rows_override{-1};
 }  // namespace
 void set_dz_in_dgrad_first_rows(long long rows) { g_first_rows_override = rows; }
-BackwardPath last_backward_path() { return t_last_backward_path; }
+BackwardPath last_backward_path() { return BackwardChoice::last(); }
 
 namespace {
 // -1: not set by a test; then FUSEKIT_LINEAR_DBIAS=gemm or automatic.
@@ -677,7 +672,7 @@ constexpr std::int64_t kMaxDzInDgradK = 6144;
 
 bool choose_dz_in_dgrad(const BackwardParams& p) {
   if (!dz_in_dgrad_eligible(p)) return false;
-  const auto forced = static_cast<BackwardPath>(g_backward_override.load());
+  const BackwardPath forced = BackwardChoice::forced();
   if (forced == BackwardPath::dz_in_dgrad) return true;
   if (forced == BackwardPath::separate_dz) return false;
   static const int from_env = [] {
@@ -804,10 +799,10 @@ void backward_cuda(const BackwardParams& p, int device_index, Stream stream_hand
   std::int64_t lddz = p.lddout;
   const bool materialize_dz = p.activation != Activation::none && (p.dx || p.dw);
   const DbiasRoute route = dbias_route();
-  t_last_backward_path = materialize_dz ? BackwardPath::separate_dz : BackwardPath::no_dz;
+  BackwardChoice::record(materialize_dz ? BackwardPath::separate_dz : BackwardPath::no_dz);
   if (materialize_dz && choose_dz_in_dgrad(p)) {
     backward_dz_in_dgrad(p, dz_buffer, partial, route, device_index, stream);
-    t_last_backward_path = BackwardPath::dz_in_dgrad;
+    BackwardChoice::record(BackwardPath::dz_in_dgrad);
     return;
   }
   const bool sums_in_dz_pass = materialize_dz && route == DbiasRoute::automatic;

@@ -69,44 +69,16 @@ __device__ __forceinline__ void load_shared_columns(const float* base, int cols,
   }
 }
 
-// ---------------------------------------------------------------------------------------------
-// Bulk copies (TMA, sm_90) into shared memory with mbarrier completion. One thread moves a whole
-// row with one instruction: the other threads spend nothing on addresses or copy issue.
+// Bulk copies (TMA, sm_90) into shared memory with mbarrier completion: core/device_vector.cuh.
+// One thread moves a whole row with one instruction: the other threads spend nothing on addresses
+// or copy issue.
+using detail::device::bulk_copy_to_shared;
+using detail::device::mbarrier_arrive;
+using detail::device::mbarrier_arrive_expect_tx;
+using detail::device::mbarrier_init;
+using detail::device::mbarrier_init_fence;
+using detail::device::mbarrier_wait;
 using detail::device::shared_address;
-__device__ __forceinline__ void mbarrier_init(std::uint64_t* bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbarrier_init_fence() {
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-__device__ __forceinline__ void mbarrier_arrive(std::uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(shared_address(bar)) : "memory");
-}
-__device__ __forceinline__ void mbarrier_arrive_expect_tx(std::uint64_t* bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(shared_address(bar)), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void mbarrier_wait(std::uint64_t* bar, unsigned parity) {
-  const unsigned address = shared_address(bar);
-  unsigned done = 0;
-  do {
-    asm volatile(
-        "{\n .reg .pred ready;\n"
-        " mbarrier.try_wait.parity.shared::cta.b64 ready, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, ready;\n}\n"
-        : "=r"(done)
-        : "r"(address), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-// `bytes` a multiple of 16, both addresses 16-byte aligned.
-__device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, unsigned bytes, std::uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-          shared_address(dst)),
-      "l"(src), "r"(bytes), "r"(shared_address(bar))
-      : "memory");
-}
 
 // The launch shape of the row kernels, decided on the host (norm_cuda.cu).
 struct RowGeometry {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <optional>
@@ -14,6 +15,7 @@
 #include "fusekit/error.h"
 #include "fusekit/fp8_norm.h"
 #include "fusekit/norm.h"
+#include "fp8_norm/fp8_norm_paths.h"
 #include "tests/fp8_norm/fp8_norm_testing.h"
 #include "tests/harness/gtest_helpers.h"
 
@@ -432,6 +434,18 @@ void check_gpu_against_cpu(const Case& c, std::uint64_t salt, CodeDiff* qy_total
                                        "dweight"));
 }
 
+// A case of rows x cols without y, the other fields at their defaults and then `tweak` applied.
+template <typename Tweak>
+Case no_y_case(std::int64_t rows, std::int64_t cols, Tweak&& tweak) {
+  Case c;
+  c.rows = rows;
+  c.cols = cols;
+  c.with_y = false;
+  tweak(c);
+  return c;
+}
+void keep_defaults(Case&) {}
+
 // The bar on quantized outputs: at most 1 in 10^5 elements one ulp off.
 void expect_rare(const CodeDiff& d, const char* what) {
   EXPECT_LE(static_cast<double>(d.mismatches), 1e-5 * static_cast<double>(d.count)) << what << ": " << d.str();
@@ -533,6 +547,174 @@ TEST(Fp8NormGpu, BenchmarkShapesMatchCpuReference) {
   }
   std::printf("[fp8_norm] rstd differing by one ulp in %lld rows\n", static_cast<long long>(rstd_mismatches));
   expect_rare(qy_total, "qy one-ulp differences on the benchmark shapes");
+}
+
+// Forces one statistics kernel for the scope of a test, and sets (or clears) the bulk kernel's
+// tuning knobs, which the launcher reads on every call.
+struct StatsScope {
+  StatsScope(fp8_norm::StatsDesign stats, const char* rounds = nullptr, const char* stages = nullptr) {
+    fp8_norm::set_stats_design_override(stats);
+    set_env("FUSEKIT_FP8_STATS_ROUNDS", rounds);
+    set_env("FUSEKIT_FP8_STATS_STAGES", stages);
+  }
+  static void set_env(const char* name, const char* value) {
+    if (value) setenv(name, value, 1);
+    else unsetenv(name);
+  }
+  ~StatsScope() {
+    fp8_norm::set_stats_design_override(fp8_norm::StatsDesign::automatic);
+    unsetenv("FUSEKIT_FP8_STATS_ROUNDS");
+    unsetenv("FUSEKIT_FP8_STATS_STAGES");
+  }
+};
+
+// The bulk-copy statistics kernel adds the same vectors in the same order as the register kernel
+// with one warp per row, so the whole forward must come out bitwise equal, and both must match
+// the CPU reference. Cases: one and several chunks per row, chunks of 1, 2 and 4 rounds, ring
+// depths of 2 to 8 slots with many chunks per warp (the slots and barrier phases wrap many
+// times), row counts that leave warps idle, every scale layout it takes (bf16 groups of 16 to
+// 256, f32 groups of 32 and 512: 16 to 256 bytes of scales per round), e5m2, f32 weights, padded
+// rows, special rows, and a tensor larger than the L2 share kept evict-last (both copy policies).
+TEST(Fp8NormGpu, BulkStatisticsMatchRegisterKernelBitwise) {
+  FUSEKIT_REQUIRE_GPU();
+  using fp8_norm::StatsDesign;
+  struct Variant {
+    Case c;
+    const char* rounds;
+    const char* stages;
+  };
+  std::vector<Variant> variants;
+  auto add = [&](std::int64_t rows, std::int64_t cols, const char* rounds, const char* stages, auto&& tweak) {
+    variants.push_back({no_y_case(rows, cols, tweak), rounds, stages});
+  };
+  auto plain = keep_defaults;
+  add(64, 2048, nullptr, nullptr, plain);        // one round per row, 4 slots
+  add(3001, 2048, "1", "3", plain);              // ~3 rows per warp, 3 slots
+  add(2500, 2048, "1", "8", plain);              // 8 slots
+  add(203, 4096, nullptr, nullptr, [](Case& c) {  // chunks of 2 rounds, 2 slots
+    c.weight_dtype = DType::f32;
+    c.x_dtype = DType::f8e5m2;
+  });
+  add(301, 8192, nullptr, "3", [](Case& c) {  // 2 chunks per row
+    c.group = 32;
+    c.scale_dtype = DType::f32;
+  });
+  add(77, 8192, "4", "2", [](Case& c) { c.group = 64; });
+  add(19, 16384, nullptr, nullptr, [](Case& c) {  // the longest rows, 16 bytes of scales per round
+    c.group = 256;
+    c.q_dtype = DType::f8e5m2;
+  });
+  add(40, 4096, "1", nullptr, [](Case& c) {  // 256 bytes of scales per round
+    c.group = 512;
+    c.scale_dtype = DType::f32;
+  });
+  add(150, 4096, nullptr, nullptr, [](Case& c) {  // padded rows (scale rows stay 16-byte multiples)
+    c.x_pad = 32;
+    c.scale_pad = 8;
+    c.qy_pad = 16;
+    c.qyt_pad = 48;
+    c.with_y = true;
+  });
+  add(16384, 2048, nullptr, nullptr, plain);  // 32 MB of x: rows copied evict-first and evict-last
+  int salt = 0;
+  for (const Variant& v : variants) {
+    SCOPED_TRACE(v.c.str() + ", rounds " + (v.rounds ? v.rounds : "-") + ", stages " + (v.stages ? v.stages : "-"));
+    auto rng = testing::make_rng(8100 + salt++);
+    Problem reg(v.c, Device::cuda(0)), bulk(v.c, Device::cuda(0));
+    fill_inputs(reg, rng);
+    copy_inputs(reg, bulk);
+    {
+      StatsScope scope(StatsDesign::registers);
+      reg.poison_outputs();
+      reg.forward();
+      EXPECT_EQ(fp8_norm::last_stats_design(), StatsDesign::registers);
+    }
+    {
+      StatsScope scope(StatsDesign::bulk, v.rounds, v.stages);
+      bulk.poison_outputs();
+      bulk.forward();
+      EXPECT_EQ(fp8_norm::last_stats_design(), StatsDesign::bulk);
+    }
+    EXPECT_EQ(reg.rstd.raw_bytes(), bulk.rstd.raw_bytes()) << "rstd";
+    EXPECT_EQ(reg.y_scale.raw_bytes(), bulk.y_scale.raw_bytes()) << "y_scale";
+    EXPECT_EQ(reg.qy.raw_bytes(), bulk.qy.raw_bytes()) << "qy";
+    EXPECT_EQ(reg.qy_t.raw_bytes(), bulk.qy_t.raw_bytes()) << "qy_t";
+    if (v.c.with_y) EXPECT_EQ(reg.y->raw_bytes(), bulk.y->raw_bytes()) << "y";
+    if (v.c.rows <= 4096) {
+      StatsScope scope(StatsDesign::bulk, v.rounds, v.stages);
+      check_gpu_against_cpu(v.c, 8100 + salt++, nullptr, nullptr, nullptr);
+      EXPECT_EQ(fp8_norm::last_stats_design(), StatsDesign::bulk);
+    }
+  }
+  // Huge, tiny and floored tensors through the bulk kernel, against the CPU reference.
+  for (const FillOptions& fill : {FillOptions{false, 1e30}, FillOptions{false, 1e-20}, FillOptions{false, 1.0, 1e-33, 1e-34}}) {
+    StatsScope scope(StatsDesign::bulk);
+    Case c;
+    c.rows = 300;
+    c.cols = 4096;
+    c.with_y = false;
+    check_gpu_against_cpu(c, 8100 + salt++, nullptr, nullptr, nullptr, fill);
+    EXPECT_EQ(fp8_norm::last_stats_design(), StatsDesign::bulk);
+  }
+}
+
+// Which statistics kernel the two-pass forward runs: the bulk one where its contract holds, the
+// register one where it does not (N not a multiple of 2048 or over 16384, under 16 bytes of
+// scales per round, scale rows not 16-byte multiples) or when forced, the generic one for groups
+// under 16. Each call is also checked against the CPU reference.
+TEST(Fp8NormGpu, StatsDesignRouting) {
+  FUSEKIT_REQUIRE_GPU();
+  using fp8_norm::StatsDesign;
+  struct Route {
+    Case c;
+    StatsDesign forced, expected;
+  };
+  auto make = [](std::int64_t rows, std::int64_t cols, auto&& tweak) { return no_y_case(rows, cols, tweak); };
+  auto plain = keep_defaults;
+  const Route routes[] = {
+      {make(256, 2048, plain), StatsDesign::automatic, StatsDesign::bulk},
+      {make(256, 2048, plain), StatsDesign::registers, StatsDesign::registers},
+      {make(256, 1024, plain), StatsDesign::bulk, StatsDesign::registers},
+      {make(256, 6144, plain), StatsDesign::automatic, StatsDesign::bulk},
+      {make(32, 16384 + 2048, plain), StatsDesign::bulk, StatsDesign::registers},
+      {make(256, 4096, [](Case& c) { c.group = 512; }), StatsDesign::bulk, StatsDesign::registers},
+      {make(256, 4096, [](Case& c) { c.scale_pad = 1; }), StatsDesign::bulk, StatsDesign::registers},
+      {make(256, 2048, [](Case& c) { c.group = 8; }), StatsDesign::bulk, StatsDesign::generic},
+  };
+  int salt = 0;
+  for (const Route& r : routes) {
+    StatsScope scope(r.forced);
+    SCOPED_TRACE(std::string("forced ") + fp8_norm::stats_design_name(r.forced));
+    check_gpu_against_cpu(r.c, 8190 + salt++, nullptr, nullptr, nullptr);
+    EXPECT_EQ(fp8_norm::last_stats_design(), r.expected) << r.c.str();
+  }
+}
+
+// Launches whose dynamic shared memory is exactly the default 48 KB: with the kernels' static
+// shared memory on top they need the opt-in, which the launcher once skipped at <= 48 KB dynamic
+// (cudaErrorInvalidValue, session 36). The bulk kernel at N = 2048 with f32 scales in groups of 16
+// (8 KB of weights + 8 warps x 2 slots x (2 KB + 512 B) of ring = 48 KB), the register kernel at
+// N = 12288 (48 KB of staged weights).
+TEST(Fp8NormGpu, StatisticsLaunchesAtTheDefaultSharedMemoryLimit) {
+  FUSEKIT_REQUIRE_GPU();
+  using fp8_norm::StatsDesign;
+  struct Route {
+    Case c;
+    StatsDesign forced;
+  };
+  const Route routes[] = {
+      {no_y_case(333, 2048, [](Case& c) { c.scale_dtype = DType::f32; }), StatsDesign::bulk},
+      {no_y_case(333, 2048, [](Case& c) { c.scale_dtype = DType::f32; }), StatsDesign::automatic},
+      {no_y_case(97, 12288, [](Case& c) { c.weight_dtype = DType::f32; }), StatsDesign::registers},
+  };
+  int salt = 0;
+  for (const Route& r : routes) {
+    StatsScope scope(r.forced);
+    SCOPED_TRACE(std::string("forced ") + fp8_norm::stats_design_name(r.forced));
+    check_gpu_against_cpu(r.c, 8290 + salt++, nullptr, nullptr, nullptr);
+    EXPECT_EQ(fp8_norm::last_stats_design(),
+              r.forced == StatsDesign::automatic ? StatsDesign::bulk : r.forced) << r.c.str();
+  }
 }
 
 TEST(Fp8NormGpu, ForwardAndBackwardAreBitwiseDeterministic) {

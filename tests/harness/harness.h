@@ -95,7 +95,8 @@ void parallel_fill(std::int64_t count, std::mt19937_64& rng, F&& fill) {
 
 // Error of a float32 two-level column sum of `terms` (rows x cols, row-major; chunks of 32 rows,
 // then the chunk sums in order) against `ref`: what a typical float32 GPU reduction achieves, i.e.
-// PyTorch's own error level for a weight or bias gradient.
+// PyTorch's own error level for a weight or bias gradient. At least the expected (RMS) error of that
+// sum's roundings (see harness.cpp: one cancelling column must not make the bar a lucky draw).
 double f32_column_sum_error(const std::vector<double>& terms, std::int64_t rows, std::int64_t cols,
                             const std::vector<double>& ref);
 
