@@ -32,13 +32,13 @@ inline bool env_flag(const char* name, bool fallback) {
   return env ? std::strcmp(env, "0") != 0 : fallback;
 }
 
-// Lets `kernel` (`what`, for the error) take `smem` bytes of dynamic shared memory: raises its limit, once per kernel and
-// device, to all that the GPU allows a block beside the kernel's static shared memory, and throws
-// when `smem` is more than that. Without the opt-in a block may have 48 KB of static and dynamic
-// shared memory together, so a launch with, say, 48 KB of dynamic memory fails with
-// cudaErrorInvalidValue as soon as the kernel declares any static shared memory: a test of
-// "dynamic bytes over 48 KB" is not enough (an FP8 statistics launch with 48 KB of dynamic and
-// 1.1 KB of static shared memory failed this way, session 36).
+// Lets `kernel` take `smem` bytes of dynamic shared memory (`what` names it in the error): raises
+// its limit, once per kernel and device, to all that the GPU allows a block beside the kernel's
+// static shared memory, and throws when `smem` is more than that. Without the opt-in a block may
+// have 48 KB of static and dynamic shared memory together, so a launch with, say, 48 KB of dynamic
+// memory fails with cudaErrorInvalidValue as soon as the kernel declares any static shared memory:
+// a test of "dynamic bytes over 48 KB" is not enough (an FP8 statistics launch with 48 KB of
+// dynamic and 1.1 KB of static shared memory failed this way, session 36).
 template <typename Kernel>
 void allow_dynamic_smem(const char* op, Kernel kernel, std::size_t smem, int device_index,
                         const std::string& what = "a kernel") {

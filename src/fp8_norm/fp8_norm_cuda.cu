@@ -131,8 +131,9 @@ int launch_stats(const ForwardParams& p, bool vector, int sms, int device_index,
     // 2-round chunks in 2 slots 83.8 / 87.0 / -, 1-round chunks in 2 / 3 / 4 / 6 slots
     // 86.4 / 86.7 / 87.4, 87.5 / 87.4 / 88.4, 87.8 / 89.6 / 88.4 and 89.8 / 89.6 / 90.6. Alone
     // (Nsight Compute) the bulk kernel is only ~1 us faster than the register one (26.1 against
-    // 27.1 us at (16384, 4096)), so most of the gain is in how the two kernels overlap; a smaller
-    // ring leaves more of the SM to the quantize kernel's early blocks (not measured directly).
+    // 27.1 us at (16384, 4096)), so most of the gain is in how the two kernels overlap. More
+    // blocks per SM (registers cut for 3 or 4) measured slower: performance-notes.md, FP8
+    // "Session 36".
     const int row_rounds = static_cast<int>(p.cols / kStatsBulkRoundBytes);
     StatsBulkShape shape{detail::env_knob("FUSEKIT_FP8_STATS_ROUNDS", 1, 4, 2), 0, 0, 0};
     while (shape.rounds > 1 && row_rounds % shape.rounds != 0) shape.rounds /= 2;
