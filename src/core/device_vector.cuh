@@ -187,6 +187,20 @@ __device__ __forceinline__ void mbarrier_wait(unsigned bar, unsigned parity) {
 __device__ __forceinline__ void mbarrier_wait(std::uint64_t* bar, unsigned parity) {
   mbarrier_wait(shared_address(bar), parity);
 }
+// True in exactly one active lane of a converged warp (elect.sync): lets a whole warp run code
+// whose operands the compiler can keep warp-uniform while one lane issues the side effect.
+__device__ __forceinline__ bool elect_one_lane() {
+  unsigned elected = 0;
+  asm volatile(
+      "{\n .reg .pred p;\n elect.sync _|p, 0xffffffff;\n selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(elected));
+  return elected != 0;
+}
+// Orders this thread's earlier shared-memory accesses (generic proxy) before later bulk copies
+// (async proxy) into the same bytes.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
 // `bytes` a multiple of 16, both addresses 16-byte aligned.
 __device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, unsigned bytes, std::uint64_t* bar) {
   asm volatile(

@@ -186,7 +186,8 @@ __device__ __forceinline__ float row_sum(float v, int log2_tpr, float* scratch) 
 
 // ---- asynchronous copies and programmatic dependent launch ------------------------------------
 
-using detail::device::mbarrier_arrive;
+using detail::device::elect_one_lane;
+using detail::device::fence_proxy_async_shared;
 using detail::device::mbarrier_arrive_expect_tx;
 using detail::device::mbarrier_init;
 using detail::device::mbarrier_init_fence;
@@ -453,13 +454,19 @@ __global__ void __launch_bounds__(kStatsThreads, 4)
 // round of its row: the vectors, the order of additions and the row end of stats_vector_kernel
 // with log2_tpr = 5 and whole rounds, so that rstd and the block maxima are bitwise that kernel's.
 // What differs is how the bytes arrive. Each warp owns a ring of `stages` slots of one chunk
-// (`rounds` rounds: 2 KB of x each, then the chunk's scales), which its lane 0 fills up to
-// `stages - 1` chunks ahead with two bulk copies per chunk (a "full" mbarrier per slot counts the
-// bytes in, an "empty" one the warp's 32 lanes out). In the register kernel a warp had loads in
-// flight only while it waited on them, and each 16-byte load cost its own 64-bit address
-// arithmetic; here the copies run during all of the arithmetic and a lane's addresses are
-// shared-memory offsets. Chunks of two rounds halve what issuing the copies costs lane 0 (about
-// 70 instructions a chunk, which its warp issues alone).
+// (`rounds` rounds: 2 KB of x each, then the chunk's scales), which it fills up to `stages - 1`
+// chunks ahead with two bulk copies per chunk (a "full" mbarrier per slot counts the bytes in).
+// In the register kernel a warp had loads in flight only while it waited on them, and each
+// 16-byte load cost its own 64-bit address arithmetic; here the copies run during all of the
+// arithmetic and a lane's addresses are shared-memory offsets.
+//
+// The whole warp runs the copier (sources, slot, barrier), so its state is warp-uniform and the
+// compiler keeps it in uniform registers; one elected lane issues each copy. When lane 0 alone
+// ran it (sessions 34-36), the compiler had to move each copy's addresses from that lane's
+// registers into uniform ones through a loop around every copy: ~100 instructions a chunk
+// against ~65 now, and 110 registers against 91. A slot is refilled after a __syncwarp (its only
+// readers are the warp's own lanes) and a proxy fence (generic reads before an async-proxy write),
+// not after an "empty" mbarrier. Chunks of two rounds halve what issuing the copies costs.
 //
 // Launch contract (launch_stats checks it): N a multiple of 2048 * rounds and at most
 // kStatsSmemWeightCols, 16-byte aligned x and scale rows, and a round's scales a multiple of 16
@@ -474,7 +481,7 @@ struct StatsBulkShape {
   int rounds;  // rounds per chunk (per copy)
   int stages;  // chunk slots per warp, 2 .. kStatsBulkMaxStages
   // Bytes from the end of a row of x (of its scales) to the start of the warp's next row: set by
-  // the launcher once the grid is known, so that lane 0 does not recompute them every chunk.
+  // the launcher once the grid is known, so that the copier does not recompute them every chunk.
   std::int64_t x_row_jump = 0, scale_row_jump = 0;
 };
 
@@ -515,10 +522,10 @@ __global__ void __launch_bounds__(kStatsThreads, 2)
   extern __shared__ float4 stats_w4[];
   __shared__ float scratch[32];
   __shared__ std::uint64_t full_bar[kStatsBulkWarps * kStatsBulkMaxStages];
-  __shared__ std::uint64_t empty_bar[kStatsBulkWarps * kStatsBulkMaxStages];
   // The quantize kernel may start launching now: it copies x tiles until it needs our results.
   allow_dependent_launch();
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  // The warp index through a shuffle from lane 0: the compiler then knows it is warp-uniform.
+  const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x >> 5), 0), lane = threadIdx.x & 31;
   const int nvec = static_cast<int>(p.cols >> 4);
   const int stages = shape.stages, rounds = shape.rounds;
   const int chunks = nvec / (kStatsBulkRoundVectors * rounds);  // per row
@@ -528,18 +535,14 @@ __global__ void __launch_bounds__(kStatsThreads, 2)
   const unsigned slot_bytes = chunk_x_bytes + chunk_scale_bytes;
   std::uint8_t* ring = reinterpret_cast<std::uint8_t*>(stats_w4 + 4 * nvec) + std::size_t(warp) * stages * slot_bytes;
   std::uint64_t* full = full_bar + warp * kStatsBulkMaxStages;
-  std::uint64_t* empty = empty_bar + warp * kStatsBulkMaxStages;
   const std::int64_t row_step = std::int64_t(gridDim.x) * kStatsBulkWarps;
   const std::int64_t first_row = std::int64_t(blockIdx.x) * kStatsBulkWarps + warp;
 
-  if (lane < stages) {
-    mbarrier_init(&full[lane], 1);
-    mbarrier_init(&empty[lane], 32);
-  }
+  if (lane < stages) mbarrier_init(&full[lane], 1);
   mbarrier_init_fence();
   __syncthreads();
 
-  // The copies (lane 0 only) walk the warp's chunks in the order the loop below reads them:
+  // The copies walk the warp's chunks in the order the loop below reads them:
   // chunk c of row first_row + k row_step into slot (k chunks + c) mod stages. Sources and
   // destinations advance by additions.
   struct Copier {
@@ -552,17 +555,20 @@ __global__ void __launch_bounds__(kStatsThreads, 2)
            static_cast<const std::uint8_t*>(p.scales) + first_row * p.scale_row_stride * std::int64_t(sizeof(SC)),
            first_row, 0, 0, shared_address(ring), shared_address(full)};
   const unsigned ring_address = copier.dst, full_address = copier.bar;
+  // Every lane of the warp calls it; one issues the copies.
   auto copy_next_chunk = [&] {
     if (copier.row >= p.rows) return;
-    mbarrier_arrive_expect_tx(copier.bar, slot_bytes);
-    // Rows the quantize pass will find in L2 evict-last, the others evict-first (as in
-    // stats_vector_kernel).
-    if (copier.row >= p.l2_keep_from_row)
-      bulk_copy_pair_l2<true>(copier.dst, copier.x, chunk_x_bytes, copier.dst + chunk_x_bytes, copier.scales,
-                              chunk_scale_bytes, copier.bar);
-    else
-      bulk_copy_pair_l2<false>(copier.dst, copier.x, chunk_x_bytes, copier.dst + chunk_x_bytes, copier.scales,
-                               chunk_scale_bytes, copier.bar);
+    if (elect_one_lane()) {
+      mbarrier_arrive_expect_tx(copier.bar, slot_bytes);
+      // Rows the quantize pass will find in L2 evict-last, the others evict-first (as in
+      // stats_vector_kernel).
+      if (copier.row >= p.l2_keep_from_row)
+        bulk_copy_pair_l2<true>(copier.dst, copier.x, chunk_x_bytes, copier.dst + chunk_x_bytes, copier.scales,
+                                chunk_scale_bytes, copier.bar);
+      else
+        bulk_copy_pair_l2<false>(copier.dst, copier.x, chunk_x_bytes, copier.dst + chunk_x_bytes, copier.scales,
+                                 chunk_scale_bytes, copier.bar);
+    }
     copier.x += chunk_x_bytes;
     copier.scales += chunk_scale_bytes;
     if (++copier.chunk == chunks) {
@@ -579,26 +585,25 @@ __global__ void __launch_bounds__(kStatsThreads, 2)
       copier.bar = full_address;
     }
   };
-  if (lane == 0)
-    for (int i = 0; i < stages - 1; ++i) copy_next_chunk();
+  for (int i = 0; i < stages - 1; ++i) copy_next_chunk();
 
   stage_weights(static_cast<const W*>(p.weight), nvec, 4, nvec, stats_w4);
   __syncthreads();
 
   RowStatsEnd row_end;
-  int slot = 0, prev_slot = 0;
-  unsigned parity = 0, prev_parity = 0;
+  int slot = 0;
+  unsigned parity = 0;
   bool first_chunk = true;
   for (std::int64_t row = first_row; row < p.rows; row += row_step) {
     double sum_squares = 0.0;
     float max_xw = 0.0f;
     for (int c = 0; c < chunks; ++c) {
-      if (lane == 0) {
-        // The chunk copied now goes to the slot the warp read last: wait until all its lanes
-        // have left it.
-        if (!first_chunk) mbarrier_wait(&empty[prev_slot], prev_parity);
-        copy_next_chunk();
+      // The chunk copied now goes to the slot the warp read last: every lane has read it.
+      if (!first_chunk) {
+        __syncwarp();
+        fence_proxy_async_shared();
       }
+      copy_next_chunk();
       first_chunk = false;
       mbarrier_wait(&full[slot], parity);
       const std::uint8_t* chunk_x = ring + slot * slot_bytes;
@@ -615,9 +620,6 @@ __global__ void __launch_bounds__(kStatsThreads, 2)
           accumulate_vector_stats<SC, W>(q, w, sc, sum_squares, max_xw);
         }
       }
-      mbarrier_arrive(&empty[slot]);
-      prev_slot = slot;
-      prev_parity = parity;
       if (++slot == stages) {
         slot = 0;
         parity ^= 1;

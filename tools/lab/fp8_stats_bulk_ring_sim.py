@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 # Host simulation of stats_bulk_kernel's per-warp ring (branch lab/fp8-stats-bulk): the copier's
 # incremental sources/slots against the consumer's (row, chunk, slot, parity) sequence, with
-# mbarrier phases modelled (a wait on parity P passes once the phase numbered with parity P, i.e.
-# the current or the immediately preceding one, has completed).
+# the "full" mbarrier phases modelled (a wait on parity P passes once the phase numbered with
+# parity P, i.e. the current or the immediately preceding one, has completed). The warp refills a
+# slot only after its own lanes have read it (program order and a __syncwarp since session 37, no
+# "empty" barrier): the model asserts that every refill finds its slot consumed.
 import itertools, random
 
 def simulate(rows, grid, warp_count, cols, log2_group, sc_size, rounds, stages, x_stride, s_stride):
@@ -20,8 +22,6 @@ def simulate(rows, grid, warp_count, cols, log2_group, sc_size, rounds, stages, 
             # copier
             cp = dict(x=first * x_stride, s=first * s_stride * sc_size, row=first, chunk=0, slot=0)
             full_done = [0] * stages   # completed phases
-            empty_arrivals = [0] * stages
-            empty_done = [0] * stages
             slot_content = [None] * stages
             def copy_next():
                 if cp['row'] >= rows: return
@@ -40,25 +40,18 @@ def simulate(rows, grid, warp_count, cols, log2_group, sc_size, rounds, stages, 
                 # the "preceding" phase semantics: passes when done % 2 != parity is false...
                 return done > 0 and (done - 1) % 2 == parity or (done == 0 and parity == 1)
             for _ in range(stages - 1): copy_next()
-            slot = prev_slot = 0; parity = prev_parity = 0; first_chunk = True
+            slot = 0; parity = 0
             row = first
             while row < rows:
                 for c in range(chunks):
-                    if not first_chunk:
-                        assert passes(empty_done[prev_slot], prev_parity), "empty wait would hang"
-                        # and it must be the consumption just made, not an older phase
-                        assert empty_done[prev_slot] % 2 == (prev_parity + 1) % 2
-                    copy_next()
-                    first_chunk = False
+                    copy_next()  # into the slot read last (copy_next asserts it is consumed)
                     assert passes(full_done[slot], parity), ("full wait hangs", slot)
                     got = slot_content[slot]
                     assert got is not None and got[0] == row and got[1] == c, (got, row, c)
                     # sources equal the direct formulas
                     assert got[2] == row * x_stride + c * chunk_x
                     assert got[3] == row * s_stride * sc_size + c * chunk_s
-                    slot_content[slot] = None
-                    empty_done[slot] += 1  # 32 arrivals
-                    prev_slot, prev_parity = slot, parity
+                    slot_content[slot] = None  # the warp's lanes have read it
                     slot += 1
                     if slot == stages: slot = 0; parity ^= 1
                 row += row_step
