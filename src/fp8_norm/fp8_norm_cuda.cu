@@ -124,20 +124,21 @@ int launch_stats(const ForwardParams& p, bool vector, int sms, int device_index,
                          round_scale_bytes >= 16 && round_scale_bytes % 16 == 0 && aligned16(p.scales) &&
                          (p.scale_row_stride * std::int64_t(sizeof(SC))) % 16 == 0;
   if (bulk_fits && requested_stats_design() != StatsDesign::registers) {
-    // Chunks of FUSEKIT_FP8_STATS_ROUNDS rounds (1, 2 or 4; default 2 where the row has an even
-    // number of rounds), FUSEKIT_FP8_STATS_STAGES chunk slots per warp (2..8; default 2), fewer
-    // where two blocks would not fit on an SM. Two slots measured best (H200, session 35, forward
-    // us at (16384, 4096) / (8192, 8192) / (32768, 2048), register kernel 86.7 / 88.4 / 87.9):
-    // 2-round chunks in 2 slots 83.8 / 87.0 / -, 1-round chunks in 2 / 3 / 4 / 6 slots
-    // 86.4 / 86.7 / 87.4, 87.5 / 87.4 / 88.4, 87.8 / 89.6 / 88.4 and 89.8 / 89.6 / 90.6. Alone
-    // (Nsight Compute) the bulk kernel is only ~1 us faster than the register one (26.1 against
-    // 27.1 us at (16384, 4096)), so most of the gain is in how the two kernels overlap. More
-    // blocks per SM (registers cut for 3 or 4) measured slower: performance-notes.md, FP8
-    // "Session 36".
+    // Chunks of FUSEKIT_FP8_STATS_ROUNDS rounds (1, 2 or 4), FUSEKIT_FP8_STATS_STAGES chunk
+    // slots per warp (2..8), fewer where two blocks would not fit on an SM. Default: rows of 4
+    // or more rounds in 1-round chunks and 3 slots, shorter rows in 2-round chunks where the row
+    // divides and 2 slots. Measured with the warp-wide copier (H200, session 37, forward us at
+    // (16384, 4096) / (8192, 8192) / (32768, 2048), two runs): 2-round chunks in 2 / 3 slots
+    // 83.9-84.0 / 86.6-86.9 / 84.0-84.6 and 83.8-83.9 / 86.6-86.8 / 85.4-85.5; 1-round chunks in
+    // 2 / 3 / 4 slots 84.1-84.4 / 85.6-85.8 / 84.5-84.8, 85.0-85.3 / 85.1-85.2 / 85.2-85.8 and
+    // 84.9-85.2 / 87.0-87.4 / 86.5-86.7; the register kernel 86.5-86.7 / 88.3-88.4 / 87.4-87.7.
+    // (N = 2048 has one round per row, so its chunks are 1 round whatever is asked.) More blocks
+    // per SM (registers cut for 3 or 4) measured slower: performance-notes.md, FP8 "Session 36".
     const int row_rounds = static_cast<int>(p.cols / kStatsBulkRoundBytes);
-    StatsBulkShape shape{detail::env_knob("FUSEKIT_FP8_STATS_ROUNDS", 1, 4, 2), 0, 0, 0};
+    const bool long_rows = row_rounds >= 4;
+    StatsBulkShape shape{detail::env_knob("FUSEKIT_FP8_STATS_ROUNDS", 1, 4, long_rows ? 1 : 2), 0, 0, 0};
     while (shape.rounds > 1 && row_rounds % shape.rounds != 0) shape.rounds /= 2;
-    shape.stages = detail::env_knob("FUSEKIT_FP8_STATS_STAGES", 2, kStatsBulkMaxStages, 2);
+    shape.stages = detail::env_knob("FUSEKIT_FP8_STATS_STAGES", 2, kStatsBulkMaxStages, long_rows ? 3 : 2);
     const std::size_t optin = detail::device_info(op, device_index).max_smem_per_block_optin;
     // Two blocks per SM (16 warps): ~4 KB of static shared memory and reserve per block.
     while (shape.stages > 2 && 2 * (stats_bulk_smem_bytes<SC>(p.cols, p.log2_group, shape) + 4096) > optin)

@@ -588,18 +588,19 @@ TEST(Fp8NormGpu, BulkStatisticsMatchRegisterKernelBitwise) {
     variants.push_back({no_y_case(rows, cols, tweak), rounds, stages});
   };
   auto plain = keep_defaults;
-  add(64, 2048, nullptr, nullptr, plain);        // one round per row, 4 slots
+  add(64, 2048, nullptr, nullptr, plain);        // one round per row, the default 2 slots
   add(3001, 2048, "1", "3", plain);              // ~3 rows per warp, 3 slots
   add(2500, 2048, "1", "8", plain);              // 8 slots
   add(203, 4096, nullptr, nullptr, [](Case& c) {  // chunks of 2 rounds, 2 slots
     c.weight_dtype = DType::f32;
     c.x_dtype = DType::f8e5m2;
   });
-  add(301, 8192, nullptr, "3", [](Case& c) {  // 2 chunks per row
+  add(301, 8192, "2", "3", [](Case& c) {  // 2 chunks per row
     c.group = 32;
     c.scale_dtype = DType::f32;
   });
   add(77, 8192, "4", "2", [](Case& c) { c.group = 64; });
+  add(130, 8192, nullptr, nullptr, plain);  // rows of 4 rounds by default: 1-round chunks in 3 slots
   add(19, 16384, nullptr, nullptr, [](Case& c) {  // the longest rows, 16 bytes of scales per round
     c.group = 256;
     c.q_dtype = DType::f8e5m2;
