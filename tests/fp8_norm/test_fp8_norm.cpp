@@ -80,6 +80,53 @@ TEST(Fp8NormCpu, ScaleIsAmaxOverFp8MaxAndAmaxSaturatesExactly) {
   }
 }
 
+// The GPU comparison recomputes the multiplier from the GPU's rstd (amax_from_rstd) when a row's
+// rstd differs, because y_scale = amax / fp8_max does not determine fp8_max / amax. Both halves of
+// that are checked here: the helper reproduces the reference's y_scale from the reference's
+// rstd, and an rstd one ulp off in the max row can leave y_scale as it is and move the multiplier.
+TEST(Fp8NormCpu, MultiplierFromRstdMatchesReferenceAndYScaleDoesNotFixIt) {
+  auto rng = testing::make_rng(611);
+  for (DType qf : {DType::f8e4m3, DType::f8e5m2}) {
+    Case c;
+    c.rows = 24;
+    c.cols = 96;
+    c.q_dtype = qf;
+    Problem p(c, Device::cpu());
+    fill_inputs(p, rng);
+    p.forward();
+    const float max_finite = fp8_norm::fp8_max(qf == DType::f8e4m3);
+    auto rstd = p.rstd.values();
+    const float amax = amax_from_rstd(p, rstd);
+    EXPECT_EQ(fp8_norm::tensor_scale(amax, max_finite), static_cast<float>(p.y_scale.values()[0]));
+    // Nudge the max row's rstd up an ulp at a time: within a few steps some nudge keeps y_scale
+    // and changes the multiplier.
+    std::int64_t max_row = 0;  // the row whose max |y| is amax
+    float row_max = -1.0f;
+    for (std::int64_t r = 0; r < c.rows; ++r) {
+      std::vector<double> only(rstd.size(), 0.0);
+      only[r] = rstd[r];
+      const float m = amax_from_rstd(p, only);
+      if (m > row_max) row_max = m, max_row = r;
+    }
+    ASSERT_EQ(row_max, amax);
+    // Collisions happen where amax / fp8_max has a smaller exponent step than amax (fp8_max is
+    // 7 * 2^k: maxima with a significand of 1.75 or more): raise the max there first.
+    double target = 1.8 * std::exp2(std::floor(std::log2(amax)));
+    if (target < amax) target *= 2.0;
+    rstd[max_row] = static_cast<float>(rstd[max_row] * (target / amax));
+    bool found = false;
+    float prev = amax_from_rstd(p, rstd);
+    for (int step = 0; step < 4096 && !found; ++step) {
+      rstd[max_row] = std::nextafter(static_cast<float>(rstd[max_row]), 1e30f);
+      const float next = amax_from_rstd(p, rstd);
+      found = next != prev && fp8_norm::tensor_scale(next, max_finite) == fp8_norm::tensor_scale(prev, max_finite) &&
+              fp8_norm::quant_multiplier(next, max_finite) != fp8_norm::quant_multiplier(prev, max_finite);
+      prev = next;
+    }
+    EXPECT_TRUE(found) << "no rstd nudge kept y_scale and moved the multiplier";
+  }
+}
+
 TEST(Fp8NormCpu, TransposeEqualsRowMajorOutput) {
   auto rng = testing::make_rng(603);
   Case c;
