@@ -29,6 +29,19 @@ using namespace testing::fp8;
 
 // ---- CPU reference -------------------------------------------------------------------------
 
+// A CPU problem of rows x cols with output format q_dtype (other choices default), filled from
+// rng and run forward.
+Problem cpu_forward(std::int64_t rows, std::int64_t cols, DType q_dtype, std::mt19937_64& rng) {
+  Case c;
+  c.rows = rows;
+  c.cols = cols;
+  c.q_dtype = q_dtype;
+  Problem p(c, Device::cpu());
+  fill_inputs(p, rng);
+  p.forward();
+  return p;
+}
+
 TEST(Fp8NormCpu, DequantizedOutputWithinFp8RoundingOfFloat64RmsNorm) {
   auto rng = testing::make_rng(601);
   for (DType xf : {DType::f8e4m3, DType::f8e5m2})
@@ -60,13 +73,7 @@ TEST(Fp8NormCpu, DequantizedOutputWithinFp8RoundingOfFloat64RmsNorm) {
 TEST(Fp8NormCpu, ScaleIsAmaxOverFp8MaxAndAmaxSaturatesExactly) {
   auto rng = testing::make_rng(602);
   for (DType qf : {DType::f8e4m3, DType::f8e5m2}) {
-    Case c;
-    c.rows = 20;
-    c.cols = 64;
-    c.q_dtype = qf;
-    Problem p(c, Device::cpu());
-    fill_inputs(p, rng);
-    p.forward();
+    Problem p = cpu_forward(20, 64, qf, rng);
     const auto yv = p.y->values();  // bf16 of the float32 y; amax is over the float32 values
     const auto y64 = rms_norm_f64(p);
     double amax = 0;
@@ -87,13 +94,8 @@ TEST(Fp8NormCpu, ScaleIsAmaxOverFp8MaxAndAmaxSaturatesExactly) {
 TEST(Fp8NormCpu, MultiplierFromRstdMatchesReferenceAndYScaleDoesNotFixIt) {
   auto rng = testing::make_rng(611);
   for (DType qf : {DType::f8e4m3, DType::f8e5m2}) {
-    Case c;
-    c.rows = 24;
-    c.cols = 96;
-    c.q_dtype = qf;
-    Problem p(c, Device::cpu());
-    fill_inputs(p, rng);
-    p.forward();
+    Problem p = cpu_forward(24, 96, qf, rng);
+    const Case& c = p.c;
     const float max_finite = fp8_norm::fp8_max(qf == DType::f8e4m3);
     auto rstd = p.rstd.values();
     const float amax = amax_from_rstd(p, rstd);
