@@ -251,10 +251,57 @@ __device__ __forceinline__ void decode8(const uint2& raw, float (&q)[8]) {
 // Stages the weights in shared memory as floats, in runs of 4 * quads weights ("units"):
 // w4[k * count + u] holds weights 4 (quads u + k) .. + 3, so that consecutive threads reading
 // consecutive units touch consecutive 16-byte words (no bank conflicts). Units u in
-// [units, count) are zero. All threads of the block take part; the caller synchronizes.
+// [units, count) are zero. The weights (units * quads * 4 of them) must be 16-byte aligned, as
+// every vector path checks. All threads of the block take part; the caller synchronizes.
+//
+// stage_weights issues a batch of 16-byte loads per thread before it converts any of them: one
+// round trip to L2 per batch. stage_weights_by_quads loads four weights, stores them and only
+// then loads the next four: one round trip per four weights a thread (four at N = 4096, eight
+// at N = 8192 in 256-thread blocks). In the statistics kernel at N = 4096 the warps spent 13% of
+// their stall samples on that wait (Nsight Compute, session 39), and the batched staging took
+// 0.2-1.3 us off the forward (the most at N = 8192). The backward keeps the quad-by-quad staging:
+// with the batched one its kernel ran 2-6 us faster alone (Nsight Compute, caches flushed or
+// not) but 3-9 us slower back to back in the benchmark, at every shape (session 39; the cause
+// is not found: the same main loop, only the start differs).
 template <typename W>
 __device__ __forceinline__ void stage_weights(const W* __restrict__ weight, int units, int quads, int count,
                                               float4* w4) {
+  constexpr int kPerPiece = 16 / static_cast<int>(sizeof(W));  // weights per 16-byte piece: 8 or 4
+  constexpr int kGroupsPerPiece = kPerPiece / 4;                // float4 groups per piece
+  constexpr int kBatch = 4;                                     // pieces in flight per thread
+  static_assert(kGroupsPerPiece >= 1, "float or 16-bit weights");
+  auto store_group = [&](int idx, float4 v) {
+    const int u = idx / quads, k = idx - u * quads;
+    w4[k * count + u] = v;
+  };
+  const uint4* __restrict__ src = reinterpret_cast<const uint4*>(weight);
+  const int pieces = units * quads / kGroupsPerPiece;
+  for (int base = threadIdx.x; base < pieces; base += kBatch * blockDim.x) {
+    uint4 raw[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int piece = base + j * blockDim.x;
+      if (piece < pieces) raw[j] = __ldg(src + piece);
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int piece = base + j * blockDim.x;
+      if (piece < pieces) {
+        float f[kPerPiece];
+        unpack16_to<W>(raw[j], f);
+#pragma unroll
+        for (int g = 0; g < kGroupsPerPiece; ++g)
+          store_group(piece * kGroupsPerPiece + g, make_float4(f[4 * g], f[4 * g + 1], f[4 * g + 2], f[4 * g + 3]));
+      }
+    }
+  }
+  for (int idx = units * quads + threadIdx.x; idx < count * quads; idx += blockDim.x)
+    store_group(idx, make_float4(0.0f, 0.0f, 0.0f, 0.0f));
+}
+
+template <typename W>
+__device__ __forceinline__ void stage_weights_by_quads(const W* __restrict__ weight, int units, int quads, int count,
+                                                       float4* w4) {
   for (int idx = threadIdx.x; idx < count * quads; idx += blockDim.x) {
     const int u = idx / quads, k = idx - u * quads;
     float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -1147,7 +1194,7 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
 
 #pragma unroll
   for (int s = 0; s < S - 1; ++s) issue(s);
-  stage_weights(weight, nocts, 2, count, w4);
+  stage_weights_by_quads(weight, nocts, 2, count, w4);
   __syncthreads();
 
   float acc[K][8];
