@@ -259,10 +259,12 @@ __device__ __forceinline__ void decode8(const uint2& raw, float (&q)[8]) {
 // then loads the next four: one round trip per four weights a thread (four at N = 4096, eight
 // at N = 8192 in 256-thread blocks). In the statistics kernel at N = 4096 the warps spent 13% of
 // their stall samples on that wait (Nsight Compute, session 39), and the batched staging took
-// 0.2-1.3 us off the forward (the most at N = 8192). The backward keeps the quad-by-quad staging:
-// with the batched one its kernel ran 2-6 us faster alone (Nsight Compute, caches flushed or
-// not) but 3-9 us slower back to back in the benchmark, at every shape (session 39; the cause
-// is not found: the same main loop, only the start differs).
+// 0.2-1.5 us off the forward (the most at N = 8192). The backward keeps the quad-by-quad staging:
+// with the batched one it ran 4-9 us slower in the benchmark at every shape, dx alone too, and
+// a start delay or a per-block stagger put back after the batched staging did not recover it.
+// Its main loop stays 618 instructions but ptxas picks a few integer instructions and the
+// registers differently (session 39; Nsight Compute timed the kernel alone faster in one call
+// and slower in another, so the cause is not settled).
 template <typename W>
 __device__ __forceinline__ void stage_weights(const W* __restrict__ weight, int units, int quads, int count,
                                               float4* w4) {
