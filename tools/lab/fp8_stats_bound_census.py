@@ -6,7 +6,8 @@ vector, max|q| * max|w over the vector's columns| * |scale| bounds max|q w scale
 vector needs its exact products only where that bound times rstd (or an upper bound of rstd) can
 reach the running max of |y|. This replays the benchmark's data (bench/fp8_norm/bench_fp8_norm_fill.cu:
 x = e4m3(150 N(0, 1)), scales bf16(0.001 + 0.01 |N(0, 1)|), weight bf16(N(1, 0.5))) on the CPU.
-Needs numpy and ml_dtypes (the CI's build-python venv has both).
+Needs numpy and ml_dtypes (the build-python venv of `make test` has both). Not a CTest: the
+*_sim.py files are, and this one asserts nothing (it prints a census).
 """
 import argparse
 
