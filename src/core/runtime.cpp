@@ -48,6 +48,17 @@ const DeviceInfo& device_info(const char* op, int device_index) {
     info.l2_bytes = prop.l2CacheSize;
     info.max_smem_per_block_optin = prop.sharedMemPerBlockOptin;
     info.max_threads_per_sm = prop.maxThreadsPerMultiProcessor;
+    int memory_khz = 0, bus_bits = 0, sm_khz = 0;
+    if (cudaDeviceGetAttribute(&memory_khz, cudaDevAttrMemoryClockRate, device_index) == cudaSuccess &&
+        cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device_index) == cudaSuccess &&
+        cudaDeviceGetAttribute(&sm_khz, cudaDevAttrClockRate, device_index) == cudaSuccess && sm_khz > 0 &&
+        info.sm_count > 0) {
+      // Double data rate: two transfers of bus_bits per memory clock.
+      info.dram_bytes_per_sm_clock =
+          2.0 * memory_khz * (bus_bits / 8.0) / (double(sm_khz) * info.sm_count);
+    } else {
+      cudaGetLastError();  // an attribute the driver lacks is not an error of the caller's
+    }
   });
   return cache[device_index];
 }

@@ -25,6 +25,7 @@ namespace fusekit::fp8_norm {
 
 namespace {
 using StatsChoice = detail::ChoiceOverride<StatsDesign>;
+using TuningChoice = detail::ChoiceOverride<BackwardTuning>;
 }  // namespace
 
 const char* stats_design_name(StatsDesign design) {
@@ -38,6 +39,17 @@ const char* stats_design_name(StatsDesign design) {
 }
 void set_stats_design_override(StatsDesign design) { StatsChoice::force(design); }
 StatsDesign last_stats_design() { return StatsChoice::last(); }
+
+const char* backward_tuning_name(BackwardTuning tuning) {
+  switch (tuning) {
+    case BackwardTuning::automatic: return "automatic";
+    case BackwardTuning::rich_bandwidth: return "rich_bandwidth";
+    case BackwardTuning::lean_bandwidth: return "lean_bandwidth";
+  }
+  return "unknown";
+}
+void set_backward_tuning_override(BackwardTuning tuning) { TuningChoice::force(tuning); }
+BackwardTuning last_backward_tuning() { return TuningChoice::last(); }
 
 namespace {
 
@@ -215,14 +227,40 @@ void launch_quantize(const ForwardParams& p, bool vector, int sms, int device_in
 
 // ---- backward --------------------------------------------------------------------------------
 
+// Devices with fewer DRAM bytes per SM clock than this take the lean-bandwidth tuning.
+constexpr double kLeanBandwidthBytesPerSmClock = 15.0;
+
+// The override, else FUSEKIT_FP8_BWD_TUNING, else by the device's bandwidth per SM clock.
+BackwardTuning backward_tuning(int device_index) {
+  const BackwardTuning requested = TuningChoice::requested(
+      "FUSEKIT_FP8_BWD_TUNING", {{"lean", BackwardTuning::lean_bandwidth}, {"rich", BackwardTuning::rich_bandwidth}});
+  if (requested != BackwardTuning::automatic) return requested;
+  const double bytes = detail::device_info("fp8_rms_norm_backward", device_index).dram_bytes_per_sm_clock;
+  return bytes > 0.0 && bytes < kLeanBandwidthBytesPerSmClock ? BackwardTuning::lean_bandwidth
+                                                              : BackwardTuning::rich_bandwidth;
+}
+
 struct BackwardConfig {
   bool vector = false;
   int octs = 2;      // 8-column runs per thread and row (vector path): 2, 4 or 8
   int log2_tpr = 0;  // threads per row group (vector path)
   int rows_per_block = 1;
+  bool stream_hints = false;  // the staged kernel's L2 evict-first copies and streaming dx stores
 };
 
-BackwardConfig choose_backward(const BackwardParams& p) {
+// The vector backward's shape. Rich bandwidth (H200), session 9 on: 4 octs per thread in groups
+// of 32 to 256 threads, 8 octs for the longest rows. Lean bandwidth (H100 SXM), session 40, us at
+// (32768, 2048) / (16384, 4096) / (8192, 8192), three alternating runs each on one H100 against
+// one H200 in the same session:
+//   - rows of 129-256 octs (N 1032-2048) in 128-thread groups of 2 octs, not 64-thread groups of
+//     4: H100 133.1-133.6 -> 127.2-127.6; H200 91.2-91.4 -> 103.6-103.9 (so the H200 keeps 4);
+//   - the N = 4096 staged kernel with stream hints: H100 135.1-136.4 -> 132.5-133.3; H200
+//     94.1-94.3 -> 105.8-105.9. The same hints at N = 8192 (H100 131.2-131.6 -> 134.1-134.6)
+//     and on the 2-oct N = 2048 kernel (127.3-127.6 -> 129.6-129.8) lost, so they stay off there.
+// Tried on the H100 and not taken: N = 4096 in one 256-thread group of 2 octs (144.5-144.8),
+// every block slot filled instead of balanced grids (+-0.5), one dweight partial row per row
+// group instead of a combine in shared memory (137.0-137.5).
+BackwardConfig choose_backward(const BackwardParams& p, BackwardTuning tuning) {
   BackwardConfig c;
   const bool aligned = p.group_size >= 16 && p.x_row_stride % 16 == 0 && aligned16(p.x) &&
                        p.dy_row_stride % 8 == 0 && aligned16(p.dy) && aligned16(p.weight) &&
@@ -232,12 +270,15 @@ BackwardConfig choose_backward(const BackwardParams& p) {
   // Row groups of 32 to 256 threads with 4 octs each (32 columns: the per-row work, row sum and
   // addresses, is shared by that many elements), or 256 threads with 8 octs: up to 2048 octs
   // (N = 16384). Longer rows take the generic kernel.
-  if (nocts <= 1024) c.octs = 4;
+  const bool lean = tuning == BackwardTuning::lean_bandwidth;
+  if (lean && nocts > 128 && nocts <= 256) c.octs = 2;
+  else if (nocts <= 1024) c.octs = 4;
   else if (nocts <= 2048) c.octs = 8;
   else return c;
   c.log2_tpr = std::max(5, log2_ceil((nocts + c.octs - 1) / c.octs));
   c.vector = true;
   c.rows_per_block = kBwdThreads >> c.log2_tpr;
+  c.stream_hints = lean && c.octs == 4 && c.log2_tpr == 7;  // applies where the scales are staged
   return c;
 }
 
@@ -270,6 +311,13 @@ int launch_backward_main(const BackwardParams& p, const BackwardConfig& c, int s
                                (p.scale_row_stride * std::int64_t(sizeof(SC))) % 16 == 0;
     auto run4 = [&](auto log2_tpr) {
       constexpr int kLog2 = decltype(log2_tpr)::value;
+      if constexpr (kLog2 == 7) {
+        if (staged_scales && c.stream_hints) {
+          run(backward_vector_kernel<XF, SC, W, 4, kLog2, true, true, true>,
+              backward_smem_bytes<4>(tpr) + backward_scale_stage_bytes<4, SC>());
+          return;
+        }
+      }
       if (staged_scales)
         run(backward_vector_kernel<XF, SC, W, 4, kLog2, true, true>,
             backward_smem_bytes<4>(tpr) + backward_scale_stage_bytes<4, SC>());
@@ -277,7 +325,13 @@ int launch_backward_main(const BackwardParams& p, const BackwardConfig& c, int s
       else run(backward_vector_kernel<XF, SC, W, 4, kLog2, false>, backward_smem_bytes<4>(tpr));
     };
     using std::integral_constant;
-    if (c.octs == 8) run(backward_vector_kernel<XF, SC, W, 8, 8, false>, backward_smem_bytes<8>(tpr));
+    if (c.octs == 2) {  // lean bandwidth, 128-thread groups (choose_backward)
+      if (staged_scales)
+        run(backward_vector_kernel<XF, SC, W, 2, 7, true, true>,
+            backward_smem_bytes<2>(tpr) + backward_scale_stage_bytes<2, SC>());
+      else if (all_octs) run(backward_vector_kernel<XF, SC, W, 2, 7, true>, backward_smem_bytes<2>(tpr));
+      else run(backward_vector_kernel<XF, SC, W, 2, 7, false>, backward_smem_bytes<2>(tpr));
+    } else if (c.octs == 8) run(backward_vector_kernel<XF, SC, W, 8, 8, false>, backward_smem_bytes<8>(tpr));
     else if (c.log2_tpr == 5) run4(integral_constant<int, 5>{});
     else if (c.log2_tpr == 6) run4(integral_constant<int, 6>{});
     else if (c.log2_tpr == 7) run4(integral_constant<int, 7>{});
@@ -353,7 +407,9 @@ void backward_cuda(const BackwardParams& p, int device_index, Stream stream) {
   }
   if (!p.dx && !p.dweight) return;
   const int sms = detail::device_info(op, device_index).sm_count;
-  const BackwardConfig config = choose_backward(p);
+  const BackwardTuning tuning = backward_tuning(device_index);
+  const BackwardConfig config = choose_backward(p, tuning);
+  TuningChoice::record(config.vector ? tuning : BackwardTuning::automatic);
   float* partial = p.dweight ? static_cast<float*>(p.workspace) : nullptr;
   dispatch_fp8(p.x_dtype, [&](auto xf) {
     dispatch_real(p.scale_dtype, [&](auto sc) {

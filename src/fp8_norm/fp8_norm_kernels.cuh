@@ -230,6 +230,15 @@ __device__ __forceinline__ void store16_policy(void* p, uint4 v, std::uint64_t p
 __device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(shared_address(smem)), "l"(gmem) : "memory");
 }
+__device__ __forceinline__ void cp_async8_policy(void* smem, const void* gmem, std::uint64_t pol) {
+  asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], 8, %2;\n" ::"r"(shared_address(smem)), "l"(gmem),
+               "l"(pol)
+               : "memory");
+}
+// A streaming ("evict first") 16-byte store: for outputs that nothing reads back soon.
+__device__ __forceinline__ void store16_streaming(void* p, uint4 v) {
+  asm volatile("st.global.cs.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // Waits until at most N of this thread's committed groups are still in flight.
 template <int N>
@@ -1080,7 +1089,14 @@ constexpr std::size_t backward_scale_stage_bytes() {
 // that its lanes use, instead of a register load one row ahead: the conversion of those loads
 // made every warp wait out a global load latency per row (Nsight at (8192, 8192): 37% of the
 // stall samples).
-template <class XF, typename SC, typename W, int K, int LOG2_TPR, bool kAllOcts, bool kStagedScales = false>
+// kStreamHints (staged kernels only): x and dy copied with an L2 evict-first priority and dx
+// stored streaming. A tuning choice per device (see choose_backward): 2.5-3 us faster on an H100
+// at N = 4096, 11 us slower on an H200. Only the staged kernels have it: in the other kernels
+// ptxas 13.0 placed the copies' policy in an odd uniform register (LDGSTS ... desc[UR1]), which
+// raised "illegal instruction" on the H100 (session 40, compute-sanitizer); the staged kernels'
+// copies take even ones (desc[UR8], desc[UR12]), and the GPU tests force this variant on any device.
+template <class XF, typename SC, typename W, int K, int LOG2_TPR, bool kAllOcts, bool kStagedScales = false,
+          bool kStreamHints = false>
 __global__ void __launch_bounds__(kBwdThreads, 2)
     backward_vector_kernel(BackwardParams p, float* __restrict__ partial_dw) {
   constexpr int S = kBwdStages<K>;
@@ -1100,6 +1116,7 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
   uint4* dy_stage = bwd_smem + 2 * count + S * K * kBwdThreads / 2;         // [S][K][threads]
   SC* sc_stage = reinterpret_cast<SC*>(dy_stage + S * K * kBwdThreads);     // [S][warps][K][16]
   static_assert(!kStagedScales || kAllOcts, "staged scales read whole scale rows");
+  static_assert(!kStreamHints || kStagedScales, "L2 hints only in the staged kernels (see above)");
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const float inv_cols = 1.0f / static_cast<float>(p.cols);
   const std::uint8_t* __restrict__ x = static_cast<const std::uint8_t*>(p.x);
@@ -1138,6 +1155,7 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
   const int sc_copy_src = sc_copy_kk * (tpr / 2) + 16 * (t >> 5) + (lane % kScaleChunks) * (16 / int(sizeof(SC)));
   const int sc_copy_dst = (warp * K + sc_copy_kk) * 16 + (lane % kScaleChunks) * (16 / int(sizeof(SC)));
   int copy_stage = 0;
+  [[maybe_unused]] const std::uint64_t copy_policy = kStreamHints ? l2_policy_evict_first() : 0;
   // Copies this thread's bytes of the next row (iteration k, in order) into its slots of stage
   // k % S; one commit group per iteration, empty ones included, so that the wait counts stay
   // uniform.
@@ -1148,8 +1166,13 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
       for (int kk = 0; kk < K; ++kk) {
         if (oct_valid & (1u << kk)) {
           const int c = oct_col + kk * oct_step;
-          cp_async8(x_stage + base + kk * kBwdThreads, copy_x + c);
-          cp_async16(dy_stage + base + kk * kBwdThreads, copy_dy + c);
+          if constexpr (kStreamHints) {
+            cp_async8_policy(x_stage + base + kk * kBwdThreads, copy_x + c, copy_policy);
+            cp_async16_policy(dy_stage + base + kk * kBwdThreads, copy_dy + c, copy_policy);
+          } else {
+            cp_async8(x_stage + base + kk * kBwdThreads, copy_x + c);
+            cp_async16(dy_stage + base + kk * kBwdThreads, copy_dy + c);
+          }
         }
       }
       if constexpr (kStagedScales) {
@@ -1258,7 +1281,10 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
         const float c = (sc[kk] * rstd) * mean_gx;  // x_hat * mean = q * c
 #pragma unroll
         for (int i = 0; i < 8; ++i) d[i] = fmaf(-q[i], c, d[i] * w[i]) * rstd;
-        *reinterpret_cast<uint4*>(dx_row + oct_col + kk * oct_step) = pack16<__nv_bfloat16>(d);
+        if constexpr (kStreamHints)
+          store16_streaming(dx_row + oct_col + kk * oct_step, pack16<__nv_bfloat16>(d));
+        else
+          *reinterpret_cast<uint4*>(dx_row + oct_col + kk * oct_step) = pack16<__nv_bfloat16>(d);
       }
     }
 #pragma unroll

@@ -767,6 +767,63 @@ TEST(Fp8NormGpu, StatisticsLaunchesAtTheDefaultSharedMemoryLimit) {
   }
 }
 
+// Forces one backward tuning for the scope of a test.
+struct TuningScope {
+  explicit TuningScope(fp8_norm::BackwardTuning tuning) { fp8_norm::set_backward_tuning_override(tuning); }
+  ~TuningScope() { fp8_norm::set_backward_tuning_override(fp8_norm::BackwardTuning::automatic); }
+};
+
+// Both backward tunings on whatever device runs the tests (the automatic choice takes one by the
+// device's bandwidth), each against the CPU reference and bitwise stable from run to run. The
+// lean tuning's own kernels: rows of 129-256 octs in 2-oct, 128-thread groups (N = 2048 staged,
+// N = 2048 with padded scale rows, N = 1536 and 1040 with idle oct slots, a single row, fewer
+// rows than blocks), and the N = 4096 staged kernel with L2 hints (bf16 and f32 scales, e5m2,
+// f32 weights, padded rows); its unhinted neighbours (N = 4096 with padded scale rows, N = 8192)
+// and the generic kernel (groups of 8) for routing.
+TEST(Fp8NormGpu, BackwardTuningsMatchCpuReferenceAndAreDeterministic) {
+  FUSEKIT_REQUIRE_GPU();
+  using fp8_norm::BackwardTuning;
+  const Case cases[] = {
+      no_y_case(1000, 2048, keep_defaults),
+      no_y_case(613, 2048, [](Case& c) { c.scale_pad = 3; c.dx_pad = 8; }),
+      no_y_case(700, 1536, [](Case& c) { c.weight_dtype = DType::f32; }),
+      no_y_case(257, 1040, [](Case& c) { c.x_dtype = DType::f8e5m2; }),
+      no_y_case(64, 2048, [](Case& c) { c.group = 8; }),
+      no_y_case(1, 2048, keep_defaults),
+      no_y_case(77, 2048, [](Case& c) { c.scale_dtype = DType::f32; }),
+      no_y_case(1100, 4096, keep_defaults),
+      no_y_case(515, 4096, [](Case& c) { c.scale_dtype = DType::f32; c.x_dtype = DType::f8e5m2; c.dy_pad = 8; }),
+      no_y_case(300, 4096, [](Case& c) { c.weight_dtype = DType::f32; c.x_pad = 16; }),
+      no_y_case(300, 4096, [](Case& c) { c.scale_pad = 1; }),
+      no_y_case(129, 8192, keep_defaults),
+  };
+  int salt = 0;
+  for (BackwardTuning tuning : {BackwardTuning::rich_bandwidth, BackwardTuning::lean_bandwidth}) {
+    TuningScope scope(tuning);
+    SCOPED_TRACE(fp8_norm::backward_tuning_name(tuning));
+    for (const Case& c : cases) {
+      check_gpu_against_cpu(c, 8400 + salt++, nullptr, nullptr, nullptr);
+      // Groups under 16 take the generic kernel, which has no tunings.
+      EXPECT_EQ(fp8_norm::last_backward_tuning(), c.group >= 16 ? tuning : BackwardTuning::automatic) << c.str();
+    }
+    auto rng = testing::make_rng(8450 + salt++);
+    for (std::int64_t cols : {std::int64_t(2048), std::int64_t(4096)}) {
+      Case c = no_y_case(3000, cols, keep_defaults);
+      SCOPED_TRACE(c.str());
+      Problem p(c, Device::cuda(0));
+      fill_inputs(p, rng);
+      p.forward();
+      EXPECT_TRUE(testing::same_bytes_every_run(
+          [&] {
+            p.dx.poison();
+            p.dweight.poison();
+            p.backward();
+          },
+          {&p.dx, &p.dweight}));
+    }
+  }
+}
+
 TEST(Fp8NormGpu, ForwardAndBackwardAreBitwiseDeterministic) {
   FUSEKIT_REQUIRE_GPU();
   auto rng = testing::make_rng(710);
