@@ -50,7 +50,9 @@
 //   x_hat = xd * rstd,  g = dy * w,  dx = rstd * (g - x_hat * mean_c(g * x_hat)),
 //   dweight = sum over rows of dy * x_hat,
 // math in float32 on the GPU (float64 on the CPU). dweight is reduced in parallel with a fixed
-// reduction order: bitwise the same result on every run.
+// reduction order: bitwise the same result on every run on a given kind of GPU (the backward's
+// row grouping is tuned by the device's memory bandwidth, so an H100 and an H200 may differ in
+// the last bits).
 //
 // Workspace: on a GPU both passes need scratch memory (the forward: one float per block for the
 // global max; the backward: one partial dweight row per block). Ask the *_workspace_size
