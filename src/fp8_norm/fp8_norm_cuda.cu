@@ -301,7 +301,7 @@ int launch_backward_main(const BackwardParams& p, const BackwardConfig& c, int s
       kernel<<<grid, kBwdThreads, smem, stream>>>(p, partial);
     };
     const int tpr = 1 << c.log2_tpr;
-    // Rows of exactly 4 * tpr octs (N = 1024, 2048, 4096, 8192) take the variant without
+    // Rows of exactly octs * tpr octs (N = 1024, 2048, 4096, 8192) take the variant without
     // per-oct bounds tests (20% fewer instructions per row). With 8 octs per thread that variant
     // would spill.
     const bool all_octs = p.cols == std::int64_t(8) * c.octs * tpr;
@@ -309,33 +309,32 @@ int launch_backward_main(const BackwardParams& p, const BackwardConfig& c, int s
     // of 16 and 16-byte aligned scale rows.
     const bool staged_scales = all_octs && p.log2_group == 4 && aligned16(p.scales) &&
                                (p.scale_row_stride * std::int64_t(sizeof(SC))) % 16 == 0;
-    auto run4 = [&](auto log2_tpr) {
-      constexpr int kLog2 = decltype(log2_tpr)::value;
-      if constexpr (kLog2 == 7) {
+    // K octs per thread in groups of 2^LOG2 threads: the staged-scales, all-octs or bounds-tested
+    // kernel (and, lean tuning, the staged one with L2 hints: K = 4 in 128-thread groups only).
+    auto run_octs = [&](auto octs, auto log2_tpr) {
+      constexpr int K = decltype(octs)::value, kLog2 = decltype(log2_tpr)::value;
+      if constexpr (K == 4 && kLog2 == 7) {
         if (staged_scales && c.stream_hints) {
-          run(backward_vector_kernel<XF, SC, W, 4, kLog2, true, true, true>,
-              backward_smem_bytes<4>(tpr) + backward_scale_stage_bytes<4, SC>());
+          run(backward_vector_kernel<XF, SC, W, K, kLog2, true, true, true>,
+              backward_smem_bytes<K>(tpr) + backward_scale_stage_bytes<K, SC>());
           return;
         }
       }
       if (staged_scales)
-        run(backward_vector_kernel<XF, SC, W, 4, kLog2, true, true>,
-            backward_smem_bytes<4>(tpr) + backward_scale_stage_bytes<4, SC>());
-      else if (all_octs) run(backward_vector_kernel<XF, SC, W, 4, kLog2, true>, backward_smem_bytes<4>(tpr));
-      else run(backward_vector_kernel<XF, SC, W, 4, kLog2, false>, backward_smem_bytes<4>(tpr));
+        run(backward_vector_kernel<XF, SC, W, K, kLog2, true, true>,
+            backward_smem_bytes<K>(tpr) + backward_scale_stage_bytes<K, SC>());
+      else if (all_octs) run(backward_vector_kernel<XF, SC, W, K, kLog2, true>, backward_smem_bytes<K>(tpr));
+      else run(backward_vector_kernel<XF, SC, W, K, kLog2, false>, backward_smem_bytes<K>(tpr));
     };
     using std::integral_constant;
-    if (c.octs == 2) {  // lean bandwidth, 128-thread groups (choose_backward)
-      if (staged_scales)
-        run(backward_vector_kernel<XF, SC, W, 2, 7, true, true>,
-            backward_smem_bytes<2>(tpr) + backward_scale_stage_bytes<2, SC>());
-      else if (all_octs) run(backward_vector_kernel<XF, SC, W, 2, 7, true>, backward_smem_bytes<2>(tpr));
-      else run(backward_vector_kernel<XF, SC, W, 2, 7, false>, backward_smem_bytes<2>(tpr));
-    } else if (c.octs == 8) run(backward_vector_kernel<XF, SC, W, 8, 8, false>, backward_smem_bytes<8>(tpr));
-    else if (c.log2_tpr == 5) run4(integral_constant<int, 5>{});
-    else if (c.log2_tpr == 6) run4(integral_constant<int, 6>{});
-    else if (c.log2_tpr == 7) run4(integral_constant<int, 7>{});
-    else run4(integral_constant<int, 8>{});
+    using K2 = integral_constant<int, 2>;
+    using K4 = integral_constant<int, 4>;
+    if (c.octs == 2) run_octs(K2{}, integral_constant<int, 7>{});  // lean tuning (choose_backward)
+    else if (c.octs == 8) run(backward_vector_kernel<XF, SC, W, 8, 8, false>, backward_smem_bytes<8>(tpr));
+    else if (c.log2_tpr == 5) run_octs(K4{}, integral_constant<int, 5>{});
+    else if (c.log2_tpr == 6) run_octs(K4{}, integral_constant<int, 6>{});
+    else if (c.log2_tpr == 7) run_octs(K4{}, integral_constant<int, 7>{});
+    else run_octs(K4{}, integral_constant<int, 8>{});
   } else {
     auto kernel = backward_generic_kernel<XF, SC, W>;
     const int per_sm = std::min(kBwdBlocksPerSm, occupancy(op, device_index, kernel, kGenericBwdThreads));
