@@ -13,7 +13,7 @@ struct DeviceInfo {
   std::size_t max_smem_per_block_optin = 0;
   int max_threads_per_sm = 0;
   // Peak DRAM bytes (read + write) per SM and SM clock, from the rated memory clock and bus width
-  // and the peak SM clock: ~12.8 on an H100 SXM (3.35 TB/s), ~18.6 on an H200 (4.8 TB/s). Tuning
+  // and the peak SM clock: 12.83 on an H100 SXM (3.35 TB/s), 18.42 on an H200 (4.8 TB/s). Tuning
   // tables of memory-bound kernels key on it. 0 where the driver does not report the clocks.
   double dram_bytes_per_sm_clock = 0.0;
 };

@@ -25,7 +25,7 @@ StatsDesign last_stats_design();
 
 // Which tuning of the vector backward runs. The same kernels' best shapes differ between devices
 // by their DRAM bandwidth per SM clock (DeviceInfo::dram_bytes_per_sm_clock): measured on an H100
-// (~12.8 bytes) and an H200 (~18.6) in session 40, each choice below won on one and lost on the
+// (12.83 bytes) and an H200 (18.42) in session 40, each choice below won on one and lost on the
 // other. dx and dweight are each deterministic for a given tuning; the two tunings sum dweight's
 // partial rows in different groupings, so they may differ in the last bits.
 enum class BackwardTuning : int {
