@@ -1,0 +1,110 @@
+#include "core/overrides.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+
+namespace fusekit::detail {
+
+namespace {
+
+// One row per key, grouped by family. A key that no code reads does not belong here.
+const std::vector<OverrideKey> kOverrideKeys = {
+    // Filled in by the op families.
+};
+
+struct State {
+  std::mutex mutex;
+  std::map<std::string, std::string> values;
+  std::atomic<bool> any{false};
+};
+
+const OverrideKey* find_key(const std::string& key) {
+  for (const OverrideKey& k : kOverrideKeys)
+    if (key == k.name) return &k;
+  return nullptr;
+}
+
+void set_locked(State& s, const std::string& key, const std::string& value) {
+  if (!find_key(key)) {
+    std::string known;
+    for (const OverrideKey& k : kOverrideKeys) known += (known.empty() ? "" : ", ") + std::string(k.name);
+    throw Error(ErrorKind::invalid_argument, "fusekit.override", "key",
+                "one of " + (known.empty() ? std::string("(none)") : known), key);
+  }
+  if (value.empty())
+    s.values.erase(key);
+  else
+    s.values[key] = value;
+  s.any.store(!s.values.empty(), std::memory_order_relaxed);
+}
+
+void set_list_locked(State& s, const std::string& list) {
+  std::size_t start = 0;
+  while (start <= list.size()) {
+    const std::size_t end = std::min(list.find(',', start), list.size());
+    const std::string item = list.substr(start, end - start);
+    if (!item.empty()) {
+      const std::size_t eq = item.find('=');
+      if (eq == std::string::npos)
+        throw Error(ErrorKind::invalid_argument, "fusekit.override", "FUSEKIT_OVERRIDE", "key=value", item);
+      set_locked(s, item.substr(0, eq), item.substr(eq + 1));
+    }
+    start = end + 1;
+  }
+}
+
+State& state() {
+  static State* s = [] {
+    auto* fresh = new State;  // never destroyed: lookups may run during static destruction
+    if (const char* env = std::getenv("FUSEKIT_OVERRIDE")) set_list_locked(*fresh, env);
+    return fresh;
+  }();
+  return *s;
+}
+
+}  // namespace
+
+const std::vector<OverrideKey>& override_keys() { return kOverrideKeys; }
+
+void set_override(const std::string& key, const std::string& value) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  set_locked(s, key, value);
+}
+
+void set_overrides(const std::string& list) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  set_list_locked(s, list);
+}
+
+void clear_overrides() {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  s.values.clear();
+  s.any.store(false, std::memory_order_relaxed);
+}
+
+std::optional<std::string> override_value(const char* key) {
+  State& s = state();
+  if (!s.any.load(std::memory_order_relaxed)) return std::nullopt;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  const auto it = s.values.find(key);
+  if (it == s.values.end()) return std::nullopt;
+  return it->second;
+}
+
+std::optional<long long> override_int(const char* key, long long lo, long long hi) {
+  const std::optional<std::string> value = override_value(key);
+  if (!value) return std::nullopt;
+  char* end = nullptr;
+  const long long v = std::strtoll(value->c_str(), &end, 10);
+  if (value->empty() || *end != '\0' || v < lo || v > hi)
+    throw Error(ErrorKind::invalid_argument, "fusekit.override", key,
+                "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]", *value);
+  return v;
+}
+
+}  // namespace fusekit::detail
