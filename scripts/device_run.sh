@@ -7,6 +7,9 @@
 # example training script; overhead: host time of fusekit.torch over the direct C++ call per op
 # (python/benchmarks/overhead.py, 10 us budget; JSON in $OUT/overhead.json).
 # BENCH_OPS / TORCH_OPS narrow the ops benchmarked (default: all).
+# compare: a second source tree (BASELINE, default .baseline: e.g. `git archive <rev>` of an
+# earlier commit, carried) is built too, and both builds' `fusekit bench` run in turns
+# (COMPARE_ROUNDS each); scripts/bench_compare.py prints every fusekit row's new/base ratio.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -111,6 +114,28 @@ if has overhead; then
   log "fusekit.torch host overhead rc=$rc (0: every op within the 10 us budget)"
   cat "$OUT/overhead.log"
   [ $rc -eq 0 ] || status=1
+fi
+
+if has compare; then
+  base_src=${BASELINE:-.baseline}
+  [ -e "$base_src/.deps" ] || ln -s "$PWD/.deps" "$base_src/.deps"
+  start=$(date +%s)
+  (cd "$base_src" && cmake -S . -B "$PWD/../build-baseline" -G Ninja -DCMAKE_BUILD_TYPE=Release >"$OUT/build-baseline.log" 2>&1 &&
+    cmake --build "$PWD/../build-baseline" -j "$(nproc)" --target fusekit_cli >>"$OUT/build-baseline.log" 2>&1)
+  rc=$?
+  log "baseline build ($base_src) rc=$rc in $(( $(date +%s) - start ))s"
+  if [ $rc -eq 0 ]; then
+    base_runs=(); new_runs=()
+    for round in $(seq "${COMPARE_ROUNDS:-3}"); do
+      build-baseline/fusekit bench ${BENCH_OPS:-} --json "$OUT/compare-base-$round.json" >/dev/null 2>&1 && base_runs+=("$OUT/compare-base-$round.json")
+      "$BUILD/fusekit" bench ${BENCH_OPS:-} --json "$OUT/compare-new-$round.json" >/dev/null 2>&1 && new_runs+=("$OUT/compare-new-$round.json")
+    done
+    python3 scripts/bench_compare.py --base "${base_runs[@]}" --new "${new_runs[@]}" --json "$OUT/compare.json" >"$OUT/compare.log" 2>&1
+    log "bench compare rc=$? (0: no fusekit row more than 2% slower than the baseline): $(tail -1 "$OUT/compare.log")"
+    grep SLOWER "$OUT/compare.log"
+  else
+    tail -20 "$OUT/build-baseline.log"; status=1
+  fi
 fi
 
 if has report; then
