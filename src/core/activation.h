@@ -59,14 +59,13 @@ struct ActivationMath {
   // |x| / sqrt(2), as t 2^(-z^2 log2(e) + Q(t)) with t = 1 / (1 + p z) (the form of Numerical
   // Recipes' erfc fit), and an ex2 whose exponent shares -x^2 / 2 with the derivative's Gaussian.
   // Fractional errors hold everywhere, tail included (where 1 + erff(x) cancels). erff + expf cost
-  // ~46 instructions per element and made the linear dz pass compute-bound (250 against 188 us for
-  // the other activations, H200, session 19).
+  // ~46 instructions per element and make the linear dz pass compute-bound (bench: linear bwd
+  // gelu_erf (8192, 4096, 16384), H200).
   //  fit_f32: Numerical Recipes' Chebyshev coefficients, Q of degree 9, p = 0.5: 1.2e-7.
   //  fit_16bit: Q of degree 5 refitted (minimax over z in [0, 6.5], p = 0.47, the factor 0.5
   //  folded in as -1): 4e-6; gelu below 8.1e-6 relative in float32. Six instructions fewer (four
-  //  FMAs, the multiplies by 0.5 and log2(e)), which the CUTLASS forward's epilogue needed at
-  //  (8191, 4096, 12296): gelu_erf there went from 1.034-1.053x the plain GEMM to 1.000-1.005x
-  //  (H200, session 28).
+  //  FMAs, the multiplies by 0.5 and log2(e)), which keep the CUTLASS forward's epilogue within
+  //  the GEMM's time (bench: linear fwd gelu_erf (8191, 4096, 12296), H200).
   static __device__ __forceinline__ float half_erfc_abs(float x, float minus_half_x2) {
     if constexpr (kGeluErf == GeluErfMath::fit_16bit) {
       constexpr float kP = 0.47f * static_cast<float>(kInvSqrt2);

@@ -37,8 +37,8 @@ inline bool env_flag(const char* name, bool fallback) {
 // static shared memory, and throws when `smem` is more than that. Without the opt-in a block may
 // have 48 KB of static and dynamic shared memory together, so a launch with, say, 48 KB of dynamic
 // memory fails with cudaErrorInvalidValue as soon as the kernel declares any static shared memory:
-// a test of "dynamic bytes over 48 KB" is not enough (an FP8 statistics launch with 48 KB of
-// dynamic and 1.1 KB of static shared memory failed this way, session 36).
+// a test of "dynamic bytes over 48 KB" is not enough (48 KB of dynamic beside 1.1 KB of static
+// shared memory fails).
 template <typename Kernel>
 void allow_dynamic_smem(const char* op, Kernel kernel, std::size_t smem, int device_index,
                         const std::string& what = "a kernel") {
