@@ -383,7 +383,7 @@ def plot_bars(records, plot_dir):
             ax.grid(axis="x", alpha=0.3)
             fig.tight_layout()
             path = os.path.join(plot_dir, f"{device}-{family}.png")
-            fig.savefig(path, dpi=90)
+            fig.savefig(path, dpi=90, bbox_inches="tight")
             plt.close(fig)
             written.append(path)
     return written
