@@ -139,7 +139,11 @@ if has compare; then
 fi
 
 if has report; then
-  python3 scripts/report.py "$OUT/fusekit_bench.json" "$OUT/torch_bench.json" >"$OUT/report.md" 2>&1
+  # The fresh runs as tables (a scratch copy of the records; merge into bench/results/ with
+  # scripts/perf_report.py --merge in the repository).
+  mkdir -p "$OUT/records"
+  python3 scripts/perf_report.py --results "$OUT/records" --no-plots --out "$OUT/report.md" \
+    --merge $(ls "$OUT/fusekit_bench.json" "$OUT/torch_bench.json" 2>/dev/null) >"$OUT/report.log" 2>&1
   cat "$OUT/report.md"
 fi
 exit $status

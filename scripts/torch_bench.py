@@ -2,9 +2,10 @@
 """PyTorch equivalents of fusekit's ops, timed on the same shapes (bf16, random data), eager and
 torch.compile, with triton.testing.do_bench (median, L2 flushed between runs); linear's GEMMs
 with the implementations taking turns (bench_interleaved), fusekit's PyTorch binding among them
-when it is importable. Also records
-PyTorch's own error against float64 so the report can set fusekit's error beside it.
-Writes JSON rows shaped like `fusekit bench --json`."""
+when it is importable. Also records PyTorch's own error against float64, so that fusekit's
+error can be set beside it.
+Writes JSON rows shaped like `fusekit bench --json` (impl torch_eager, torch_compile, torch_mm,
+fusekit_torch, flash, efficient, cudnn), which scripts/perf_report.py --merge adds to the records."""
 import argparse
 import json
 
@@ -29,7 +30,8 @@ def bench_interleaved(fns, rounds=25):
     """Median time (us) of each function, the functions taking turns call by call, L2 flushed
     before each call as do_bench does. GEMM-bound work runs at the GPU's power limit, where the
     clock drifts over seconds: timed one after the other, two equal GEMMs differed by up to 10%
-    (session 19); taking turns puts the drift on all of them alike."""
+    (bench: linear fwd (8191, 4096, 12296), torch.mm, H200); taking turns puts the drift on all
+    of them alike."""
     flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
     for fn in fns:  # warm-up (compilation, autotuning, allocator)
         fn()
@@ -71,7 +73,7 @@ def norm_rows(rows):
             compiled = torch.compile(f)
             shape = f"({m}, {n})"
             elems = m * n
-            for impl, fn in (("torch", f), ("compile", compiled)):
+            for impl, fn in (("torch_eager", f), ("torch_compile", compiled)):
                 with torch.no_grad():
                     t = bench(lambda: fn(x, w, b))
                 rows.append(dict(op=op, direction="fwd", shape=shape, impl=impl, time_us=t,
@@ -120,7 +122,7 @@ def dropout_rows(rows):
                 return F.dropout(act(x + b), 0.1, training=True)
             compiled = torch.compile(f)
             shape = f"({m}, {n}) {name}"
-            for impl, fn in (("torch", f), ("compile", compiled)):
+            for impl, fn in (("torch_eager", f), ("torch_compile", compiled)):
                 t = bench(lambda: fn(x, b))
                 rows.append(dict(op="bias_act_dropout", direction="fwd", shape=shape, impl=impl,
                                  time_us=t, bytes=fwd_bytes, gbps=fwd_bytes / t / 1e3))
@@ -171,9 +173,9 @@ def linear_rows(rows):
                 return act(F.linear(x, w, b))
             compiled = torch.compile(f)
             shape = f"({m}, {k}, {n}) {name}"
-            impls = [("torch", f), ("compile", compiled)]
+            impls = [("torch_eager", f), ("torch_compile", compiled)]
             if fk is not None:
-                impls.append(("fusekit_py", lambda x, w, b, name=name: fk.linear(x, w, b, activation=name)))
+                impls.append(("fusekit_torch", lambda x, w, b, name=name: fk.linear(x, w, b, activation=name)))
             # Forward: every implementation and the plain GEMM (torch.mm) taking turns.
             fwd = [lambda fn=fn: fn(x, w, b) for _, fn in impls]
             fwd.append(lambda: torch.mm(x, w.t()))
@@ -260,7 +262,7 @@ def fp8_norm_rows(rows):
         elems = m * n
         fwd_bytes, bwd_bytes = 4.25 * elems, 5.125 * elems
         shape = f"({m}, {n})"
-        for impl, f, g in (("torch", fwd, norm), ("compile", compiled_fwd, compiled_norm)):
+        for impl, f, g in (("torch_eager", fwd, norm), ("torch_compile", compiled_fwd, compiled_norm)):
             with torch.no_grad():
                 t = bench(lambda: f(xq, sx, w))
             rows.append(dict(op="fp8_rms_norm", direction="fwd", shape=shape, impl=impl, time_us=t,

@@ -5,8 +5,8 @@
 // flops: forward 4 * B * H * S * S * D (two matrix products), halved when causal; backward 2.5 x
 // the forward (five matrix products against two). bytes: q, k, v, out read or written once
 // (forward), plus dout, dq, dk, dv (backward); lse and the workspace are not counted.
-// FUSEKIT_BENCH_SHAPES="S=4096,D=128" (comma-separated pieces that must all occur in the shape
-// string, e.g. "causal") narrows the rows; FUSEKIT_BENCH_DIAGNOSTICS adds the deterministic
+// `fusekit bench --shapes S=4096,D=128` (comma-separated pieces that must all occur in the shape
+// string, e.g. "causal") narrows the rows; --diagnostics adds the deterministic
 // backward ("bwd-det").
 #include <fmt/format.h>
 
@@ -113,7 +113,7 @@ void run_case(Report& report, const Case& c) {
   const Timing tb = time_kernel([&](int r) { backward(r, false); }, rotations);
   report.add({"attention", "bwd", shape, "fusekit", tb.median_us, 8.0 * act_bytes + 2.0 * bias_bytes,
               2.5 * fwd_flops});
-  if (std::getenv("FUSEKIT_BENCH_DIAGNOSTICS")) {
+  if (options().diagnostics) {
     const Timing td = time_kernel([&](int r) { backward(r, true); }, rotations);
     report.add({"attention", "bwd-det", shape, "fusekit", td.median_us, 8.0 * act_bytes + 2.0 * bias_bytes,
                 2.5 * fwd_flops});
@@ -124,7 +124,7 @@ void run_case(Report& report, const Case& c) {
 
 void bench_attention(Report& report) {
   constexpr std::int64_t kTokens = 16384, kWidth = 2048;
-  const char* filter = std::getenv("FUSEKIT_BENCH_SHAPES");
+  const char* filter = options().shapes.empty() ? nullptr : options().shapes.c_str();
   std::vector<Case> cases;
   for (const std::int64_t D : {128, 64})
     for (const std::int64_t S : {1024, 4096, 16384})

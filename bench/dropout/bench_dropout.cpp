@@ -32,7 +32,7 @@ void bench_dropout(Report& report) {
   const Device gpu = Device::cuda(0);
   constexpr float kP = 0.1f;
   const std::int64_t pad = row_pad_elements();
-  for (auto [rows, cols] : shapes_from_env(dropout_bench_shapes())) {
+  for (auto [rows, cols] : selected_shapes(dropout_bench_shapes())) {
     const std::size_t elems = std::size_t(rows) * cols, bytes = elems * 2;
     const std::int64_t ld = cols + pad;  // row stride of x, y, dy, dx (elements)
     const std::size_t alloc = std::size_t(rows) * ld * 2;
@@ -56,10 +56,10 @@ void bench_dropout(Report& report) {
         bytes, rotations, [&](int r) { return sets[r].y.get(); }, [&](int r) { return sets[r].x.get(); });
     report.add({"bias_act_dropout", "fwd", padded_shape_label(rows, cols), "copy", tc.median_us,
                 2.0 * bytes});
-    // FUSEKIT_BENCH_DIAGNOSTICS: forwards that leave out parts of the work (no activation; no
+    // --diagnostics: forwards that leave out parts of the work (no activation; no
     // dropout, p = 0, which skips the Philox calls), to see what each part of the relu forward
     // costs against the same-size copy.
-    if (std::getenv("FUSEKIT_BENCH_DIAGNOSTICS")) {
+    if (options().diagnostics) {
       const std::pair<const char*, BiasActDropoutConfig> parts[] = {
           {"fwd-none", {Activation::none, 0.0f, kP, 0x5eed, 17}},
           {"fwd-p0", {Activation::relu, 0.0f, 0.0f, 0x5eed, 17}},

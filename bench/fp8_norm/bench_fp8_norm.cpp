@@ -34,7 +34,7 @@ const std::vector<std::pair<std::int64_t, std::int64_t>>& fp8_norm_bench_shapes(
 void bench_fp8_norm(Report& report) {
   const Device gpu = Device::cuda(0);
   const std::int64_t pad = row_pad_elements();
-  for (auto [rows, cols] : shapes_from_env(fp8_norm_bench_shapes())) {
+  for (auto [rows, cols] : selected_shapes(fp8_norm_bench_shapes())) {
     const std::size_t elems = std::size_t(rows) * cols, groups = elems / kGroup;
     // Row strides of x, qy, dy and dx (elements); the scales and qy_t stay packed.
     const std::int64_t ld = cols + pad;
@@ -84,7 +84,7 @@ void bench_fp8_norm(Report& report) {
     report.add({"fp8_rms_norm", "fwd", shape, "fusekit", tf.median_us, 4.25 * elems});
     const Timing tb = time_kernel([&](int r) { backward(r, true); }, rotations);
     report.add({"fp8_rms_norm", "bwd", shape, "fusekit", tb.median_us, 5.125 * elems});
-    if (std::getenv("FUSEKIT_BENCH_DIAGNOSTICS")) {
+    if (options().diagnostics) {
       const Timing td = time_kernel([&](int r) { backward(r, false); }, rotations);
       report.add({"fp8_rms_norm", "bwd-dx", shape, "fusekit", td.median_us, 5.125 * elems});
     }

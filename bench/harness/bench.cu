@@ -69,13 +69,30 @@ void DeviceBuffer::fill_random_f32(std::uint64_t seed, float mean, float stddev)
   cuda_check(cudaGetLastError(), "fill_random_f32");
 }
 
-std::vector<std::pair<std::int64_t, std::int64_t>> shapes_from_env(
+namespace {
+Options& mutable_options() {
+  static Options o;
+  return o;
+}
+}  // namespace
+
+void set_options(const Options& o) {
+  if (o.row_pad < 0 || o.row_pad % 16 != 0 || o.row_pad > (1 << 20))
+    throw std::runtime_error(fmt::format("--row-pad: expected a multiple of 16 in [0, 2^20], got {}", o.row_pad));
+  if (o.batch < 1 || o.batch > 256)
+    throw std::runtime_error(fmt::format("--batch: expected 1..256, got {}", o.batch));
+  mutable_options() = o;
+}
+
+const Options& options() { return mutable_options(); }
+
+std::vector<std::pair<std::int64_t, std::int64_t>> selected_shapes(
     const std::vector<std::pair<std::int64_t, std::int64_t>>& defaults) {
-  const char* list = std::getenv("FUSEKIT_BENCH_SHAPES");
-  if (list == nullptr) return defaults;
-  const std::string bad = std::string("FUSEKIT_BENCH_SHAPES: expected RxC[,RxC...] with positive sizes, got ") + list;
+  const std::string& list = options().shapes;
+  if (list.empty()) return defaults;
+  const std::string bad = "--shapes: expected RxC[,RxC...] with positive sizes, got " + list;
   std::vector<std::pair<std::int64_t, std::int64_t>> shapes;
-  for (const char* p = list; *p;) {
+  for (const char* p = list.c_str(); *p;) {
     char* end = nullptr;
     const long long r = std::strtoll(p, &end, 10);
     if (*end != 'x') throw std::runtime_error(bad);
@@ -87,17 +104,7 @@ std::vector<std::pair<std::int64_t, std::int64_t>> shapes_from_env(
   return shapes;
 }
 
-std::int64_t row_pad_elements() {
-  static const std::int64_t pad = [] {
-    const char* env = std::getenv("FUSEKIT_BENCH_ROW_PAD");
-    const long long v = env ? std::strtoll(env, nullptr, 10) : 0;
-    if (v < 0 || v % 16 != 0 || v > (1 << 20))
-      throw std::runtime_error("FUSEKIT_BENCH_ROW_PAD: expected a multiple of 16 in [0, 2^20], got " +
-                               std::string(env));
-    return static_cast<std::int64_t>(v);
-  }();
-  return pad;
-}
+std::int64_t row_pad_elements() { return options().row_pad; }
 
 std::string padded_shape_label(std::int64_t rows, std::int64_t cols) {
   const std::int64_t pad = row_pad_elements();
@@ -122,7 +129,7 @@ Timing time_same_size_copy(std::size_t bytes, int rotations, const std::function
 
 namespace {
 // Occupies the GPU for `ns` nanoseconds on one warp: lets a run start after an idle gap while
-// the host has already queued its events and launches (FUSEKIT_BENCH_GAP_US).
+// the host has already queued its events and launches (--gap-us).
 __global__ void idle_gap_kernel(unsigned long long ns) {
   unsigned long long start, now;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
@@ -131,7 +138,7 @@ __global__ void idle_gap_kernel(unsigned long long ns) {
   } while (now - start < ns);
 }
 // Reads `n` 16-byte words: with a buffer several times L2, it leaves L2 holding clean lines only
-// (FUSEKIT_BENCH_L2_FLUSH: the previous run's dirty lines are written back before the next run).
+// (--l2-flush: the previous run's dirty lines are written back before the next run).
 __global__ void l2_flush_kernel(const uint4* p, std::size_t n, unsigned* sink) {
   unsigned acc = 0;
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x)
@@ -140,19 +147,11 @@ __global__ void l2_flush_kernel(const uint4* p, std::size_t n, unsigned* sink) {
 }
 }  // namespace
 
-int batch_calls() {
-  static const int batch = [] {
-    const char* env = std::getenv("FUSEKIT_BENCH_BATCH");
-    const long v = env ? std::strtol(env, nullptr, 10) : 1;
-    return static_cast<int>(std::clamp<long>(v, 1, 256));
-  }();
-  return batch;
-}
+int batch_calls() { return options().batch; }
 
 Timing time_kernel(const std::function<void(int)>& fn, int rotations, int warmup, int runs) {
-  static const char* gap_env = std::getenv("FUSEKIT_BENCH_GAP_US");
-  const unsigned long long gap_ns = gap_env ? 1000ull * std::strtoull(gap_env, nullptr, 10) : 0;
-  static const bool flush = std::getenv("FUSEKIT_BENCH_L2_FLUSH") != nullptr;
+  const unsigned long long gap_ns = 1000ull * options().gap_us;
+  const bool flush = options().l2_flush;
   static void* flush_buf = nullptr;
   const std::size_t flush_bytes = std::size_t(256) << 20;
   if (flush && !flush_buf) {

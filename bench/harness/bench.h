@@ -11,6 +11,21 @@
 
 namespace fusekit::bench {
 
+// What `fusekit bench` was asked for beyond the op list (its command-line flags); the benches and
+// the timing loop read them through options().
+struct Options {
+  std::string shapes;       // --shapes: "RxC,RxC" for the (rows, cols) benches, "MxKxN" for linear,
+                            // a case-name filter for attention; empty: every default shape
+  std::string activations;  // --activations "silu,gelu_tanh": linear's activations; empty: all
+  bool diagnostics = false; // --diagnostics: extra rows (e.g. backward without dweight, bwd-det)
+  std::int64_t row_pad = 0; // --row-pad P: row stride cols + P elements (a multiple of 16)
+  int batch = 1;            // --batch B: calls per event pair (1..256)
+  unsigned gap_us = 0;      // --gap-us N: GPU idle N us before each timed run
+  bool l2_flush = false;    // --l2-flush: read a 256 MB buffer before each timed run
+};
+void set_options(const Options& o);  // validates; throws std::runtime_error naming the flag
+const Options& options();
+
 struct Ceilings {
   std::string device;
   double copy_gbps = 0;     // cudaMemcpy device-to-device, bytes read + written per second
@@ -30,14 +45,14 @@ struct Timing {
 
 // Times fn(rotation) with CUDA events, one event pair per call; rotation cycles through
 // [0, rotations) so that consecutive calls touch different buffers. Calls run back to back, as in
-// a training step. Two diagnostics change that, outside the timed span: FUSEKIT_BENCH_L2_FLUSH
-// reads a 256 MB buffer before each call (L2 then holds no dirty lines from the previous call),
-// FUSEKIT_BENCH_GAP_US=N keeps the GPU idle N us before each call. A kernel that is faster
-// alone (Nsight) but not back to back can be told apart with them (norm backward, session 26).
+// a training step. Two diagnostics change that, outside the timed span: --l2-flush reads a 256 MB
+// buffer before each call (L2 then holds no dirty lines from the previous call), --gap-us N keeps
+// the GPU idle N us before each call. A kernel that is faster alone (Nsight) than back to back is
+// told apart with them (bench: rms_norm bwd (16384, 5120), H200).
 Timing time_kernel(const std::function<void(int rotation)>& fn, int rotations, int warmup = 10,
                    int runs = 100);
 
-// Calls per event pair in time_kernel (FUSEKIT_BENCH_BATCH, default 1, at most 256): with B > 1
+// Calls per event pair in time_kernel (--batch, default 1, at most 256): with B > 1
 // each timed run is B consecutive calls (rotations continuing) between one event pair, and the
 // run's time is divided by B. The flush and gap diagnostics then apply once per run.
 int batch_calls();
@@ -58,12 +73,12 @@ std::pair<Timing, Timing> time_interleaved(const std::function<void(int rotation
 Timing time_same_size_copy(std::size_t bytes, int rotations, const std::function<void*(int rotation)>& dst,
                            const std::function<const void*(int rotation)>& src);
 
-// FUSEKIT_BENCH_SHAPES="16384x4096,4096x6144" replaces a (rows, cols) bench's shapes (for tuning
-// and profiling); without it, `defaults`. A malformed list throws, naming the variable.
-std::vector<std::pair<std::int64_t, std::int64_t>> shapes_from_env(
+// --shapes "16384x4096,4096x6144" replaces a (rows, cols) bench's shapes (for tuning and
+// profiling); without it, `defaults`. A malformed list throws, naming the flag.
+std::vector<std::pair<std::int64_t, std::int64_t>> selected_shapes(
     const std::vector<std::pair<std::int64_t, std::int64_t>>& defaults);
 
-// FUSEKIT_BENCH_ROW_PAD=P (a diagnostic, default 0, a multiple of 16): the (rows, cols) benches
+// --row-pad P (a diagnostic, default 0, a multiple of 16): the (rows, cols) benches
 // lay their row-major tensors out with row strides of cols + P elements, so that one call can tell
 // whether a shape's time depends on where its rows start (DRAM address mapping) rather than on
 // its size. Rows are labelled with the padding ("(8192, 8192) +256").

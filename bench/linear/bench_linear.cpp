@@ -66,10 +66,10 @@ void bench_linear(Report& report, const std::string&) {
   const float alpha = 1.0f, beta = 0.0f;
   const DType bf16 = DType::bf16;
 
-  // For tuning runs: FUSEKIT_BENCH_SHAPES="8192x4096x16384" (M x K x N) narrows the shapes,
-  // FUSEKIT_BENCH_ACTIVATIONS="silu,gelu_tanh" the activations.
-  const char* shape_filter = std::getenv("FUSEKIT_BENCH_SHAPES");
-  const char* act_filter = std::getenv("FUSEKIT_BENCH_ACTIVATIONS");
+  // For tuning runs: --shapes 8192x4096x16384 (M x K x N) narrows the shapes, --activations
+  // silu,gelu_tanh the activations.
+  const char* shape_filter = options().shapes.empty() ? nullptr : options().shapes.c_str();
+  const char* act_filter = options().activations.empty() ? nullptr : options().activations.c_str();
   for (const LinearBenchShape& s : linear_bench_shapes()) {
     const std::int64_t m = s.m, k = s.k, n = s.n;
     if (shape_filter && std::string(shape_filter).find(fmt::format("{}x{}x{}", m, k, n)) == std::string::npos)

@@ -31,7 +31,7 @@ const std::vector<std::pair<std::int64_t, std::int64_t>>& norm_bench_shapes() {
 
 void bench_norm(Report& report, const std::string& only) {
   const Device gpu = Device::cuda(0);
-  const std::vector<std::pair<std::int64_t, std::int64_t>> shapes = shapes_from_env(norm_bench_shapes());
+  const std::vector<std::pair<std::int64_t, std::int64_t>> shapes = selected_shapes(norm_bench_shapes());
   const std::int64_t pad = row_pad_elements();
   for (const bool rms : {false, true}) {
     const std::string op = rms ? "rms_norm" : "layer_norm";
@@ -81,7 +81,7 @@ void bench_norm(Report& report, const std::string& only) {
       report.add({op, "fwd", shape, "fusekit", tf.median_us, 4.0 * elems});
       const Timing tb = time_kernel(backward, rotations);
       report.add({op, "bwd", shape, "fusekit", tb.median_us, 6.0 * elems});
-      if (std::getenv("FUSEKIT_BENCH_DIAGNOSTICS")) {
+      if (options().diagnostics) {
         // dx alone: the cost of the dweight/dbias partial sums is the difference.
         auto dx_only = [&](int r) {
           Set& s = sets[r];

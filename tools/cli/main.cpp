@@ -6,6 +6,7 @@
 #include <fstream>
 #include <vector>
 
+#include "core/overrides.h"
 #include "fusekit/error.h"
 #include "fusekit/runtime.h"
 #include "tools/cli/ops.h"
@@ -47,7 +48,23 @@ int cmd_check(const std::string& only) {
   return failed == 0 && passed > 0 ? 0 : 1;
 }
 
-int cmd_bench(const std::vector<std::string>& only, const std::string& json_path) {
+int cmd_overrides() {
+  fmt::print("{:<36} {:<28} {}\n", "key", "values", "forces");
+  for (const auto& k : fusekit::detail::override_keys()) fmt::print("{:<36} {:<28} {}\n", k.name, k.values, k.what);
+  return 0;
+}
+
+int cmd_bench(const std::vector<std::string>& only, const std::string& json_path,
+              const fusekit::bench::Options& options, const std::vector<std::string>& overrides) {
+  fusekit::bench::set_options(options);
+  for (const std::string& kv : overrides) {
+    const std::size_t eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      fmt::print(stderr, "fusekit bench: --override expects key=value, got '{}' (see `fusekit overrides`)\n", kv);
+      return 2;
+    }
+    fusekit::detail::set_override(kv.substr(0, eq), kv.substr(eq + 1));
+  }
   if (fusekit::cuda_device_count() == 0) {
     fmt::print(stderr, "fusekit bench: no CUDA device on this machine; benchmarks need a GPU (H100/H200)\n");
     return 2;
@@ -84,12 +101,27 @@ int main(int argc, char** argv) {
   check->add_option("op", check_op, "only this op");
   auto* bench = app.add_subcommand("bench", "benchmark ops on the GPU (table, optional JSON)");
   bench->add_option("op", bench_op, "only these ops (one or more names)");
-  bench->add_option("--json", json_path, "write results as JSON to this file");
+  bench->add_option("--json", json_path, "write results as JSON to this file (scripts/perf_report.py reads it)");
+  fusekit::bench::Options bench_options;
+  std::vector<std::string> bench_overrides;
+  bench->add_option("--shapes", bench_options.shapes,
+                    "only these shapes: RxC[,RxC] (norm, dropout, fp8), MxKxN (linear), name pieces (attention)");
+  bench->add_option("--activations", bench_options.activations, "linear: only these activations (silu,gelu_tanh)");
+  bench->add_flag("--diagnostics", bench_options.diagnostics, "add diagnostic rows (partial kernels, bwd-det)");
+  bench->add_option("--row-pad", bench_options.row_pad, "row stride cols + P elements (multiple of 16)");
+  bench->add_option("--batch", bench_options.batch, "calls per timed event pair (1..256)");
+  bench->add_option("--gap-us", bench_options.gap_us, "keep the GPU idle N us before each timed run");
+  bench->add_flag("--l2-flush", bench_options.l2_flush, "read 256 MB before each timed run (L2 holds clean lines)");
+  bench->add_option("--override", bench_overrides, "force a launch choice: key=value (repeatable; see `fusekit overrides`)")
+      ->allow_extra_args(false)  // one key=value per --override; further words are op names
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  auto* overrides = app.add_subcommand("overrides", "list the launch-choice override keys");
   CLI11_PARSE(app, argc, argv);
   try {
     if (*ops) return cmd_ops();
     if (*check) return cmd_check(check_op);
-    if (*bench) return cmd_bench(bench_op, json_path);
+    if (*overrides) return cmd_overrides();
+    if (*bench) return cmd_bench(bench_op, json_path, bench_options, bench_overrides);
   } catch (const fusekit::Error& e) {
     fmt::print(stderr, "{}\n", e.what());
     return 1;

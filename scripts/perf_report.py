@@ -1,0 +1,437 @@
+#!/usr/bin/env python3
+"""Benchmark records -> docs/performance.md and docs/plots/*.png.
+
+The records are bench/results/<device>-<date>.json (schema: bench/results/README.md). This script
+  1. optionally merges fresh runs into them: `--merge out/fusekit_bench.json out/torch_bench.json`
+     (what `fusekit bench --json` and scripts/torch_bench.py write on the GPU machine); each run's
+     rows replace the rows of the same kind in the file of its device and date;
+  2. regenerates docs/performance.md: for each device and op family, one table of the newest
+     fusekit rows beside PyTorch eager, torch.compile and the SDPA backends where they apply, with
+     % of the copy ceiling (memory-bound ops) or of the bf16 GEMM ceiling (matrix ops);
+  3. draws one PNG per device and family into docs/plots/ (matplotlib; without it the tables are
+     still written and the script says so).
+
+    python3 scripts/perf_report.py                                  # tables + plots from records
+    python3 scripts/perf_report.py --merge fk.json torch.json       # add a run, then regenerate
+    python3 scripts/perf_report.py --merge fk.json --commit abc1234 --date 2026-12-01 --no-plots
+"""
+import argparse
+import datetime
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCHEMA = 1
+
+FAMILY_OF_OP = {"layer_norm": "norm", "rms_norm": "norm", "norm": "norm",
+                "bias_act_dropout": "bias_act_dropout", "fp8_rms_norm": "fp8_norm",
+                "linear": "linear", "attention": "attention"}
+FAMILIES = ["norm", "bias_act_dropout", "fp8_norm", "linear", "attention"]
+FAMILY_TITLE = {"norm": "LayerNorm / RMSNorm (bf16)", "bias_act_dropout": "Bias + activation + dropout (bf16)",
+                "fp8_norm": "FP8 RMSNorm (e4m3 in and out)", "linear": "Linear + bias + activation (bf16)",
+                "attention": "Attention (bf16)"}
+MATRIX_FAMILIES = {"linear", "attention"}
+# Implementation names as the records store them; older runs' names on the left.
+IMPL_ALIASES = {"torch": "torch_eager", "compile": "torch_compile", "fusekit_py": "fusekit_torch"}
+IMPL_LABEL = {"fusekit": "fusekit", "torch_eager": "torch eager", "torch_compile": "torch.compile",
+              "flash": "SDPA flash", "efficient": "SDPA efficient", "cudnn": "SDPA cuDNN",
+              "fusekit_torch": "fusekit (torch op)", "torch_mm": "torch.mm", "cublas_plain": "cuBLAS plain",
+              "copy": "same-size copy"}
+
+
+# ---- records ---------------------------------------------------------------------------------
+
+def read_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def device_key(name):
+    """'NVIDIA H200 (sm_90, ...)' -> 'h200'; 'NVIDIA H100 80GB HBM3' -> 'h100'."""
+    m = re.search(r"\b([A-Z]+\d{2,4}[A-Za-z]*)\b", name.replace("NVIDIA", ""))
+    return m.group(1).lower() if m else re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def dtype_of(op):
+    return "e4m3" if op == "fp8_rms_norm" else "bf16"
+
+
+def normalize_run(raw, commit):
+    """A `fusekit bench --json` or torch_bench.py document -> (run, rows) in the record schema."""
+    if "ceilings" in raw:  # fusekit bench
+        ceilings = {"copy_gbps": raw["ceilings"].get("copy_gbps"),
+                    "gemm_bf16_tflops": raw["ceilings"].get("gemm_bf16_tflops")}
+        run = {"source": "fusekit bench", "commit": commit, "ceilings": ceilings}
+    else:  # scripts/torch_bench.py: PyTorch's own copy measurement, no GEMM ceiling
+        ceilings = {"copy_gbps": raw.get("copy_gbps"), "gemm_bf16_tflops": None}
+        run = {"source": "torch_bench", "commit": commit, "ceilings": ceilings, "torch": raw.get("torch")}
+    rows = []
+    for r in raw["rows"]:
+        impl = IMPL_ALIASES.get(r["impl"], r["impl"])
+        row = {"family": FAMILY_OF_OP.get(r["op"], r["op"]), "op": r["op"], "direction": r["direction"],
+               "shape": r["shape"], "dtype": dtype_of(r["op"]), "impl": impl,
+               "time_us": round(r["time_us"], 3)}
+        t = r["time_us"]
+        if r.get("flops"):
+            row["flops"] = r["flops"]
+            row["tflops"] = round(r["flops"] / t / 1e6, 2)
+            gemm = ceilings["gemm_bf16_tflops"]
+            row["ceiling"] = "gemm"
+            row["percent_of_ceiling"] = round(100 * row["tflops"] / gemm, 2) if gemm else None
+        else:
+            row["bytes"] = r.get("bytes", 0)
+            row["gbps"] = round(r["bytes"] / t / 1e3, 1) if r.get("bytes") else None
+            copy = ceilings["copy_gbps"]
+            row["ceiling"] = "copy"
+            row["percent_of_ceiling"] = round(100 * row["gbps"] / copy, 2) if copy and row["gbps"] else None
+        rows.append(row)
+    return run, rows
+
+
+def row_key(r):
+    return (r["family"], r["op"], r["direction"], r["shape"], r["dtype"], r["impl"])
+
+
+def empty_record(device, device_name, date):
+    return {"schema": SCHEMA, "device": device, "device_name": device_name, "date": date,
+            "commits": [], "runs": [], "rows": []}
+
+
+def merge_run(record, run, rows):
+    """Adds a run to a record: its rows replace the record's rows of the same key; runs no row
+    refers to any more are dropped."""
+    new_keys = {row_key(r) for r in rows}
+    kept = [r for r in record["rows"] if row_key(r) not in new_keys]
+    runs = record["runs"] + [run]
+    index = len(runs) - 1
+    kept += [dict(r, run=index) for r in rows]
+    used = sorted({r["run"] for r in kept})
+    renumber = {old: new for new, old in enumerate(used)}
+    record["runs"] = [runs[i] for i in used]
+    record["rows"] = [dict(r, run=renumber[r["run"]]) for r in kept]
+    commits = []
+    for r in record["runs"]:
+        if r.get("commit") and r["commit"] not in commits:
+            commits.append(r["commit"])
+    record["commits"] = commits
+    return record
+
+
+def write_record(path, record):
+    with open(path, "w") as f:
+        json.dump(record, f, indent=1)
+        f.write("\n")
+
+
+def merge_files(results_dir, paths, commit, date):
+    written = []
+    for path in paths:
+        raw = read_json(path)
+        device_name = raw.get("device", "unknown")
+        device = device_key(device_name)
+        out = os.path.join(results_dir, f"{device}-{date}.json")
+        record = read_json(out) if os.path.exists(out) else empty_record(device, device_name, date)
+        if "ceilings" in raw:  # fusekit's device string names SM count and L2; prefer it
+            record["device_name"] = device_name
+        run, rows = normalize_run(raw, commit)
+        write_record(out, merge_run(record, run, rows))
+        print(f"merged {path} ({len(rows)} rows) into {os.path.relpath(out, ROOT)}")
+        written.append(out)
+    return written
+
+
+def load_records(results_dir):
+    records = []
+    for path in sorted(glob.glob(os.path.join(results_dir, "*.json"))):
+        rec = read_json(path)
+        if rec.get("schema") == SCHEMA:
+            records.append(rec)
+    return records
+
+
+# ---- selection -------------------------------------------------------------------------------
+
+def current_rows(records, device, family):
+    """The newest row of each key for one device and family, and the fusekit rows of the newest
+    date that has any (what the table shows). Each row is paired with its record."""
+    newest = {}
+    for rec in sorted((r for r in records if r["device"] == device), key=lambda r: r["date"]):
+        for r in rec["rows"]:
+            if r["family"] == family:
+                newest[row_key(r)] = (r, rec)
+    fusekit_dates = [rec["date"] for r, rec in newest.values() if r["impl"] == "fusekit"]
+    if not fusekit_dates:
+        return newest, []
+    last = max(fusekit_dates)
+    main = [(r, rec) for r, rec in newest.values() if r["impl"] == "fusekit" and rec["date"] == last]
+    order = {}
+    for rec in records:  # the order the benchmark printed them in
+        if rec["device"] == device and rec["date"] == last:
+            for i, r in enumerate(rec["rows"]):
+                order.setdefault(row_key(r), i)
+    main.sort(key=lambda p: order.get(row_key(p[0]), 0))
+    return newest, main
+
+
+def lookup(newest, r, impl, shape=None, op=None):
+    key = (r["family"], op or r["op"], r["direction"], shape or r["shape"], r["dtype"], impl)
+    hit = newest.get(key)
+    return hit[0] if hit else None
+
+
+def us(row):
+    return f"{row['time_us']:.1f}" if row else "-"
+
+
+def speedup(other, mine):
+    return f"{other['time_us'] / mine['time_us']:.2f}" if other else "-"
+
+
+def ceilings_of(row, rec):
+    return rec["runs"][row["run"]]["ceilings"]
+
+
+def provenance(main):
+    dates = sorted({rec["date"] for _, rec in main})
+    commits = []
+    for r, rec in main:
+        c = rec["runs"][r["run"]].get("commit")
+        if c and c not in commits:
+            commits.append(c)
+    copy = sorted({round(ceilings_of(r, rec)["copy_gbps"]) for r, rec in main if ceilings_of(r, rec).get("copy_gbps")})
+    gemm = sorted({round(ceilings_of(r, rec)["gemm_bf16_tflops"]) for r, rec in main
+                   if ceilings_of(r, rec).get("gemm_bf16_tflops")})
+    text = f"Measured {', '.join(dates)}"
+    if commits:
+        text += f" (commit {', '.join(commits)})"
+    text += "; ceilings in the same run: copy " + "/".join(map(str, copy)) + " GB/s"
+    if gemm:
+        text += ", bf16 GEMM " + "/".join(map(str, gemm)) + " TFLOP/s"
+    return text + "."
+
+
+# ---- tables ----------------------------------------------------------------------------------
+
+def memory_table(newest, main):
+    out = ["| op | dir | shape | fusekit us | GB/s | % of copy | same-size copy % | torch eager us | "
+           "torch.compile us | x eager | x compile |",
+           "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    copies = {}
+    for (fam, op, d, shape, dt, impl), (r, rec) in newest.items():
+        if impl == "copy":
+            copies[shape] = (r, rec)
+    for r, rec in main:
+        te, tc = lookup(newest, r, "torch_eager"), lookup(newest, r, "torch_compile")
+        same = copies.get(r["shape"]) or copies.get(r["shape"].split(")")[0] + ")")
+        copy_pct = "-"
+        if same and same[0].get("gbps"):
+            copy_pct = f"{100 * same[0]['gbps'] / ceilings_of(*same)['copy_gbps']:.1f}%"
+        pct = f"{r['percent_of_ceiling']:.1f}%" if r.get("percent_of_ceiling") is not None else "-"
+        gbps = f"{r['gbps']:.0f}" if r.get("gbps") else "-"
+        out.append(f"| {r['op']} | {r['direction']} | {r['shape']} | {us(r)} | {gbps} | {pct} | {copy_pct} | "
+                   f"{us(te)} | {us(tc)} | {speedup(te, r)} | {speedup(tc, r)} |")
+    return out
+
+
+def linear_table(newest, main):
+    out = ["| dir | shape | fusekit us | TFLOP/s | % of GEMM | cuBLAS plain us | fusekit / plain | "
+           "torch eager us | torch.compile us | x eager | x compile |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r, rec in main:
+        plain = lookup(newest, r, "cublas_plain")
+        te, tc = lookup(newest, r, "torch_eager"), lookup(newest, r, "torch_compile")
+        rel = f"{r['time_us'] / plain['time_us']:.3f}" if plain else "-"
+        pct = f"{r['percent_of_ceiling']:.1f}%" if r.get("percent_of_ceiling") is not None else "-"
+        out.append(f"| {r['direction']} | {r['shape']} | {us(r)} | {r['tflops']:.0f} | {pct} | {us(plain)} | {rel} | "
+                   f"{us(te)} | {us(tc)} | {speedup(te, r)} | {speedup(tc, r)} |")
+    # fusekit through its PyTorch op, timed by torch_bench.py in turns with PyTorch and torch.mm
+    # (matrix ops run at the power limit, where the clock drifts between separate timings).
+    same = [(r, rec) for (_, _, _, _, _, impl), (r, rec) in newest.items() if impl == "fusekit_torch"]
+    if same:
+        out += ["", "Same timer (scripts/torch_bench.py, implementations taking turns, L2 flushed; fusekit "
+                "through its PyTorch op):", "",
+                "| dir | shape | fusekit us | torch.mm us | fusekit / mm | torch eager us | torch.compile us | x eager | x compile |",
+                "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for r, rec in same:
+            mm = lookup(newest, r, "torch_mm")
+            te, tc = lookup(newest, r, "torch_eager"), lookup(newest, r, "torch_compile")
+            rel = f"{r['time_us'] / mm['time_us']:.3f}" if mm else "-"
+            out.append(f"| {r['direction']} | {r['shape']} | {us(r)} | {us(mm)} | {rel} | {us(te)} | {us(tc)} | "
+                       f"{speedup(te, r)} | {speedup(tc, r)} |")
+    return out
+
+
+def attention_table(newest, main):
+    out = ["| shape | dir | fusekit us | TFLOP/s | % of GEMM | flash us | efficient us | cuDNN us | "
+           "x flash | x efficient | x cuDNN |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r, rec in main:
+        fl, ef, cu = (lookup(newest, r, i) for i in ("flash", "efficient", "cudnn"))
+        pct = f"{r['percent_of_ceiling']:.1f}%" if r.get("percent_of_ceiling") is not None else "-"
+        out.append(f"| {r['shape']} | {r['direction']} | {us(r)} | {r['tflops']:.0f} | {pct} | {us(fl)} | {us(ef)} | "
+                   f"{us(cu)} | {speedup(fl, r)} | {speedup(ef, r)} | {speedup(cu, r)} |")
+    return out
+
+
+TABLES = {"norm": memory_table, "bias_act_dropout": memory_table, "fp8_norm": memory_table,
+          "linear": linear_table, "attention": attention_table}
+
+HEADER = """# fusekit performance
+
+Generated by `scripts/perf_report.py` from the records in `bench/results/` (one JSON file per
+device and date; schema in `bench/results/README.md`). Do not edit by hand: run the benchmarks on
+the GPU machine and merge them (see "Regenerating" at the end).
+
+fusekit's times come from `fusekit bench` (CUDA events, median of 100 back-to-back calls, inputs
+rotated so that the working set exceeds L2); PyTorch's from `scripts/torch_bench.py`
+(`triton.testing.do_bench`, median, L2 flushed). Memory-bound ops count each input and output
+once and report GB/s against the device-to-device copy ceiling measured in the same run; matrix
+ops report TFLOP/s against cuBLAS's bf16 8192^3 GEMM in the same run. "x eager" is PyTorch's
+time over fusekit's (above 1: fusekit is faster).
+"""
+
+FOOTER = """## Regenerating
+
+On the GPU machine (`bash scripts/device_run.sh` runs both and keeps the JSON in `$OUT`):
+
+    build/fusekit bench --json out/fusekit_bench.json          # optionally: ops, --shapes, --override k=v
+    python3 scripts/torch_bench.py --out out/torch_bench.json norm dropout linear fp8_norm attention
+
+Then, in the repository:
+
+    python3 scripts/perf_report.py --merge out/fusekit_bench.json out/torch_bench.json --commit <hash>
+
+which adds the runs to `bench/results/<device>-<date>.json` and rewrites this file and
+`docs/plots/`. Design notes and what was tried: `docs/performance-notes.md`.
+"""
+
+
+def render(records, plot_dir=None):
+    devices = sorted({r["device"] for r in records})
+    lines = [HEADER]
+    contents = []
+    body = []
+    for device in devices:
+        recs = [r for r in records if r["device"] == device]
+        name = max(recs, key=lambda r: r["date"])["device_name"]
+        body += [f"## {device.upper()}", "", f"Device: {name}.", ""]
+        for family in FAMILIES:
+            newest, main = current_rows(records, device, family)
+            if not main:
+                continue
+            title = f"{FAMILY_TITLE[family]}, {device.upper()}"
+            contents.append(f"- [{title}](#{re.sub(r'[^a-z0-9 -]', '', title.lower()).replace(' ', '-')})")
+            body += [f"### {title}", "", provenance(main), ""]
+            body += TABLES[family](newest, main)
+            if plot_dir and os.path.exists(os.path.join(plot_dir, f"{device}-{family}.png")):
+                body += ["", f"![{title}](plots/{device}-{family}.png)"]
+            body.append("")
+    lines += contents + [""] + body + [FOOTER]
+    return "\n".join(lines)
+
+
+# ---- plots -----------------------------------------------------------------------------------
+
+def plot_bars(records, plot_dir):
+    """One horizontal bar chart per device and family: % of the ceiling (copy or GEMM, fusekit's
+    run's) for fusekit and its comparisons. Returns the files written, or None without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    os.makedirs(plot_dir, exist_ok=True)
+    written = []
+    for device in sorted({r["device"] for r in records}):
+        for family in FAMILIES:
+            newest, main = current_rows(records, device, family)
+            if not main:
+                continue
+            impls = ["fusekit"] + (["flash", "efficient", "cudnn"] if family == "attention"
+                                   else ["torch_eager", "torch_compile"])
+            if family == "linear":
+                impls.append("cublas_plain")
+            labels, series = [], {i: [] for i in impls}
+            for r, rec in main:
+                labels.append(f"{r['op'] if family == 'norm' else ''} {r['direction']} {r['shape']}".strip())
+                ceil = ceilings_of(r, rec)
+                for impl in impls:
+                    other = r if impl == "fusekit" else lookup(newest, r, impl)
+                    if other is None:
+                        series[impl].append(0)
+                    elif family in MATRIX_FAMILIES:
+                        series[impl].append(100 * other["flops"] / other["time_us"] / 1e6 / ceil["gemm_bf16_tflops"])
+                    else:
+                        series[impl].append(100 * r["bytes"] / other["time_us"] / 1e3 / ceil["copy_gbps"])
+            impls = [i for i in impls if any(series[i])]
+            n = len(labels)
+            height = 0.8 / len(impls)
+            fig, ax = plt.subplots(figsize=(9, 0.9 + 0.28 * n * max(1, len(impls) / 2)))
+            for k, impl in enumerate(impls):
+                ax.barh([i + k * height for i in range(n)], series[impl], height=height, label=IMPL_LABEL.get(impl, impl))
+            ax.set_yticks([i + 0.4 - height / 2 for i in range(n)])
+            ax.set_yticklabels(labels, fontsize=7)
+            ax.invert_yaxis()
+            ax.set_xlabel("% of bf16 GEMM ceiling (TFLOP/s)" if family in MATRIX_FAMILIES else "% of copy bandwidth (same bytes)")
+            ax.set_title(f"{FAMILY_TITLE[family]}, {device.upper()}")
+            ax.legend(fontsize=7, loc="lower right")
+            ax.grid(axis="x", alpha=0.3)
+            fig.tight_layout()
+            path = os.path.join(plot_dir, f"{device}-{family}.png")
+            fig.savefig(path, dpi=90, bbox_inches="tight")
+            plt.close(fig)
+            written.append(path)
+    return written
+
+
+# ---- main ------------------------------------------------------------------------------------
+
+def git_commit():
+    try:
+        return subprocess.check_output(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], text=True).strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--results", default=os.path.join(ROOT, "bench", "results"), help="records folder")
+    ap.add_argument("--merge", nargs="+", default=[], metavar="JSON",
+                    help="fresh `fusekit bench --json` / torch_bench.py output to add to the records first")
+    ap.add_argument("--commit", help="commit the merged runs measured (default: git HEAD)")
+    ap.add_argument("--date", help="date of the merged runs, YYYY-MM-DD (default: today, UTC)")
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "performance.md"), help="markdown to write ('-': stdout)")
+    ap.add_argument("--plots", default=os.path.join(ROOT, "docs", "plots"), help="folder for the PNG plots")
+    ap.add_argument("--no-plots", action="store_true", help="tables only")
+    args = ap.parse_args(argv)
+
+    if args.merge:
+        date = args.date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+        merge_files(args.results, args.merge, args.commit or git_commit(), date)
+    records = load_records(args.results)
+    if not records:
+        print(f"perf_report: no records in {args.results}", file=sys.stderr)
+        return 1
+    plots = None
+    if not args.no_plots:
+        plots = plot_bars(records, args.plots)
+        if plots is None:
+            print("perf_report: matplotlib is not installed; writing the tables without plots "
+                  "(python3 -m pip install matplotlib)", file=sys.stderr)
+    text = render(records, plot_dir=args.plots)
+    if args.out == "-":
+        sys.stdout.write(text)
+    else:
+        with open(args.out, "w") as f:
+            f.write(text)
+        print(f"wrote {os.path.relpath(args.out, ROOT)}" + (f" and {len(plots)} plots" if plots else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""scripts/perf_report.py on a fixture: merging fresh runs into a device/date record and the
+tables generated from it (CPU only; the plots are not drawn). Runs under pytest or directly."""
+import json
+import os
+import shutil
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "scripts"))
+import perf_report  # noqa: E402
+
+FIXTURES = os.path.join(HERE, "fixtures")
+
+
+class PerfReportTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp()
+        self.results = os.path.join(self.dir, "results")
+        os.makedirs(self.results)
+
+    def tearDown(self):
+        shutil.rmtree(self.dir)
+
+    def run_report(self, *merge, date="2026-12-01"):
+        out = os.path.join(self.dir, "performance.md")
+        args = ["--results", self.results, "--out", out, "--no-plots", "--plots", os.path.join(self.dir, "plots"),
+                "--commit", "abc1234", "--date", date]
+        if merge:
+            args += ["--merge"] + [os.path.join(FIXTURES, m) for m in merge]
+        self.assertEqual(perf_report.main(args), 0)
+        with open(out) as f:
+            return f.read()
+
+    def test_merge_writes_one_record_per_device_and_date(self):
+        self.run_report("fusekit_bench.json", "torch_bench.json")
+        self.assertEqual(os.listdir(self.results), ["h100-2026-12-01.json"])
+        rec = perf_report.read_json(os.path.join(self.results, "h100-2026-12-01.json"))
+        self.assertEqual((rec["device"], rec["date"], rec["commits"]), ("h100", "2026-12-01", ["abc1234"]))
+        self.assertEqual([r["source"] for r in rec["runs"]], ["fusekit bench", "torch_bench"])
+        row = next(r for r in rec["rows"] if r["op"] == "rms_norm" and r["impl"] == "fusekit")
+        self.assertEqual((row["family"], row["dtype"], row["ceiling"]), ("norm", "bf16", "copy"))
+        self.assertAlmostEqual(row["gbps"], 2684.4, places=1)
+        self.assertAlmostEqual(row["percent_of_ceiling"], 89.48, places=2)
+        lin = next(r for r in rec["rows"] if r["op"] == "linear" and r["impl"] == "fusekit")
+        self.assertEqual(lin["ceiling"], "gemm")
+        self.assertAlmostEqual(lin["percent_of_ceiling"], 68.72, places=2)
+
+    def test_a_new_run_replaces_rows_of_the_same_kind(self):
+        self.run_report("fusekit_bench.json", "torch_bench.json")
+        self.run_report("fusekit_bench.json")
+        rec = perf_report.read_json(os.path.join(self.results, "h100-2026-12-01.json"))
+        self.assertEqual(len(rec["rows"]), 10)
+        self.assertEqual([r["source"] for r in rec["runs"]], ["torch_bench", "fusekit bench"])
+        self.assertTrue(all(0 <= r["run"] < len(rec["runs"]) for r in rec["rows"]))
+
+    def test_older_torch_bench_impl_names_are_mapped(self):
+        raw = perf_report.read_json(os.path.join(FIXTURES, "torch_bench.json"))
+        for r in raw["rows"]:
+            r["impl"] = {"torch_eager": "torch", "torch_compile": "compile"}.get(r["impl"], r["impl"])
+        _, rows = perf_report.normalize_run(raw, None)
+        self.assertEqual({r["impl"] for r in rows}, {"torch_eager", "torch_compile", "flash", "cudnn"})
+
+    def test_tables(self):
+        text = self.run_report("fusekit_bench.json", "torch_bench.json")
+        self.assertTrue(text.startswith("# fusekit performance"))
+        self.assertIn("### LayerNorm / RMSNorm (bf16), H100", text)
+        self.assertIn("Measured 2026-12-01 (commit abc1234); ceilings in the same run: copy 3000 GB/s, "
+                      "bf16 GEMM 800 TFLOP/s.", text)
+        self.assertIn("| rms_norm | fwd | (16384, 4096) | 100.0 | 2684 | 89.5% | 94.2% | 200.0 | 150.0 | 2.00 | 1.50 |", text)
+        self.assertIn("| fwd | (8192, 4096, 16384) silu | 2000.0 | 550 | 68.7% | 1900.0 | 1.053 | 2200.0 | - | 1.10 | - |", text)
+        self.assertIn("| (B=4, S=4096, H=16, D=128) | fwd | 1000.0 | 550 | 68.7% | 1500.0 | - | 900.0 | 1.50 | - | 0.90 |", text)
+        self.assertNotIn("](plots/", text)  # no plots drawn, none linked
+
+    def test_newest_date_wins(self):
+        self.run_report("fusekit_bench.json", "torch_bench.json", date="2026-12-01")
+        faster = perf_report.read_json(os.path.join(FIXTURES, "fusekit_bench.json"))
+        faster["rows"][0]["time_us"] = 90.0
+        path = os.path.join(self.dir, "faster.json")
+        with open(path, "w") as f:
+            json.dump(faster, f)
+        perf_report.merge_files(self.results, [path], "def5678", "2026-12-02")
+        text = self.run_report(date="2026-12-02")
+        self.assertIn("| rms_norm | fwd | (16384, 4096) | 90.0 |", text)
+        self.assertIn("Measured 2026-12-02 (commit def5678)", text)
+
+
+if __name__ == "__main__":
+    unittest.main()
