@@ -24,6 +24,7 @@ build: configure
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 	bash scripts/python_test.sh
+	bash scripts/package_test.sh $(BUILD)
 
 run: build
 	$(BUILD)/fusekit ops

@@ -20,4 +20,7 @@ std::string describe_cuda_device(int device_index);
 // The CUDA architectures this library was compiled for, e.g. "90a".
 const char* built_cuda_architectures();
 
+// This library's version, e.g. "0.1.0" (the repository's VERSION file).
+const char* version();
+
 }  // namespace fusekit

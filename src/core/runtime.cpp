@@ -12,6 +12,9 @@
 #ifndef FUSEKIT_CUDA_ARCHS
 #define FUSEKIT_CUDA_ARCHS "unknown"
 #endif
+#ifndef FUSEKIT_VERSION
+#define FUSEKIT_VERSION "unknown"
+#endif
 
 namespace fusekit {
 
@@ -25,6 +28,8 @@ int cuda_device_count() {
 }
 
 const char* built_cuda_architectures() { return FUSEKIT_CUDA_ARCHS; }
+
+const char* version() { return FUSEKIT_VERSION; }
 
 namespace detail {
 
