@@ -1,4 +1,6 @@
 // The fusekit command-line tool: list ops, check them against their CPU references, benchmark.
+// Exit status: 0 success; 1 a check failed or an op raised an error; 2 a usage error (unknown op,
+// subcommand or flag, a missing GPU for `bench`).
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -15,6 +17,20 @@ using fusekit::cli::registry;
 
 namespace {
 
+constexpr int kExitFailed = 1;
+constexpr int kExitUsage = 2;
+
+// Whether `name` is a registered op; otherwise prints the known ones and returns false.
+bool known_op(const char* command, const std::string& name) {
+  std::string names;
+  for (const auto& op : registry()) {
+    if (op.name == name) return true;
+    names += (names.empty() ? "" : ", ") + op.name;
+  }
+  fmt::print(stderr, "fusekit {}: unknown op '{}'; the ops are: {}\n", command, name, names);
+  return false;
+}
+
 int cmd_ops() {
   fmt::print("{:<12} {:<12} {:<38} {}\n", "op", "backends", "dtypes", "summary");
   for (const auto& op : registry()) {
@@ -26,6 +42,7 @@ int cmd_ops() {
 }
 
 int cmd_check(const std::string& only) {
+  if (!only.empty() && !known_op("check", only)) return kExitUsage;
   const bool gpu = fusekit::cuda_device_count() > 0;
   const fusekit::Device device = gpu ? fusekit::Device::cuda(0) : fusekit::Device::cpu();
   if (gpu) {
@@ -45,7 +62,7 @@ int cmd_check(const std::string& only) {
     }
   }
   fmt::print("{} passed, {} failed\n", passed, failed);
-  return failed == 0 && passed > 0 ? 0 : 1;
+  return failed == 0 && passed > 0 ? 0 : kExitFailed;
 }
 
 int cmd_overrides() {
@@ -61,24 +78,18 @@ int cmd_bench(const std::vector<std::string>& only, const std::string& json_path
     const std::size_t eq = kv.find('=');
     if (eq == std::string::npos || eq == 0) {
       fmt::print(stderr, "fusekit bench: --override expects key=value, got '{}' (see `fusekit overrides`)\n", kv);
-      return 2;
+      return kExitUsage;
     }
     fusekit::detail::set_override(kv.substr(0, eq), kv.substr(eq + 1));
   }
   if (fusekit::cuda_device_count() == 0) {
     fmt::print(stderr, "fusekit bench: no CUDA device on this machine; benchmarks need a GPU (H100/H200)\n");
-    return 2;
+    return kExitUsage;
   }
+  for (const std::string& name : only)
+    if (!known_op("bench", name)) return kExitUsage;
   fusekit::require_supported_gpu("bench", 0);
   fusekit::bench::Report report(fusekit::bench::measure_copy_ceiling());
-  for (const std::string& name : only) {
-    const bool known = std::any_of(registry().begin(), registry().end(),
-                                   [&](const auto& op) { return op.name == name; });
-    if (!known) {
-      fmt::print(stderr, "fusekit bench: unknown op '{}' (see `fusekit ops`)\n", name);
-      return 2;
-    }
-  }
   for (const auto& op : registry()) {
     if (!only.empty() && std::find(only.begin(), only.end(), op.name) == only.end()) continue;
     op.bench(report, op.name);
@@ -94,6 +105,8 @@ int cmd_bench(const std::vector<std::string>& only, const std::string& json_path
 int main(int argc, char** argv) {
   CLI::App app{"fusekit: fused transformer-training kernels"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("fusekit ") + fusekit::version());
+  app.footer("Exit status: 0 success, 1 a check failed or an op raised an error, 2 a usage error.");
   auto* ops = app.add_subcommand("ops", "list ops and backends");
   std::string check_op, json_path;
   std::vector<std::string> bench_op;
@@ -116,7 +129,12 @@ int main(int argc, char** argv) {
       ->allow_extra_args(false)  // one key=value per --override; further words are op names
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   auto* overrides = app.add_subcommand("overrides", "list the launch-choice override keys");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);  // prints the help, the version or the error
+    return code == 0 ? 0 : kExitUsage;
+  }
   try {
     if (*ops) return cmd_ops();
     if (*check) return cmd_check(check_op);
@@ -124,10 +142,10 @@ int main(int argc, char** argv) {
     if (*bench) return cmd_bench(bench_op, json_path, bench_options, bench_overrides);
   } catch (const fusekit::Error& e) {
     fmt::print(stderr, "{}\n", e.what());
-    return 1;
+    return kExitFailed;
   } catch (const std::exception& e) {
     fmt::print(stderr, "fusekit: {}\n", e.what());
-    return 1;
+    return kExitFailed;
   }
   return 0;
 }
