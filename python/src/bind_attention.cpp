@@ -329,7 +329,7 @@ void bind_attention(nb::module_& m) {
   // them up), else lse as an opaque capsule allocated through q's framework, which the backward
   // takes back. Both take the workspace from that framework too.
   m.def(
-      "_attention_forward_cfg",
+      "_attention_forward_alloc",
       [](nb::handle q, nb::handle k, nb::handle v, nb::handle bias, nb::handle out,
          nb::tuple cfg, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k) -> nb::object {
         OpCall c("attention_forward");
@@ -362,7 +362,7 @@ void bind_attention(nb::module_& m) {
       "attention_forward for fusekit.torch's eager fast path (see the source).");
 
   m.def(
-      "_attention_backward_cfg",
+      "_attention_backward_alloc",
       [](nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::handle out,
          nb::handle lse, nb::handle bias, nb::handle dq, nb::handle dk, nb::handle dv,
          nb::handle dbias, nb::tuple cfg, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k,
@@ -377,7 +377,7 @@ void bind_attention(nb::module_& m) {
       arg("dout"), arg("q"), arg("k"), arg("v"), arg("out"), arg("lse"), arg("bias").none(),
       arg("dq").none(), arg("dk").none(), arg("dv").none(), arg("dbias").none(), arg("cfg"),
       arg("cu_seqlens_q").none(), arg("cu_seqlens_k").none(), arg("deterministic"),
-      "attention_backward for fusekit.torch's eager fast path (see _attention_forward_cfg).");
+      "attention_backward for fusekit.torch's eager fast path (see _attention_forward_alloc).");
 
   // The documented dropout mask, for tests and for callers that want to inspect it.
   m.def(

@@ -80,9 +80,9 @@ void bind_fp8_norm(nb::module_& m) {
   // fusekit.torch's eager path in one call: every output allocated through x's framework
   // (PyTorch >= 2.10; see OpCall::new_arrays), the workspace likewise. Returns
   // (y, qy, qy_t, y_scale, rstd) with rstd a float32 tensor when rstd_tensor, else an opaque
-  // capsule (cheaper; fp8_rms_norm_backward and _fp8_rms_norm_backward_new accept either).
+  // capsule (cheaper; fp8_rms_norm_backward and _fp8_rms_norm_backward_alloc accept either).
   m.def(
-      "_fp8_rms_norm_forward_new",
+      "_fp8_rms_norm_forward_alloc",
       [](nb::handle x, nb::handle x_scales, nb::handle weight, float eps, int group_size,
          DType qy_dtype, bool rstd_tensor) {
         OpCall c("fp8_rms_norm_forward");
@@ -122,7 +122,7 @@ void bind_fp8_norm(nb::module_& m) {
   // The backward counterpart: dx (bf16, x's shape) and dweight (weight's dtype) allocated here
   // when asked for; None in their place otherwise.
   m.def(
-      "_fp8_rms_norm_backward_new",
+      "_fp8_rms_norm_backward_alloc",
       [](nb::handle dy, nb::handle x, nb::handle x_scales, nb::handle weight, nb::handle rstd,
          int group_size, bool need_dx, bool need_dweight) {
         OpCall c("fp8_rms_norm_backward");

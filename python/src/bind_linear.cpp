@@ -77,7 +77,7 @@ void bind_linear(nb::module_& m) {
   // through x's framework (PyTorch >= 2.10; see OpCall::new_array), arrays of any layout made
   // contiguous (OpCall::contiguous). Returns (y, pre or None).
   m.def(
-      "_linear_forward_new",
+      "_linear_forward_alloc",
       [](nb::handle x, nb::handle weight, nb::handle bias, nb::handle activation,
          bool save_pre_activation) {
         OpCall c("linear_forward");
@@ -102,7 +102,7 @@ void bind_linear(nb::module_& m) {
 
   // The backward counterpart: (dx, dweight, dbias), each allocated when asked for, else None.
   m.def(
-      "_linear_backward_new",
+      "_linear_backward_alloc",
       [](nb::handle dout, nb::handle x, nb::handle weight, nb::handle pre_activation,
          nb::handle activation, bool need_dx, bool need_dweight, bool need_dbias) {
         OpCall c("linear_backward");

@@ -6,6 +6,10 @@
 // Each binding mirrors the C++ entry point: arrays come in as nb::handle, pass through an
 // OpCall (which names the op and the argument in every conversion error), and the op runs inside
 // OpCall::run. See bind_norm.cpp.
+//
+// Private bindings (fusekit.torch's calls) are named `_<C++ entry point>_alloc`: the same op with
+// fusekit._C allocating through the caller's framework (OpCall::new_arrays, new_f32_capsule,
+// auto_workspace) what the public binding takes as arguments; each returns what it allocated.
 #pragma once
 
 #include <nanobind/nanobind.h>
