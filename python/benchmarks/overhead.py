@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Host time of a call through fusekit.torch against the direct C++ call (fusekit._C), per op, on
-tiny tensors (where the host, not the GPU, sets the pace). The issue's bar: a call through
+tiny tensors (where the host, not the GPU, sets the pace). The budget: a call through
 fusekit.torch costs at most 10 us of host time more than the direct C++ call.
 
 For every op three extras are measured against the _C call of the same direction, whose outputs,

@@ -51,7 +51,7 @@ class OpCall {
   // None gives an empty OptionalTensor.
   OptionalTensor optional(nb::handle obj, const char* name, Access access);
 
-  // tensor() for fusekit.torch's fast paths, which take any layout: an array that is not
+  // tensor() for fusekit.torch's calls, which take any layout: an array that is not
   // contiguous is replaced by its `.contiguous()` (kept alive until the call returns), which the
   // Python side would otherwise call on every argument of every call.
   TensorView contiguous(nb::handle obj, const char* name);
@@ -106,7 +106,7 @@ class OpCall {
                   std::size_t scratch_bytes = 0, OptionalTensor* scratch = nullptr);
 
   // One new contiguous array from the framework's allocator (see new_arrays), as the framework's
-  // tensor object: fusekit.torch's eager paths allocate their outputs this way, inside the call.
+  // tensor object: fusekit.torch allocates its outputs this way, inside the call.
   nb::object new_array(const ArraySpec& spec, TensorView* view);
   // new_array when `wanted`, else None and an empty `view` (an output the caller did not ask for).
   nb::object new_optional(bool wanted, const ArraySpec& spec, OptionalTensor* view);

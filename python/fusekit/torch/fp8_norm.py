@@ -99,10 +99,8 @@ def _input(x: Tensor, x_scales: Optional[Tensor], group_size: int, fp8_dtype: to
     return q, s, True
 
 
-def _weight(weight: Optional[Tensor], xq: Tensor) -> Tensor:
-    """weight, or ones without an affine weight (fusekit._C makes any layout contiguous)."""
-    if weight is not None:
-        return weight
+def _ones_weight(xq: Tensor) -> Tensor:
+    """The weight of a norm without an affine weight."""
     return torch.ones(xq.shape[-1] if xq.dim() else 0, dtype=torch.bfloat16, device=xq.device)
 
 
@@ -112,8 +110,10 @@ def _weight(weight: Optional[Tensor], xq: Tensor) -> Tensor:
 def _forward(xq: Tensor, xs: Tensor, weight: Optional[Tensor], eps: float, group_size: int,
              fp8_dtype: torch.dtype, rstd_tensor: bool = False):
     """(y, qy, qy_t, y_scale, rstd) with rstd a tensor when rstd_tensor, else an opaque capsule."""
-    return _C._fp8_rms_norm_forward_alloc(xq, xs, _weight(weight, xq), eps, group_size,
-                                          _fp8_code(fp8_dtype), rstd_tensor)
+    # fusekit._C makes a weight of any layout contiguous.
+    return _C._fp8_rms_norm_forward_alloc(xq, xs, weight if weight is not None else
+                                          _ones_weight(xq), eps, group_size, _fp8_code(fp8_dtype),
+                                          rstd_tensor)
 
 
 def _backward(dy: Tensor, xq: Tensor, xs: Tensor, weight: Optional[Tensor], rstd, group_size: int,
@@ -122,8 +122,9 @@ def _backward(dy: Tensor, xq: Tensor, xs: Tensor, weight: Optional[Tensor], rstd
     need_dweight = need_dweight and weight is not None
     if not (need_dx or need_dweight):
         return None, None
-    return _C._fp8_rms_norm_backward_alloc(dy, xq, xs, _weight(weight, xq), rstd, group_size,
-                                           need_dx, need_dweight)
+    return _C._fp8_rms_norm_backward_alloc(dy, xq, xs, weight if weight is not None else
+                                           _ones_weight(xq), rstd, group_size, need_dx,
+                                           need_dweight)
 
 
 # ---- custom ops --------------------------------------------------------------------------------
