@@ -25,9 +25,10 @@ NAMESPACE = "fusekit"
 # Every op is a registered custom op (torch.ops.fusekit.*), which is what torch.compile/dynamo,
 # torch.export/make_fx and other dispatch modes, FakeTensor and other subclasses, and torch.func
 # transforms see. A call through torch.ops costs tens of microseconds of host time (dispatcher ->
-# Python autograd kernel -> dispatcher -> Python backend kernel), over the 10 us budget, so plain
-# eager calls on real tensors skip the dispatcher: a torch.autograd.Function when gradients are
-# recorded, the C++ call directly otherwise. Both routes run the same implementation functions.
+# Python autograd kernel -> dispatcher -> Python backend kernel), more than the 10 us budget over
+# the direct C++ call (python/benchmarks/overhead.py), so plain eager calls on real tensors skip
+# the dispatcher: a torch.autograd.Function when gradients are recorded, the C++ call directly
+# otherwise. Both routes run the same implementation functions.
 _PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 _functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
 _dispatch_stack_len = torch._C._len_torch_dispatch_stack
