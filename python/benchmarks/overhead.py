@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Host time of a call through fusekit.torch against the direct C++ call (fusekit._C), per op, on
-tiny tensors (where the host, not the GPU, sets the pace). The issue's bar: a call through
+tiny tensors (where the host, not the GPU, sets the pace). The budget: a call through
 fusekit.torch costs at most 10 us of host time more than the direct C++ call.
 
 For every op three extras are measured against the _C call of the same direction, whose outputs,
 statistics and workspace are preallocated once (the C++ API as a C++ caller uses it):
-  fwd             fusekit.torch's functional form under torch.no_grad() (eager fast path)
+  fwd             fusekit.torch's functional form under torch.no_grad() (eager path)
   fwd+grad        the same call recording the autograd graph (inputs require grad)
   bwd node        the body of fusekit's autograd node, run directly (grad_fn.apply(dy)):
                   gradient allocations, workspace and the C++ call. The autograd engine's own
@@ -212,7 +212,7 @@ def main():
 
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU backend"
     print(f"fusekit host overhead per call: {dev} ({name}), {args.dtype}, torch {torch.__version__}, "
-          f"fast DLPack exchange: {fk.FAST_EXCHANGE}; budget {BUDGET_US:g} us over the _C call")
+          f"budget {BUDGET_US:g} us over the _C call")
     header = (f"  {'op':<17} {'direction':<9} {'_C call':>8} {'fusekit.torch':>13} {'extra':>7} "
               f"{'budget':>6}  {'result':<6} {'PyTorch eager':>13}")
     print(header)
@@ -252,8 +252,8 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": str(dev), "device_name": name, "dtype": args.dtype,
-                       "torch": torch.__version__, "fast_exchange": fk.FAST_EXCHANGE,
-                       "budget_us": BUDGET_US, "within_budget": ok_all, "rows": rows}, f, indent=1)
+                       "torch": torch.__version__, "budget_us": BUDGET_US, "within_budget": ok_all,
+                       "rows": rows}, f, indent=1)
     return 0 if ok_all else 1
 
 

@@ -72,7 +72,7 @@ AttentionConfig make_config(nb::handle scale, nb::handle mask, std::int64_t wind
   return config;
 }
 
-// The config tuple of fusekit.torch's fast path: (scale, mask, window_left, window_right,
+// The config tuple of fusekit.torch's calls: (scale, mask, window_left, window_right,
 // dropout_p, seed, offset, max_seqlen_q, max_seqlen_k[, ...]).
 AttentionConfig config_from_tuple(const nb::tuple& cfg, const char* op) {
   if (cfg.size() < 9)
@@ -158,7 +158,7 @@ auto forward_workspace(const TensorView& q, const TensorView& k, const TensorVie
   };
 }
 
-// fusekit.torch's eager fast path: whether fusekit reads an operand as it is (float dtype, the
+// Whether fusekit reads an operand as it is (float dtype, the
 // head dim a multiple of 16 bytes and contiguous, the other strides of dims longer than 1
 // multiples of 16 bytes, 16-byte aligned data), so that no Python-side fix-up is needed.
 bool operand_ready(const TensorView& t, int dims) {
@@ -174,7 +174,7 @@ bool operand_ready(const TensorView& t, int dims) {
 }
 
 
-// The body of both backward bindings (the explicit one and fusekit.torch's cfg one): converts
+// The body of both backward bindings (the public one and fusekit.torch's): converts
 // the arrays, takes the workspace (an array, None or 'auto') and runs the op.
 struct BackwardArgs {
   nb::handle dout, q, k, v, out, lse, bias, dq, dk, dv, dbias, cu_seqlens_q, cu_seqlens_k;
@@ -322,14 +322,14 @@ void bind_attention(nb::module_& m) {
       "group; dbias (the bias's shape, 1 where the bias broadcasts through stride 0) is summed "
       "over its broadcast dims. deterministic: bitwise reproducible dq on the GPU too.");
 
-  // fusekit.torch's eager fast path, one call per direction. cfg is the tuple (scale, mask,
+  // fusekit.torch's eager path, one call per direction. cfg is the tuple (scale, mask,
   // window_left, window_right, dropout_p, seed, offset, max_seqlen_q, max_seqlen_k, ...): one
   // argument instead of nine keyword arguments. The forward returns None, having done nothing,
   // when the operands do not suit fusekit as they are (see operand_ready; the caller then fixes
   // them up), else lse as an opaque capsule allocated through q's framework, which the backward
   // takes back. Both take the workspace from that framework too.
   m.def(
-      "_attention_forward_cfg",
+      "_attention_forward_alloc",
       [](nb::handle q, nb::handle k, nb::handle v, nb::handle bias, nb::handle out,
          nb::tuple cfg, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k) -> nb::object {
         OpCall c("attention_forward");
@@ -359,10 +359,11 @@ void bind_attention(nb::module_& m) {
       },
       arg("q"), arg("k"), arg("v"), arg("bias").none(), arg("out"), arg("cfg"),
       arg("cu_seqlens_q").none(), arg("cu_seqlens_k").none(),
-      "attention_forward for fusekit.torch's eager fast path (see the source).");
+      "attention_forward allocating lse and the workspace through the framework of q (see the "
+      "source).");
 
   m.def(
-      "_attention_backward_cfg",
+      "_attention_backward_alloc",
       [](nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::handle out,
          nb::handle lse, nb::handle bias, nb::handle dq, nb::handle dk, nb::handle dv,
          nb::handle dbias, nb::tuple cfg, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k,
@@ -377,7 +378,8 @@ void bind_attention(nb::module_& m) {
       arg("dout"), arg("q"), arg("k"), arg("v"), arg("out"), arg("lse"), arg("bias").none(),
       arg("dq").none(), arg("dk").none(), arg("dv").none(), arg("dbias").none(), arg("cfg"),
       arg("cu_seqlens_q").none(), arg("cu_seqlens_k").none(), arg("deterministic"),
-      "attention_backward for fusekit.torch's eager fast path (see _attention_forward_cfg).");
+      "attention_backward allocating the workspace through the framework of q (see "
+      "_attention_forward_alloc).");
 
   // The documented dropout mask, for tests and for callers that want to inspect it.
   m.def(

@@ -77,12 +77,11 @@ void bind_fp8_norm(nb::module_& m) {
       "RMSNorm of the group-scaled FP8 input x into the per-tensor-scaled FP8 qy, its transpose "
       "qy_t, the scale y_scale, the float32 rstd and optionally the bf16 y.");
 
-  // fusekit.torch's eager path in one call: every output allocated through x's framework
-  // (PyTorch >= 2.10; see OpCall::new_arrays), the workspace likewise. Returns
-  // (y, qy, qy_t, y_scale, rstd) with rstd a float32 tensor when rstd_tensor, else an opaque
-  // capsule (cheaper; fp8_rms_norm_backward and _fp8_rms_norm_backward_new accept either).
+  // The forward with every output and the workspace allocated through x's framework (see
+  // OpCall::new_arrays); rstd is a float32 tensor when rstd_tensor, else an opaque capsule
+  // (cheaper; fp8_rms_norm_backward and _fp8_rms_norm_backward_alloc accept either).
   m.def(
-      "_fp8_rms_norm_forward_new",
+      "_fp8_rms_norm_forward_alloc",
       [](nb::handle x, nb::handle x_scales, nb::handle weight, float eps, int group_size,
          DType qy_dtype, bool rstd_tensor) {
         OpCall c("fp8_rms_norm_forward");
@@ -117,12 +116,13 @@ void bind_fp8_norm(nb::module_& m) {
       },
       arg("x").none(), arg("x_scales").none(), arg("weight").none(), arg("eps"),
       arg("group_size"), arg("qy_dtype"), arg("rstd_tensor") = false,
-      "fp8_rms_norm_forward for fusekit.torch's eager path, allocating every output.");
+      "fp8_rms_norm_forward allocating every output and the workspace through the framework of x "
+      "(PyTorch >= 2.10); returns (y, qy, qy_t, y_scale, rstd).");
 
   // The backward counterpart: dx (bf16, x's shape) and dweight (weight's dtype) allocated here
   // when asked for; None in their place otherwise.
   m.def(
-      "_fp8_rms_norm_backward_new",
+      "_fp8_rms_norm_backward_alloc",
       [](nb::handle dy, nb::handle x, nb::handle x_scales, nb::handle weight, nb::handle rstd,
          int group_size, bool need_dx, bool need_dweight) {
         OpCall c("fp8_rms_norm_backward");
@@ -145,7 +145,8 @@ void bind_fp8_norm(nb::module_& m) {
       },
       arg("dy").none(), arg("x").none(), arg("x_scales").none(), arg("weight").none(),
       arg("rstd").none(), arg("group_size"), arg("need_dx"), arg("need_dweight"),
-      "fp8_rms_norm_backward for fusekit.torch's eager path, allocating the gradients.");
+      "fp8_rms_norm_backward allocating the gradients asked for and the workspace through the "
+      "framework of x; returns (dx, dweight), None where not asked for.");
 
   m.def(
       "fp8_rms_norm_backward",

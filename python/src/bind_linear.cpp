@@ -73,11 +73,10 @@ void bind_linear(nb::module_& m) {
       "y = act(x W^T + b); optionally also pre_activation = x W^T + b (needed by the backward for "
       "every activation but none).");
 
-  // fusekit.torch's eager path: the forward allocating y (and pre_activation when asked for)
-  // through x's framework (PyTorch >= 2.10; see OpCall::new_array), arrays of any layout made
-  // contiguous (OpCall::contiguous). Returns (y, pre or None).
+  // The forward allocating y (and pre_activation when asked for) through x's framework (see
+  // OpCall::new_array), arrays of any layout made contiguous (OpCall::contiguous).
   m.def(
-      "_linear_forward_new",
+      "_linear_forward_alloc",
       [](nb::handle x, nb::handle weight, nb::handle bias, nb::handle activation,
          bool save_pre_activation) {
         OpCall c("linear_forward");
@@ -98,11 +97,12 @@ void bind_linear(nb::module_& m) {
       },
       arg("x").none(), arg("weight").none(), arg("bias").none(), arg("activation").none(),
       arg("save_pre_activation"),
-      "linear_forward for fusekit.torch's eager path, allocating its outputs.");
+      "linear_forward allocating its outputs and workspace through the framework of x (PyTorch "
+      ">= 2.10); returns (y, pre_activation or None).");
 
   // The backward counterpart: (dx, dweight, dbias), each allocated when asked for, else None.
   m.def(
-      "_linear_backward_new",
+      "_linear_backward_alloc",
       [](nb::handle dout, nb::handle x, nb::handle weight, nb::handle pre_activation,
          nb::handle activation, bool need_dx, bool need_dweight, bool need_dbias) {
         OpCall c("linear_backward");
@@ -127,7 +127,8 @@ void bind_linear(nb::module_& m) {
       },
       arg("dout").none(), arg("x").none(), arg("weight").none(), arg("pre_activation").none(),
       arg("activation").none(), arg("need_dx"), arg("need_dweight"), arg("need_dbias"),
-      "linear_backward for fusekit.torch's eager path, allocating the gradients.");
+      "linear_backward allocating the gradients asked for and the workspace through the framework "
+      "of x; returns (dx, dweight, dbias), None where not asked for.");
 
   m.def(
       "linear_backward",

@@ -2,8 +2,6 @@
 // argument names and order; outputs and workspace are arrays the caller allocates.
 #include <nanobind/stl/string.h>
 
-#include <algorithm>
-#include <chrono>
 #include <string>
 
 #include "bindings.h"
@@ -47,31 +45,6 @@ NormGrads norm_grads(OpCall& c, const TensorView& input, nb::handle dx, nb::hand
     return norm_backward_workspace_size(rows, cols, input.dtype, input.device);
   });
   return g;
-}
-
-// mean and rstd as the two halves of one float32 array `stats` (2 * rows values, [mean | rstd]):
-// fusekit.torch's eager path allocates and saves one tensor instead of two.
-std::pair<TensorView, TensorView> split_stats(OpCall& c, const TensorView& stats) {
-  if (stats.dtype != DType::f32 || !stats.is_contiguous() || stats.numel() % 2 != 0)
-    c.fail("stats", "a contiguous float32 array of 2 * rows values (mean, then rstd)",
-           std::string(dtype_name(stats.dtype)) + " of shape " + stats.shape_string() +
-               (stats.is_contiguous() ? "" : ", not contiguous"));
-  const std::int64_t rows[1] = {stats.numel() / 2};
-  auto* base = static_cast<float*>(stats.data);
-  return {TensorView::from_arrays(base, DType::f32, stats.device, 1, rows, nullptr),
-          TensorView::from_arrays(base + rows[0], DType::f32, stats.device, 1, rows, nullptr)};
-}
-
-// The part of both layer_norm backward bindings after the statistics are known (the explicit
-// mean/rstd one and fusekit.torch's packed-stats one).
-void run_layer_norm_backward(OpCall& c, const TensorView& dyv, const TensorView& xv, nb::handle weight,
-                             const TensorView& mv, const TensorView& rv, nb::handle dx, nb::handle dweight,
-                             nb::handle dbias, nb::handle workspace, nb::handle stream) {
-  const OptionalTensor wv = c.optional(weight, "weight", Access::read);
-  const NormGrads g = norm_grads(c, xv, dx, dweight, dbias, workspace);
-  c.run(stream, [&](Stream s) {
-    layer_norm_backward(dyv, xv, wv, mv, rv, g.dx, g.dweight, g.dbias, g.workspace, s);
-  });
 }
 
 // Binds rms_norm_backward or rms_norm_backward_from_output (`backward`, Python name `op`): the
@@ -123,70 +96,31 @@ void bind_norm(nb::module_& m) {
       "y = (x - mean) * rstd * weight + bias over the last dimension; optionally saves the "
       "float32 row statistics mean and rstd for the backward.");
 
-  // The host-overhead baseline of python/benchmarks/overhead.py: the C++ entry point called in a
-  // C++ loop (arguments converted once), microseconds of host time per call.
   m.def(
-      "_layer_norm_forward_host_us",
+      "_layer_norm_forward_alloc",
       [](nb::handle x, nb::handle weight, nb::handle bias, float eps, nb::handle y,
-         nb::handle mean, nb::handle rstd, int iterations) {
+         nb::handle stream) {
         OpCall c("layer_norm_forward");
         const LayerNormForwardArrays a = layer_norm_forward_arrays(c, x, weight, bias, y);
-        const OptionalTensor mv = c.optional(mean, "mean", Access::write);
-        const OptionalTensor rv = c.optional(rstd, "rstd", Access::write);
-        double us = 0.0;
-        c.run(nb::none(), [&](Stream s) {
-          const auto start = std::chrono::steady_clock::now();
-          for (int i = 0; i < iterations; ++i)
-            layer_norm_forward(a.x, a.weight, a.bias, eps, a.y, mv, rv, s);
-          const std::chrono::duration<double, std::micro> took = std::chrono::steady_clock::now() - start;
-          us = took.count() / std::max(iterations, 1);
+        const std::int64_t rows = rows_cols(a.x).first;
+        // One allocation for both statistics: they live and die together.
+        const OpCall::ArraySpec specs[2] = {OpCall::spec(DType::f32, {rows}, true),
+                                            OpCall::spec(DType::f32, {rows}, true)};
+        nb::object stats[2];
+        TensorView views[2];
+        c.new_arrays(2, specs, stats, views);
+        c.run(stream, [&](Stream s) {
+          layer_norm_forward(a.x, a.weight, a.bias, eps, a.y, views[0], views[1], s);
         });
-        return us;
+        return nb::make_tuple(stats[0], stats[1]);
       },
       arg("x").none(), arg("weight").none(), arg("bias").none(), arg("eps"), arg("y").none(),
-      arg("mean").none(), arg("rstd").none(), arg("iterations"));
-
-  m.def(
-      "_layer_norm_forward_stats",
-      [](nb::handle x, nb::handle weight, nb::handle bias, float eps, nb::handle y,
-         nb::handle stats, nb::handle stream) {
-        OpCall c("layer_norm_forward");
-        const LayerNormForwardArrays a = layer_norm_forward_arrays(c, x, weight, bias, y);
-        TensorView sv;
-        nb::object made = nb::none();
-        if (stats.is_none()) {
-          made = c.new_f32_capsule(2 * rows_cols(a.x).first, &sv);
-        } else {
-          sv = c.tensor(stats, "stats", Access::write);
-        }
-        const auto [mv, rv] = split_stats(c, sv);
-        c.run(stream,
-              [&](Stream s) { layer_norm_forward(a.x, a.weight, a.bias, eps, a.y, mv, rv, s); });
-        return made;
-      },
-      arg("x").none(), arg("weight").none(), arg("bias").none(), arg("eps"), arg("y").none(),
-      arg("stats").none() = none, arg("stream").none() = none,
-      "layer_norm_forward with mean and rstd as the halves of one float32 array `stats` "
-      "(fusekit.torch's eager path). stats=None allocates it through the framework of x (PyTorch "
-      ">= 2.10) and returns it as an opaque capsule that the backward accepts.");
-
-  m.def(
-      "_layer_norm_backward_stats",
-      [](nb::handle dy, nb::handle x, nb::handle weight, nb::handle stats, nb::handle dx,
-         nb::handle dweight, nb::handle dbias, nb::handle workspace, nb::handle stream) {
-        OpCall c("layer_norm_backward");
-        const TensorView dyv = c.tensor(dy, "dy", Access::read);
-        const TensorView xv = c.tensor(x, "x", Access::read);
-        const auto [mv, rv] = split_stats(c, c.tensor(stats, "stats", Access::read));
-        run_layer_norm_backward(c, dyv, xv, weight, mv, rv, dx, dweight, dbias, workspace, stream);
-      },
-      arg("dy").none(), arg("x").none(), arg("weight").none(), arg("stats").none(),
-      arg("dx").none(), arg("dweight").none(), arg("dbias").none(), arg("workspace").none(),
       arg("stream").none() = none,
-      "layer_norm_backward from _layer_norm_forward_stats' stats (fusekit.torch).");
+      "layer_norm_forward allocating mean and rstd through the framework of x (PyTorch >= 2.10); "
+      "returns (mean, rstd) as opaque capsules that layer_norm_backward accepts.");
 
   m.def(
-      "_rms_norm_forward_stats",
+      "_rms_norm_forward_alloc",
       [](nb::handle x, nb::handle weight, float eps, nb::handle y, nb::handle stream) {
         OpCall c("rms_norm_forward");
         const TensorView xv = c.tensor(x, "x", Access::read);
@@ -199,8 +133,8 @@ void bind_norm(nb::module_& m) {
       },
       arg("x").none(), arg("weight").none(), arg("eps"), arg("y").none(),
       arg("stream").none() = none,
-      "rms_norm_forward saving rstd into a float32 array allocated through the framework of x "
-      "(PyTorch >= 2.10), returned as an opaque capsule that rms_norm_backward accepts.");
+      "rms_norm_forward allocating rstd through the framework of x (PyTorch >= 2.10); returns it "
+      "as an opaque capsule that rms_norm_backward accepts.");
 
   m.def(
       "rms_norm_forward",
@@ -237,7 +171,11 @@ void bind_norm(nb::module_& m) {
         const TensorView xv = c.tensor(x, "x", Access::read);
         const TensorView mv = c.tensor(mean, "mean", Access::read);
         const TensorView rv = c.tensor(rstd, "rstd", Access::read);
-        run_layer_norm_backward(c, dyv, xv, weight, mv, rv, dx, dweight, dbias, workspace, stream);
+        const OptionalTensor wv = c.optional(weight, "weight", Access::read);
+        const NormGrads g = norm_grads(c, xv, dx, dweight, dbias, workspace);
+        c.run(stream, [&](Stream s) {
+          layer_norm_backward(dyv, xv, wv, mv, rv, g.dx, g.dweight, g.dbias, g.workspace, s);
+        });
       },
       arg("dy").none(), arg("x").none(), arg("weight").none(), arg("mean").none(), arg("rstd").none(),
       arg("dx").none() = none, arg("dweight").none() = none, arg("dbias").none() = none,

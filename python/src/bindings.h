@@ -6,6 +6,10 @@
 // Each binding mirrors the C++ entry point: arrays come in as nb::handle, pass through an
 // OpCall (which names the op and the argument in every conversion error), and the op runs inside
 // OpCall::run. See bind_norm.cpp.
+//
+// Private bindings (fusekit.torch's calls) are named `_<C++ entry point>_alloc`: the same op with
+// fusekit._C allocating through the caller's framework (OpCall::new_arrays, new_f32_capsule,
+// auto_workspace) what the public binding takes as arguments; each returns what it allocated.
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -47,7 +51,7 @@ class OpCall {
   // None gives an empty OptionalTensor.
   OptionalTensor optional(nb::handle obj, const char* name, Access access);
 
-  // tensor() for fusekit.torch's fast paths, which take any layout: an array that is not
+  // tensor() for fusekit.torch's calls, which take any layout: an array that is not
   // contiguous is replaced by its `.contiguous()` (kept alive until the call returns), which the
   // Python side would otherwise call on every argument of every call.
   TensorView contiguous(nb::handle obj, const char* name);
@@ -102,7 +106,7 @@ class OpCall {
                   std::size_t scratch_bytes = 0, OptionalTensor* scratch = nullptr);
 
   // One new contiguous array from the framework's allocator (see new_arrays), as the framework's
-  // tensor object: fusekit.torch's eager paths allocate their outputs this way, inside the call.
+  // tensor object: fusekit.torch allocates its outputs this way, inside the call.
   nb::object new_array(const ArraySpec& spec, TensorView* view);
   // new_array when `wanted`, else None and an empty `view` (an output the caller did not ask for).
   nb::object new_optional(bool wanted, const ArraySpec& spec, OptionalTensor* view);

@@ -3,7 +3,6 @@
 #include <nanobind/stl/string.h>
 
 #include <atomic>
-#include <cstdlib>
 #include <string>
 
 #include "bindings.h"
@@ -21,12 +20,6 @@ std::string python_type_name(nb::handle obj) {
 // torch.Tensor, nn.Parameter, numpy.ndarray, ...). nullptr when the type publishes none or one of
 // an unsupported major version. Cached types are kept alive so that an address is never reused.
 const dl::ExchangeApi* exchange_api_of(PyTypeObject* type) {
-  // FUSEKIT_DLPACK_EXCHANGE=0 forces the __dlpack__() path (tests of older frameworks, debugging).
-  static const bool enabled = [] {
-    const char* env = std::getenv("FUSEKIT_DLPACK_EXCHANGE");
-    return !(env && std::string(env) == "0");
-  }();
-  if (!enabled) return nullptr;
   struct Entry {
     PyTypeObject* type;
     const dl::ExchangeApi* api;

@@ -25,11 +25,14 @@ def seed(rng):
     return int(rng.integers(0, 2**31 - 1))
 
 
-@pytest.fixture(params=["fast", "op"])
+@pytest.fixture(params=["eager", "custom_op"])
 def path(request):
-    """Both eager paths of fusekit.torch: the dispatcher-free fast path and the registered custom
-    op (for the PyTorch tests, which import torch first)."""
-    import fusekit.torch as fk
-    fk.set_eager_fast_path(request.param == "fast")
-    yield request.param
-    fk.set_eager_fast_path(True)
+    """Both routes of fusekit.torch: the eager path, and the registered custom op, which is what
+    anything tracing sees (forced with a dispatch mode that forwards every call unchanged). For
+    the PyTorch tests, which import torch first."""
+    if request.param == "eager":
+        yield request.param
+        return
+    from torch_testing import custom_op_route
+    with custom_op_route():
+        yield request.param

@@ -122,20 +122,3 @@ def act_grad(name, h, slope=0.01):
         s = 1.0 / (1.0 + np.exp(-h))
         return s * (1.0 + h * (1.0 - s))
     raise ValueError(name)
-
-
-def run_without_dlpack_exchange(test_file, selection):
-    """Runs the tests of `test_file` (next to this file) that match the pytest -k `selection` in a
-    fresh interpreter with FUSEKIT_DLPACK_EXCHANGE=0: the path of PyTorch < 2.10 (no DLPack C
-    exchange table: __dlpack__() per tensor, outputs allocated in Python, streams passed
-    explicitly). Fails unless they pass."""
-    import os
-    import subprocess
-    import sys
-    env = dict(os.environ, FUSEKIT_DLPACK_EXCHANGE="0")
-    here = os.path.dirname(os.path.abspath(__file__))
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           os.path.join(here, test_file), "-k", selection],
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert " passed" in proc.stdout

@@ -19,11 +19,11 @@ import pytest
 torch = pytest.importorskip("torch", reason="PyTorch is not installed: the fusekit.torch tests need it")
 import fusekit  # noqa: E402
 import fusekit.torch as fk  # noqa: E402
-from fk_testing import (ACCUMULATION_FLOOR, attention_visibility,  # noqa: E402
-                        run_without_dlpack_exchange)
+from fk_testing import ACCUMULATION_FLOOR, attention_visibility  # noqa: E402
 import torch_testing  # noqa: E402
 from torch_testing import (DEVICES, assert_one_graph_calling, check_error,  # noqa: E402
-                           check_opcheck, compile_recording_graphs, cuda_only, rel)
+                           check_opcheck, compile_recording_graphs, cuda_only,
+                           custom_op_route, rel)
 
 F = torch.nn.functional
 DTYPES = {"f64": torch.float64, "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
@@ -300,7 +300,7 @@ def test_layouts_without_copies(device, seed, monkeypatch):
     q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))  # (N, H, L, E) views
     seen = []
 
-    def spy_on(name):  # the public entry point or the eager fast path's
+    def spy_on(name):  # the public entry point or the eager path's
         forward = getattr(fusekit._C, name)
 
         def spy(q_, k_, v_, *args, **kwargs):
@@ -310,7 +310,7 @@ def test_layouts_without_copies(device, seed, monkeypatch):
         monkeypatch.setattr(fusekit._C, name, spy)
 
     spy_on("attention_forward")
-    spy_on("_attention_forward_cfg")
+    spy_on("_attention_forward_alloc")
     out = fk.scaled_dot_product_attention(q, k, v, is_causal=True)
     assert seen == [q.data_ptr(), k.data_ptr(), v.data_ptr()]
     assert out.shape == (N, H, L, E) and out.transpose(1, 2).is_contiguous()
@@ -348,15 +348,14 @@ def test_both_paths_give_identical_results(device, seed):
     q, k, v = (torch.randn(2, 4, 24, 16, device=device, dtype=dtype) for _ in range(3))
     bias = torch.randn(1, 4, 24, 24, device=device, dtype=dtype)
     dout = torch.randn(2, 4, 24, 16, device=device, dtype=dtype)
-    results = []
-    for fast in (True, False):
-        fk.set_eager_fast_path(fast)
-        try:
-            results.append(run(fk.scaled_dot_product_attention, q, k, v, bias, dout, True,
-                               is_causal=True, dropout_p=0.2, seed=7, deterministic=True))
-        finally:
-            fk.set_eager_fast_path(True)
-    (o1, g1), (o2, g2) = results
+    def attend():
+        return run(fk.scaled_dot_product_attention, q, k, v, bias, dout, True, is_causal=True,
+                   dropout_p=0.2, seed=7, deterministic=True)
+
+    eager = attend()
+    with custom_op_route():
+        custom_op = attend()
+    (o1, g1), (o2, g2) = eager, custom_op
     assert torch.equal(o1, o2) and all(torch.equal(a, b) for a, b in zip(g1, g2))
 
 
@@ -587,12 +586,3 @@ def test_core_api_with_torch_tensors(device, seed):
         with pytest.raises(fusekit.InvalidArgumentError, match="argument 'workspace'"):
             fusekit.attention_backward(torch.ones_like(out), q, k, v, out, lse, None, dq,
                                        mask="causal_top_left")
-
-
-@pytest.mark.skipif(not fk.FAST_EXCHANGE, reason="this PyTorch has no DLPack exchange table: the main run already uses __dlpack__()")
-def test_dunder_dlpack_path_in_a_subprocess():
-    """The path of PyTorch < 2.10, forced with FUSEKIT_DLPACK_EXCHANGE=0 in a fresh interpreter."""
-    run_without_dlpack_exchange(
-        "test_torch_attention.py",
-        "(matches_pytorch and (mask_full_grad or gqa)) or misaligned or both_paths or "
-        "dropout_uses or layouts or compile or core_api")

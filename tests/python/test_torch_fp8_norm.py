@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="PyTorch is not installed: the fusekit.torch tests need it")
 import fusekit  # noqa: E402
 import fusekit.torch as fk  # noqa: E402
-from fk_testing import ACCUMULATION_FLOOR, run_without_dlpack_exchange  # noqa: E402
+from fk_testing import ACCUMULATION_FLOOR  # noqa: E402
 from torch_testing import (DEVICES, assert_one_graph_calling,  # noqa: E402
                            compile_recording_graphs, rel)
 
@@ -187,7 +187,7 @@ def test_errors_surface_as_exceptions(device, path):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_eager_outputs_distinct_writable_and_freed(device, seed):
-    """The eager fast path allocates y, qy and qy_t in one allocator call (and y_scale, rstd and
+    """fusekit.torch allocates y, qy and qy_t in one allocator call (and y_scale, rstd and
     the workspace in another): the outputs must not overlap, writing one must leave the others,
     and every byte must go back to the allocator once the outputs and the graph are gone."""
     gen = torch.Generator().manual_seed(seed)
@@ -217,10 +217,3 @@ def test_eager_outputs_distinct_writable_and_freed(device, seed):
             del o
         torch.cuda.synchronize()
         assert torch.cuda.memory_allocated() == start
-
-
-@pytest.mark.skipif(not fk.FAST_EXCHANGE, reason="this PyTorch has no DLPack exchange table: the main run already uses __dlpack__()")
-def test_dunder_dlpack_path_in_a_subprocess():
-    """The path of PyTorch < 2.10, forced with FUSEKIT_DLPACK_EXCHANGE=0 in a fresh interpreter."""
-    run_without_dlpack_exchange("test_torch_fp8_norm.py",
-                                "matches_float64 or straight_through or eager_outputs")

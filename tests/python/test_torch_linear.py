@@ -8,7 +8,6 @@ import pytest
 torch = pytest.importorskip("torch", reason="PyTorch is not installed: the fusekit.torch tests need it")
 import fusekit  # noqa: E402
 import fusekit.torch as fk  # noqa: E402
-from fk_testing import run_without_dlpack_exchange  # noqa: E402
 from torch_testing import (DEVICES, DTYPES, check_compiled_model, check_opcheck,  # noqa: E402
                            check_vs_pytorch, cuda_only)
 
@@ -77,7 +76,7 @@ def test_functional_inference_and_partial_gradients(device, seed, path):
 
 @cuda_only
 def test_eager_allocations_are_freed(seed):
-    """The eager fast path allocates outputs, gradients and workspace inside fusekit._C (through
+    """fusekit.torch allocates outputs, gradients and workspace inside fusekit._C (through
     PyTorch's allocator): all of it must go back once the tensors and the graph are gone."""
     torch.manual_seed(seed)
     x = torch.randn(64, 96, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -94,8 +93,8 @@ def test_eager_allocations_are_freed(seed):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_non_contiguous_arguments(device, seed, path):
-    """Transposed x and weight, a strided bias and a non-contiguous upstream gradient: the fast
-    path makes them contiguous inside fusekit._C, the custom op in Python; both as F.linear."""
+    """Transposed x and weight, a strided bias and a non-contiguous upstream gradient: made
+    contiguous inside fusekit._C on either route; both as F.linear."""
     torch.manual_seed(seed)
     x = torch.randn(32, 6, device=device).t().requires_grad_(True)  # (6, 32), not contiguous
     w = torch.randn(32, 16, device=device).t().requires_grad_(True)  # (16, 32)
@@ -156,9 +155,3 @@ def test_errors_surface_as_exceptions(device, path):
         fk.linear(torch.randn(2, 8, device=device), m.weight, None, "leaky_relu")
     with pytest.raises(fusekit.InvalidArgumentError, match="argument 'activation'"):
         fk.Linear(8, 4, activation="tanh", device=device)(torch.randn(2, 8, device=device))
-
-
-@pytest.mark.skipif(not fk.FAST_EXCHANGE, reason="this PyTorch has no DLPack exchange table: the main run already uses __dlpack__()")
-def test_dunder_dlpack_path_in_a_subprocess():
-    """The path of PyTorch < 2.10, forced with FUSEKIT_DLPACK_EXCHANGE=0 in a fresh interpreter."""
-    run_without_dlpack_exchange("test_torch_linear.py", "matches_pytorch and f32 or partial_gradients")

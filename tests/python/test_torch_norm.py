@@ -14,9 +14,9 @@ import pytest
 torch = pytest.importorskip("torch", reason="PyTorch is not installed: the fusekit.torch tests need it")
 import fusekit  # noqa: E402
 import fusekit.torch as fk  # noqa: E402
-from fk_testing import ACCUMULATION_FLOOR, run_without_dlpack_exchange  # noqa: E402
+from fk_testing import ACCUMULATION_FLOOR  # noqa: E402
 from torch_testing import (DEVICES, DTYPES, HAS_CUDA, check_compiled_model,  # noqa: E402
-                           check_opcheck, check_vs_pytorch, cuda_only, rel)
+                           check_opcheck, check_vs_pytorch, cuda_only, custom_op_route, rel)
 
 
 MODULES = {
@@ -83,15 +83,10 @@ def test_both_paths_give_identical_results(device, seed):
     m = fk.LayerNorm(64, device=device, dtype=torch.bfloat16)
     x = torch.randn(5, 64, device=device, dtype=torch.bfloat16)
     dy = torch.randn_like(x)
-    out = {}
-    for fast in (True, False):
-        fk.set_eager_fast_path(fast)
-        try:
-            m.zero_grad()
-            out[fast] = run(m, x, dy)
-        finally:
-            fk.set_eager_fast_path(True)
-    (y1, dx1, g1), (y2, dx2, g2) = out[True], out[False]
+    y1, dx1, g1 = run(m, x, dy)
+    m.zero_grad()
+    with custom_op_route():
+        y2, dx2, g2 = run(m, x, dy)
     assert torch.equal(y1, y2) and torch.equal(dx1, dx2)
     assert all(torch.equal(g1[k], g2[k]) for k in g1)
 
@@ -367,11 +362,3 @@ def test_unexportable_tensors_raise_cleanly():
     for x in cases:
         with pytest.raises(fusekit.InvalidArgumentError, match="argument 'x'"):
             fusekit.layer_norm_forward(x, None, None, 1e-5, y)
-
-
-@pytest.mark.skipif(not fk.FAST_EXCHANGE, reason="this PyTorch has no DLPack exchange table: the main run already uses __dlpack__()")
-def test_dunder_dlpack_path_in_a_subprocess():
-    """The path of PyTorch < 2.10, forced with FUSEKIT_DLPACK_EXCHANGE=0 in a fresh interpreter."""
-    run_without_dlpack_exchange(
-        "test_torch_norm.py", "drop_in_matches and f32 and (LayerNorm- or RMSNorm-) or gradcheck or "
-        "graph or stream or share_memory")

@@ -1,6 +1,7 @@
 """Helpers of the fusekit.torch tests (import after pytest.importorskip("torch"))."""
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from fk_testing import ACCUMULATION_FLOOR
 
@@ -9,6 +10,19 @@ cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
 #: Every test runs on the CPU backend, and again on CUDA where a GPU is present.
 DEVICES = ["cpu", pytest.param("cuda", marks=cuda_only)]
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
+
+class _Forwarding(TorchDispatchMode):
+    """A dispatch mode that runs every op unchanged."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def custom_op_route():
+    """A context in which fusekit.torch's functional forms and modules call the registered custom
+    ops (torch.ops.fusekit.*), as under any tracing mode, instead of the eager path."""
+    return _Forwarding()
 
 
 def rel(a, ref):

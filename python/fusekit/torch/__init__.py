@@ -1,5 +1,6 @@
-"""fusekit for PyTorch: custom ops (torch.ops.fusekit.*) that work under autograd, torch.compile
-(no graph breaks) and CUDA graph capture, their functional forms, and nn.Module drop-ins.
+"""fusekit for PyTorch (2.10 or later): custom ops (torch.ops.fusekit.*) that work under autograd,
+torch.compile (no graph breaks) and CUDA graph capture, their functional forms, and nn.Module
+drop-ins.
 
     import fusekit.torch as fk
     norm = fk.LayerNorm(1024, device="cuda", dtype=torch.bfloat16)   # as torch.nn.LayerNorm
@@ -15,13 +16,7 @@ Adding an op family: write fusekit/torch/<family>.py (custom ops with register_f
 register_autograd, functional forms, drop-ins decorated with @register_drop_in) and import its
 public names below (one line).
 """
-from ._common import (  # noqa: F401
-    DROP_INS,
-    FAST_EXCHANGE,
-    register_drop_in,
-    set_eager_fast_path,
-    swap_modules,
-)
+from ._common import DROP_INS, register_drop_in, swap_modules  # noqa: F401
 
 # One line per op family.
 from .norm import LayerNorm, RMSNorm, layer_norm, rms_norm  # noqa: F401

@@ -1,56 +1,34 @@
-"""What every fusekit.torch op family shares: the custom-op namespace, dtype mapping, the stream
-handed to the C++ call, workspace allocation, and the registry of nn.Module drop-ins."""
+"""What every fusekit.torch op family shares: the custom-op namespace, the choice between the
+custom op and the eager path, and the registry of nn.Module drop-ins."""
 from __future__ import annotations
 
 import math
-import os
 from typing import Dict, Optional, Sequence, Type
 
 import torch
 
 from .. import _C
 
+# fusekit._C reads PyTorch tensors through the DLPack C exchange table (PyTorch >= 2.10): no
+# Python-level work per tensor, outputs and scratch memory allocated from C++ through PyTorch's
+# allocator, and PyTorch's current CUDA stream (stream=None). The host-overhead budget rests on it
+# (python/benchmarks/overhead.py).
+if not hasattr(torch.Tensor, "__dlpack_c_exchange_api__"):
+    raise ImportError(f"fusekit.torch needs PyTorch 2.10 or later (the DLPack C exchange table); "
+                      f"this is PyTorch {torch.__version__}. fusekit's own functions (fusekit.*) "
+                      "take its tensors through __dlpack__().")
+
 #: torch.library namespace of every fusekit op: torch.ops.fusekit.<name>.
 NAMESPACE = "fusekit"
 
-TORCH_TO_FUSEKIT_DTYPE = {
-    torch.float32: _C.DType.f32,
-    torch.float16: _C.DType.f16,
-    torch.bfloat16: _C.DType.bf16,
-    torch.float64: _C.DType.f64,
-    torch.uint8: _C.DType.u8,
-    torch.int32: _C.DType.i32,
-    torch.int64: _C.DType.i64,
-}
-if hasattr(torch, "float8_e4m3fn"):
-    TORCH_TO_FUSEKIT_DTYPE[torch.float8_e4m3fn] = _C.DType.f8e4m3
-    TORCH_TO_FUSEKIT_DTYPE[torch.float8_e5m2] = _C.DType.f8e5m2
-
-# PyTorch >= 2.10 publishes the DLPack C exchange table on torch.Tensor: fusekit._C then reads
-# tensors without Python-level work and asks PyTorch itself for the current CUDA stream
-# (stream=None). Older versions go through __dlpack__() and get the stream passed explicitly.
-# FUSEKIT_DLPACK_EXCHANGE=0 turns the table off (fusekit._C reads the same variable).
-FAST_EXCHANGE = (hasattr(torch.Tensor, "__dlpack_c_exchange_api__")
-                 and os.environ.get("FUSEKIT_DLPACK_EXCHANGE", "1") != "0")
-
-
-def exportable(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """A tensor __dlpack__() agrees to export: without the exchange table, PyTorch refuses tensors
-    that require grad (inside autograd.Function.forward they still do)."""
-    return t if FAST_EXCHANGE or t is None or not t.requires_grad else t.detach()
-
-
-# ---- eager fast path ---------------------------------------------------------------------------
-# A call through torch.ops goes dispatcher -> Python autograd kernel -> dispatcher -> Python
-# backend kernel, tens of microseconds of host time. In plain eager mode (real tensors, nothing
-# tracing) the functional forms and modules skip the dispatcher: torch.autograd.Function when
-# gradients are recorded, the C++ call directly otherwise. Whenever anything may be tracing or
-# transforming (torch.compile/dynamo, torch.export/make_fx and other dispatch modes, FakeTensor and
-# other subclasses, torch.func transforms) they call the registered custom op instead, so the graph
-# sees torch.ops.fusekit.*. Both paths compute the same thing with the same C++ entry points.
-# FUSEKIT_TORCH_EAGER=op (or set_eager_fast_path(False)) always takes the custom op.
-# python/benchmarks/overhead.py measures what each path costs over the bare C++ call.
-_eager_fast_path = os.environ.get("FUSEKIT_TORCH_EAGER", "fast") != "op"
+# ---- custom op or eager path -------------------------------------------------------------------
+# Every op is a registered custom op (torch.ops.fusekit.*), which is what torch.compile/dynamo,
+# torch.export/make_fx and other dispatch modes, FakeTensor and other subclasses, and torch.func
+# transforms see. A call through torch.ops costs tens of microseconds of host time (dispatcher ->
+# Python autograd kernel -> dispatcher -> Python backend kernel), more than the 10 us budget over
+# the direct C++ call (python/benchmarks/overhead.py), so plain eager calls on real tensors skip
+# the dispatcher: a torch.autograd.Function when gradients are recorded, the C++ call directly
+# otherwise. Both routes run the same implementation functions.
 _PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 _functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
 _dispatch_stack_len = torch._C._len_torch_dispatch_stack
@@ -60,35 +38,15 @@ _grad_enabled = torch.is_grad_enabled
 #: The modes eager_mode() returns.
 CUSTOM_OP, RECORD, NO_GRAD = 0, 1, 2
 
-#: The `workspace` argument of the C++ calls on real tensors: 'auto' lets fusekit._C take the
-#: scratch memory from PyTorch's caching allocator itself (query and allocation in C++, on the
-#: current stream, freed when the call returns), which the DLPack exchange table allows.
-#: Without the table, callers ask the *_workspace_size query and allocate (workspace()).
-AUTO_WORKSPACE = "auto" if FAST_EXCHANGE else None
-
-
-def set_eager_fast_path(enabled: bool) -> None:
-    """Whether eager calls bypass the torch.ops dispatcher (default True)."""
-    global _eager_fast_path
-    _eager_fast_path = bool(enabled)
-
-
-def eager_fast_path(x: torch.Tensor) -> bool:
-    """True when a call on `x` may skip the custom op (see above)."""
-    return (_eager_fast_path and not _is_compiling()
-            and type(x) in _PLAIN_TENSOR_TYPES
-            and _dispatch_stack_len() == 0
-            and not _functorch_active())
-
 
 def eager_mode(x: torch.Tensor, a: Optional[torch.Tensor] = None,
                b: Optional[torch.Tensor] = None, c: Optional[torch.Tensor] = None) -> int:
-    """How a call on x (and the optional tensors a, b, c) runs: CUSTOM_OP (tracing, transforms,
-    subclasses, or the fast path turned off), RECORD (eager, an input requires grad under grad
-    mode: the autograd.Function) or NO_GRAD (eager, nothing to record: the C++ call directly).
-    One function for the decision, as it is paid on every call."""
-    if not _eager_fast_path or _is_compiling() or type(x) not in _PLAIN_TENSOR_TYPES \
-            or _dispatch_stack_len() or _functorch_active():
+    """How a call on x (and the optional tensors a, b, c) runs: CUSTOM_OP (tracing, dispatch
+    modes, transforms, subclasses), RECORD (eager, an input requires grad under grad mode: the
+    autograd.Function) or NO_GRAD (eager, nothing to record: the C++ call directly). One function
+    for the decision, as it is paid on every call."""
+    if _is_compiling() or type(x) not in _PLAIN_TENSOR_TYPES or _dispatch_stack_len() \
+            or _functorch_active():
         return CUSTOM_OP
     if _grad_enabled() and (x.requires_grad or (a is not None and a.requires_grad)
                             or (b is not None and b.requires_grad)
@@ -100,36 +58,14 @@ def eager_mode(x: torch.Tensor, a: Optional[torch.Tensor] = None,
 def function_apply(function_class):
     """`function_class.apply` without the Python-level preamble of torch.autograd.Function.apply
     (argument binding for setup_context and functorch dead-wrapper unwrapping: neither applies on
-    the eager fast path, which excludes functorch transforms). Falls back to .apply when this
-    PyTorch lays the class out differently."""
+    the eager path, which excludes functorch transforms). Falls back to .apply when this PyTorch
+    lays the class out differently."""
     base_apply = getattr(torch._C, "_FunctionBase", None)
     base_apply = base_apply.__dict__.get("apply") if base_apply is not None else None
     if base_apply is None or not hasattr(base_apply, "__get__") or \
             "setup_context" in function_class.__dict__:
         return function_class.apply
     return base_apply.__get__(None, function_class)
-
-
-def stream_for(t: torch.Tensor) -> Optional[int]:
-    """The `stream` argument of a fusekit._C call on tensors like `t`: PyTorch's current stream
-    of t's device."""
-    if FAST_EXCHANGE or t.device.type != "cuda":
-        return None
-    return torch.cuda.current_stream(t.device).cuda_stream
-
-
-def device_string(device: torch.device) -> str:
-    if device.type == "cuda":
-        return f"cuda:{device.index if device.index is not None else torch.cuda.current_device()}"
-    return device.type
-
-
-def workspace(nbytes: int, device: torch.device) -> Optional[torch.Tensor]:
-    """Scratch memory from PyTorch's allocator (stream-ordered, CUDA-graph safe; 16-byte aligned
-    as fusekit requires)."""
-    if nbytes <= 0:
-        return None
-    return torch.empty(nbytes, dtype=torch.uint8, device=device)
 
 
 def normalized_numel(normalized_shape: Sequence[int]) -> int:

@@ -34,25 +34,18 @@ from torch import Tensor
 
 from .. import _C
 from ._common import (
-    FAST_EXCHANGE,
-    NAMESPACE,
-    TORCH_TO_FUSEKIT_DTYPE,
     CUSTOM_OP,
+    NAMESPACE,
     RECORD,
     U64_MASK,
-    device_string,
     eager_mode,
     empty_output,
-    exportable,
     function_apply,
     invalid_argument,
     or_empty,
-    stream_for,
-    workspace,
 )
 
 _MASKS = ("none", "causal_top_left", "causal_bottom_right")
-_GPU_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def _mask_name(op: str, mask) -> str:
@@ -143,9 +136,9 @@ def _readable(t: Tensor) -> Tensor:
 # ---- the eager fast path ------------------------------------------------------------------------
 # Real tensors that already suit fusekit (the usual case: contiguous, or transposed views of
 # contiguous memory) skip every fix-up above. One C++ call per direction checks that
-# (_C._attention_forward_cfg returns None when a fix-up is needed, having done nothing), converts
-# the arguments (cfg: one tuple), allocates lse (an opaque capsule) and the workspace through
-# PyTorch's allocator, and runs the op. Needs the DLPack exchange table (FAST_EXCHANGE).
+# (_C._attention_forward_alloc returns None when a fix-up is needed, having done nothing),
+# converts the arguments (cfg: one tuple), allocates lse (an opaque capsule) and the workspace
+# through PyTorch's allocator, and runs the op.
 # cfg = (scale, mask, window_left, window_right, dropout_p, seed, offset, max_seqlen_q,
 #        max_seqlen_k, deterministic); deterministic None: resolved when the backward runs.
 class _NotReady(Exception):
@@ -175,7 +168,7 @@ def _forward_fast(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], cfg: 
         out = torch.empty_like(q)
     else:  # sizes as ints: new_empty parses them faster than a tuple
         out = q.new_empty(*q.shape[:-1], v.shape[-1] if v.dim() else 0)
-    lse = _C._attention_forward_cfg(q, k, v, bias, out, cfg, cu_seqlens_q, cu_seqlens_k)
+    lse = _C._attention_forward_alloc(q, k, v, bias, out, cfg, cu_seqlens_q, cu_seqlens_k)
     return None if lse is None else (out, lse)
 
 
@@ -195,8 +188,8 @@ def _backward_fast(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
     deterministic = cfg[9]
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
-    _C._attention_backward_cfg(dout, q, k, v, out, lse, bias, dq, dk, dv, dbias, cfg,
-                               cu_seqlens_q, cu_seqlens_k, bool(deterministic))
+    _C._attention_backward_alloc(dout, q, k, v, out, lse, bias, dq, dk, dv, dbias, cfg,
+                                 cu_seqlens_q, cu_seqlens_k, bool(deterministic))
     return dq, dk, dv, dbias
 
 
@@ -233,37 +226,8 @@ def _new_out(q: Tensor, v: Tensor) -> Tensor:
     return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
 
-def _sizes(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], max_seqlen_q: int,
-           max_seqlen_k: int) -> Tuple[int, ...]:
-    """(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, head_dim_v) of the workspace
-    queries (max lengths with variable lengths)."""
-    if cu_seqlens_q is not None:
-        return (cu_seqlens_q.shape[0] - 1, max_seqlen_q, max_seqlen_k, q.shape[1], k.shape[1],
-                q.shape[2], v.shape[2])
-    return q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3], v.shape[3]
-
-
-def _workspace(kind: str, q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
-               max_seqlen_q: int, max_seqlen_k: int, deterministic: bool,
-               bias_gradient: bool = False) -> Optional[Tensor]:
-    # The CPU needs none; a dtype or shape the kernels refuse is reported by the op itself.
-    if q.device.type != "cuda" or q.dtype not in _GPU_DTYPES:
-        return None
-    want = 3 if cu_seqlens_q is not None else 4
-    if q.dim() != want or k.dim() != want or v.dim() != want:
-        return None
-    sizes = _sizes(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k)
-    dtype, device = TORCH_TO_FUSEKIT_DTYPE[q.dtype], device_string(q.device)
-    if kind == "forward":
-        nbytes = _C.attention_forward_workspace_size(*sizes, dtype, device)
-    else:
-        nbytes = _C.attention_backward_workspace_size(*sizes, dtype, device,
-                                                      deterministic=deterministic,
-                                                      bias_gradient=bias_gradient)
-    return workspace(nbytes, q.device)
-
-
-# ---- implementations shared by the custom ops and the eager fast path --------------------------
+# ---- implementations shared by the custom ops and the eager path -------------------------------
+# workspace='auto': fusekit._C queries and allocates it through PyTorch's allocator.
 def _forward(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], scale: Optional[float],
              mask: str, window_left: int, window_right: int, dropout_p: float, seed: int,
              offset: int, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
@@ -271,16 +235,12 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], scale: Opt
     varlen = cu_seqlens_q is not None
     out = _new_out(q, v)
     lse = torch.empty(_lse_shape(q, varlen), dtype=torch.float32, device=q.device)
-    ws = _workspace("forward", q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, False)
     q, k, v, bias = _readable(q), _readable(k), _readable(v), _readable_bias(bias)
-    if not FAST_EXCHANGE:
-        q, k, v, bias = exportable(q), exportable(k), exportable(v), exportable(bias)
     _C.attention_forward(q, k, v, bias, out, lse, scale=scale, mask=mask,
                          window_left=window_left, window_right=window_right,
                          dropout_p=dropout_p, seed=seed & U64_MASK, offset=offset,
                          cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, workspace=ws,
-                         stream=stream_for(q))
+                         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, workspace="auto")
     return out, lse
 
 
@@ -298,20 +258,15 @@ def _backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: T
     dbias = _new_bias_grad(bias) if need_dbias else None
     if dq is None and dk is None and dv is None and dbias is None:
         return None, None, None, None
-    ws = _workspace("backward", q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, deterministic,
-                    dbias is not None)
     # dout may be anything autograd made, e.g. the stride-0 gradient of out.sum().
     dout, q, k, v, out = _readable(dout), _readable(q), _readable(k), _readable(v), _readable(out)
     bias = _readable_bias(bias)
-    if not FAST_EXCHANGE:
-        dout, q, k, v = exportable(dout), exportable(q), exportable(k), exportable(v)
-        out, bias = exportable(out), exportable(bias)
     _C.attention_backward(dout, q, k, v, out, lse, bias, dq, dk, dv, dbias, scale=scale, mask=mask,
                           window_left=window_left, window_right=window_right,
                           dropout_p=dropout_p, seed=seed & U64_MASK, offset=offset,
                           cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                           max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-                          deterministic=deterministic, workspace=ws, stream=stream_for(q))
+                          deterministic=deterministic, workspace="auto")
     return dq, dk, dv, dbias
 
 
@@ -472,7 +427,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor] = None, *,
     """
     op = "attention"
     mode = eager_mode(q, k, v, bias)
-    if mode != CUSTOM_OP and FAST_EXCHANGE:
+    if mode != CUSTOM_OP:
         if seed is None:
             seed = _draw_seed(float(dropout_p), None)
         cfg = (scale, mask, window[0], window[1], dropout_p, int(seed) & U64_MASK, offset,

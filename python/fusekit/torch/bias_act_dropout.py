@@ -18,39 +18,28 @@ from torch import Tensor
 
 from .. import _C
 from ._common import (
-    FAST_EXCHANGE,
     NAMESPACE,
-    TORCH_TO_FUSEKIT_DTYPE,
     NO_GRAD,
     RECORD,
     U64_MASK,
     activation_name,
-    device_string,
     eager_mode,
     empty_output,
-    exportable,
     function_apply,
     invalid_argument,
     or_empty,
-    stream_for,
-    workspace,
 )
 
 
-# ---- implementations shared by the custom ops and the eager fast path --------------------------
+# ---- implementations shared by the custom ops and the eager path -------------------------------
 def _forward(x: Tensor, bias: Optional[Tensor], activation: str, p: float, seed: int, offset: int,
              slope: float) -> Tensor:
     x = x.contiguous()
     if bias is not None:
         bias = bias.contiguous()
     y = torch.empty_like(x)
-    if FAST_EXCHANGE:
-        _C.bias_act_dropout_forward(x, bias, activation, p, seed & U64_MASK, offset & U64_MASK, y,
-                                    None, slope)
-    else:
-        _C.bias_act_dropout_forward(exportable(x), exportable(bias), activation, p,
-                                    seed & U64_MASK, offset & U64_MASK, y, None, slope,
-                                    stream_for(x))
+    _C.bias_act_dropout_forward(x, bias, activation, p, seed & U64_MASK, offset & U64_MASK, y,
+                                None, slope)
     return y
 
 
@@ -66,19 +55,9 @@ def _backward(dy: Tensor, x: Tensor, bias: Optional[Tensor], activation: str, p:
             dbias = torch.empty_like(bias)
     if dx is None and dbias is None:
         return None, None
-    if FAST_EXCHANGE:
-        _C.bias_act_dropout_backward(dy, x, bias, activation, p, seed & U64_MASK,
-                                     offset & U64_MASK, dx, dbias, "auto", slope)
-        return dx, dbias
-    ws = None
-    if dbias is not None and x.device.type == "cuda":
-        cols = x.shape[-1]
-        rows = x.numel() // cols if cols else 0
-        ws = workspace(_C.bias_act_dropout_backward_workspace_size(
-            rows, cols, TORCH_TO_FUSEKIT_DTYPE[x.dtype], device_string(x.device)), x.device)
-    _C.bias_act_dropout_backward(exportable(dy), exportable(x), exportable(bias), activation, p,
-                                 seed & U64_MASK, offset & U64_MASK, dx, dbias, ws, slope,
-                                 stream_for(x))
+    # workspace='auto': fusekit._C queries and allocates it through PyTorch's allocator.
+    _C.bias_act_dropout_backward(dy, x, bias, activation, p, seed & U64_MASK, offset & U64_MASK,
+                                 dx, dbias, "auto", slope)
     return dx, dbias
 
 
@@ -133,7 +112,7 @@ bias_act_dropout_fwd.register_autograd(_autograd_backward, setup_context=_setup)
 
 
 class _BiasActDropoutFunction(torch.autograd.Function):
-    """The eager fast path with gradients: the same implementation functions as the custom ops."""
+    """The eager path with gradients: the same implementation functions as the custom ops."""
 
     @staticmethod
     def forward(ctx, x, bias, activation, p, seed, offset, slope):
@@ -180,8 +159,6 @@ def bias_act_dropout(x: Tensor, bias: Optional[Tensor], activation="none", p: fl
     if mode == NO_GRAD:
         return _forward(x, bias, name, p, seed, offset, slope)
     return bias_act_dropout_fwd(x, bias, name, p, seed, offset, slope)
-
-
 
 
 # ---- modules -----------------------------------------------------------------------------------

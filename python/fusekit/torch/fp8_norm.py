@@ -32,18 +32,13 @@ from torch import Tensor
 from .. import _C
 from ._common import (
     CUSTOM_OP,
-    FAST_EXCHANGE,
     NAMESPACE,
     RECORD,
-    device_string,
     eager_mode,
     empty_output,
-    exportable,
     function_apply,
     invalid_argument,
     or_empty,
-    stream_for,
-    workspace,
 )
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -104,43 +99,21 @@ def _input(x: Tensor, x_scales: Optional[Tensor], group_size: int, fp8_dtype: to
     return q, s, True
 
 
-def _weight(weight: Optional[Tensor], xq: Tensor) -> Tensor:
-    if weight is not None:
-        return weight.contiguous()
+def _ones_weight(xq: Tensor) -> Tensor:
+    """The weight of a norm without an affine weight."""
     return torch.ones(xq.shape[-1] if xq.dim() else 0, dtype=torch.bfloat16, device=xq.device)
 
 
-def _rows_cols(x: Tensor) -> Tuple[int, int]:
-    cols = x.shape[-1] if x.dim() else 0
-    return (x.numel() // cols if cols else 0), cols
-
-
 # ---- implementations (real tensors) -------------------------------------------------------------
+# fusekit._C allocates every output, gradient and the workspace through PyTorch's allocator in the
+# same call: one Python-level allocation per output would cost more host time than the op.
 def _forward(xq: Tensor, xs: Tensor, weight: Optional[Tensor], eps: float, group_size: int,
-             fp8_dtype: torch.dtype):
-    """(y, qy, qy_t, y_scale, rstd) with rstd a tensor, or an opaque capsule on the fast path
-    (fusekit._C allocates it, and the workspace, through PyTorch's allocator)."""
-    if FAST_EXCHANGE:
-        # All five outputs (rstd as an opaque capsule) and the workspace allocated by fusekit._C
-        # in the same call: four Python-level allocations would cost more host time than the op.
-        return _C._fp8_rms_norm_forward_new(xq, xs, weight if weight is not None else
-                                            _weight(None, xq), eps, group_size,
-                                            _fp8_code(fp8_dtype))
-    w = weight.contiguous() if weight is not None else _weight(None, xq)
-    cols = xq.shape[-1] if xq.dim() else 0
-    rows = xq.numel() // cols if cols else 0
-    y = torch.empty_like(xq, dtype=torch.bfloat16)
-    qy = torch.empty_like(xq, dtype=fp8_dtype)
-    qy_t = xq.new_empty(cols, rows, dtype=fp8_dtype)
-    y_scale = xs.new_empty(1, dtype=torch.float32)
-    rstd = xq.new_empty(rows, dtype=torch.float32)
-    ws = None
-    if xq.device.type == "cuda":
-        ws = workspace(_C.fp8_rms_norm_forward_workspace_size(rows, cols, device_string(xq.device)),
-                       xq.device)
-    _C.fp8_rms_norm_forward(exportable(xq), exportable(xs), exportable(w), eps, qy, qy_t,
-                            y_scale, rstd, y, ws, group_size, stream_for(xq))
-    return y, qy, qy_t, y_scale, rstd
+             fp8_dtype: torch.dtype, rstd_tensor: bool = False):
+    """(y, qy, qy_t, y_scale, rstd) with rstd a tensor when rstd_tensor, else an opaque capsule."""
+    # fusekit._C makes a weight of any layout contiguous.
+    return _C._fp8_rms_norm_forward_alloc(xq, xs, weight if weight is not None else
+                                          _ones_weight(xq), eps, group_size, _fp8_code(fp8_dtype),
+                                          rstd_tensor)
 
 
 def _backward(dy: Tensor, xq: Tensor, xs: Tensor, weight: Optional[Tensor], rstd, group_size: int,
@@ -149,22 +122,9 @@ def _backward(dy: Tensor, xq: Tensor, xs: Tensor, weight: Optional[Tensor], rstd
     need_dweight = need_dweight and weight is not None
     if not (need_dx or need_dweight):
         return None, None
-    if FAST_EXCHANGE:  # gradients and workspace allocated (layouts made contiguous) by fusekit._C
-        return _C._fp8_rms_norm_backward_new(dy, xq, xs, weight if weight is not None else
-                                             _weight(None, xq), rstd, group_size, need_dx,
-                                             need_dweight)
-    w = _weight(weight, xq)
-    dy = dy.contiguous()
-    dx = torch.empty_like(xq, dtype=torch.bfloat16) if need_dx else None
-    dweight = torch.empty_like(w) if need_dweight else None
-    rows, cols = _rows_cols(xq)
-    ws = None
-    if xq.device.type == "cuda":
-        ws = workspace(_C.fp8_rms_norm_backward_workspace_size(rows, cols, device_string(xq.device)),
-                       xq.device)
-    _C.fp8_rms_norm_backward(exportable(dy), exportable(xq), exportable(xs), exportable(w), rstd,
-                             dx, dweight, ws, group_size, stream_for(xq))
-    return dx, dweight
+    return _C._fp8_rms_norm_backward_alloc(dy, xq, xs, weight if weight is not None else
+                                           _ones_weight(xq), rstd, group_size, need_dx,
+                                           need_dweight)
 
 
 # ---- custom ops --------------------------------------------------------------------------------
@@ -173,11 +133,8 @@ def fp8_rms_norm_fwd(x: Tensor, x_scales: Optional[Tensor], weight: Optional[Ten
                      group_size: int, fp8_dtype: torch.dtype
                      ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     xq, xs, quantized = _input(x, x_scales, group_size, fp8_dtype)
-    if FAST_EXCHANGE:  # rstd must be a tensor here: the op returns it
-        y, qy, qy_t, y_scale, rstd = _C._fp8_rms_norm_forward_new(
-            xq, xs, _weight(weight, xq), eps, group_size, _fp8_code(fp8_dtype), True)
-    else:
-        y, qy, qy_t, y_scale, rstd = _forward(xq, xs, weight, eps, group_size, fp8_dtype)
+    # rstd must be a tensor here: the op returns it.
+    y, qy, qy_t, y_scale, rstd = _forward(xq, xs, weight, eps, group_size, fp8_dtype, True)
     if not quantized:
         xq, xs = empty_output(fp8_dtype, x.device), empty_output(torch.float32, x.device)
     return y, qy, qy_t, y_scale, rstd, xq, xs
@@ -245,7 +202,7 @@ fp8_rms_norm_fwd.register_autograd(_autograd_backward, setup_context=_setup)
 
 
 class _Fp8RMSNormFunction(torch.autograd.Function):
-    """The eager fast path with gradients. Inputs x and weight; extra = (x_scales, eps,
+    """The eager path with gradients. Inputs x and weight; extra = (x_scales, eps,
     group_size, fp8_dtype). Returns (y, (qy, qy_t, y_scale)): the inner tuple passes through
     autograd untouched, so the FP8 outputs carry no gradient without the cost of marking them.
     Written for host time (python/benchmarks/overhead.py): one C++ call allocates and computes,

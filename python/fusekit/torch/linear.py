@@ -19,58 +19,23 @@ from torch import Tensor
 
 from .. import _C
 from ._common import (
-    AUTO_WORKSPACE,
-    FAST_EXCHANGE,
     NAMESPACE,
     NO_GRAD,
     RECORD,
-    TORCH_TO_FUSEKIT_DTYPE,
     activation_name,
-    device_string,
     eager_mode,
     empty_output,
-    exportable,
     function_apply,
     or_empty,
-    stream_for,
-    workspace,
 )
 
 
-def _sizes(x: Tensor, weight: Tensor) -> Tuple[int, int, int]:
-    k = x.shape[-1] if x.dim() else 0
-    return (x.numel() // k if k else 0), weight.shape[0], k
-
-
-def _workspace(kind: str, x: Tensor, weight: Tensor, activation: str):
-    """The workspace argument: 'auto' (fusekit._C queries and allocates it from PyTorch's
-    allocator) with the DLPack exchange table, else a tensor of the queried size."""
-    if FAST_EXCHANGE:
-        return AUTO_WORKSPACE
-    if x.device.type != "cuda" or x.dtype not in TORCH_TO_FUSEKIT_DTYPE:
-        return None  # the CPU needs none; a bad dtype is reported by the op itself
-    size = _C.linear_forward_workspace_size if kind == "forward" else \
-        _C.linear_backward_workspace_size
-    m, n, k = _sizes(x, weight)
-    return workspace(size(m, n, k, TORCH_TO_FUSEKIT_DTYPE[x.dtype], activation,
-                          device_string(x.device)), x.device)
-
-
-# ---- implementations shared by the custom ops and the eager fast path --------------------------
+# ---- implementations shared by the custom ops and the eager path -------------------------------
+# fusekit._C allocates the outputs, gradients and workspace through PyTorch's allocator and makes
+# arguments of any layout contiguous, in the same call.
 def _forward(x: Tensor, weight: Tensor, bias: Optional[Tensor], activation: str,
              save_pre: bool) -> Tuple[Tensor, Optional[Tensor]]:
-    if FAST_EXCHANGE:  # outputs and workspace allocated (layouts made contiguous) by fusekit._C
-        return _C._linear_forward_new(x, weight, bias, activation, save_pre)
-    x, weight = x.contiguous(), weight.contiguous()
-    if bias is not None:
-        bias = bias.contiguous()
-    # Sizes as separate ints: new_empty parses them faster than a tuple or torch.Size.
-    out_shape = (*x.shape[:-1], weight.shape[0] if weight.dim() else 0)
-    y = x.new_empty(*out_shape)
-    pre = x.new_empty(*out_shape) if save_pre else None
-    _C.linear_forward(exportable(x), exportable(weight), exportable(bias), activation, y, pre,
-                      _workspace("forward", x, weight, activation), stream_for(x))
-    return y, pre
+    return _C._linear_forward_alloc(x, weight, bias, activation, save_pre)
 
 
 def _backward(dout: Tensor, x: Tensor, weight: Tensor, pre: Optional[Tensor], activation: str,
@@ -78,17 +43,8 @@ def _backward(dout: Tensor, x: Tensor, weight: Tensor, pre: Optional[Tensor], ac
     """(dx, dweight, dbias), None where not asked for."""
     if not (need_dx or need_dweight or need_dbias):
         return None, None, None
-    if FAST_EXCHANGE:  # gradients and workspace allocated (layouts made contiguous) by fusekit._C
-        return _C._linear_backward_new(dout, x, weight, pre, activation, need_dx, need_dweight,
-                                       need_dbias)
-    dout, x, weight = dout.contiguous(), x.contiguous(), weight.contiguous()
-    dx = torch.empty_like(x) if need_dx else None
-    dweight = torch.empty_like(weight) if need_dweight else None
-    dbias = x.new_empty(weight.shape[0]) if need_dbias else None
-    _C.linear_backward(exportable(dout), exportable(x), exportable(weight), exportable(pre),
-                       activation, dx, dweight, dbias,
-                       _workspace("backward", x, weight, activation), stream_for(x))
-    return dx, dweight, dbias
+    return _C._linear_backward_alloc(dout, x, weight, pre, activation, need_dx, need_dweight,
+                                     need_dbias)
 
 
 # ---- custom ops --------------------------------------------------------------------------------
@@ -152,7 +108,7 @@ linear_fwd.register_autograd(_autograd_backward, setup_context=_setup)
 
 
 class _LinearFunction(torch.autograd.Function):
-    """The eager fast path with gradients: the same implementation functions as the custom ops."""
+    """The eager path with gradients: the same implementation functions as the custom ops."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, activation):

@@ -21,23 +21,16 @@ from torch import Tensor
 
 from .. import _C
 from ._common import (
-    AUTO_WORKSPACE,
-    FAST_EXCHANGE,
     NAMESPACE,
     NO_GRAD,
     RECORD,
-    TORCH_TO_FUSEKIT_DTYPE,
-    device_string,
     eager_mode,
     empty_output,
-    exportable,
     function_apply,
     invalid_argument,
     normalized_numel,
     or_empty,
     register_drop_in,
-    stream_for,
-    workspace,
 )
 
 _ShapeLike = Union[int, Sequence[int], torch.Size]
@@ -57,35 +50,20 @@ def _params_f32(x: Tensor, params: Optional[Tensor]) -> bool:
 
 
 # ---- implementations of the custom ops (real tensors) ------------------------------------------
-# x, dy: contiguous. mean/rstd: preallocated float32 outputs or None.
+# x, dy: contiguous. mean/rstd: preallocated float32 outputs or None. workspace='auto': fusekit._C
+# queries and allocates it through PyTorch's allocator.
 def _layer_norm_forward(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps: float,
                         mean: Optional[Tensor], rstd: Optional[Tensor]) -> Tensor:
     y = torch.empty_like(x)
-    if not FAST_EXCHANGE:
-        x, weight, bias = exportable(x), exportable(weight), exportable(bias)
-    _C.layer_norm_forward(x, _opt_contiguous(weight), _opt_contiguous(bias), eps, y, mean, rstd,
-                          stream_for(x))
+    _C.layer_norm_forward(x, _opt_contiguous(weight), _opt_contiguous(bias), eps, y, mean, rstd)
     return y
 
 
 def _rms_norm_forward(x: Tensor, weight: Optional[Tensor], eps: float,
                       rstd: Optional[Tensor]) -> Tensor:
     y = torch.empty_like(x)
-    if not FAST_EXCHANGE:
-        x, weight = exportable(x), exportable(weight)
-    _C.rms_norm_forward(x, _opt_contiguous(weight), eps, y, rstd, stream_for(x))
+    _C.rms_norm_forward(x, _opt_contiguous(weight), eps, y, rstd)
     return y
-
-
-def _workspace_arg(x: Tensor, need: bool):
-    """The workspace argument of a norm backward: 'auto' (fusekit._C allocates from PyTorch's
-    allocator) or, without the DLPack exchange table, a tensor of the queried size."""
-    if FAST_EXCHANGE or not need or x.device.type != "cuda":
-        return AUTO_WORKSPACE
-    cols = x.shape[-1] if x.dim() else 1
-    rows = x.numel() // cols if cols else 0
-    return workspace(_C.norm_backward_workspace_size(
-        rows, cols, TORCH_TO_FUSEKIT_DTYPE[x.dtype], device_string(x.device)), x.device)
 
 
 def _norm_backward(kind: str, dy: Tensor, x: Tensor, weight: Optional[Tensor],
@@ -97,14 +75,11 @@ def _norm_backward(kind: str, dy: Tensor, x: Tensor, weight: Optional[Tensor],
     dx = torch.empty_like(x) if need_dx else None
     dweight = torch.empty(cols, dtype=pdtype, device=x.device) if need_dweight else None
     dbias = torch.empty(cols, dtype=pdtype, device=x.device) if need_dbias else None
-    ws = _workspace_arg(x, need_dweight or need_dbias)
     weight = _opt_contiguous(weight)
-    if not FAST_EXCHANGE:
-        dy, x, weight = exportable(dy), exportable(x), exportable(weight)
     if kind == "layer_norm":
-        _C.layer_norm_backward(dy, x, weight, mean, rstd, dx, dweight, dbias, ws, stream_for(x))
+        _C.layer_norm_backward(dy, x, weight, mean, rstd, dx, dweight, dbias, "auto")
     else:
-        _C.rms_norm_backward(dy, x, weight, rstd, dx, dweight, ws, stream_for(x))
+        _C.rms_norm_backward(dy, x, weight, rstd, dx, dweight, "auto")
     return dx, dweight, dbias
 
 
@@ -172,11 +147,11 @@ layer_norm_fwd.register_autograd(_layer_norm_backward, setup_context=_layer_norm
 
 
 class _LayerNormFunction(torch.autograd.Function):
-    """The eager fast path with gradients: the C++ calls of the custom ops, written for host time
-    (python/benchmarks/overhead.py). mean and rstd are one float32 allocation (`stats`); with the
-    DLPack exchange table fusekit._C allocates it from PyTorch's allocator and hands it back as an
-    opaque capsule (no Python tensor to create), and takes the backward's workspace the same way
-    ('auto'). Gradients are allocated like the parameters."""
+    """The eager path with gradients: the C++ calls of the custom ops, written for host time
+    (python/benchmarks/overhead.py). fusekit._C allocates mean and rstd (one allocation) through
+    PyTorch's allocator and hands them back as opaque capsules (no Python tensors to create), and
+    takes the backward's workspace the same way ('auto'). Gradients are allocated like the
+    parameters."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, eps):
@@ -186,15 +161,9 @@ class _LayerNormFunction(torch.autograd.Function):
         if bias is not None:
             bias = bias.contiguous()
         y = torch.empty_like(x)
-        if FAST_EXCHANGE:
-            stats = _C._layer_norm_forward_stats(x, weight, bias, eps, y)
-        else:
-            cols = x.shape[-1]
-            stats = x.new_empty(2 * (x.numel() // cols) if cols else 0, dtype=torch.float32)
-            _C._layer_norm_forward_stats(exportable(x), exportable(weight), exportable(bias), eps,
-                                         y, stats, stream_for(x))
         ctx.save_for_backward(x, weight)
-        ctx.stats = stats  # an intermediate, not an input or output: a plain attribute suffices
+        # (mean, rstd): intermediates, not inputs or outputs: a plain attribute suffices.
+        ctx.stats = _C._layer_norm_forward_alloc(x, weight, bias, eps, y)
         ctx.bias_dtype = None if bias is None else bias.dtype
         return y
 
@@ -208,14 +177,8 @@ class _LayerNormFunction(torch.autograd.Function):
         if need_dbias:  # weight and bias share one dtype (fusekit checks it in the forward)
             dbias = torch.empty_like(weight) if weight is not None else \
                 x.new_empty(x.shape[-1], dtype=ctx.bias_dtype)
-        if FAST_EXCHANGE:
-            _C._layer_norm_backward_stats(dy.contiguous(), x, weight, ctx.stats, dx, dweight, dbias,
-                                          "auto")
-        else:
-            _C._layer_norm_backward_stats(exportable(dy.contiguous()), exportable(x),
-                                          exportable(weight), ctx.stats, dx, dweight, dbias,
-                                          _workspace_arg(x, need_dweight or need_dbias),
-                                          stream_for(x))
+        mean, rstd = ctx.stats
+        _C.layer_norm_backward(dy.contiguous(), x, weight, mean, rstd, dx, dweight, dbias, "auto")
         return dx, dweight, dbias, None
 
 
@@ -273,7 +236,7 @@ rms_norm_fwd.register_autograd(_rms_norm_backward, setup_context=_rms_norm_setup
 
 
 class _RMSNormFunction(torch.autograd.Function):
-    """The eager fast path with gradients (see _LayerNormFunction)."""
+    """The eager path with gradients (see _LayerNormFunction)."""
 
     @staticmethod
     def forward(ctx, x, weight, eps):
@@ -281,14 +244,8 @@ class _RMSNormFunction(torch.autograd.Function):
         if weight is not None:
             weight = weight.contiguous()
         y = torch.empty_like(x)
-        if FAST_EXCHANGE:
-            rstd = _C._rms_norm_forward_stats(x, weight, eps, y)  # an opaque capsule
-        else:
-            cols = x.shape[-1]
-            rstd = x.new_empty(x.numel() // cols if cols else 0, dtype=torch.float32)
-            _C.rms_norm_forward(exportable(x), exportable(weight), eps, y, rstd, stream_for(x))
         ctx.save_for_backward(x, weight)
-        ctx.rstd = rstd  # an intermediate: a plain attribute suffices
+        ctx.rstd = _C._rms_norm_forward_alloc(x, weight, eps, y)  # an intermediate (a capsule)
         return y
 
     @staticmethod
@@ -297,12 +254,7 @@ class _RMSNormFunction(torch.autograd.Function):
         need_dx, need_dweight = ctx.needs_input_grad[:2]
         dx = torch.empty_like(x) if need_dx else None
         dweight = torch.empty_like(weight) if need_dweight else None
-        if FAST_EXCHANGE:
-            _C.rms_norm_backward(dy.contiguous(), x, weight, ctx.rstd, dx, dweight, "auto")
-        else:
-            _C.rms_norm_backward(exportable(dy.contiguous()), exportable(x), exportable(weight),
-                                 ctx.rstd, dx, dweight, _workspace_arg(x, need_dweight),
-                                 stream_for(x))
+        _C.rms_norm_backward(dy.contiguous(), x, weight, ctx.rstd, dx, dweight, "auto")
         return dx, dweight, None
 
 
