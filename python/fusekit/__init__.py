@@ -23,4 +23,4 @@ from . import _C
 __all__ = sorted(name for name in vars(_C) if not name.startswith("_"))
 globals().update({name: getattr(_C, name) for name in __all__})
 
-__version__ = "0.1.0"
+__version__ = _C.version()

@@ -89,6 +89,11 @@ void bind_runtime(nb::module_& m) {
         "CUDA architectures the kernels were compiled for, e.g. '90a'.");
   m.def("describe_cuda_device", &describe_cuda_device, nb::arg("device_index"),
         "One line describing a CUDA device.");
+  m.def("cuda_device_supported", &cuda_device_supported, nb::arg("device_index"),
+        "Whether CUDA device `device_index` exists and this build has kernels for it.");
+  m.def("supports_compute_capability", &supports_compute_capability, nb::arg("major"), nb::arg("minor"),
+        "Whether this build has kernels for GPUs of compute capability major.minor.");
+  m.def("version", &version, "fusekit's version, e.g. '0.1.0'.");
 
   // How fusekit sees an array: what every op receives after conversion. For tests and debugging.
   m.def(

@@ -70,11 +70,19 @@ const DeviceInfo& device_info(const char* op, int device_index) {
 
 }  // namespace detail
 
+// The kernels are compiled for sm_90a only (wgmma, TMA, Hopper tuning): nothing else can run
+// them, so say so instead of failing later with "no kernel image is available".
+bool supports_compute_capability(int major, int minor) { return major == 9 && minor == 0; }
+
+bool cuda_device_supported(int device_index) {
+  if (device_index < 0 || device_index >= cuda_device_count()) return false;
+  const detail::DeviceInfo& info = detail::device_info("cuda_device_supported", device_index);
+  return supports_compute_capability(info.major, info.minor);
+}
+
 void require_supported_gpu(const char* op, int device_index) {
   const detail::DeviceInfo& info = detail::device_info(op, device_index);
-  // The kernels are compiled for sm_90a only (wgmma, TMA, Hopper tuning): nothing else can run
-  // them, so say so instead of failing later with "no kernel image is available".
-  if (info.major != 9 || info.minor != 0) {
+  if (!supports_compute_capability(info.major, info.minor)) {
     throw Error(ErrorKind::unsupported, op,
                 "GPU " + std::to_string(device_index) + " (" + info.name + ", compute capability " +
                     std::to_string(info.major) + "." + std::to_string(info.minor) +

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <utility>
+
 #include "fusekit/error.h"
 #include "fusekit/runtime.h"
 #include "fusekit/tensor.h"
@@ -57,6 +59,15 @@ TEST(Runtime, DeviceQueriesDoNotThrowWithoutGpu) {
     // An op aimed at a GPU that does not exist names the device in its error.
     EXPECT_THROW(require_supported_gpu("test", 0), Error);
   }
+  EXPECT_FALSE(cuda_device_supported(-1));
+  EXPECT_FALSE(cuda_device_supported(n));
+  EXPECT_STRNE(version(), "unknown");
+}
+
+TEST(Runtime, KernelsExistForHopperOnly) {
+  EXPECT_TRUE(supports_compute_capability(9, 0));
+  for (const auto& [major, minor] : {std::pair{8, 0}, {8, 6}, {8, 9}, {9, 1}, {10, 0}, {12, 0}, {7, 5}})
+    EXPECT_FALSE(supports_compute_capability(major, minor)) << major << "." << minor;
 }
 
 }  // namespace
