@@ -12,11 +12,16 @@ plus a fused activation); attention (fusekit's layout, variable lengths) and
 scaled_dot_product_attention (torch.nn.functional's signature plus fusekit's extras);
 fp8_rms_norm / FP8RMSNorm (torch.nn.RMSNorm's constructor, FP8 in and out), fp8_quantize.
 
+On a GPU fusekit has no kernels for (anything but Hopper), each op runs PyTorch's implementation
+of the same function with one warning; set_fallback('strict') makes that an UnsupportedError and
+set_fallback('always') runs PyTorch's implementations everywhere (see _fallback.py).
+
 Adding an op family: write fusekit/torch/<family>.py (custom ops with register_fake and
 register_autograd, functional forms, drop-ins decorated with @register_drop_in) and import its
 public names below (one line).
 """
 from ._common import DROP_INS, register_drop_in, swap_modules  # noqa: F401
+from ._fallback import get_fallback, set_fallback  # noqa: F401
 
 # One line per op family.
 from .norm import LayerNorm, RMSNorm, layer_norm, rms_norm  # noqa: F401

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from .. import _C
+from . import _fallback
 from ._common import (
     CUSTOM_OP,
     NAMESPACE,
@@ -426,6 +427,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor] = None, *,
     Dtypes: float16 / bfloat16 on CUDA; float32 / float64 on the CPU (the float64 reference).
     """
     op = "attention"
+    if not _fallback.all_fusekit and _fallback.use_pytorch(op, q):
+        return _fallback.attention(q, k, v, bias, scale, mask if type(mask) is str else
+                                   _mask_name(op, mask), window, float(dropout_p), cu_seqlens_q,
+                                   cu_seqlens_k)
     mode = eager_mode(q, k, v, bias)
     if mode != CUSTOM_OP:
         if seed is None:

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from .. import _C
+from . import _fallback
 from ._common import (
     NAMESPACE,
     NO_GRAD,
@@ -149,6 +150,9 @@ def bias_act_dropout(x: Tensor, bias: Optional[Tensor], activation="none", p: fl
     """
     name = activation_name("bias_act_dropout", activation)
     p = float(p) if training else 0.0
+    if not _fallback.all_fusekit and _fallback.use_pytorch("bias_act_dropout", x):
+        h = _fallback.activation(x if bias is None else x + bias, name, float(slope))
+        return torch.nn.functional.dropout(h, p, training=p > 0.0)
     if seed is None:
         # A fresh seed from PyTorch's CPU generator, so that torch.manual_seed reproduces runs.
         seed = int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64).item()) if p > 0.0 else 0

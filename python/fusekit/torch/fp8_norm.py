@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from .. import _C
+from . import _fallback
 from ._common import (
     CUSTOM_OP,
     NAMESPACE,
@@ -265,6 +266,8 @@ def fp8_rms_norm(x: Tensor, normalized_shape: _ShapeLike, weight: Optional[Tenso
                                f"{shape} for x of shape {tuple(x.shape)}")
     eps = _FINFO_EPS.get(x.dtype, _F32_EPS) if eps is None else float(eps)
     group_size = int(group_size)
+    if not _fallback.all_fusekit and _fallback.use_pytorch("fp8_rms_norm", x):
+        return _fp8_rms_norm_pytorch(x, x_scales, weight, eps, group_size, fp8_dtype)
     mode = eager_mode(x, weight)
     if mode == CUSTOM_OP:
         y, qy, qy_t, y_scale, _, _, _ = fp8_rms_norm_fwd(x, x_scales, weight, eps, group_size,
@@ -278,6 +281,27 @@ def fp8_rms_norm(x: Tensor, normalized_shape: _ShapeLike, weight: Optional[Tenso
     else:
         xq, xs, _ = _input(x, x_scales, group_size, fp8_dtype)
         y, qy, qy_t, y_scale, _ = _forward(xq, xs, weight, eps, group_size, fp8_dtype)
+    return Fp8RMSNormOutput(y, qy, qy_t, y_scale)
+
+
+def _fp8_rms_norm_pytorch(x, x_scales, weight, eps, group_size, fp8_dtype) -> Fp8RMSNormOutput:
+    """The same computation in PyTorch operations (GPUs without fusekit kernels)."""
+    if x.dtype in FP8_DTYPES:
+        if x_scales is None:
+            raise invalid_argument("fp8_rms_norm", "x_scales", "the group scales of the FP8 input x",
+                                   "None")
+        n = x.shape[-1]
+        xf = (x.float().reshape(*x.shape[:-1], n // group_size, group_size)
+              * x_scales.float().unsqueeze(-1)).reshape(x.shape)
+    else:
+        xq, xs, _ = _input(x, x_scales, group_size, fp8_dtype)
+        return _fp8_rms_norm_pytorch(xq, xs, weight, eps, group_size, fp8_dtype)
+    y = torch.nn.functional.rms_norm(xf, (xf.shape[-1],), None if weight is None else weight.float(),
+                                     eps).to(torch.bfloat16)
+    fmax = torch.finfo(fp8_dtype).max
+    y_scale = (y.float().abs().amax() / fmax).clamp_min(torch.finfo(torch.float32).tiny).reshape(1)
+    qy = (y.float() / y_scale).clamp(-fmax, fmax).to(fp8_dtype)
+    qy_t = qy.reshape(-1, qy.shape[-1]).t().contiguous()
     return Fp8RMSNormOutput(y, qy, qy_t, y_scale)
 
 

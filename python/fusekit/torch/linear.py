@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from .. import _C
+from . import _fallback
 from ._common import (
     NAMESPACE,
     NO_GRAD,
@@ -139,6 +140,8 @@ def _records_grad(*tensors: Optional[Tensor]) -> bool:
 def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activation="none") -> Tensor:
     """act(torch.nn.functional.linear(x, weight, bias)) through fusekit's fused kernels."""
     name = activation_name("linear", activation)
+    if not _fallback.all_fusekit and _fallback.use_pytorch("linear", x):
+        return _fallback.activation(torch.nn.functional.linear(x, weight, bias), name)
     mode = eager_mode(x, weight, bias)
     if mode == RECORD:
         return _apply(x, weight, bias, name)

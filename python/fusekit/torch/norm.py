@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from .. import _C
+from . import _fallback
 from ._common import (
     NAMESPACE,
     NO_GRAD,
@@ -305,6 +306,8 @@ def layer_norm(x: Tensor, normalized_shape: _ShapeLike, weight: Optional[Tensor]
                bias: Optional[Tensor] = None, eps: float = 1e-5) -> Tensor:
     """torch.nn.functional.layer_norm through fusekit (x: float32, float16 or bfloat16; weight
     and bias in x's dtype or float32)."""
+    if not _fallback.all_fusekit and _fallback.use_pytorch("layer_norm", x):
+        return torch.nn.functional.layer_norm(x, _as_shape(normalized_shape), weight, bias, eps)
     if _one_dim(normalized_shape, x):
         x2, w, b = x, weight, bias
     else:
@@ -328,6 +331,8 @@ def rms_norm(x: Tensor, normalized_shape: _ShapeLike, weight: Optional[Tensor] =
              eps: Optional[float] = None) -> Tensor:
     """torch.nn.functional.rms_norm through fusekit; eps=None means torch.finfo(x.dtype).eps, as
     in PyTorch."""
+    if not _fallback.all_fusekit and _fallback.use_pytorch("rms_norm", x):
+        return torch.nn.functional.rms_norm(x, _as_shape(normalized_shape), weight, eps)
     if _one_dim(normalized_shape, x):
         x2, w = x, weight
     else:
