@@ -29,8 +29,11 @@ const OverrideKey* find_key(const std::string& key) {
 void set_locked(State& s, const std::string& key, const std::string& value) {
   if (!find_key(key)) {
     std::string known;
-    for (const OverrideKey& k : kOverrideKeys) known += (known.empty() ? "" : ", ") + std::string(k.name);
-    throw Error(ErrorKind::invalid_argument, "fusekit.override", "key",
+    for (const OverrideKey& k : kOverrideKeys) {
+      if (!known.empty()) known += ", ";
+      known += k.name;
+    }
+    throw Error(ErrorKind::invalid_argument, "override", "key",
                 "one of " + (known.empty() ? std::string("(none)") : known), key);
   }
   if (value.empty())
@@ -48,7 +51,7 @@ void set_list_locked(State& s, const std::string& list) {
     if (!item.empty()) {
       const std::size_t eq = item.find('=');
       if (eq == std::string::npos)
-        throw Error(ErrorKind::invalid_argument, "fusekit.override", "FUSEKIT_OVERRIDE", "key=value", item);
+        throw Error(ErrorKind::invalid_argument, "override", "FUSEKIT_OVERRIDE", "key=value", item);
       set_locked(s, item.substr(0, eq), item.substr(eq + 1));
     }
     start = end + 1;
@@ -102,7 +105,7 @@ std::optional<long long> override_int(const char* key, long long lo, long long h
   char* end = nullptr;
   const long long v = std::strtoll(value->c_str(), &end, 10);
   if (value->empty() || *end != '\0' || v < lo || v > hi)
-    throw Error(ErrorKind::invalid_argument, "fusekit.override", key,
+    throw Error(ErrorKind::invalid_argument, "override", key,
                 "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]", *value);
   return v;
 }

@@ -48,9 +48,10 @@ std::optional<Choice> override_choice(const char* key, std::initializer_list<std
   std::string known;
   for (const auto& [name, choice] : names) {
     if (*value == name) return choice;
-    known += (known.empty() ? "" : "|") + std::string(name);
+    if (!known.empty()) known += "|";
+    known += name;
   }
-  throw Error(ErrorKind::invalid_argument, "fusekit.override", key, known, *value);
+  throw Error(ErrorKind::invalid_argument, "override", key, known, *value);
 }
 
 }  // namespace fusekit::detail
