@@ -100,8 +100,8 @@ StatsRing bulk_ring(const ForwardParams& p, const detail::DeviceInfo& device, co
   while (ring.rounds > 1 && row_rounds % ring.rounds != 0) ring.rounds /= 2;
   const int sb = scale_bytes(p.scale_dtype);
   auto fits = [&] {
-    return kStatsBulkBlocksPerSm * (stats_bulk_smem_bytes(p.cols, p.log2_group, sb, ring) + kStatsBulkStaticSmemBytes) <=
-           device.max_smem_per_block_optin;
+    const std::size_t smem = stats_bulk_smem_bytes(p.cols, p.log2_group, sb, ring);
+    return kStatsBulkBlocksPerSm * (smem + kStatsBulkStaticSmemBytes) <= device.max_smem_per_block_optin;
   };
   while (ring.slots > 2 && !fits()) --ring.slots;
   while (ring.rounds > 1 && !fits()) ring.rounds /= 2;
@@ -208,7 +208,8 @@ BackwardConfig choose_backward(const BackwardParams& p, const detail::DeviceInfo
   // per-run bounds tests (20% fewer instructions per row); with 8 runs per thread it would spill.
   const bool exact = c.runs_per_thread != 8 && p.cols == std::int64_t(kRunCols) * c.runs_per_thread * row_threads;
   // Those rows' scales come through the copy pipeline when they are 16-byte chunks.
-  const bool staged = exact && p.log2_group == 4 && aligned16(p.scales) && (p.scale_row_stride * std::int64_t(sb)) % 16 == 0;
+  const bool staged =
+      exact && p.log2_group == 4 && aligned16(p.scales) && (p.scale_row_stride * std::int64_t(sb)) % 16 == 0;
   c.variant = staged ? (row->streaming ? BackwardVariant::staged_scales_streaming : BackwardVariant::staged_scales)
                      : (exact ? BackwardVariant::exact_rows : BackwardVariant::bounds_checked);
   c.smem_bytes = backward_smem_bytes(c.runs_per_thread, row_threads) +

@@ -58,7 +58,8 @@ using detail::launch_dependent;
 // The forced choices: a test's, else the override keys' (core/overrides.h).
 ForcedChoices forced_choices() {
   ForcedChoices f;
-  f.stats = StatsChoice::requested("fp8_norm.stats", {{"registers", StatsDesign::registers}, {"bulk", StatsDesign::bulk}});
+  f.stats = StatsChoice::requested("fp8_norm.stats",
+                                   {{"registers", StatsDesign::registers}, {"bulk", StatsDesign::bulk}});
   f.stats_chunk_rounds = static_cast<int>(detail::override_int("fp8_norm.stats.chunk_rounds", 1, 4).value_or(0));
   f.stats_ring_slots =
       static_cast<int>(detail::override_int("fp8_norm.stats.ring_slots", 2, kStatsBulkMaxSlots).value_or(0));
@@ -137,8 +138,8 @@ int launch_stats(const ForwardParams& p, const StatsConfig& c, int sms, int devi
 }
 
 template <class XF, class QF, typename SC, typename W>
-void launch_quantize(const ForwardParams& p, const QuantizeConfig& c, int sms, int device_index, const float* block_amax,
-                     int block_count, cudaStream_t stream) {
+void launch_quantize(const ForwardParams& p, const QuantizeConfig& c, int sms, int device_index,
+                     const float* block_amax, int block_count, cudaStream_t stream) {
   const char* op = "fp8_rms_norm_forward";
   if (c.vector) {
     auto kernel = c.tiles == QuantizeTiles::whole ? quantize_vector_kernel<XF, QF, SC, W, QuantizeTiles::whole>

@@ -514,7 +514,8 @@ __global__ void __launch_bounds__(kStatsThreads, 4)
 // compiler keeps it in uniform registers; one elected lane issues each copy (a copier in one
 // lane's registers costs a loop per copy to move its addresses into uniform registers). A slot
 // is refilled after a __syncwarp (its only readers are the warp's own lanes) and a proxy fence
-// (generic reads before an async-proxy write), not after an "empty" mbarrier. Chunks of two rounds halve what issuing the copies costs.
+// (generic reads before an async-proxy write), not after an "empty" mbarrier. Chunks of two
+// rounds halve what issuing the copies costs.
 //
 // Launch contract (choose_forward checks it): N a multiple of 2048 * rounds and at most
 // kStatsSmemWeightCols, 16-byte aligned x and scale rows, and a round's scales a multiple of 16

@@ -109,7 +109,8 @@ void expect_backward(const detail::DeviceInfo& device, const BackwardExpect& e, 
   EXPECT_EQ(c.variant, e.variant);
   const bool staged =
       e.variant == BackwardVariant::staged_scales || e.variant == BackwardVariant::staged_scales_streaming;
-  EXPECT_EQ(c.smem_bytes, backward_smem_bytes(e.runs, e.row_threads) + (staged ? backward_scale_stage_bytes(e.runs, 2) : 0));
+  EXPECT_EQ(c.smem_bytes,
+            backward_smem_bytes(e.runs, e.row_threads) + (staged ? backward_scale_stage_bytes(e.runs, 2) : 0));
 }
 
 TEST(Fp8NormConfig, BackwardShapesOfTheBenchmarkRowsOnH100AndH200) {
@@ -187,7 +188,9 @@ TEST(Fp8NormConfig, StatisticsPathsAndRingsOfTheBenchmarkRows) {
 
 TEST(Fp8NormConfig, StatisticsFallbacksAndForcedChoices) {
   const detail::DeviceInfo device = h200_like();
-  auto stats = [&](const ForwardParams& p, ForcedChoices forced = {}) { return choose_forward(p, device, forced).stats; };
+  auto stats = [&](const ForwardParams& p, ForcedChoices forced = {}) {
+    return choose_forward(p, device, forced).stats;
+  };
   // Not whole rounds of 2048 columns: the register kernel, row groups of up to 32 threads.
   StatsConfig c = stats(forward_problem(256, 1024));
   EXPECT_EQ(c.design, StatsDesign::registers);
