@@ -2,6 +2,9 @@
 
 #include <algorithm>
 
+#include "core/choice_override.h"
+#include "core/overrides.h"
+
 namespace fusekit::fp8_norm {
 
 namespace {
@@ -154,6 +157,19 @@ QuantizeConfig choose_quantize(const ForwardParams& p, bool vector) {
 }
 
 }  // namespace
+
+ForcedChoices forced_choices() {
+  ForcedChoices f;
+  f.stats = detail::ChoiceOverride<StatsDesign>::requested(
+      "fp8_norm.stats", {{"registers", StatsDesign::registers}, {"bulk", StatsDesign::bulk}});
+  f.stats_chunk_rounds = static_cast<int>(detail::override_int("fp8_norm.stats.chunk_rounds", 1, 4).value_or(0));
+  f.stats_ring_slots =
+      static_cast<int>(detail::override_int("fp8_norm.stats.ring_slots", 2, kStatsBulkMaxSlots).value_or(0));
+  f.backward = detail::ChoiceOverride<BackwardTuning>::requested(
+      "fp8_norm.backward.tuning", {{"four_runs_cached", BackwardTuning::four_runs_cached},
+                                   {"two_runs_streaming", BackwardTuning::two_runs_streaming}});
+  return f;
+}
 
 bool forward_vector_ok(const ForwardParams& p) {
   const std::int64_t tiles = ((p.rows + kTile - 1) / kTile) * ((p.cols + kTile - 1) / kTile);

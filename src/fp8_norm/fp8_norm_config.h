@@ -118,6 +118,11 @@ struct ForcedChoices {
   BackwardTuning backward = BackwardTuning::automatic;
 };
 
+// The choices forced now: a test's (set_stats_design_override, set_backward_tuning_override),
+// else the override keys' (core/overrides.h): "fp8_norm.stats", "fp8_norm.stats.chunk_rounds",
+// "fp8_norm.stats.ring_slots", "fp8_norm.backward.tuning". The launcher's only non-pure input.
+ForcedChoices forced_choices();
+
 struct StatsConfig {
   StatsDesign design = StatsDesign::generic;           // registers, bulk or generic
   StatsVariant variant = StatsVariant::global_weights;  // registers

@@ -13,7 +13,6 @@
 #include "core/dependent_launch.h"
 #include "core/device_info.h"
 #include "core/launch_tuning.h"
-#include "core/overrides.h"
 #include "core/partial_rows.cuh"
 #include "fp8_norm/fp8_norm_config.h"
 #include "fp8_norm/fp8_norm_kernels.cuh"
@@ -54,20 +53,6 @@ namespace {
 
 using namespace kernels;
 using detail::launch_dependent;
-
-// The forced choices: a test's, else the override keys' (core/overrides.h).
-ForcedChoices forced_choices() {
-  ForcedChoices f;
-  f.stats = StatsChoice::requested("fp8_norm.stats",
-                                   {{"registers", StatsDesign::registers}, {"bulk", StatsDesign::bulk}});
-  f.stats_chunk_rounds = static_cast<int>(detail::override_int("fp8_norm.stats.chunk_rounds", 1, 4).value_or(0));
-  f.stats_ring_slots =
-      static_cast<int>(detail::override_int("fp8_norm.stats.ring_slots", 2, kStatsBulkMaxSlots).value_or(0));
-  f.backward = TuningChoice::requested("fp8_norm.backward.tuning",
-                                       {{"four_runs_cached", BackwardTuning::four_runs_cached},
-                                        {"two_runs_streaming", BackwardTuning::two_runs_streaming}});
-  return f;
-}
 
 template <typename F>
 void dispatch_fp8(DType dtype, F&& f) {

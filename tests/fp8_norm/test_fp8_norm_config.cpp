@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/overrides.h"
 #include "fp8_norm/fp8_norm_config.h"
 
 namespace fusekit::fp8_norm {
@@ -268,6 +269,37 @@ TEST(Fp8NormConfig, GridsAndWorkspaces) {
   EXPECT_EQ(forward_workspace_bytes(16384, 4096, 132), 4352u);
   EXPECT_EQ(backward_workspace_bytes(16384, 4096, 132), std::size_t(132) * 2 * 4096 * 4);
   EXPECT_EQ(forward_workspace_bytes(0, 4096, 132), 0u);
+}
+
+// The override keys reach the config, and bad values are errors.
+TEST(Fp8NormConfig, OverrideKeysForceChoices) {
+  detail::clear_overrides();
+  ForcedChoices f = forced_choices();
+  EXPECT_EQ(f.stats, StatsDesign::automatic);
+  EXPECT_EQ(f.stats_chunk_rounds, 0);
+  EXPECT_EQ(f.stats_ring_slots, 0);
+  EXPECT_EQ(f.backward, BackwardTuning::automatic);
+  detail::set_overrides(
+      "fp8_norm.stats=registers,fp8_norm.stats.chunk_rounds=1,fp8_norm.stats.ring_slots=5,"
+      "fp8_norm.backward.tuning=two_runs_streaming");
+  f = forced_choices();
+  EXPECT_EQ(f.stats, StatsDesign::registers);
+  EXPECT_EQ(f.stats_chunk_rounds, 1);
+  EXPECT_EQ(f.stats_ring_slots, 5);
+  EXPECT_EQ(f.backward, BackwardTuning::two_runs_streaming);
+  EXPECT_EQ(choose_backward(backward_problem(64, 2048), h200_like(), f).runs_per_thread, 2);
+  detail::set_override("fp8_norm.stats", "bulk");
+  f = forced_choices();
+  const StatsConfig s = choose_forward(forward_problem(256, 4096), h200_like(), f).stats;
+  EXPECT_EQ(s.design, StatsDesign::bulk);
+  EXPECT_EQ(s.ring.rounds, 1);
+  EXPECT_EQ(s.ring.slots, 5);
+  detail::set_override("fp8_norm.stats.ring_slots", "9");
+  EXPECT_THROW(forced_choices(), Error);
+  detail::set_override("fp8_norm.backward.tuning", "rich");
+  detail::set_override("fp8_norm.stats.ring_slots", "");
+  EXPECT_THROW(forced_choices(), Error);
+  detail::clear_overrides();
 }
 
 // Every config over a grid of shapes, layouts and both devices.
