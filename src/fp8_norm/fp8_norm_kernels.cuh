@@ -258,7 +258,7 @@ __device__ __forceinline__ void decode8(const uint2& raw, float (&q)[8]) {
   decode_words<F>(words, q);
 }
 
-// Stages the weights in shared memory as floats, in runs of 4 * quads weights ("units"):
+// Stages the weights in shared memory as floats, in units of 4 * quads weights:
 // w4[k * count + u] holds weights 4 (quads u + k) .. + 3, so that consecutive threads reading
 // consecutive units touch consecutive 16-byte words (no bank conflicts). Units u in
 // [units, count) are zero. The weights (units * quads * 4 of them) must be 16-byte aligned, as
