@@ -12,6 +12,11 @@ namespace {
 // One row per key, grouped by family. A key that no code reads does not belong here.
 const std::vector<OverrideKey> kOverrideKeys = {
     // Filled in by the op families.
+    // FP8 RMSNorm (src/fp8_norm/fp8_norm_config.h).
+    {"fp8_norm.stats", "registers|bulk", "the forward's statistics kernel (a bulk that cannot serve runs registers)"},
+    {"fp8_norm.stats.chunk_rounds", "1..4", "rounds of 2048 columns per bulk copy of the bulk statistics kernel"},
+    {"fp8_norm.stats.ring_slots", "2..8", "chunk slots per warp of the bulk statistics kernel"},
+    {"fp8_norm.backward.tuning", "four_runs_cached|two_runs_streaming", "the vector backward's tuning"},
 };
 
 struct State {

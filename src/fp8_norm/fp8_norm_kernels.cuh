@@ -25,7 +25,7 @@
 //  few KB of maxima).
 //
 // Backward: a persistent grid; row groups of threads share a row. A thread owns fixed runs of 8
-// columns ("octs": 8 fp8 bytes of x, 16 bytes of dy and dx, so that every warp-wide access is
+// columns (8 fp8 bytes of x, 16 bytes of dy and dx, so that every warp-wide access is
 // contiguous) and copies its own x and dy bytes of the rows ahead into shared memory with
 // cp.async (2 to 4 rows deep: no registers held for prefetching, no barrier needed for them).
 // It accumulates dweight partial sums in registers, the row groups of a block are combined in a
@@ -46,6 +46,7 @@
 #include <type_traits>
 
 #include "core/device_vector.cuh"
+#include "fp8_norm/fp8_norm_config.h"
 #include "fp8_norm/fp8_norm_math.h"
 #include "fp8_norm/fp8_norm_params.h"
 
@@ -257,23 +258,16 @@ __device__ __forceinline__ void decode8(const uint2& raw, float (&q)[8]) {
   decode_words<F>(words, q);
 }
 
-// Stages the weights in shared memory as floats, in runs of 4 * quads weights ("units"):
+// Stages the weights in shared memory as floats, in units of 4 * quads weights:
 // w4[k * count + u] holds weights 4 (quads u + k) .. + 3, so that consecutive threads reading
 // consecutive units touch consecutive 16-byte words (no bank conflicts). Units u in
 // [units, count) are zero. The weights (units * quads * 4 of them) must be 16-byte aligned, as
 // every vector path checks. All threads of the block take part; the caller synchronizes.
 //
 // stage_weights issues a batch of 16-byte loads per thread before it converts any of them: one
-// round trip to L2 per batch. stage_weights_by_quads loads four weights, stores them and only
-// then loads the next four: one round trip per four weights a thread (four at N = 4096, eight
-// at N = 8192 in 256-thread blocks). In the statistics kernel at N = 4096 the warps spent 13% of
-// their stall samples on that wait (Nsight Compute, session 39), and the batched staging took
-// 0.2-1.5 us off the forward (the most at N = 8192). The backward keeps the quad-by-quad staging:
-// with the batched one it ran 4-9 us slower in the benchmark at every shape, dx alone too, and
-// a start delay or a per-block stagger put back after the batched staging did not recover it.
-// Its main loop stays 618 instructions but ptxas picks a few integer instructions and the
-// registers differently (session 39; Nsight Compute timed the kernel alone faster in one call
-// and slower in another, so the cause is not settled).
+// round trip to L2 per batch (the statistics kernels; bench: fp8_rms_norm fwd (8192, 8192)).
+// stage_weights_by_quads loads four weights, stores them and only then loads the next four; the
+// backward keeps it (bench: fp8_rms_norm bwd, every shape, slower with the batched staging).
 template <typename W>
 __device__ __forceinline__ void stage_weights(const W* __restrict__ weight, int units, int quads, int count,
                                               float4* w4) {
@@ -386,10 +380,7 @@ __device__ __forceinline__ void transpose_bytes_4x4(std::uint32_t (&in)[16]) {
 // =============================================================================================
 // Forward 1: statistics (rstd per row, per-block max |y|).
 
-inline constexpr int kStatsThreads = 256;
-inline constexpr int kStatsUnroll = 4;  // 16-byte vectors in flight per thread
-// Rows up to this long stage their weights in shared memory (64 KB of floats).
-inline constexpr std::int64_t kStatsSmemWeightCols = 16384;
+// Block sizes and shared-memory layouts: fp8_norm_config.h.
 
 // The end of a row in the statistics passes: the row group's totals by an xor butterfly (every
 // thread of the group gets them), then rstd and the row's max |y|. rstd costs a float64
@@ -431,13 +422,14 @@ struct RowStatsEnd {
   }
 };
 
-// Row groups of 2^log2_tpr threads (1..32) stride over the row's 16-element vectors. With
-// kSmemWeights the block first stages the weights (dynamic shared memory, 4 N bytes).
-// kWholeRounds: the row's vectors are a multiple of tpr * kStatsUnroll (no partial round: the
-// loads and vectors need no bounds tests).
-template <class XF, typename SC, typename W, bool kSmemWeights, bool kWholeRounds>
+// Row groups of 2^log2_tpr threads (1..32) stride over the row's 16-element vectors. With staged
+// weights the block first stages them (dynamic shared memory, 4 N bytes). Whole rounds: the
+// row's vectors are a multiple of tpr * kStatsUnroll (the loads and vectors need no bounds tests).
+template <class XF, typename SC, typename W, StatsVariant VARIANT>
 __global__ void __launch_bounds__(kStatsThreads, 4)
     stats_vector_kernel(ForwardParams p, int log2_tpr, float* __restrict__ block_amax_out) {
+  constexpr bool kSmemWeights = VARIANT != StatsVariant::global_weights;
+  constexpr bool kWholeRounds = VARIANT == StatsVariant::staged_weights_whole_rounds;
   extern __shared__ float4 stats_w4[];
   __shared__ float scratch[32];
   // The quantize kernel may start launching now: it copies x tiles until it needs our results.
@@ -459,7 +451,7 @@ __global__ void __launch_bounds__(kStatsThreads, 4)
   // One round: this thread's kStatsUnroll vectors v0, v0 + tpr, ... of a row. Past the row's end
   // (only without kWholeRounds) the loads repeat its last vector and the math skips it.
   // Rows the quantize pass will find in L2 evict-last, the others evict-first (plain loads for
-  // those were 1-3% slower at two of the three benchmark shapes: they push out kept rows).
+  // those push out kept rows; bench: fp8_rms_norm fwd).
   const std::uint64_t keep_policy = l2_policy_evict_last(), pass_policy = l2_policy_evict_first();
   auto load_round = [&](std::int64_t row, int v0, uint4 (&raw)[kStatsUnroll], SC (&sc)[kStatsUnroll]) {
     const uint4* xr = reinterpret_cast<const uint4*>(x + row * p.x_row_stride);
@@ -511,54 +503,31 @@ __global__ void __launch_bounds__(kStatsThreads, 4)
 // One warp per row, and lane t takes vectors t, t + 32, t + 64 and t + 96 of every 128-vector
 // round of its row: the vectors, the order of additions and the row end of stats_vector_kernel
 // with log2_tpr = 5 and whole rounds, so that rstd and the block maxima are bitwise that kernel's.
-// What differs is how the bytes arrive. Each warp owns a ring of `stages` slots of one chunk
-// (`rounds` rounds: 2 KB of x each, then the chunk's scales), which it fills up to `stages - 1`
+// What differs is how the bytes arrive. Each warp owns a ring of `slots` slots of one chunk
+// (`rounds` rounds: 2 KB of x each, then the chunk's scales), which it fills up to `slots - 1`
 // chunks ahead with two bulk copies per chunk (a "full" mbarrier per slot counts the bytes in).
-// In the register kernel a warp had loads in flight only while it waited on them, and each
-// 16-byte load cost its own 64-bit address arithmetic; here the copies run during all of the
-// arithmetic and a lane's addresses are shared-memory offsets.
+// The copies run during all of the arithmetic and a lane's addresses are shared-memory offsets,
+// where the register kernel has loads in flight only while it waits on them and pays 64-bit
+// address arithmetic per 16-byte load.
 //
 // The whole warp runs the copier (sources, slot, barrier), so its state is warp-uniform and the
-// compiler keeps it in uniform registers; one elected lane issues each copy. When lane 0 alone
-// ran it (sessions 34-36), the compiler had to move each copy's addresses from that lane's
-// registers into uniform ones through a loop around every copy: ~100 instructions a chunk
-// against ~65 now, and 110 registers against 91. A slot is refilled after a __syncwarp (its only
-// readers are the warp's own lanes) and a proxy fence (generic reads before an async-proxy write),
-// not after an "empty" mbarrier. Chunks of two rounds halve what issuing the copies costs.
+// compiler keeps it in uniform registers; one elected lane issues each copy (a copier in one
+// lane's registers costs a loop per copy to move its addresses into uniform registers). A slot
+// is refilled after a __syncwarp (its only readers are the warp's own lanes) and a proxy fence
+// (generic reads before an async-proxy write), not after an "empty" mbarrier. Chunks of two
+// rounds halve what issuing the copies costs.
 //
-// Launch contract (launch_stats checks it): N a multiple of 2048 * rounds and at most
+// Launch contract (choose_forward checks it): N a multiple of 2048 * rounds and at most
 // kStatsSmemWeightCols, 16-byte aligned x and scale rows, and a round's scales a multiple of 16
 // bytes (stats_bulk_round_scale_bytes). Dynamic shared memory: the staged weights (4 N bytes),
-// then 8 rings of `stages` slots (stats_bulk_smem_bytes).
-inline constexpr int kStatsBulkWarps = kStatsThreads / 32;
-inline constexpr int kStatsBulkRoundVectors = 32 * kStatsUnroll;  // vectors per round: 128
-inline constexpr int kStatsBulkRoundBytes = kStatsBulkRoundVectors * 16;  // 2 KB of x
-inline constexpr int kStatsBulkMaxStages = 8;
+// then 8 rings of `slots` slots (stats_bulk_smem_bytes).
 
-struct StatsBulkShape {
-  int rounds;  // rounds per chunk (per copy)
-  int stages;  // chunk slots per warp, 2 .. kStatsBulkMaxStages
-  // Bytes from the end of a row of x (of its scales) to the start of the warp's next row: set by
-  // the launcher once the grid is known, so that the copier does not recompute them every chunk.
-  std::int64_t x_row_jump = 0, scale_row_jump = 0;
-};
+enum class L2Priority : int { evict_first, evict_last };
 
-// Bytes of one round's scales: one per 2^log2_group columns.
-template <typename SC>
-__host__ __device__ constexpr int stats_bulk_round_scale_bytes(int log2_group) {
-  return (kStatsBulkRoundVectors >> (log2_group - 4)) * static_cast<int>(sizeof(SC));
-}
-template <typename SC>
-constexpr std::size_t stats_bulk_smem_bytes(std::int64_t cols, int log2_group, StatsBulkShape shape) {
-  const std::size_t slot = static_cast<std::size_t>(shape.rounds) *
-                           (kStatsBulkRoundBytes + stats_bulk_round_scale_bytes<SC>(log2_group));
-  return static_cast<std::size_t>(cols) * sizeof(float) + std::size_t(kStatsBulkWarps) * shape.stages * slot;
-}
-
-// Two bulk copies that complete on one mbarrier, with one L2 policy for both (evict-last when
-// kKeep, else evict-first), made inside the asm statement: no policy register is chosen at run
-// time (ptxas 13.0 mis-encoded a cp.async whose policy was picked at run time, session 33).
-template <bool kKeep>
+// Two bulk copies that complete on one mbarrier, with one L2 policy for both, made inside the asm
+// statement: no policy register is chosen at run time (ptxas 13.0 mis-encodes a cp.async whose
+// policy is picked at run time).
+template <L2Priority PRIORITY>
 __device__ __forceinline__ void bulk_copy_pair_l2(unsigned dst_a, const void* src_a, unsigned bytes_a, unsigned dst_b,
                                                   const void* src_b, unsigned bytes_b, unsigned bar) {
 #define FUSEKIT_BULK_COPY_PAIR(PRIORITY)                                                                    \
@@ -569,39 +538,39 @@ __device__ __forceinline__ void bulk_copy_pair_l2(unsigned dst_a, const void* sr
                " [%3], [%4], %5, [%6], policy;\n}\n" ::"r"(dst_a),                                          \
                "l"(src_a), "r"(bytes_a), "r"(dst_b), "l"(src_b), "r"(bytes_b), "r"(bar)                    \
                : "memory")
-  if constexpr (kKeep) FUSEKIT_BULK_COPY_PAIR("evict_last");
+  if constexpr (PRIORITY == L2Priority::evict_last) FUSEKIT_BULK_COPY_PAIR("evict_last");
   else FUSEKIT_BULK_COPY_PAIR("evict_first");
 #undef FUSEKIT_BULK_COPY_PAIR
 }
 
 template <class XF, typename SC, typename W>
 __global__ void __launch_bounds__(kStatsThreads, 2)
-    stats_bulk_kernel(ForwardParams p, StatsBulkShape shape, float* __restrict__ block_amax_out) {
+    stats_bulk_kernel(ForwardParams p, StatsRing ring_shape, float* __restrict__ block_amax_out) {
   extern __shared__ float4 stats_w4[];
   __shared__ float scratch[32];
-  __shared__ std::uint64_t full_bar[kStatsBulkWarps * kStatsBulkMaxStages];
+  __shared__ std::uint64_t full_bar[kStatsBulkWarps * kStatsBulkMaxSlots];
   // The quantize kernel may start launching now: it copies x tiles until it needs our results.
   allow_dependent_launch();
   // The warp index through a shuffle from lane 0: the compiler then knows it is warp-uniform.
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x >> 5), 0), lane = threadIdx.x & 31;
   const int nvec = static_cast<int>(p.cols >> 4);
-  const int stages = shape.stages, rounds = shape.rounds;
+  const int slots = ring_shape.slots, rounds = ring_shape.rounds;
   const int chunks = nvec / (kStatsBulkRoundVectors * rounds);  // per row
   const int scale_shift = p.log2_group - 4;                     // vector index -> group index
   const unsigned chunk_x_bytes = rounds * kStatsBulkRoundBytes;
-  const unsigned chunk_scale_bytes = rounds * stats_bulk_round_scale_bytes<SC>(p.log2_group);
+  const unsigned chunk_scale_bytes = rounds * stats_bulk_round_scale_bytes(p.log2_group, static_cast<int>(sizeof(SC)));
   const unsigned slot_bytes = chunk_x_bytes + chunk_scale_bytes;
-  std::uint8_t* ring = reinterpret_cast<std::uint8_t*>(stats_w4 + 4 * nvec) + std::size_t(warp) * stages * slot_bytes;
-  std::uint64_t* full = full_bar + warp * kStatsBulkMaxStages;
+  std::uint8_t* ring = reinterpret_cast<std::uint8_t*>(stats_w4 + 4 * nvec) + std::size_t(warp) * slots * slot_bytes;
+  std::uint64_t* full = full_bar + warp * kStatsBulkMaxSlots;
   const std::int64_t row_step = std::int64_t(gridDim.x) * kStatsBulkWarps;
   const std::int64_t first_row = std::int64_t(blockIdx.x) * kStatsBulkWarps + warp;
 
-  if (lane < stages) mbarrier_init(&full[lane], 1);
+  if (lane < slots) mbarrier_init(&full[lane], 1);
   mbarrier_init_fence();
   __syncthreads();
 
   // The copies walk the warp's chunks in the order the loop below reads them:
-  // chunk c of row first_row + k row_step into slot (k chunks + c) mod stages. Sources and
+  // chunk c of row first_row + k row_step into slot (k chunks + c) mod slots. Sources and
   // destinations advance by additions.
   struct Copier {
     const std::uint8_t* x;       // the next chunk's fp8 bytes
@@ -621,29 +590,29 @@ __global__ void __launch_bounds__(kStatsThreads, 2)
       // Rows the quantize pass will find in L2 evict-last, the others evict-first (as in
       // stats_vector_kernel).
       if (copier.row >= p.l2_keep_from_row)
-        bulk_copy_pair_l2<true>(copier.dst, copier.x, chunk_x_bytes, copier.dst + chunk_x_bytes, copier.scales,
-                                chunk_scale_bytes, copier.bar);
+        bulk_copy_pair_l2<L2Priority::evict_last>(copier.dst, copier.x, chunk_x_bytes, copier.dst + chunk_x_bytes,
+                                                  copier.scales, chunk_scale_bytes, copier.bar);
       else
-        bulk_copy_pair_l2<false>(copier.dst, copier.x, chunk_x_bytes, copier.dst + chunk_x_bytes, copier.scales,
-                                 chunk_scale_bytes, copier.bar);
+        bulk_copy_pair_l2<L2Priority::evict_first>(copier.dst, copier.x, chunk_x_bytes, copier.dst + chunk_x_bytes,
+                                                   copier.scales, chunk_scale_bytes, copier.bar);
     }
     copier.x += chunk_x_bytes;
     copier.scales += chunk_scale_bytes;
     if (++copier.chunk == chunks) {
       copier.chunk = 0;
       copier.row += row_step;
-      copier.x += shape.x_row_jump;
-      copier.scales += shape.scale_row_jump;
+      copier.x += ring_shape.x_row_jump;
+      copier.scales += ring_shape.scale_row_jump;
     }
     copier.dst += slot_bytes;
     copier.bar += sizeof(std::uint64_t);
-    if (++copier.slot == stages) {
+    if (++copier.slot == slots) {
       copier.slot = 0;
       copier.dst = ring_address;
       copier.bar = full_address;
     }
   };
-  for (int i = 0; i < stages - 1; ++i) copy_next_chunk();
+  for (int i = 0; i < slots - 1; ++i) copy_next_chunk();
 
   stage_weights(static_cast<const W*>(p.weight), nvec, 4, nvec, stats_w4);
   __syncthreads();
@@ -678,7 +647,7 @@ __global__ void __launch_bounds__(kStatsThreads, 2)
           accumulate_vector_stats<SC, W>(q, w, sc, sum_squares, max_xw);
         }
       }
-      if (++slot == stages) {
+      if (++slot == slots) {
         slot = 0;
         parity ^= 1;
       }
@@ -690,7 +659,6 @@ __global__ void __launch_bounds__(kStatsThreads, 2)
 }
 
 // One warp per row, element by element; the sum of squares in float64.
-inline constexpr int kGenericStatsRowsPerBlock = kStatsThreads / 32;
 
 template <class XF, typename SC, typename W>
 __global__ void __launch_bounds__(kStatsThreads)
@@ -734,14 +702,8 @@ __global__ void __launch_bounds__(kStatsThreads)
 // =============================================================================================
 // Forward 2: quantize + transpose.
 
-inline constexpr int kQuantThreads = 256;
-inline constexpr int kTile = 128;  // rows and columns of a vector-path tile
-inline constexpr int kGenericTile = 64;
-// x tiles in shared memory: the current one and three ahead. A tile's fp8 output overwrites its
-// x in place (same bytes, same thread), so the transpose needs no buffer of its own.
-inline constexpr int kQuantStages = 4;
-// Dynamic shared memory of the vector quantize kernel: the staged tiles.
-inline constexpr int kQuantSmemBytes = kQuantStages * kTile * kTile;
+// x tiles are staged kQuantStages deep in shared memory. A tile's fp8 output overwrites its x in
+// place (same bytes, same thread), so the transpose needs no buffer of its own.
 
 // The global max from the stats blocks' maxima; writes y_scale once (block 0) and returns the
 // multiplier applied before the fp8 conversion.
@@ -821,16 +783,16 @@ struct TileCursor {
 // Per element the work is the fp8 decode, two multiplies (quant_value), the fp8 encode and a
 // share of the transpose; everything per row (scale, rstd, their factor) or per tile (origins,
 // weights) is hoisted out of the element loops, and tiles that lie wholly inside the tensor take
-// a path without bounds tests. kWholeTiles (M and N multiples of the tile, qy_t stores of 16
-// bytes allowed, no y output) compiles only that path, in 80 registers without spills.
-template <class XF, class QF, typename SC, typename W, bool kWholeTiles>
+// a path without bounds tests. QuantizeTiles::whole (M and N multiples of the tile, qy_t stores
+// of 16 bytes allowed, no y output) compiles only that path, in 80 registers without spills.
+template <class XF, class QF, typename SC, typename W, QuantizeTiles TILES>
 __global__ void __launch_bounds__(kQuantThreads, 3)
     quantize_vector_kernel(ForwardParams p, const float* __restrict__ block_amax, int block_count,
                            bool qy_t_vector_stores) {
+  constexpr bool kWholeTiles = TILES == QuantizeTiles::whole;
   // x is read here for the last time and the outputs are not read back: both evict-first, which
   // also takes the evict-last priority off the rows the statistics pass kept in L2 (so that the
-  // op leaves no lines pinned for the kernels after it). As fast as plain copies and streaming
-  // stores (H200, session 28).
+  // op leaves no lines pinned for the kernels after it).
   const std::uint64_t last_use = l2_policy_evict_first();
   auto copy16 = [&](void* dst, const void* src) { cp_async16_policy(dst, src, last_use); };
   auto store16 = [&](void* dst, uint4 v) { store16_policy(dst, v, last_use); };
@@ -1055,68 +1017,48 @@ __global__ void __launch_bounds__(kQuantThreads)
 // =============================================================================================
 // Backward.
 
-inline constexpr int kBwdThreads = 256;
-
-// Rows of x and dy staged in shared memory (the current one and STAGES - 1 ahead), by the number
-// K of octs a thread owns per row: deep enough to keep HBM busy at two blocks per SM while the
-// block's shared memory stays within half an SM.
-template <int K>
-inline constexpr int kBwdStages = K <= 2 ? 4 : (K == 4 ? 3 : 2);
-
-// Dynamic shared memory of the vector backward: the staged float weights (2 float4 per oct slot)
-// and the staged rows (8 bytes of x and 16 of dy per thread and oct).
-template <int K>
-constexpr std::size_t backward_smem_bytes(int tpr) {
-  return std::size_t(tpr) * K * 32 + std::size_t(kBwdStages<K>) * K * kBwdThreads * 24;
-}
-// With staged scales (kStagedScales below), each stage also holds every warp's scales of its row:
-// 16 per oct slot index kk (group size 16: two octs per scale, 32 lanes).
-template <int K, typename SC>
-constexpr std::size_t backward_scale_stage_bytes() {
-  return std::size_t(kBwdStages<K>) * (kBwdThreads / 32) * K * 16 * sizeof(SC);
-}
-
 // dx = rstd * (g - x_hat * mean(g * x_hat)) with g = dy * w and x_hat = q * (scale * rstd), and
 // dweight += dy * x_hat. Per element: u = dy * q; dweight += u * (scale rstd); the row sum
-// gathers u * w per oct and multiplies by scale rstd once.
+// gathers u * w per run and multiplies by scale rstd once.
 //
-// Row groups of tpr = 2^LOG2_TPR threads (32..256); thread t of a group owns octs kk * tpr + t
+// Row groups of tpr = 2^LOG2_TPR threads (32..256); thread t of a group owns runs kk * tpr + t
 // (kk < K): columns 8 (kk tpr + t) .. + 7. Both are compile-time constants: with a run-time
-// group size the per-row index arithmetic cost about as many instructions as the math.
-// kAllOcts: the row has exactly K * tpr octs (every thread owns K of them: no per-oct tests).
-// kStagedScales (with kAllOcts, group size 16, scale rows 16-byte aligned): the row's scales come
-// through the cp.async pipeline with its x and dy, each warp copying the 16 scales per oct slot
-// that its lanes use, instead of a register load one row ahead: the conversion of those loads
-// made every warp wait out a global load latency per row (Nsight at (8192, 8192): 37% of the
-// stall samples).
-// kStreamHints (staged kernels only): x and dy copied with an L2 evict-first priority and dx
-// stored streaming. A tuning choice per device (see choose_backward): 2.5-3 us faster on an H100
-// at N = 4096, 11 us slower on an H200. Only the staged kernels have it: in the other kernels
-// ptxas 13.0 placed the copies' policy in an odd uniform register (LDGSTS ... desc[UR1]), which
-// raised "illegal instruction" on the H100 (session 40, compute-sanitizer); the staged kernels'
-// copies take even ones (desc[UR8], desc[UR12]), and the GPU tests force this variant on any device.
-template <class XF, typename SC, typename W, int K, int LOG2_TPR, bool kAllOcts, bool kStagedScales = false,
-          bool kStreamHints = false>
+// group size the per-row index arithmetic costs about as many instructions as the math.
+// VARIANT (BackwardVariant):
+//  - exact_rows: the row has exactly K * tpr runs (every thread owns K of them: no per-run tests).
+//  - staged_scales (exact rows, group size 16, scale rows 16-byte aligned): the row's scales come
+//    through the cp.async pipeline with its x and dy, each warp copying the 16 scales per run
+//    slot that its lanes use, instead of a register load one row ahead whose conversion makes
+//    every warp wait out a global load latency per row.
+//  - staged_scales_streaming: and x and dy copied with an L2 evict-first priority and dx stored
+//    streaming (BackwardTuning::two_runs_streaming). Only the staged kernels have it: in the
+//    others ptxas 13.0 places the copies' policy in an odd uniform register (LDGSTS ...
+//    desc[UR1]), which raises "illegal instruction" on an H100; the staged kernels' copies take
+//    even ones, and the GPU tests force this variant on any device.
+template <class XF, typename SC, typename W, int K, int LOG2_TPR, BackwardVariant VARIANT>
 __global__ void __launch_bounds__(kBwdThreads, 2)
     backward_vector_kernel(BackwardParams p, float* __restrict__ partial_dw) {
-  constexpr int S = kBwdStages<K>;
+  constexpr bool kExactRows = VARIANT != BackwardVariant::bounds_checked;
+  constexpr bool kStagedScales =
+      VARIANT == BackwardVariant::staged_scales || VARIANT == BackwardVariant::staged_scales_streaming;
+  constexpr bool kStreamHints = VARIANT == BackwardVariant::staged_scales_streaming;
+  constexpr int S = backward_stages(K);
   constexpr int log2_tpr = LOG2_TPR;
   constexpr int tpr = 1 << log2_tpr;
   constexpr int rows_per_block = kBwdThreads >> log2_tpr;
-  constexpr int count = K * tpr;  // oct slots of a row (>= nocts)
+  constexpr int count = K * tpr;  // run slots of a row (>= row_runs)
   static_assert(tpr >= 32 && tpr <= kBwdThreads, "row groups of 32 to 256 threads");
   extern __shared__ uint4 bwd_smem[];
   __shared__ float scratch[2][kBwdThreads / 32];
   // The dweight reduction may start launching now; it waits for our partial rows.
   allow_dependent_launch();
   const int group = threadIdx.x >> log2_tpr, t = threadIdx.x & (tpr - 1);
-  const int nocts = static_cast<int>(p.cols >> 3);
+  const int row_runs = static_cast<int>(p.cols >> 3);
   float4* w4 = reinterpret_cast<float4*>(bwd_smem);                         // [2][count]
   uint2* x_stage = reinterpret_cast<uint2*>(bwd_smem + 2 * count);          // [S][K][threads]
   uint4* dy_stage = bwd_smem + 2 * count + S * K * kBwdThreads / 2;         // [S][K][threads]
   SC* sc_stage = reinterpret_cast<SC*>(dy_stage + S * K * kBwdThreads);     // [S][warps][K][16]
-  static_assert(!kStagedScales || kAllOcts, "staged scales read whole scale rows");
-  static_assert(!kStreamHints || kStagedScales, "L2 hints only in the staged kernels (see above)");
+  static_assert(!kStagedScales || kExactRows, "staged scales read whole scale rows");
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const float inv_cols = 1.0f / static_cast<float>(p.cols);
   const std::uint8_t* __restrict__ x = static_cast<const std::uint8_t*>(p.x);
@@ -1131,14 +1073,14 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
   const int iters = blockIdx.x * rows_per_block < p.rows
                         ? static_cast<int>((p.rows - std::int64_t(blockIdx.x) * rows_per_block + stride - 1) / stride)
                         : 0;
-  // This thread's octs: kk * tpr + t for kk < K; those past the row's end are skipped.
-  unsigned oct_valid = kAllOcts ? (1u << K) - 1 : 0u;
-  if (!kAllOcts) {
+  // This thread's runs: kk * tpr + t for kk < K; those past the row's end are skipped.
+  unsigned run_valid = kExactRows ? (1u << K) - 1 : 0u;
+  if (!kExactRows) {
 #pragma unroll
-    for (int kk = 0; kk < K; ++kk) oct_valid |= (kk * tpr + t < nocts ? 1u : 0u) << kk;
+    for (int kk = 0; kk < K; ++kk) run_valid |= (kk * tpr + t < row_runs ? 1u : 0u) << kk;
   }
-  const int oct_col = 8 * t;            // first column of oct 0 (oct kk adds 8 kk tpr)
-  const int oct_step = 8 * tpr;
+  const int run_col = 8 * t;            // first column of run 0 (run kk adds 8 kk tpr)
+  const int run_step = 8 * tpr;
 
   // Rows are visited in increasing iteration order by three cursors: the copies (S - 1 rows
   // ahead), the scalars (one row ahead) and the computation.
@@ -1147,7 +1089,7 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
   const __nv_bfloat16* copy_dy = dy + first * p.dy_row_stride;
   const std::int64_t copy_x_step = stride * p.x_row_stride, copy_dy_step = stride * p.dy_row_stride;
   // Staged scales: lane L < K * chunks copies 16 bytes, scales (L / chunks) * tpr / 2 + 16 * (warp
-  // in group) + 16 / sizeof(SC) * (L % chunks) of the row (a warp's lanes use 16 per oct slot).
+  // in group) + 16 / sizeof(SC) * (L % chunks) of the row (a warp's lanes use 16 per run slot).
   constexpr int kScaleChunks = 16 * sizeof(SC) / 16;
   const SC* copy_sc = scales + first * p.scale_row_stride;
   const std::int64_t copy_sc_step = stride * p.scale_row_stride;
@@ -1164,8 +1106,8 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
       const int base = copy_stage * K * kBwdThreads + threadIdx.x;
 #pragma unroll
       for (int kk = 0; kk < K; ++kk) {
-        if (oct_valid & (1u << kk)) {
-          const int c = oct_col + kk * oct_step;
+        if (run_valid & (1u << kk)) {
+          const int c = run_col + kk * run_step;
           if constexpr (kStreamHints) {
             cp_async8_policy(x_stage + base + kk * kBwdThreads, copy_x + c, copy_policy);
             cp_async16_policy(dy_stage + base + kk * kBwdThreads, copy_dy + c, copy_policy);
@@ -1200,14 +1142,14 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
       if constexpr (!kStagedScales) {
 #pragma unroll
         for (int kk = 0; kk < K; ++kk)
-          if (oct_valid & (1u << kk)) sc[kk] = to_float(scalar_sc[(oct_col + kk * oct_step) >> p.log2_group]);
+          if (run_valid & (1u << kk)) sc[kk] = to_float(scalar_sc[(run_col + kk * run_step) >> p.log2_group]);
       }
     }
     scalar_row += stride;
     scalar_sc += scalar_sc_step;
   };
-  // Oct kk of stage st: q, dy and w as floats.
-  auto read_oct = [&](int st, int kk, float (&q)[8], float (&d)[8], float (&w)[8]) {
+  // Run kk of stage st: q, dy and w as floats.
+  auto read_run = [&](int st, int kk, float (&q)[8], float (&d)[8], float (&w)[8]) {
     const int slot = (st * K + kk) * kBwdThreads + threadIdx.x;
     decode8<XF>(x_stage[slot], q);
     unpack16<__nv_bfloat16>(dy_stage[slot], d);
@@ -1219,7 +1161,7 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
 
 #pragma unroll
   for (int s = 0; s < S - 1; ++s) issue(s);
-  stage_weights_by_quads(weight, nocts, 2, count, w4);
+  stage_weights_by_quads(weight, row_runs, 2, count, w4);
   __syncthreads();
 
   float acc[K][8];
@@ -1253,9 +1195,9 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
     if (valid) {
 #pragma unroll
       for (int kk = 0; kk < K; ++kk) {
-        if (!(oct_valid & (1u << kk))) continue;
+        if (!(run_valid & (1u << kk))) continue;
         float q[8], d[8], w[8];
-        read_oct(st, kk, q, d, w);
+        read_run(st, kk, q, d, w);
         const float xs = sc[kk] * rstd;
         float a0 = 0.0f, a1 = 0.0f;
 #pragma unroll
@@ -1275,16 +1217,16 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
       const float mean_gx = sum_gx * inv_cols;
 #pragma unroll
       for (int kk = 0; kk < K; ++kk) {
-        if (!(oct_valid & (1u << kk))) continue;
+        if (!(run_valid & (1u << kk))) continue;
         float q[8], d[8], w[8];
-        read_oct(st, kk, q, d, w);
+        read_run(st, kk, q, d, w);
         const float c = (sc[kk] * rstd) * mean_gx;  // x_hat * mean = q * c
 #pragma unroll
         for (int i = 0; i < 8; ++i) d[i] = fmaf(-q[i], c, d[i] * w[i]) * rstd;
         if constexpr (kStreamHints)
-          store16_streaming(dx_row + oct_col + kk * oct_step, pack16<__nv_bfloat16>(d));
+          store16_streaming(dx_row + run_col + kk * run_step, pack16<__nv_bfloat16>(d));
         else
-          *reinterpret_cast<uint4*>(dx_row + oct_col + kk * oct_step) = pack16<__nv_bfloat16>(d);
+          *reinterpret_cast<uint4*>(dx_row + run_col + kk * run_step) = pack16<__nv_bfloat16>(d);
       }
     }
 #pragma unroll
@@ -1298,7 +1240,7 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
   if (partial_dw == nullptr) return;
 
   // Row groups 1.. hand their sums to group 0 through shared memory (the staging buffers, now
-  // idle), highest group first (a fixed order). Element i of oct slot s sits at
+  // idle), highest group first (a fixed order). Element i of run slot s sits at
   // combine[i * count + s]: conflict-free.
   if (rows_per_block > 1) {
     float* combine = reinterpret_cast<float*>(x_stage);  // 8 * count floats <= the staging bytes
@@ -1325,7 +1267,7 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
 #pragma unroll
   for (int kk = 0; kk < K; ++kk) {
     const int j = kk * tpr + t;
-    if (j >= nocts) continue;
+    if (j >= row_runs) continue;
     float4* dst = reinterpret_cast<float4*>(out + std::int64_t(j) * 8);
     dst[0] = make_float4(acc[kk][0], acc[kk][1], acc[kk][2], acc[kk][3]);
     dst[1] = make_float4(acc[kk][4], acc[kk][5], acc[kk][6], acc[kk][7]);
@@ -1334,7 +1276,6 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
 
 // One block per row (grid-stride), element by element. Each block accumulates its partial
 // dweight in its own workspace row; each thread always owns the same columns (no races).
-inline constexpr int kGenericBwdThreads = 256;
 
 template <class XF, typename SC, typename W>
 __global__ void __launch_bounds__(kGenericBwdThreads)

@@ -15,6 +15,7 @@
 #include "fusekit/error.h"
 #include "fusekit/fp8_norm.h"
 #include "fusekit/norm.h"
+#include "core/overrides.h"
 #include "fp8_norm/fp8_norm_paths.h"
 #include "tests/fp8_norm/fp8_norm_testing.h"
 #include "tests/harness/gtest_helpers.h"
@@ -599,21 +600,17 @@ TEST(Fp8NormGpu, BenchmarkShapesMatchCpuReference) {
 }
 
 // Forces one statistics kernel for the scope of a test, and sets (or clears) the bulk kernel's
-// tuning knobs, which the launcher reads on every call.
+// ring shape (override keys, read on every call).
 struct StatsScope {
-  StatsScope(fp8_norm::StatsDesign stats, const char* rounds = nullptr, const char* stages = nullptr) {
+  StatsScope(fp8_norm::StatsDesign stats, const char* rounds = nullptr, const char* slots = nullptr) {
     fp8_norm::set_stats_design_override(stats);
-    set_env("FUSEKIT_FP8_STATS_ROUNDS", rounds);
-    set_env("FUSEKIT_FP8_STATS_STAGES", stages);
-  }
-  static void set_env(const char* name, const char* value) {
-    if (value) setenv(name, value, 1);
-    else unsetenv(name);
+    detail::set_override("fp8_norm.stats.chunk_rounds", rounds ? rounds : "");
+    detail::set_override("fp8_norm.stats.ring_slots", slots ? slots : "");
   }
   ~StatsScope() {
     fp8_norm::set_stats_design_override(fp8_norm::StatsDesign::automatic);
-    unsetenv("FUSEKIT_FP8_STATS_ROUNDS");
-    unsetenv("FUSEKIT_FP8_STATS_STAGES");
+    detail::set_override("fp8_norm.stats.chunk_rounds", "");
+    detail::set_override("fp8_norm.stats.ring_slots", "");
   }
 };
 
@@ -630,11 +627,11 @@ TEST(Fp8NormGpu, BulkStatisticsMatchRegisterKernelBitwise) {
   struct Variant {
     Case c;
     const char* rounds;
-    const char* stages;
+    const char* slots;
   };
   std::vector<Variant> variants;
-  auto add = [&](std::int64_t rows, std::int64_t cols, const char* rounds, const char* stages, auto&& tweak) {
-    variants.push_back({no_y_case(rows, cols, tweak), rounds, stages});
+  auto add = [&](std::int64_t rows, std::int64_t cols, const char* rounds, const char* slots, auto&& tweak) {
+    variants.push_back({no_y_case(rows, cols, tweak), rounds, slots});
   };
   auto plain = keep_defaults;
   add(64, 2048, nullptr, nullptr, plain);        // one round per row, the default 2 slots
@@ -668,7 +665,7 @@ TEST(Fp8NormGpu, BulkStatisticsMatchRegisterKernelBitwise) {
   add(16384, 2048, nullptr, nullptr, plain);  // 32 MB of x: rows copied evict-first and evict-last
   int salt = 0;
   for (const Variant& v : variants) {
-    SCOPED_TRACE(v.c.str() + ", rounds " + (v.rounds ? v.rounds : "-") + ", stages " + (v.stages ? v.stages : "-"));
+    SCOPED_TRACE(v.c.str() + ", rounds " + (v.rounds ? v.rounds : "-") + ", slots " + (v.slots ? v.slots : "-"));
     auto rng = testing::make_rng(8100 + salt++);
     Problem reg(v.c, Device::cuda(0)), bulk(v.c, Device::cuda(0));
     fill_inputs(reg, rng);
@@ -680,7 +677,7 @@ TEST(Fp8NormGpu, BulkStatisticsMatchRegisterKernelBitwise) {
       EXPECT_EQ(fp8_norm::last_stats_design(), StatsDesign::registers);
     }
     {
-      StatsScope scope(StatsDesign::bulk, v.rounds, v.stages);
+      StatsScope scope(StatsDesign::bulk, v.rounds, v.slots);
       bulk.poison_outputs();
       bulk.forward();
       EXPECT_EQ(fp8_norm::last_stats_design(), StatsDesign::bulk);
@@ -691,7 +688,7 @@ TEST(Fp8NormGpu, BulkStatisticsMatchRegisterKernelBitwise) {
     EXPECT_EQ(reg.qy_t.raw_bytes(), bulk.qy_t.raw_bytes()) << "qy_t";
     if (v.c.with_y) EXPECT_EQ(reg.y->raw_bytes(), bulk.y->raw_bytes()) << "y";
     if (v.c.rows <= 4096) {
-      StatsScope scope(StatsDesign::bulk, v.rounds, v.stages);
+      StatsScope scope(StatsDesign::bulk, v.rounds, v.slots);
       check_gpu_against_cpu(v.c, 8100 + salt++, nullptr, nullptr, nullptr);
       EXPECT_EQ(fp8_norm::last_stats_design(), StatsDesign::bulk);
     }
@@ -741,8 +738,7 @@ TEST(Fp8NormGpu, StatsDesignRouting) {
 }
 
 // Launches whose dynamic shared memory is exactly the default 48 KB: with the kernels' static
-// shared memory on top they need the opt-in, which the launcher once skipped at <= 48 KB dynamic
-// (cudaErrorInvalidValue, session 36). The bulk kernel at N = 2048 with f32 scales in groups of 16
+// shared memory on top they need the opt-in (without it: cudaErrorInvalidValue). The bulk kernel at N = 2048 with f32 scales in groups of 16
 // (8 KB of weights + 8 warps x 2 slots x (2 KB + 512 B) of ring = 48 KB), the register kernel at
 // N = 12288 (48 KB of staged weights).
 TEST(Fp8NormGpu, StatisticsLaunchesAtTheDefaultSharedMemoryLimit) {
@@ -775,9 +771,9 @@ struct TuningScope {
 
 // Both backward tunings on whatever device runs the tests (the automatic choice takes one by the
 // device's bandwidth), each against the CPU reference and bitwise stable from run to run. The
-// lean tuning's own kernels: rows of 129-256 octs in 2-oct, 128-thread groups (N = 2048 staged,
-// N = 2048 with padded scale rows, N = 1536 and 1040 with idle oct slots, a single row, fewer
-// rows than blocks), and the N = 4096 staged kernel with L2 hints (bf16 and f32 scales, e5m2,
+// two_runs_streaming tuning's own kernels: rows of 129-256 runs in 2-run, 128-thread groups
+// (N = 2048 staged, N = 2048 with padded scale rows, N = 1536 and 1040 with idle run slots, a
+// single row, fewer rows than blocks), and the N = 4096 staged kernel with L2 hints (bf16 and f32 scales, e5m2,
 // f32 weights, padded rows); its unhinted neighbours (N = 4096 with padded scale rows, N = 8192)
 // and the generic kernel (groups of 8) for routing.
 TEST(Fp8NormGpu, BackwardTuningsMatchCpuReferenceAndAreDeterministic) {
@@ -798,7 +794,7 @@ TEST(Fp8NormGpu, BackwardTuningsMatchCpuReferenceAndAreDeterministic) {
       no_y_case(129, 8192, keep_defaults),
   };
   int salt = 0;
-  for (BackwardTuning tuning : {BackwardTuning::rich_bandwidth, BackwardTuning::lean_bandwidth}) {
+  for (BackwardTuning tuning : {BackwardTuning::four_runs_cached, BackwardTuning::two_runs_streaming}) {
     TuningScope scope(tuning);
     SCOPED_TRACE(fp8_norm::backward_tuning_name(tuning));
     for (const Case& c : cases) {
