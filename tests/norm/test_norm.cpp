@@ -425,7 +425,7 @@ void check_backward_row_lengths(std::initializer_list<std::int64_t> vector_count
 }
 
 // The backward's vectors per thread, and whether g = dy * w stays in registers between its passes
-// (KEEP_G), change with the row length, the source and dbias (backward_choice in norm_cuda.cu):
+// (keep_g), change with the row length, the source and dbias (norm_config.cpp's row tables):
 // rows on both sides of each boundary.
 TEST(NormGpu, BackwardRowLengthSpecializations) {
   FUSEKIT_REQUIRE_GPU();
@@ -436,7 +436,7 @@ TEST(NormGpu, BackwardRowLengthSpecializations) {
 // blocks up to 32 vectors, in 256-thread blocks above, and LayerNorm with dbias from x on two warps
 // per row at 97..128 vectors (2 per lane, the second partly out of the row below 128): each side
 // of every boundary. The forward of these cases runs its 128-vector rows on two warps and the
-// others on one (plan_rows), so both sides of that boundary are checked too.
+// others on one (kForwardRows), so both sides of that boundary are checked too.
 TEST(NormGpu, BackwardShortRowShapes) {
   FUSEKIT_REQUIRE_GPU();
   check_backward_row_lengths({1, 31, 32, 33, 64, 65, 96, 97, 100, 127, 128}, 300, 7300);
