@@ -293,8 +293,8 @@ BackwardLaunch choose_backward_launch(const BackwardProblem& problem, const deta
     launch.geometry = plan->geometry;
     launch.block_threads = plan->block_threads;
     launch.smem_bytes = plan->smem_bytes;
-    int max_blocks = persistent_grid(occupancy.backward_blocks_per_sm(plan->variant, plan->block_threads, plan->smem_bytes),
-                                     1, std::numeric_limits<int>::max(), device);
+    const int per_sm = occupancy.backward_blocks_per_sm(plan->variant, plan->block_threads, plan->smem_bytes);
+    int max_blocks = persistent_grid(per_sm, 1, std::numeric_limits<int>::max(), device);
     const int cluster = overrides.backward_cluster > 0 ? overrides.backward_cluster : kClusterBlocks;
     if (problem.partials && plan->cluster_variant && cluster > 1) {
       const int clusters =
@@ -315,7 +315,8 @@ BackwardLaunch choose_backward_launch(const BackwardProblem& problem, const deta
   // over both gradients (bench: layer_norm bwd (4096, 16384), H200).
   const int arrays = problem.bias_grad ? 2 : 1;
   launch.reduce_columns_per_thread = problem.cols % 4 == 0 && (problem.cols + 31) / 32 * arrays >= 1024 ? 4 : 1;
-  launch.reduce_blocks = (problem.cols + 32 * launch.reduce_columns_per_thread - 1) / (32 * launch.reduce_columns_per_thread);
+  const int columns_per_block = 32 * launch.reduce_columns_per_thread;
+  launch.reduce_blocks = (problem.cols + columns_per_block - 1) / columns_per_block;
   return launch;
 }
 

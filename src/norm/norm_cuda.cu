@@ -228,8 +228,8 @@ void launch_backward(const BackwardParams& p, int device_index, cudaStream_t str
   problem.partials = p.dweight != nullptr || p.dbias != nullptr;
   problem.aligned = vector_aligned<T>({p.dy_row_stride, p.input_row_stride, p.dx_row_stride},
                                       {p.dy, p.input, p.dx, p.weight, p.bias});
-  const BackwardLaunch launch = choose_backward_launch(problem, detail::device_info(op, device_index),
-                                                       DeviceOccupancy<T, W>(op, device_index), read_launch_overrides());
+  const BackwardLaunch launch = choose_backward_launch(
+      problem, detail::device_info(op, device_index), DeviceOccupancy<T, W>(op, device_index), read_launch_overrides());
 
   float* partial_dw = nullptr;
   float* partial_db = nullptr;
@@ -251,7 +251,8 @@ void launch_backward(const BackwardParams& p, int device_index, cudaStream_t str
                        op, "norm backward kernel (clusters)");
   } else {
     const BackwardKernel kernel = backward_kernel<T, W>(op, launch.variant);
-    kernel<<<launch.grid, launch.block_threads, launch.smem_bytes, stream>>>(p, launch.geometry, partial_dw, partial_db);
+    kernel<<<launch.grid, launch.block_threads, launch.smem_bytes, stream>>>(p, launch.geometry, partial_dw,
+                                                                             partial_db);
   }
   detail::check_launch(op, "norm backward kernel");
   if (problem.partials) {
@@ -312,8 +313,9 @@ std::size_t backward_workspace_cuda(std::int64_t rows, std::int64_t cols, DType 
     dispatch_types(dtype, weight_dtype, [&](auto t, auto w) {
       using T = decltype(t);
       using W = decltype(w);
-      partial_rows = std::max(partial_rows, backward_workspace_rows(rows, cols, sizeof(T), detail::device_info(op, device_index),
-                                                                    DeviceOccupancy<T, W>(op, device_index), overrides));
+      const int needed = backward_workspace_rows(rows, cols, sizeof(T), detail::device_info(op, device_index),
+                                                 DeviceOccupancy<T, W>(op, device_index), overrides);
+      partial_rows = std::max(partial_rows, needed);
     });
   }
   return partial_bytes(partial_rows, cols);

@@ -376,17 +376,22 @@ __device__ __forceinline__ void cluster_sum_partials(float* block_sums, int cols
 // Two vectors per thread from x without dbias pay only at two 512-thread blocks per SM, i.e. at
 // most 64 registers: the launch bounds hold the compiler to that (bench: rms_norm bwd (8192,
 // 8192), H200).
-constexpr int backward_min_blocks(const BackwardVariant& v) {
-  return v.vectors_per_thread == 2 && v.source == Source::x && !v.bias_grad && !v.keep_g ? 2 : 1;
-}
+// The variant's fields as compile-time constants (class members, not kernel locals, so that they
+// add nothing to the kernel's code).
+template <int VARIANT>
+struct Backward {
+  static constexpr BackwardVariant kVariant = BackwardVariant::unpack(VARIANT);
+  static constexpr int kIters = kVariant.vectors_per_thread;
+  static constexpr Source kSource = kVariant.source;
+  static constexpr bool kBiasGrad = kVariant.bias_grad, kFullRows = kVariant.full_rows, kCluster = kVariant.cluster,
+                        kKeepG = kVariant.keep_g;
+  static constexpr int kMinBlocks = kIters == 2 && kSource == Source::x && !kBiasGrad && !kKeepG ? 2 : 1;
+};
 template <typename T, typename W, int VARIANT>
-__global__ void __launch_bounds__(512, backward_min_blocks(BackwardVariant::unpack(VARIANT)))
+__global__ void __launch_bounds__(512, Backward<VARIANT>::kMinBlocks)
     backward_streaming_kernel(BackwardParams p, RowGeometry geo, float* __restrict__ partial_dw,
                               float* __restrict__ partial_db) {
-  constexpr BackwardVariant kVariant = BackwardVariant::unpack(VARIANT);
-  constexpr int ITERS = kVariant.vectors_per_thread;
-  constexpr bool kBiasGrad = kVariant.bias_grad, kFullRows = kVariant.full_rows, kCluster = kVariant.cluster,
-                 kKeepG = kVariant.keep_g;
+  using V = Backward<VARIANT>;
   constexpr int kVec = 16 / sizeof(T);
   extern __shared__ uint4 smem[];
   __shared__ float scratch[2][kMaxWarpsPerBlock * 2];
@@ -397,13 +402,13 @@ __global__ void __launch_bounds__(512, backward_min_blocks(BackwardVariant::unpa
   const int cols = static_cast<int>(p.cols);
   const unsigned row_bytes = static_cast<unsigned>(cols * sizeof(T));
   const bool layer_norm = p.kind == Kind::layer_norm;
-  constexpr bool kFromOutput = kVariant.source != Source::x;
+  constexpr bool kFromOutput = V::kSource != Source::x;
   const bool needs_mean = layer_norm && !kFromOutput;
   const float inv_cols = 1.0f / static_cast<float>(cols);
   // From y, 1/w and b are in shared memory when they fit (Source::y; Source::y_uncached reads
   // them per use: rows too long for both the ring and three float columns). w always is.
-  constexpr bool cached = kVariant.source != Source::y_uncached;
-  constexpr int arrays = kVariant.source == Source::y ? 3 : 1;
+  constexpr bool cached = V::kSource != Source::y_uncached;
+  constexpr int arrays = V::kSource == Source::y ? 3 : 1;
   float* col_w = reinterpret_cast<float*>(smem);
   float* col_inv_w = col_w + cols;
   float* col_shift = col_inv_w + cols;
@@ -465,11 +470,11 @@ __global__ void __launch_bounds__(512, backward_min_blocks(BackwardVariant::unpa
   __syncthreads();
 
   // The dbias sums exist only when asked for (never for RMSNorm): they would otherwise cost
-  // ITERS * kVec registers per thread.
-  constexpr int kDbIters = kBiasGrad ? ITERS : 1, kDbVec = kBiasGrad ? kVec : 1;
-  float acc_dw[ITERS][kVec], acc_db[kDbIters][kDbVec];
+  // kIters * kVec registers per thread.
+  constexpr int kDbIters = V::kBiasGrad ? V::kIters : 1, kDbVec = V::kBiasGrad ? kVec : 1;
+  float acc_dw[V::kIters][kVec], acc_db[kDbIters][kDbVec];
 #pragma unroll
-  for (int it = 0; it < ITERS; ++it)
+  for (int it = 0; it < V::kIters; ++it)
 #pragma unroll
     for (int i = 0; i < kVec; ++i) acc_dw[it][i] = 0.0f;
 #pragma unroll
@@ -479,7 +484,7 @@ __global__ void __launch_bounds__(512, backward_min_blocks(BackwardVariant::unpa
 
   const int step = tpr * kVec;
   const int col0 = t * kVec;
-  auto in_row = [&](int it) { return kFullRows || col0 + it * step < cols; };
+  auto in_row = [&](int it) { return V::kFullRows || col0 + it * step < cols; };
   // From y: x_hat = (y - b) * (1/w), per column. y - b first: when x_hat is small against b / w,
   // y * (1/w) - b / w would cancel two large rounded terms (seen as f32 dweight errors 3x the
   // float32 summation bound on random draws with small weights).
@@ -522,10 +527,10 @@ __global__ void __launch_bounds__(512, backward_min_blocks(BackwardVariant::unpa
     const float shift = -mean * rstd;
 
     // sum(g) and sum(g * x_hat) with g = dy * w, one accumulator pair per vector.
-    float part_g[ITERS], part_gx[ITERS];
-    float kept_g[kKeepG ? ITERS : 1][kKeepG ? kVec : 1];
+    float part_g[V::kIters], part_gx[V::kIters];
+    float kept_g[V::kKeepG ? V::kIters : 1][V::kKeepG ? kVec : 1];
 #pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
+    for (int it = 0; it < V::kIters; ++it) {
       part_g[it] = part_gx[it] = 0.0f;
       if (!in_row(it)) continue;
       const int col = col0 + it * step;
@@ -546,16 +551,16 @@ __global__ void __launch_bounds__(512, backward_min_blocks(BackwardVariant::unpa
 #pragma unroll
       for (int i = 0; i < kVec; ++i) {
         const float g = d[i] * w[i];
-        if constexpr (kKeepG) kept_g[it][i] = g;
+        if constexpr (V::kKeepG) kept_g[it][i] = g;
         part_g[it] += g;
         part_gx[it] = fmaf(g, xh[i], part_gx[it]);
         acc_dw[it][i] = fmaf(d[i], xh[i], acc_dw[it][i]);
-        if constexpr (kBiasGrad) acc_db[it][i] += d[i];
+        if constexpr (V::kBiasGrad) acc_db[it][i] += d[i];
       }
     }
     float sums[2] = {part_g[0], part_gx[0]};
 #pragma unroll
-    for (int it = 1; it < ITERS; ++it) {
+    for (int it = 1; it < V::kIters; ++it) {
       sums[0] += part_g[it];
       sums[1] += part_gx[it];
     }
@@ -570,12 +575,12 @@ __global__ void __launch_bounds__(512, backward_min_blocks(BackwardVariant::unpa
       [[maybe_unused]] const float a_x = a * rstd, c_x = fmaf(shift, a, c);
       T* __restrict__ dx = static_cast<T*>(p.dx) + row * p.dx_row_stride + col0;
 #pragma unroll
-      for (int it = 0; it < ITERS; ++it) {
+      for (int it = 0; it < V::kIters; ++it) {
         if (!in_row(it)) continue;
         const int col = col0 + it * step;
         float d[kVec], v[kVec], w[kVec], out[kVec];
         unpack16<T>(*reinterpret_cast<const uint4*>(r_in + col), v);
-        if constexpr (kKeepG) {
+        if constexpr (V::kKeepG) {
           // d * w below then equals the kept g exactly (x * 1.0f == x), and the compiler drops
           // the multiply: the two branches share the dx expressions that follow.
 #pragma unroll
@@ -618,13 +623,13 @@ __global__ void __launch_bounds__(512, backward_min_blocks(BackwardVariant::unpa
     for (int s = 1; s < rpb; s *= 2) {
       if (group % (2 * s) == s) {
 #pragma unroll
-        for (int it = 0; it < ITERS; ++it) {
+        for (int it = 0; it < V::kIters; ++it) {
           if (!in_row(it)) continue;
 #pragma unroll
           for (int i = 0; i < kVec; ++i) {
             const int c = col0 + it * step + i;
             combine[((group - 1) * 2 + 0) * cols + c] = acc_dw[it][i];
-            if constexpr (kBiasGrad) combine[((group - 1) * 2 + 1) * cols + c] = acc_db[it][i];
+            if constexpr (V::kBiasGrad) combine[((group - 1) * 2 + 1) * cols + c] = acc_db[it][i];
           }
         }
       }
@@ -632,18 +637,18 @@ __global__ void __launch_bounds__(512, backward_min_blocks(BackwardVariant::unpa
       if (group % (2 * s) == 0 && group + s < rpb) {
         const int src = group + s;
 #pragma unroll
-        for (int it = 0; it < ITERS; ++it) {
+        for (int it = 0; it < V::kIters; ++it) {
           if (!in_row(it)) continue;
 #pragma unroll
           for (int i = 0; i < kVec; ++i) {
             const int c = col0 + it * step + i;
             acc_dw[it][i] += combine[((src - 1) * 2 + 0) * cols + c];
-            if constexpr (kBiasGrad) acc_db[it][i] += combine[((src - 1) * 2 + 1) * cols + c];
+            if constexpr (V::kBiasGrad) acc_db[it][i] += combine[((src - 1) * 2 + 1) * cols + c];
           }
         }
       }
     }
-    if (!kCluster && group > 0) return;
+    if (!V::kCluster && group > 0) return;
   }
   // From y the per-column x_hat factor 1/w is already inside acc_dw (x_hat = (y - b) / w).
   // Group 0 now holds the block's sums. It writes them as the block's partial row, or, in a
@@ -653,25 +658,25 @@ __global__ void __launch_bounds__(512, backward_min_blocks(BackwardVariant::unpa
   float* block_sums = reinterpret_cast<float*>(col_w + arrays * cols) + std::size_t(rpb - 1) * 2 * cols;
   // With one row group per block no tree ran: other warps may still read their last row from the
   // ring that block_sums overwrites.
-  if constexpr (kCluster) __syncthreads();
-  float* out_dw = kCluster ? block_sums : partial_dw + std::int64_t(blockIdx.x) * cols;
-  float* out_db = kCluster ? block_sums + cols : partial_db + std::int64_t(blockIdx.x) * cols;
-  if (!kCluster || group == 0) {
+  if constexpr (V::kCluster) __syncthreads();
+  float* out_dw = V::kCluster ? block_sums : partial_dw + std::int64_t(blockIdx.x) * cols;
+  float* out_db = V::kCluster ? block_sums + cols : partial_db + std::int64_t(blockIdx.x) * cols;
+  if (!V::kCluster || group == 0) {
 #pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
+    for (int it = 0; it < V::kIters; ++it) {
       if (!in_row(it)) continue;
       const int col = col0 + it * step;
 #pragma unroll
       for (int i = 0; i < kVec; i += 4) {
         *reinterpret_cast<float4*>(out_dw + col + i) =
             make_float4(acc_dw[it][i], acc_dw[it][i + 1], acc_dw[it][i + 2], acc_dw[it][i + 3]);
-        if constexpr (kBiasGrad)
+        if constexpr (V::kBiasGrad)
           *reinterpret_cast<float4*>(out_db + col + i) =
               make_float4(acc_db[it][i], acc_db[it][i + 1], acc_db[it][i + 2], acc_db[it][i + 3]);
       }
     }
   }
-  if constexpr (kCluster) cluster_sum_partials<kBiasGrad>(block_sums, cols, partial_dw, partial_db);
+  if constexpr (V::kCluster) cluster_sum_partials<V::kBiasGrad>(block_sums, cols, partial_dw, partial_db);
 }
 
 // ---------------------------------------------------------------------------------------------
