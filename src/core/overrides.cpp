@@ -11,12 +11,17 @@ namespace {
 
 // One row per key, grouped by family. A key that no code reads does not belong here.
 const std::vector<OverrideKey> kOverrideKeys = {
-    // Filled in by the op families.
     // FP8 RMSNorm (src/fp8_norm/fp8_norm_config.h).
     {"fp8_norm.stats", "registers|bulk", "the forward's statistics kernel (a bulk that cannot serve runs registers)"},
     {"fp8_norm.stats.chunk_rounds", "1..4", "rounds of 2048 columns per bulk copy of the bulk statistics kernel"},
     {"fp8_norm.stats.ring_slots", "2..8", "chunk slots per warp of the bulk statistics kernel"},
     {"fp8_norm.backward.tuning", "four_runs_cached|two_runs_streaming", "the vector backward's tuning"},
+    // norm (LayerNorm / RMSNorm): the launch table's sweep dimensions.
+    {"norm.forward.vectors", "1..4", "vectors per thread of forward rows longer than 128 vectors"},
+    {"norm.backward.vectors", "1..4", "vectors per thread of backward rows longer than 128 vectors (g not kept)"},
+    {"norm.backward.block", "128..512", "threads per block of the backward row kernels"},
+    {"norm.backward.stages", "2..4", "deepest shared-memory ring of the backward (rows per row group)"},
+    {"norm.backward.cluster", "1|2|4|8", "blocks per cluster pre-summing dweight and dbias (1: no clusters)"},
 };
 
 struct State {

@@ -21,6 +21,7 @@
 #include <type_traits>
 
 #include "core/device_vector.cuh"
+#include "norm/norm_config.h"
 #include "norm/norm_params.h"
 
 namespace fusekit::norm::kernels {
@@ -80,30 +81,12 @@ using detail::device::mbarrier_init_fence;
 using detail::device::mbarrier_wait;
 using detail::device::shared_address;
 
-// The launch shape of the row kernels, decided on the host (norm_cuda.cu).
-struct RowGeometry {
-  int threads_per_row;  // a multiple of 32
-  int rows_per_block;   // row groups per block (<= kMaxGroups)
-  int stages;           // backward: rows per group in the shared-memory ring (2..kMaxStages)
-  int cached_columns;   // backward from y: 1/w and b fit in shared memory (kFromY, else kFromYUncached)
-  int l2_prefetch_rows = 0;  // forward: each row asks L2 for the row this far ahead (0: none)
-};
-inline constexpr int kMaxGroups = 16;
-inline constexpr int kMaxStages = 4;
+// The launch shape (RowGeometry), the kernel variants and their limits: norm_config.h.
 
 // Row groups of one block synchronize on their own hardware barriers (group_barrier), so that
 // they never wait on each other's reductions.
 using detail::device::group_barrier;
 
-// Sums K values over the `tpr` threads of a row group; every thread gets the total. The shuffle
-// butterfly gives all lanes bitwise-identical sums, and the cross-warp step adds warps in index
-// order, so the result does not depend on timing. `scratch` holds (tpr / 32) * K floats for this
-// row group and must not be reused before the group's next barrier (callers alternate buffers).
-// Contains the row group's barrier when tpr > 32: every thread of the group must call it.
-// kGroupBarrier: synchronize only the row group (backward: several groups per block that must not
-// wait on each other) or the whole block with __syncthreads (forward: a block whose kernel names
-// no other barrier keeps full occupancy, while a run-time barrier id makes the compiler reserve
-// barriers and caps resident blocks).
 // A thread's place in its row group, computed once per kernel (the divisions by a run-time
 // group size cost ~40 instructions per call otherwise).
 struct RowTeam {
@@ -114,6 +97,15 @@ struct RowTeam {
       : tpr(threads_per_row), warp_in_row(t / 32), barrier_id(1 + group) {}
 };
 
+// Sums K values over the `tpr` threads of a row group; every thread gets the total. The shuffle
+// butterfly gives all lanes bitwise-identical sums, and the cross-warp step adds warps in index
+// order, so the result does not depend on timing. `scratch` holds (tpr / 32) * K floats for this
+// row group and must not be reused before the group's next barrier (callers alternate buffers).
+// Contains the row group's barrier when tpr > 32: every thread of the group must call it.
+// kGroupBarrier: synchronize only the row group (backward: several groups per block that must not
+// wait on each other) or the whole block with __syncthreads (forward: a block whose kernel names
+// no other barrier keeps full occupancy, while a run-time barrier id makes the compiler reserve
+// barriers and caps resident blocks).
 template <int K, bool kGroupBarrier>
 __device__ __forceinline__ void row_allreduce(float (&v)[K], float* scratch, const RowTeam& team) {
 #pragma unroll
@@ -149,36 +141,26 @@ inline constexpr int kMaxWarpsPerBlock = 32;
 // thread loads ITERS 16-byte vectors (all loads in flight together) and keeps them packed (4
 // registers per vector), unpacking in each of its two passes. Latency is hidden by many
 // resident blocks (the grid covers all rows; a block takes further rows only when the grid is
-// capped) and, for rows longer than a warp, by asking L2 for the next wave's rows (launch_forward).
+// capped) and, for rows longer than a warp, by asking L2 for the next wave's rows (choose_forward_launch).
 //
 // LayerNorm's statistics come from one reduction of (sum d, sum d^2) with d = x - K, K the row's
 // first element: var = E[d^2] - E[d]^2. Any element of the row lies within sqrt(N) standard
 // deviations of the mean, so the cancellation costs at most log2(N) / 2 bits of the float
 // mantissa (typically none) and a barrier round per row is saved over the two-pass form.
-#ifndef FUSEKIT_NORM_FORWARD_MIN_BLOCKS
-#define FUSEKIT_NORM_FORWARD_MIN_BLOCKS 2
-#endif
 //
-// SHAPE fixes at compile time what the common calls share (ForwardShape): rows that fill every
+// ROWS (ForwardRows) fixes at compile time what the common calls share: rows that fill every
 // thread's ITERS vectors, with the usual affine parameters. Then the per-vector bounds tests, the
-// weight / bias presence tests and the kind test go away: Nsight at (16384, 1024) counted 647
-// instructions per one-warp row against 405 for torch.compile's kernel (H200, session 11).
-enum ForwardShape : int { kAnyRow = 0, kFullLayerNorm = 1, kFullRmsNorm = 2 };
-//
-// Full rows load the weight bytes of the second pass before the row reduction (kEarlyWeight),
-// so that their latency runs under it. RMSNorm: 1-3% faster on every plain-grid shape (H200,
-// session 21: (4096, 16384) 72.3-72.7 -> 70.3-70.7 us, (8192, 8192) 70.4 -> 69.0). LayerNorm's
-// weight and bias both loaded that way ran 4-12% slower (twice the registers held across the
-// reduction); its weight alone, the bias still loaded after the reduction, is 0.3-1% faster on
-// every benchmark shape (session 25: (4096, 16384) 71.9-72.1 -> 71.2-71.3 us, (8192, 12288)
-// 102.9-103.2 -> 102.4-102.5).
-template <typename T, typename W, int ITERS, int SHAPE = kAnyRow>
-__global__ void __launch_bounds__(512, FUSEKIT_NORM_FORWARD_MIN_BLOCKS)
+// weight / bias presence tests and the kind test go away. Those rows load the weight of the second
+// pass before the row reduction, so that its latency runs under it (LayerNorm's bias stays after
+// the reduction: both held across it cost more registers than the early load saves).
+inline constexpr int kForwardMinBlocks = 2;
+template <typename T, typename W, int ITERS, ForwardRows ROWS>
+__global__ void __launch_bounds__(512, kForwardMinBlocks)
     forward_registers_kernel(ForwardParams p, RowGeometry geo) {
   constexpr int kVec = 16 / sizeof(T);
-  constexpr bool kFull = SHAPE != kAnyRow;  // cols == threads_per_row * ITERS * kVec, weight given
-  // (Measured with weights in the input's type: one 16-byte load per vector. float32 weights of
-  // 16-bit inputs would hold twice the registers, and keep the second-pass loads.)
+  constexpr bool kFull = ROWS != ForwardRows::any;  // cols == threads_per_row * ITERS * kVec, weight given
+  // Weights in the input's type only (one 16-byte load per vector): float32 weights of 16-bit
+  // inputs would hold twice the registers.
   constexpr bool kEarlyWeight = kFull && kVec * sizeof(W) == 16;
   constexpr int kWChunks = kVec * sizeof(W) / 16;  // 16-byte weight loads per vector
   __shared__ float scratch[2][kMaxWarpsPerBlock * 2];
@@ -186,13 +168,13 @@ __global__ void __launch_bounds__(512, FUSEKIT_NORM_FORWARD_MIN_BLOCKS)
   // One row per block (the default launch) needs no division.
   const int group = rpb == 1 ? 0 : threadIdx.x / tpr, t = threadIdx.x - group * tpr;
   const RowTeam team(tpr, group, t);
-  const bool layer_norm = kFull ? SHAPE == kFullLayerNorm : p.kind == Kind::layer_norm;
+  const bool layer_norm = kFull ? ROWS == ForwardRows::full_layer_norm : p.kind == Kind::layer_norm;
   const int cols = static_cast<int>(p.cols);
   const float inv_cols = __frcp_rn(static_cast<float>(cols));  // = 1.0f / cols, correctly rounded
   const W* __restrict__ weight = static_cast<const W*>(p.weight);
   const W* __restrict__ bias = static_cast<const W*>(p.bias);
   const bool has_weight = kFull || weight != nullptr;
-  const bool has_bias = kFull ? SHAPE == kFullLayerNorm : bias != nullptr;
+  const bool has_bias = kFull ? ROWS == ForwardRows::full_layer_norm : bias != nullptr;
   const int step = tpr * kVec;  // elements between a thread's vectors
   const int col0 = t * kVec;
   // Vectors past the row end (only the last may be) hold zeros and are skipped by the passes.
@@ -201,8 +183,7 @@ __global__ void __launch_bounds__(512, FUSEKIT_NORM_FORWARD_MIN_BLOCKS)
 
   // A row's 16-byte vectors (zeros past the row end or for rows past the last) and, for
   // LayerNorm, its first element (the shift of the one-pass variance), kept in the storage type:
-  // converting it here would make the thread wait for the load at once (in a grid that loaded
-  // the next row before reducing this one, sessions 18-21, that was a memory latency per row).
+  // converting it here would make the thread wait for the load at once.
   auto load_row = [&](std::int64_t row, uint4 (&raw)[ITERS], T& shift_raw) {
     const bool valid_row = row < p.rows;
     const T* __restrict__ x = static_cast<const T*>(p.x) + row * p.x_row_stride;
@@ -222,7 +203,7 @@ __global__ void __launch_bounds__(512, FUSEKIT_NORM_FORWARD_MIN_BLOCKS)
     T shift_raw;
     load_row(row, raw, shift_raw);
     // The row the block taking this slot in the next wave will read, so that its loads find L2
-    // (launch_forward says where that pays).
+    // (choose_forward_launch says where that pays).
     if (geo.l2_prefetch_rows > 0 && row + geo.l2_prefetch_rows < p.rows) {
       const T* ahead = static_cast<const T*>(p.x) + (row + geo.l2_prefetch_rows) * p.x_row_stride + col0;
 #pragma unroll
@@ -337,8 +318,8 @@ __global__ void __launch_bounds__(512, FUSEKIT_NORM_FORWARD_MIN_BLOCKS)
 // ---------------------------------------------------------------------------------------------
 // The blocks of a thread-block cluster sum their partial rows through distributed shared memory
 // before any goes to global memory, so the workspace holds one partial row per cluster instead of
-// one per block: at N = 16384 the 132 per-block rows were 8.6 MB written and read again (17 MB
-// with dbias), most of the backward's 3.4-11 us tail (H200, session 20). `block_sums` holds this
+// one per block (at N = 16384, 132 per-block rows are 8.6 MB written and read again, 17 MB with
+// dbias). `block_sums` holds this
 // block's dweight (and, with BIAS_GRAD, dbias after it) for `cols` columns (a multiple of 4).
 // Block rank r sums the r-th slice of the columns over the cluster's blocks in rank order (a
 // fixed order: the result does not depend on timing) into partial row blockIdx.x / cluster
@@ -373,54 +354,61 @@ __device__ __forceinline__ void cluster_sum_partials(float* block_sums, int cols
 }
 
 // ---------------------------------------------------------------------------------------------
-// Backward on a persistent grid. Each row group streams its rows of dy and the input (x, or y
-// when FROM_OUTPUT) through its own ring of `stages` row slots in shared memory, filled by bulk
-// copies that one thread issues (a "full" mbarrier per slot counts the bytes in, an "empty" one
+// Backward on a persistent grid. Each row group streams its rows of dy and the input (x or y)
+// through its own ring of `stages` row slots in shared memory, filled by bulk copies that one
+// thread issues (a "full" mbarrier per slot counts the bytes in, an "empty" one
 // counts the group's threads out). The weight (and, from y, 1/w and b) is converted to float
 // once per block into shared memory (column_slot's conflict-free layout). Per-column
 // dweight/dbias sums stay in registers for the whole loop; at the end the row groups of a block
 // are combined in a fixed tree and one partial row per block goes to the workspace, summed over
 // blocks by reduce_partials_kernel.
-// SOURCE: where x_hat comes from (Source below).
-enum Source : int { kFromX = 0, kFromY = 1, kFromYUncached = 2 };
-// FULL: the row fills every thread's ITERS vectors (N = threads per row x ITERS x VEC), so the
-// passes carry no per-vector bounds test and the compiler may issue a pass's shared-memory loads
-// together (without dbias only: with it the hoisted loads cost spills, session 3).
-// CLUSTER: launched in thread-block clusters whose blocks pre-sum their partial rows
-// (cluster_sum_partials). A template parameter, not a run-time branch: the untaken cluster code
-// alone made the plain kernel 1.5-3% slower for LayerNorm at N = 5120 and 12288 (H200, session 22).
-// KEEP_G: g = dy * w stays in registers from the first pass to the second, which then reads only
-// the input from the ring: no dy or weight loads, no unpack of dy and no multiply per element
-// there, for one register per element held across the row reduction (backward_choice in
-// norm_cuda.cu says where that pays).
-// Two vectors per thread from x without dbias (RMSNorm at N = 5128..8192 in 16-bit types) pay
-// only at two 512-thread blocks per SM, i.e. at most 64 registers: the launch bounds hold the
-// compiler to that (RMSNorm (8192, 8192) took 111 us at 64 registers, 125 at one block per SM
-// when a lab change pushed the kernel past 64; H200, session 26).
-template <int ITERS, int SOURCE, bool BIAS_GRAD, bool KEEP_G>
-inline constexpr int kBackwardMinBlocks = (ITERS == 2 && SOURCE == kFromX && !BIAS_GRAD && !KEEP_G) ? 2 : 1;
-template <typename T, typename W, int ITERS, int SOURCE, bool BIAS_GRAD, bool FULL = false, bool CLUSTER = false,
-          bool KEEP_G = false>
-__global__ void __launch_bounds__(512, (kBackwardMinBlocks<ITERS, SOURCE, BIAS_GRAD, KEEP_G>))
+// VARIANT: a BackwardVariant (norm_config.h), packed.
+//  source: where x_hat comes from (Source).
+//  full_rows: the row fills every thread's vectors (N = threads per row x vectors x VEC), so the
+//    passes carry no per-vector bounds test and the compiler may issue a pass's shared-memory
+//    loads together (without dbias only: with it the hoisted loads spill).
+//  cluster: launched in thread-block clusters whose blocks pre-sum their partial rows
+//    (cluster_sum_partials). A compile-time choice: the untaken cluster code alone slows the
+//    plain kernel (bench: layer_norm bwd (16384, 5120), H200).
+//  keep_g: g = dy * w stays in registers from the first pass to the second, which then reads only
+//    the input from the ring: no dy or weight loads, no unpack of dy and no multiply per element
+//    there, for one register per element held across the row reduction.
+// Two vectors per thread from x without dbias pay only at two 512-thread blocks per SM, i.e. at
+// most 64 registers: the launch bounds hold the compiler to that (bench: rms_norm bwd (8192,
+// 8192), H200).
+// The variant's fields as compile-time constants (class members, not kernel locals, so that they
+// add nothing to the kernel's code).
+template <int VARIANT>
+struct Backward {
+  static constexpr BackwardVariant kVariant = BackwardVariant::unpack(VARIANT);
+  static constexpr int kIters = kVariant.vectors_per_thread;
+  static constexpr Source kSource = kVariant.source;
+  static constexpr bool kBiasGrad = kVariant.bias_grad, kFullRows = kVariant.full_rows, kCluster = kVariant.cluster,
+                        kKeepG = kVariant.keep_g;
+  static constexpr int kMinBlocks = kIters == 2 && kSource == Source::x && !kBiasGrad && !kKeepG ? 2 : 1;
+};
+template <typename T, typename W, int VARIANT>
+__global__ void __launch_bounds__(512, Backward<VARIANT>::kMinBlocks)
     backward_streaming_kernel(BackwardParams p, RowGeometry geo, float* __restrict__ partial_dw,
                               float* __restrict__ partial_db) {
+  using V = Backward<VARIANT>;
   constexpr int kVec = 16 / sizeof(T);
   extern __shared__ uint4 smem[];
   __shared__ float scratch[2][kMaxWarpsPerBlock * 2];
-  __shared__ std::uint64_t full_bar[kMaxGroups * kMaxStages], empty_bar[kMaxGroups * kMaxStages];
+  __shared__ std::uint64_t full_bar[kMaxRowGroups * kMaxStages], empty_bar[kMaxRowGroups * kMaxStages];
   const int tpr = geo.threads_per_row, rpb = geo.rows_per_block, stages = geo.stages;
   const int group = threadIdx.x / tpr, t = threadIdx.x - group * tpr;
   const RowTeam team(tpr, group, t);
   const int cols = static_cast<int>(p.cols);
   const unsigned row_bytes = static_cast<unsigned>(cols * sizeof(T));
   const bool layer_norm = p.kind == Kind::layer_norm;
-  constexpr bool FROM_OUTPUT = SOURCE != kFromX;
-  const bool needs_mean = layer_norm && !FROM_OUTPUT;
+  constexpr bool kFromOutput = V::kSource != Source::x;
+  const bool needs_mean = layer_norm && !kFromOutput;
   const float inv_cols = 1.0f / static_cast<float>(cols);
-  // From y, 1/w and b are in shared memory when they fit (kFromY; kFromYUncached recomputes
+  // From y, 1/w and b are in shared memory when they fit (Source::y; Source::y_uncached reads
   // them per use: rows too long for both the ring and three float columns). w always is.
-  constexpr bool cached = SOURCE != kFromYUncached;
-  constexpr int arrays = SOURCE == kFromY ? 3 : 1;
+  constexpr bool cached = V::kSource != Source::y_uncached;
+  constexpr int arrays = V::kSource == Source::y ? 3 : 1;
   float* col_w = reinterpret_cast<float*>(smem);
   float* col_inv_w = col_w + cols;
   float* col_shift = col_inv_w + cols;
@@ -466,14 +454,14 @@ __global__ void __launch_bounds__(512, (kBackwardMinBlocks<ITERS, SOURCE, BIAS_G
       [&](int u) {
         Columns v{};
         v.w = weight ? load4_floats(weight + 4 * u) : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
-        if constexpr (FROM_OUTPUT && cached)
+        if constexpr (kFromOutput && cached)
           v.b = bias ? load4_floats(bias + 4 * u) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         return v;
       },
       [&](int u, const Columns& v) {
         const int slot = column_slot<kVec>(u, cols);
         reinterpret_cast<float4*>(col_w)[slot] = v.w;
-        if constexpr (FROM_OUTPUT && cached) {
+        if constexpr (kFromOutput && cached) {
           reinterpret_cast<float4*>(col_inv_w)[slot] =
               make_float4(1.0f / v.w.x, 1.0f / v.w.y, 1.0f / v.w.z, 1.0f / v.w.w);
           reinterpret_cast<float4*>(col_shift)[slot] = v.b;
@@ -482,11 +470,11 @@ __global__ void __launch_bounds__(512, (kBackwardMinBlocks<ITERS, SOURCE, BIAS_G
   __syncthreads();
 
   // The dbias sums exist only when asked for (never for RMSNorm): they would otherwise cost
-  // ITERS * kVec registers per thread.
-  constexpr int kDbIters = BIAS_GRAD ? ITERS : 1, kDbVec = BIAS_GRAD ? kVec : 1;
-  float acc_dw[ITERS][kVec], acc_db[kDbIters][kDbVec];
+  // kIters * kVec registers per thread.
+  constexpr int kDbIters = V::kBiasGrad ? V::kIters : 1, kDbVec = V::kBiasGrad ? kVec : 1;
+  float acc_dw[V::kIters][kVec], acc_db[kDbIters][kDbVec];
 #pragma unroll
-  for (int it = 0; it < ITERS; ++it)
+  for (int it = 0; it < V::kIters; ++it)
 #pragma unroll
     for (int i = 0; i < kVec; ++i) acc_dw[it][i] = 0.0f;
 #pragma unroll
@@ -496,7 +484,7 @@ __global__ void __launch_bounds__(512, (kBackwardMinBlocks<ITERS, SOURCE, BIAS_G
 
   const int step = tpr * kVec;
   const int col0 = t * kVec;
-  auto in_row = [&](int it) { return FULL || col0 + it * step < cols; };
+  auto in_row = [&](int it) { return V::kFullRows || col0 + it * step < cols; };
   // From y: x_hat = (y - b) * (1/w), per column. y - b first: when x_hat is small against b / w,
   // y * (1/w) - b / w would cancel two large rounded terms (seen as f32 dweight errors 3x the
   // float32 summation bound on random draws with small weights).
@@ -539,10 +527,10 @@ __global__ void __launch_bounds__(512, (kBackwardMinBlocks<ITERS, SOURCE, BIAS_G
     const float shift = -mean * rstd;
 
     // sum(g) and sum(g * x_hat) with g = dy * w, one accumulator pair per vector.
-    float part_g[ITERS], part_gx[ITERS];
-    float kept_g[KEEP_G ? ITERS : 1][KEEP_G ? kVec : 1];
+    float part_g[V::kIters], part_gx[V::kIters];
+    float kept_g[V::kKeepG ? V::kIters : 1][V::kKeepG ? kVec : 1];
 #pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
+    for (int it = 0; it < V::kIters; ++it) {
       part_g[it] = part_gx[it] = 0.0f;
       if (!in_row(it)) continue;
       const int col = col0 + it * step;
@@ -551,7 +539,7 @@ __global__ void __launch_bounds__(512, (kBackwardMinBlocks<ITERS, SOURCE, BIAS_G
       unpack16<T>(*reinterpret_cast<const uint4*>(r_in + col), v);
       load_shared_columns<kVec>(col_w, cols, col, w);
       float xh[kVec];
-      if constexpr (FROM_OUTPUT) {
+      if constexpr (kFromOutput) {
         float inv_w[kVec], sh[kVec];
         from_y_factors(col, inv_w, sh);
 #pragma unroll
@@ -563,16 +551,16 @@ __global__ void __launch_bounds__(512, (kBackwardMinBlocks<ITERS, SOURCE, BIAS_G
 #pragma unroll
       for (int i = 0; i < kVec; ++i) {
         const float g = d[i] * w[i];
-        if constexpr (KEEP_G) kept_g[it][i] = g;
+        if constexpr (V::kKeepG) kept_g[it][i] = g;
         part_g[it] += g;
         part_gx[it] = fmaf(g, xh[i], part_gx[it]);
         acc_dw[it][i] = fmaf(d[i], xh[i], acc_dw[it][i]);
-        if constexpr (BIAS_GRAD) acc_db[it][i] += d[i];
+        if constexpr (V::kBiasGrad) acc_db[it][i] += d[i];
       }
     }
     float sums[2] = {part_g[0], part_gx[0]};
 #pragma unroll
-    for (int it = 1; it < ITERS; ++it) {
+    for (int it = 1; it < V::kIters; ++it) {
       sums[0] += part_g[it];
       sums[1] += part_gx[it];
     }
@@ -587,12 +575,12 @@ __global__ void __launch_bounds__(512, (kBackwardMinBlocks<ITERS, SOURCE, BIAS_G
       [[maybe_unused]] const float a_x = a * rstd, c_x = fmaf(shift, a, c);
       T* __restrict__ dx = static_cast<T*>(p.dx) + row * p.dx_row_stride + col0;
 #pragma unroll
-      for (int it = 0; it < ITERS; ++it) {
+      for (int it = 0; it < V::kIters; ++it) {
         if (!in_row(it)) continue;
         const int col = col0 + it * step;
         float d[kVec], v[kVec], w[kVec], out[kVec];
         unpack16<T>(*reinterpret_cast<const uint4*>(r_in + col), v);
-        if constexpr (KEEP_G) {
+        if constexpr (V::kKeepG) {
           // d * w below then equals the kept g exactly (x * 1.0f == x), and the compiler drops
           // the multiply: the two branches share the dx expressions that follow.
 #pragma unroll
@@ -601,7 +589,7 @@ __global__ void __launch_bounds__(512, (kBackwardMinBlocks<ITERS, SOURCE, BIAS_G
           unpack16<T>(*reinterpret_cast<const uint4*>(r_dy + col), d);
           load_shared_columns<kVec>(col_w, cols, col, w);
         }
-        if constexpr (FROM_OUTPUT) {
+        if constexpr (kFromOutput) {
           float inv_w[kVec], sh[kVec];
           from_y_factors(col, inv_w, sh);
 #pragma unroll
@@ -635,13 +623,13 @@ __global__ void __launch_bounds__(512, (kBackwardMinBlocks<ITERS, SOURCE, BIAS_G
     for (int s = 1; s < rpb; s *= 2) {
       if (group % (2 * s) == s) {
 #pragma unroll
-        for (int it = 0; it < ITERS; ++it) {
+        for (int it = 0; it < V::kIters; ++it) {
           if (!in_row(it)) continue;
 #pragma unroll
           for (int i = 0; i < kVec; ++i) {
             const int c = col0 + it * step + i;
             combine[((group - 1) * 2 + 0) * cols + c] = acc_dw[it][i];
-            if constexpr (BIAS_GRAD) combine[((group - 1) * 2 + 1) * cols + c] = acc_db[it][i];
+            if constexpr (V::kBiasGrad) combine[((group - 1) * 2 + 1) * cols + c] = acc_db[it][i];
           }
         }
       }
@@ -649,18 +637,18 @@ __global__ void __launch_bounds__(512, (kBackwardMinBlocks<ITERS, SOURCE, BIAS_G
       if (group % (2 * s) == 0 && group + s < rpb) {
         const int src = group + s;
 #pragma unroll
-        for (int it = 0; it < ITERS; ++it) {
+        for (int it = 0; it < V::kIters; ++it) {
           if (!in_row(it)) continue;
 #pragma unroll
           for (int i = 0; i < kVec; ++i) {
             const int c = col0 + it * step + i;
             acc_dw[it][i] += combine[((src - 1) * 2 + 0) * cols + c];
-            if constexpr (BIAS_GRAD) acc_db[it][i] += combine[((src - 1) * 2 + 1) * cols + c];
+            if constexpr (V::kBiasGrad) acc_db[it][i] += combine[((src - 1) * 2 + 1) * cols + c];
           }
         }
       }
     }
-    if (!CLUSTER && group > 0) return;
+    if (!V::kCluster && group > 0) return;
   }
   // From y the per-column x_hat factor 1/w is already inside acc_dw (x_hat = (y - b) / w).
   // Group 0 now holds the block's sums. It writes them as the block's partial row, or, in a
@@ -670,30 +658,29 @@ __global__ void __launch_bounds__(512, (kBackwardMinBlocks<ITERS, SOURCE, BIAS_G
   float* block_sums = reinterpret_cast<float*>(col_w + arrays * cols) + std::size_t(rpb - 1) * 2 * cols;
   // With one row group per block no tree ran: other warps may still read their last row from the
   // ring that block_sums overwrites.
-  if constexpr (CLUSTER) __syncthreads();
-  float* out_dw = CLUSTER ? block_sums : partial_dw + std::int64_t(blockIdx.x) * cols;
-  float* out_db = CLUSTER ? block_sums + cols : partial_db + std::int64_t(blockIdx.x) * cols;
-  if (!CLUSTER || group == 0) {
+  if constexpr (V::kCluster) __syncthreads();
+  float* out_dw = V::kCluster ? block_sums : partial_dw + std::int64_t(blockIdx.x) * cols;
+  float* out_db = V::kCluster ? block_sums + cols : partial_db + std::int64_t(blockIdx.x) * cols;
+  if (!V::kCluster || group == 0) {
 #pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
+    for (int it = 0; it < V::kIters; ++it) {
       if (!in_row(it)) continue;
       const int col = col0 + it * step;
 #pragma unroll
       for (int i = 0; i < kVec; i += 4) {
         *reinterpret_cast<float4*>(out_dw + col + i) =
             make_float4(acc_dw[it][i], acc_dw[it][i + 1], acc_dw[it][i + 2], acc_dw[it][i + 3]);
-        if constexpr (BIAS_GRAD)
+        if constexpr (V::kBiasGrad)
           *reinterpret_cast<float4*>(out_db + col + i) =
               make_float4(acc_db[it][i], acc_db[it][i + 1], acc_db[it][i + 2], acc_db[it][i + 3]);
       }
     }
   }
-  if constexpr (CLUSTER) cluster_sum_partials<BIAS_GRAD>(block_sums, cols, partial_dw, partial_db);
+  if constexpr (V::kCluster) cluster_sum_partials<V::kBiasGrad>(block_sums, cols, partial_dw, partial_db);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Generic kernels: one block per row (grid-stride over rows), any N, any alignment.
-inline constexpr int kGenericThreads = 512;
 
 template <typename T, typename W>
 __global__ void __launch_bounds__(kGenericThreads) forward_generic_kernel(ForwardParams p) {
@@ -795,7 +782,7 @@ __global__ void __launch_bounds__(kGenericThreads)
 // x owns VEC consecutive columns (16-byte loads when VEC = 4: a block row reads 512 contiguous
 // bytes of one partial row), threadIdx.y strides over slots, and the 32 per-thread sums are then
 // added in y order. blockIdx.y selects dweight (0) or dbias (1). Four columns per thread launch a
-// quarter of the blocks (the host picks, launch_backward).
+// quarter of the blocks (choose_backward_launch picks).
 template <typename W, int VEC>
 __global__ void __launch_bounds__(1024)
     reduce_partials_kernel(const float* __restrict__ partial_dw, const float* __restrict__ partial_db,

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/overrides.h"
 #include "fusekit/error.h"
 #include "fusekit/norm.h"
 #include "tests/harness/gtest_helpers.h"
@@ -425,7 +426,7 @@ void check_backward_row_lengths(std::initializer_list<std::int64_t> vector_count
 }
 
 // The backward's vectors per thread, and whether g = dy * w stays in registers between its passes
-// (KEEP_G), change with the row length, the source and dbias (backward_choice in norm_cuda.cu):
+// (keep_g), change with the row length, the source and dbias (norm_config.cpp's row tables):
 // rows on both sides of each boundary.
 TEST(NormGpu, BackwardRowLengthSpecializations) {
   FUSEKIT_REQUIRE_GPU();
@@ -436,7 +437,7 @@ TEST(NormGpu, BackwardRowLengthSpecializations) {
 // blocks up to 32 vectors, in 256-thread blocks above, and LayerNorm with dbias from x on two warps
 // per row at 97..128 vectors (2 per lane, the second partly out of the row below 128): each side
 // of every boundary. The forward of these cases runs its 128-vector rows on two warps and the
-// others on one (plan_rows), so both sides of that boundary are checked too.
+// others on one (kForwardRows), so both sides of that boundary are checked too.
 TEST(NormGpu, BackwardShortRowShapes) {
   FUSEKIT_REQUIRE_GPU();
   check_backward_row_lengths({1, 31, 32, 33, 64, 65, 96, 97, 100, 127, 128}, 300, 7300);
@@ -455,6 +456,28 @@ TEST(NormGpu, ClusterPreSummedGradients) {
         for (std::int64_t rows : {3, 333})
           for (bool from_output : {false, true})
             check_gpu_against_cpu(Case{Kind::layer, dt, wt, rows, cols, true, true}, 6800 + salt++, from_output);
+}
+
+// The override keys force launches that the tables do not choose for these shapes (a shallower
+// ring, no clusters at N = 16384, other vectors per thread, smaller blocks): each still matches
+// the reference, its workspace sized under the same overrides.
+TEST(NormGpu, OverriddenLaunchesMatchCpuReference) {
+  FUSEKIT_REQUIRE_GPU();
+  struct Cleared {
+    ~Cleared() { detail::clear_overrides(); }
+  } cleared;
+  int salt = 0;
+  for (const char* overrides : {"norm.backward.stages=2", "norm.backward.cluster=1", "norm.backward.vectors=2",
+                                "norm.backward.vectors=4", "norm.backward.block=128", "norm.forward.vectors=1",
+                                "norm.forward.vectors=3"}) {
+    SCOPED_TRACE(overrides);
+    detail::clear_overrides();
+    detail::set_overrides(overrides);
+    for (std::int64_t cols : {1024, 2048, 16384})
+      for (bool from_output : {false, true})
+        check_gpu_against_cpu(Case{Kind::layer, DType::bf16, DType::bf16, 300, cols, true, true}, 7600 + salt++,
+                              from_output);
+  }
 }
 
 TEST(NormGpu, BackwardIsBitwiseDeterministic) {

@@ -1,0 +1,444 @@
+// The LayerNorm / RMSNorm launch configuration (norm_config.h) on the CPU: the launches of the
+// benchmark shapes on H100-like and H200-like devices, and properties over a grid of problems.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "core/overrides.h"
+#include "fusekit/error.h"
+#include "norm/norm_config.h"
+
+namespace fusekit::norm {
+namespace {
+
+detail::DeviceInfo h100() {
+  detail::DeviceInfo d;
+  d.name = "NVIDIA H100 80GB HBM3";
+  d.major = 9;
+  d.sm_count = 132;
+  d.l2_bytes = 50 << 20;
+  d.max_smem_per_block_optin = 232448;
+  d.max_threads_per_sm = 2048;
+  d.dram_bytes_per_sm_clock = 12.83;
+  return d;
+}
+
+detail::DeviceInfo h200() {
+  detail::DeviceInfo d = h100();
+  d.name = "NVIDIA H200";
+  d.l2_bytes = 60 << 20;
+  d.dram_bytes_per_sm_clock = 18.42;
+  return d;
+}
+
+// The occupancy calculator of a Hopper SM (65536 registers allocated per warp in units of 256,
+// 2048 threads, 32 blocks, the opt-in shared memory plus 1 KB with 1 KB reserved per block) for
+// kernels of the register counts and static shared memory of the sm_90a build, bf16 in and out.
+// Clusters: whole clusters of two fit 128 of the 132 SMs.
+class HopperOccupancy final : public KernelOccupancy {
+ public:
+  explicit HopperOccupancy(const detail::DeviceInfo& device) : device_(device) {}
+
+  // Registers per thread of the sm_90a build, bf16 in and out (cuobjdump -res-usage).
+  static int registers(const ForwardVariant& v) {
+    static const int by_vectors_and_rows[5][3] = {{0, 0, 0}, {48, 56, 40}, {55, 63, 64}, {56, 64, 64}, {64, 64, 64}};
+    return by_vectors_and_rows[v.vectors_per_thread][static_cast<int>(v.rows)];
+  }
+  static int registers(const BackwardVariant& v) {
+    struct Row {
+      BackwardVariant v;
+      int registers;
+    };
+    static const Row rows[] = {
+        {{1, Source::x, false}, 64},  {{1, Source::x, true}, 72},
+        {{1, Source::y, false}, 80},  {{1, Source::y, true}, 92},
+        {{1, Source::y_uncached, false}, 80}, {{1, Source::y_uncached, true}, 84},
+        {{2, Source::x, false}, 64},  {{2, Source::x, true}, 96},
+        {{2, Source::y, false}, 96},  {{2, Source::y, true}, 107},
+        {{2, Source::y_uncached, false}, 90}, {{2, Source::y_uncached, true}, 110},
+        {{3, Source::x, false}, 88},  {{3, Source::x, true}, 117},
+        {{3, Source::y, false}, 103}, {{3, Source::y, true}, 123},
+        {{3, Source::y_uncached, false}, 109}, {{3, Source::y_uncached, true}, 128},
+        {{4, Source::x, false}, 96},  {{4, Source::x, true}, 123},
+        {{4, Source::y, false}, 114}, {{4, Source::y, true}, 128},
+        {{4, Source::y_uncached, false}, 128}, {{4, Source::y_uncached, true}, 128},
+        {{4, Source::x, false, true}, 122}, {{4, Source::y, false, true}, 126},
+        {{4, Source::x, false, false, false, true}, 126}, {{3, Source::x, false, false, false, true}, 128},
+        {{3, Source::x, true, false, false, true}, 128},
+        {{4, Source::x, true, false, true}, 127}, {{4, Source::y, true, false, true}, 127},
+        {{4, Source::y_uncached, true, false, true}, 128},
+    };
+    for (const Row& r : rows)
+      if (r.v == v) return r.registers;
+    ADD_FAILURE() << "no register count for a backward variant";
+    return 255;
+  }
+  static constexpr std::size_t kBackwardStaticSmem = 2560;
+
+  int forward_blocks_per_sm(const ForwardVariant& v, int block_threads) const override {
+    return blocks(registers(v), block_threads, 1536);
+  }
+  int forward_generic_blocks_per_sm() const override { return blocks(32, kGenericThreads, 1152); }
+  int backward_blocks_per_sm(const BackwardVariant& v, int block_threads, std::size_t smem) const override {
+    return blocks(registers(v), block_threads, smem + kBackwardStaticSmem);
+  }
+  int backward_generic_blocks_per_sm() const override { return blocks(54, kGenericThreads, 1280); }
+  std::size_t backward_static_smem(const BackwardVariant&) const override { return kBackwardStaticSmem; }
+  int backward_max_clusters(const BackwardVariant& v, int block_threads, std::size_t smem, int cluster) const override {
+    return (device_.sm_count - 4) * backward_blocks_per_sm(v, block_threads, smem) / cluster;
+  }
+
+ private:
+  int blocks(int registers, int block_threads, std::size_t smem) const {
+    const int warps = (block_threads + 31) / 32;
+    const int by_threads = device_.max_threads_per_sm / (warps * 32);
+    const int by_registers = 65536 / ((registers * 32 + 255) / 256 * 256 * warps);
+    const int by_smem = static_cast<int>((device_.max_smem_per_block_optin + 1024) / (smem + 1024));
+    return std::max(1, std::min({32, by_threads, by_registers, by_smem}));
+  }
+  detail::DeviceInfo device_;
+};
+
+ForwardProblem forward_problem(Kind kind, std::int64_t rows, std::int64_t cols, int element_bytes = 2) {
+  ForwardProblem p;
+  p.rows = rows;
+  p.cols = cols;
+  p.element_bytes = element_bytes;
+  p.kind = kind;
+  p.has_weight = true;
+  p.has_bias = kind == Kind::layer_norm;
+  return p;
+}
+
+// LayerNorm's backward asks for dbias, RMSNorm's only for dweight.
+BackwardProblem backward_problem(Kind kind, std::int64_t rows, std::int64_t cols, bool from_output = false,
+                                 int element_bytes = 2) {
+  BackwardProblem p;
+  p.rows = rows;
+  p.cols = cols;
+  p.element_bytes = element_bytes;
+  p.from_output = from_output;
+  p.bias_grad = kind == Kind::layer_norm;
+  p.partials = true;
+  return p;
+}
+
+bool same(const RowGeometry& a, const RowGeometry& b) {
+  return a.threads_per_row == b.threads_per_row && a.rows_per_block == b.rows_per_block && a.stages == b.stages &&
+         a.cached_columns == b.cached_columns && a.l2_prefetch_rows == b.l2_prefetch_rows;
+}
+
+bool same(const ForwardLaunch& a, const ForwardLaunch& b) {
+  return a.generic == b.generic && a.variant.vectors_per_thread == b.variant.vectors_per_thread &&
+         a.variant.rows == b.variant.rows && same(a.geometry, b.geometry) && a.block_threads == b.block_threads &&
+         a.grid == b.grid;
+}
+
+bool same(const BackwardLaunch& a, const BackwardLaunch& b) {
+  return a.generic == b.generic && a.variant == b.variant && same(a.geometry, b.geometry) &&
+         a.block_threads == b.block_threads && a.smem_bytes == b.smem_bytes && a.grid == b.grid &&
+         a.cluster == b.cluster && a.partial_rows == b.partial_rows &&
+         a.reduce_columns_per_thread == b.reduce_columns_per_thread && a.reduce_blocks == b.reduce_blocks;
+}
+
+ForwardLaunch forward_on(const detail::DeviceInfo& device, const ForwardProblem& p, const LaunchOverrides& o = {}) {
+  return choose_forward_launch(p, device, HopperOccupancy(device), o);
+}
+BackwardLaunch backward_on(const detail::DeviceInfo& device, const BackwardProblem& p, const LaunchOverrides& o = {}) {
+  return choose_backward_launch(p, device, HopperOccupancy(device), o);
+}
+
+// ---- the benchmark shapes ------------------------------------------------------------------------
+
+TEST(NormConfig, ForwardOfOneWarpRowsIsACappedGrid) {
+  for (const auto& device : {h100(), h200()}) {
+    // N = 768: 96 vectors, 3 per lane, every lane full.
+    const ForwardLaunch l = forward_on(device, forward_problem(Kind::layer_norm, 32768, 768));
+    EXPECT_FALSE(l.generic);
+    EXPECT_EQ(l.variant.vectors_per_thread, 3);
+    EXPECT_EQ(l.variant.rows, ForwardRows::full_layer_norm);
+    EXPECT_EQ(l.geometry.threads_per_row, 32);
+    EXPECT_EQ(l.geometry.rows_per_block, 1);
+    EXPECT_EQ(l.block_threads, 32);
+    EXPECT_EQ(l.grid, 132 * 128);
+    EXPECT_EQ(l.geometry.l2_prefetch_rows, 0);
+  }
+}
+
+TEST(NormConfig, ForwardOfLongerRowsPrefetchesTheNextWave) {
+  for (const auto& device : {h100(), h200()}) {
+    // N = 1024 in bf16: 128 vectors on two warps at two per lane.
+    ForwardLaunch l = forward_on(device, forward_problem(Kind::rms_norm, 16384, 1024));
+    EXPECT_EQ(l.variant.vectors_per_thread, 2);
+    EXPECT_EQ(l.variant.rows, ForwardRows::full_rms_norm);
+    EXPECT_EQ(l.geometry.threads_per_row, 64);
+    EXPECT_EQ(l.grid, 16384);
+    EXPECT_EQ(l.geometry.l2_prefetch_rows, 16 * 132);  // 16 resident 64-thread blocks of 64 registers per SM
+    // N = 16384: 2048 vectors, 4 per thread on 512 threads: one block per row, three per SM.
+    l = forward_on(device, forward_problem(Kind::layer_norm, 4096, 16384));
+    EXPECT_EQ(l.variant.vectors_per_thread, 4);
+    EXPECT_EQ(l.variant.rows, ForwardRows::full_layer_norm);
+    EXPECT_EQ(l.block_threads, 512);
+    EXPECT_EQ(l.grid, 4096);
+    EXPECT_EQ(l.geometry.l2_prefetch_rows, 2 * 132);
+    // N = 12288: 384 threads.
+    l = forward_on(device, forward_problem(Kind::layer_norm, 8192, 12288));
+    EXPECT_EQ(l.block_threads, 384);
+    EXPECT_EQ(l.variant.rows, ForwardRows::full_layer_norm);
+  }
+}
+
+TEST(NormConfig, ForwardFallsBackToTheGenericKernel) {
+  const auto device = h100();
+  // Partial last vectors: the row kernel with bounds tests.
+  ForwardLaunch l = forward_on(device, forward_problem(Kind::layer_norm, 100, 1000));
+  EXPECT_FALSE(l.generic);
+  EXPECT_EQ(l.variant.rows, ForwardRows::any);
+  // N not a multiple of the vector, misaligned rows, rows over 512 threads of 4 vectors.
+  ForwardProblem odd = forward_problem(Kind::layer_norm, 100, 1001);
+  ForwardProblem misaligned = forward_problem(Kind::layer_norm, 100, 1024);
+  misaligned.aligned = false;
+  for (const ForwardProblem& p : {odd, misaligned, forward_problem(Kind::rms_norm, 100, 32768)}) {
+    l = forward_on(device, p);
+    EXPECT_TRUE(l.generic);
+    EXPECT_EQ(l.block_threads, kGenericThreads);
+    EXPECT_EQ(l.grid, 100);
+  }
+  // The persistent generic grid: every resident block once.
+  l = forward_on(device, forward_problem(Kind::rms_norm, 1 << 20, 32768));
+  EXPECT_EQ(l.grid, 132 * 4);  // four 512-thread blocks of 32 registers per SM
+  // f32 rows of 4 values per vector: N = 8192 is 2048 vectors, N = 16384 too long.
+  EXPECT_FALSE(forward_on(device, forward_problem(Kind::rms_norm, 64, 8192, 4)).generic);
+  EXPECT_TRUE(forward_on(device, forward_problem(Kind::rms_norm, 64, 16384, 4)).generic);
+}
+
+TEST(NormConfig, BackwardShortRows) {
+  for (const auto& device : {h100(), h200()}) {
+    // RMSNorm (16384, 1024): one warp per row at 4 vectors per lane, full rows, 256-thread blocks.
+    BackwardLaunch l = backward_on(device, backward_problem(Kind::rms_norm, 16384, 1024));
+    EXPECT_EQ(l.variant, (BackwardVariant{4, Source::x, false, true}));
+    EXPECT_EQ(l.geometry.threads_per_row, 32);
+    EXPECT_EQ(l.geometry.rows_per_block, 8);
+    EXPECT_EQ(l.block_threads, 256);
+    // Two blocks per SM (122 registers): 3 rows of ring per row group beside the weight column.
+    EXPECT_EQ(l.geometry.stages, 3);
+    EXPECT_EQ(l.smem_bytes, 1024 * 4 + 3 * 8 * 2 * 1024 * 2);
+    EXPECT_EQ(l.cluster, 1);
+    // LayerNorm with dbias: two warps per row at 2 vectors per lane.
+    l = backward_on(device, backward_problem(Kind::layer_norm, 16384, 1024));
+    EXPECT_EQ(l.variant, (BackwardVariant{2, Source::x, true}));
+    EXPECT_EQ(l.geometry.threads_per_row, 64);
+    EXPECT_EQ(l.geometry.rows_per_block, 4);
+    // Up to 32 vectors: 512-thread blocks of 16 one-warp rows.
+    l = backward_on(device, backward_problem(Kind::layer_norm, 16384, 256));
+    EXPECT_EQ(l.variant, (BackwardVariant{1, Source::x, true}));
+    EXPECT_EQ(l.geometry.rows_per_block, 16);
+    EXPECT_EQ(l.block_threads, 512);
+  }
+}
+
+TEST(NormConfig, BackwardLongRows) {
+  for (const auto& device : {h100(), h200()}) {
+    // LayerNorm (32768, 2048): 256 vectors, 3 per thread with g kept, 96-thread rows in 384.
+    BackwardLaunch l = backward_on(device, backward_problem(Kind::layer_norm, 32768, 2048));
+    EXPECT_EQ(l.variant, (BackwardVariant{3, Source::x, true, false, false, true}));
+    EXPECT_EQ(l.geometry.threads_per_row, 96);
+    EXPECT_EQ(l.geometry.rows_per_block, 4);
+    EXPECT_EQ(l.block_threads, 384);
+    // RMSNorm (8192, 8192): 2 vectors per thread, 512-thread rows, two blocks per SM.
+    l = backward_on(device, backward_problem(Kind::rms_norm, 8192, 8192));
+    EXPECT_EQ(l.variant, (BackwardVariant{2, Source::x, false}));
+    EXPECT_EQ(l.geometry.threads_per_row, 512);
+    EXPECT_EQ(l.geometry.rows_per_block, 1);
+    EXPECT_EQ(l.grid, 256);  // 264 slots, balanced: 32 rows per block on 256 blocks
+    // LayerNorm (8192, 8192): 4 vectors, the grid capped at 27/32 of the SMs.
+    l = backward_on(device, backward_problem(Kind::layer_norm, 8192, 8192));
+    EXPECT_EQ(l.variant, (BackwardVariant{4, Source::x, true}));
+    EXPECT_EQ(l.geometry.threads_per_row, 256);
+    EXPECT_EQ(l.grid, 132 * 27 / 32);
+    // LayerNorm (4096, 16384): clusters of two pre-sum dweight and dbias.
+    l = backward_on(device, backward_problem(Kind::layer_norm, 4096, 16384));
+    EXPECT_EQ(l.variant, (BackwardVariant{4, Source::x, true, false, true}));
+    EXPECT_EQ(l.cluster, 2);
+    EXPECT_EQ(l.grid, 128);
+    EXPECT_EQ(l.partial_rows, 64);
+    EXPECT_EQ(l.reduce_columns_per_thread, 4);
+    EXPECT_EQ(l.reduce_blocks, 16384 / 128);
+    // RMSNorm at N = 16384 has no clusters (dweight alone).
+    l = backward_on(device, backward_problem(Kind::rms_norm, 4096, 16384));
+    EXPECT_EQ(l.variant, (BackwardVariant{4, Source::x, false}));
+    EXPECT_EQ(l.cluster, 1);
+  }
+}
+
+TEST(NormConfig, BackwardFromOutputCachesColumnsWhereTheyFit) {
+  for (const auto& device : {h100(), h200()}) {
+    BackwardLaunch l = backward_on(device, backward_problem(Kind::layer_norm, 4096, 4096, true));
+    EXPECT_EQ(l.variant.source, Source::y);
+    EXPECT_EQ(l.geometry.cached_columns, 1);
+    // N = 16384: three float columns (192 KB) leave no room for two rows of ring.
+    l = backward_on(device, backward_problem(Kind::layer_norm, 4096, 16384, true));
+    EXPECT_EQ(l.variant, (BackwardVariant{4, Source::y_uncached, true, false, true}));
+    EXPECT_EQ(l.geometry.cached_columns, 0);
+    EXPECT_EQ(l.geometry.stages, 2);
+    EXPECT_EQ(l.smem_bytes, 16384 * 4 + 2 * 2 * 16384 * 2);
+  }
+}
+
+TEST(NormConfig, BackwardFallsBackToTheGenericKernel) {
+  const auto device = h100();
+  BackwardProblem misaligned = backward_problem(Kind::layer_norm, 1000, 4096);
+  misaligned.aligned = false;
+  for (const BackwardProblem& p : {backward_problem(Kind::layer_norm, 1000, 4100), misaligned,
+                                   backward_problem(Kind::rms_norm, 1000, 65536)}) {
+    const BackwardLaunch l = backward_on(device, p);
+    EXPECT_TRUE(l.generic);
+    EXPECT_EQ(l.block_threads, kGenericThreads);
+    EXPECT_EQ(l.grid, 132 * 2);  // two 512-thread blocks of 54 registers per SM
+    EXPECT_EQ(l.cluster, 1);
+    EXPECT_EQ(l.partial_rows, l.grid);
+  }
+}
+
+TEST(NormConfig, H100AndH200TakeTheSameLaunches) {
+  // The norm tables key on the SMs and their shared memory, which the two share.
+  for (std::int64_t cols : {256, 768, 1024, 2048, 4096, 5120, 8192, 12288, 16384})
+    for (Kind kind : {Kind::layer_norm, Kind::rms_norm})
+      for (bool from_output : {false, true}) {
+        EXPECT_TRUE(same(forward_on(h100(), forward_problem(kind, 16384, cols)),
+                         forward_on(h200(), forward_problem(kind, 16384, cols))));
+        EXPECT_TRUE(same(backward_on(h100(), backward_problem(kind, 16384, cols, from_output)),
+                         backward_on(h200(), backward_problem(kind, 16384, cols, from_output))));
+      }
+}
+
+// ---- properties over a grid ------------------------------------------------------------------------
+
+std::vector<std::int64_t> grid_cols() {
+  std::vector<std::int64_t> cols;
+  for (std::int64_t c = 1; c <= 1100; ++c) cols.push_back(c);
+  for (std::int64_t c = 1104; c <= 20000; c += 8) cols.push_back(c);
+  for (std::int64_t c : {24576, 32768, 49152, 65536}) cols.push_back(c);
+  return cols;
+}
+
+TEST(NormConfig, EveryForwardLaunchCoversItsRows) {
+  for (const auto& device : {h100(), h200()})
+    for (std::int64_t cols : grid_cols())
+      for (int bytes : {2, 4})
+        for (std::int64_t rows : {1, 333, 100003}) {
+          const ForwardProblem p = forward_problem(Kind::layer_norm, rows, cols, bytes);
+          const ForwardLaunch l = forward_on(device, p);
+          SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(cols) + ", " + std::to_string(bytes) + " bytes");
+          ASSERT_GE(l.grid, 1);
+          ASSERT_LE(l.grid, rows);
+          if (l.generic) continue;
+          const int vec = 16 / bytes;
+          const int tpr = l.geometry.threads_per_row, vpt = l.variant.vectors_per_thread;
+          ASSERT_EQ(cols % vec, 0);
+          ASSERT_EQ(tpr % 32, 0);
+          ASSERT_LE(tpr, kMaxThreadsPerRow);
+          ASSERT_GE(vpt, 1);
+          ASSERT_LE(vpt, 4);
+          ASSERT_GE(std::int64_t(tpr) * vpt * vec, cols);               // the row is covered
+          ASSERT_LT(std::int64_t(tpr - 32) * vpt * vec, cols);          // no idle warp
+          ASSERT_EQ(l.variant.rows != ForwardRows::any, std::int64_t(tpr) * vpt * vec == cols);
+          ASSERT_EQ(l.block_threads, tpr * l.geometry.rows_per_block);
+        }
+}
+
+TEST(NormConfig, EveryBackwardLaunchFitsAndTheWorkspaceHoldsIt) {
+  for (const auto& device : {h100(), h200()}) {
+    const HopperOccupancy occupancy(device);
+    for (std::int64_t cols : grid_cols())
+      for (int bytes : {2, 4})
+        for (std::int64_t rows : {1, 3, 333, 16384}) {
+          const int workspace_rows = backward_workspace_rows(rows, cols, bytes, device, occupancy);
+          for (bool from_output : {false, true})
+            for (Kind kind : {Kind::layer_norm, Kind::rms_norm}) {
+              const BackwardProblem p = backward_problem(kind, rows, cols, from_output, bytes);
+              const BackwardLaunch l = choose_backward_launch(p, device, occupancy);
+              SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(cols) + ", " + std::to_string(bytes) +
+                           " bytes" + (from_output ? ", from y" : "") + (p.bias_grad ? ", dbias" : ""));
+              ASSERT_GE(l.grid, 1);
+              ASSERT_EQ(l.grid % l.cluster, 0);
+              ASSERT_EQ(l.partial_rows, l.grid / l.cluster);
+              ASSERT_LE(l.partial_rows, workspace_rows);
+              ASSERT_GE(l.reduce_blocks * 32 * l.reduce_columns_per_thread, cols);
+              if (l.generic) continue;
+              const int vec = 16 / bytes;
+              const int tpr = l.geometry.threads_per_row, vpt = l.variant.vectors_per_thread;
+              ASSERT_TRUE(is_compiled(l.variant));
+              ASSERT_EQ(l.variant.cluster, l.cluster > 1);
+              ASSERT_EQ(l.variant.bias_grad, p.bias_grad);
+              ASSERT_EQ(l.variant.source == Source::x, !from_output);
+              ASSERT_EQ(tpr % 32, 0);
+              ASSERT_GE(std::int64_t(tpr) * vpt * vec, cols);
+              ASSERT_LT(std::int64_t(tpr - 32) * vpt * vec, cols);
+              if (l.variant.full_rows) {
+                ASSERT_EQ(std::int64_t(tpr) * vpt * vec, cols);
+              }
+              ASSERT_LE(l.geometry.rows_per_block, tpr > 32 ? kMaxRowGroups - 1 : kMaxRowGroups);
+              ASSERT_EQ(l.block_threads, tpr * l.geometry.rows_per_block);
+              ASSERT_LE(l.block_threads, 512);
+              ASSERT_GE(l.geometry.stages, 2);
+              ASSERT_LE(l.geometry.stages, kMaxStages);
+              const std::size_t columns = (l.geometry.cached_columns ? 3 : 1) * cols * sizeof(float);
+              const std::size_t ring = std::size_t(l.geometry.stages) * l.geometry.rows_per_block * 2 * cols * bytes;
+              ASSERT_EQ(l.smem_bytes, columns + ring);
+              ASSERT_LE(l.smem_bytes + HopperOccupancy::kBackwardStaticSmem, device.max_smem_per_block_optin);
+              // Every row group has at least one row to start with.
+              ASSERT_LE(std::int64_t(l.grid - l.cluster) * l.geometry.rows_per_block, rows);
+            }
+        }
+  }
+}
+
+// ---- overrides -------------------------------------------------------------------------------------
+
+TEST(NormConfig, OverridesForceTheirChoice) {
+  const auto device = h100();
+  LaunchOverrides o;
+  o.forward_vectors = 2;
+  EXPECT_EQ(forward_on(device, forward_problem(Kind::layer_norm, 4096, 8192), o).geometry.threads_per_row, 512);
+  o = {};
+  o.backward_vectors = 4;
+  BackwardLaunch l = backward_on(device, backward_problem(Kind::layer_norm, 32768, 2048), o);
+  EXPECT_EQ(l.variant, (BackwardVariant{4, Source::x, true}));  // g is not kept under the override
+  EXPECT_EQ(l.geometry.threads_per_row, 64);
+  o = {};
+  o.backward_block = 128;
+  EXPECT_EQ(backward_on(device, backward_problem(Kind::rms_norm, 16384, 1024), o).geometry.rows_per_block, 4);
+  o = {};
+  o.backward_stages = 2;
+  EXPECT_EQ(backward_on(device, backward_problem(Kind::rms_norm, 16384, 1024), o).geometry.stages, 2);
+  o = {};
+  o.backward_cluster = 1;
+  l = backward_on(device, backward_problem(Kind::layer_norm, 4096, 16384), o);
+  EXPECT_EQ(l.cluster, 1);
+  EXPECT_FALSE(l.variant.cluster);
+}
+
+TEST(NormConfig, OverrideKeysAreRead) {
+  detail::clear_overrides();
+  EXPECT_EQ(read_launch_overrides().backward_stages, 0);
+  detail::set_overrides("norm.forward.vectors=3,norm.backward.vectors=2,norm.backward.block=256,"
+                        "norm.backward.stages=3,norm.backward.cluster=1");
+  const LaunchOverrides o = read_launch_overrides();
+  EXPECT_EQ(o.forward_vectors, 3);
+  EXPECT_EQ(o.backward_vectors, 2);
+  EXPECT_EQ(o.backward_block, 256);
+  EXPECT_EQ(o.backward_stages, 3);
+  EXPECT_EQ(o.backward_cluster, 1);
+  detail::set_override("norm.backward.cluster", "3");
+  EXPECT_THROW(read_launch_overrides(), Error);
+  detail::set_override("norm.backward.cluster", "");
+  detail::set_override("norm.backward.stages", "5");
+  EXPECT_THROW(read_launch_overrides(), Error);
+  detail::clear_overrides();
+}
+
+}  // namespace
+}  // namespace fusekit::norm
