@@ -1,4 +1,4 @@
-// Fused bias + activation + dropout bindings (fusekit/dropout.h). BiasActDropoutConfig is
+// Fused bias + activation + dropout bindings (fusekit/bias_act_dropout.h). BiasActDropoutConfig is
 // flattened into its fields (activation, p, seed, offset, slope) in the C++ argument position;
 // outputs and workspace are arrays the caller allocates.
 #include <nanobind/stl/string.h>
@@ -8,7 +8,7 @@
 #include <string>
 
 #include "bindings.h"
-#include "fusekit/dropout.h"
+#include "fusekit/bias_act_dropout.h"
 
 namespace fusekit::python {
 

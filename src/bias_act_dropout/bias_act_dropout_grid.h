@@ -16,7 +16,7 @@
 
 #include "fusekit/philox.h"  // FUSEKIT_HOST_DEVICE
 
-namespace fusekit::dropout {
+namespace fusekit::bias_act_dropout {
 
 inline constexpr int kThreads = 512;  // threads per block, TX * TY
 inline constexpr int kChunk = 8;      // columns per thread: one Philox call when aligned
@@ -73,4 +73,4 @@ FUSEKIT_HOST_DEVICE ThreadRows thread_rows(const TileGrid& g, int block_y, int t
   return t;
 }
 
-}  // namespace fusekit::dropout
+}  // namespace fusekit::bias_act_dropout

@@ -15,10 +15,10 @@
 #include "core/device_info.h"
 #include "core/launch_tuning.h"
 #include "core/partial_rows.cuh"
-#include "dropout/dropout_kernels.cuh"
-#include "dropout/dropout_params.h"
+#include "bias_act_dropout/bias_act_dropout_kernels.cuh"
+#include "bias_act_dropout/bias_act_dropout_params.h"
 
-namespace fusekit::dropout {
+namespace fusekit::bias_act_dropout {
 namespace {
 
 using namespace kernels;
@@ -251,4 +251,4 @@ std::size_t backward_workspace_cuda(std::int64_t rows, std::int64_t cols, DType 
                   partial_bytes(make_grid(rows, cols, sms, GenericTuning::kBlocksPerSm, kBackwardBlockWidth), cols));
 }
 
-}  // namespace fusekit::dropout
+}  // namespace fusekit::bias_act_dropout

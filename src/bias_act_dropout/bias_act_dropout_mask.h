@@ -4,10 +4,10 @@
 
 #include <cstdint>
 
-#include "dropout/dropout_params.h"
+#include "bias_act_dropout/bias_act_dropout_params.h"
 #include "fusekit/philox.h"
 
-namespace fusekit::dropout {
+namespace fusekit::bias_act_dropout {
 
 // Philox's first round depends on the group number only through the counter's low half (n): the
 // high half is the offset, fixed for a launch. The offset's multiply and its XORs with the first
@@ -109,4 +109,4 @@ FUSEKIT_HOST_DEVICE MaskWords unaligned_mask(const Scalars& s, const PhiloxPrefi
   return m;
 }
 
-}  // namespace fusekit::dropout
+}  // namespace fusekit::bias_act_dropout

@@ -31,12 +31,12 @@
 
 #include "core/activation.h"
 #include "core/device_vector.cuh"
-#include "dropout/dropout_grid.h"
-#include "dropout/dropout_mask.h"
-#include "dropout/dropout_params.h"
+#include "bias_act_dropout/bias_act_dropout_grid.h"
+#include "bias_act_dropout/bias_act_dropout_mask.h"
+#include "bias_act_dropout/bias_act_dropout_params.h"
 #include "fusekit/philox.h"
 
-namespace fusekit::dropout::kernels {
+namespace fusekit::bias_act_dropout::kernels {
 
 using Math = detail::ActivationMath<float>;
 
@@ -510,4 +510,4 @@ __global__ void __launch_bounds__(kThreads, Chunk::Tune::kBlocksPerSm)
   }
 }
 
-}  // namespace fusekit::dropout::kernels
+}  // namespace fusekit::bias_act_dropout::kernels
