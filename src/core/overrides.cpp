@@ -12,6 +12,14 @@ namespace {
 // One row per key, grouped by family. A key that no code reads does not belong here.
 const std::vector<OverrideKey> kOverrideKeys = {
     // Filled in by the op families.
+    // linear (bias_act_dropout reads none)
+    {"linear.autotune", "on|off",
+     "time cuBLASLt's GEMM algorithms and the forward paths on a problem's first call (default on)"},
+    {"linear.autotune_log", "on|off", "print every timed autotuning candidate to stderr (default off)"},
+    {"linear.backward.dz", "separate|in_dgrad",
+     "how the backward forms dz: one elementwise pass, or inside the dx GEMM where it can"},
+    {"linear.backward.dz_first_rows", "0..2147483647",
+     "rows the in_dgrad route forms with the elementwise pass before its kernel (multiple of 128)"},
 };
 
 struct State {
