@@ -39,7 +39,7 @@ if has test; then
   # One run per op family, line-buffered, each with its own time limit, so that a slow or hung
   # family cannot hide the others' results.
   : >"$OUT/tests.log"
-  for suite in ${TEST_SUITES:-"Philox*:TensorView*:DType*:Error*:Runtime*:Activation*:LaunchTuning*" "Norm*" "Dropout*" "Linear*" "Fp8Norm*" "Attention*"}; do
+  for suite in ${TEST_SUITES:-"Philox*:TensorView*:DType*:Error*:Runtime*:Activation*:LaunchTuning*" "Norm*" "BiasActDropout*" "Linear*" "Fp8Norm*" "Attention*"}; do
     start=$(date +%s)
     before=$(wc -l <"$OUT/tests.log")
     timeout "${TEST_TIMEOUT:-300}" stdbuf -oL "$BUILD/fusekit_tests" --gtest_filter="$suite" >>"$OUT/tests.log" 2>&1

@@ -1,6 +1,6 @@
-// Fused bias + activation + dropout bindings. BiasActDropoutConfig is flattened into its fields
-// (activation, p, seed, offset, slope) in the C++ argument position; outputs and workspace are
-// arrays the caller allocates.
+// Fused bias + activation + dropout bindings (fusekit/bias_act_dropout.h). BiasActDropoutConfig is
+// flattened into its fields (activation, p, seed, offset, slope) in the C++ argument position;
+// outputs and workspace are arrays the caller allocates.
 #include <nanobind/stl/string.h>
 
 #include <cmath>
@@ -8,7 +8,7 @@
 #include <string>
 
 #include "bindings.h"
-#include "fusekit/fusekit.h"  // the bias_act_dropout entry points and the dropout mask
+#include "fusekit/bias_act_dropout.h"
 
 namespace fusekit::python {
 

@@ -22,6 +22,15 @@ const std::vector<OverrideKey> kOverrideKeys = {
     {"norm.backward.block", "128..512", "threads per block of the backward row kernels"},
     {"norm.backward.stages", "2..4", "deepest shared-memory ring of the backward (rows per row group)"},
     {"norm.backward.cluster", "1|2|4|8", "blocks per cluster pre-summing dweight and dbias (1: no clusters)"},
+    // Filled in by the op families.
+    // linear (bias_act_dropout reads none)
+    {"linear.autotune", "on|off",
+     "time cuBLASLt's GEMM algorithms and the forward paths on a problem's first call (default on)"},
+    {"linear.autotune_log", "on|off", "print every timed autotuning candidate to stderr (default off)"},
+    {"linear.backward.dz", "separate|in_dgrad",
+     "how the backward forms dz: one elementwise pass, or inside the dx GEMM where it can"},
+    {"linear.backward.dz_first_rows", "0..2147483647",
+     "rows the in_dgrad route forms with the elementwise pass before its kernel (multiple of 128)"},
 };
 
 struct State {

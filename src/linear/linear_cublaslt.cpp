@@ -4,15 +4,13 @@
 // workspace is a slice of the caller's workspace.
 //
 // Which algorithm: cuBLASLt's heuristic ranks its candidates without running them, and its first
-// choice is not always the fastest: timed in turns on an H200 (bf16), the dx GEMM of (M, K, N) =
-// (8192, 16384, 4096) ran 1694 us with the first candidate and 1579 us with the eighth, the
-// forward GEMMs 0-3.6% slower than their best candidate (session 19, performance-notes.md). So the
-// first call of a problem times the heuristic's top candidates on the caller's stream, with the
-// caller's buffers, and keeps the fastest (as cuDNN's benchmark mode and torch.compile's
-// max-autotune do). Tuning is
-// skipped while the stream is being captured into a CUDA graph (the first candidate runs and the
-// problem is tuned at its next uncaptured call) and when FUSEKIT_GEMM_AUTOTUNE=0, which keeps
-// the heuristic's first choice for runs that must pick the same algorithm on every machine.
+// choice is not always the fastest (up to 7% slower than its eighth on the dx GEMM; bench: linear
+// bwd (8192, 16384, 4096), H200). So the first call of a problem times the heuristic's top
+// candidates on the caller's stream, with the caller's buffers, and keeps the fastest (as cuDNN's
+// benchmark mode and torch.compile's max-autotune do). Tuning is skipped while the stream is being
+// captured into a CUDA graph (the first candidate runs and the problem is tuned at its next
+// uncaptured call) and with the override linear.autotune=off (FUSEKIT_OVERRIDE), which keeps the
+// heuristic's first choice for runs that must pick the same algorithm on every machine.
 #include "linear/linear_cublaslt.h"
 
 #include <cublasLt.h>
@@ -33,24 +31,14 @@
 #include <vector>
 
 #include "core/cuda_check.h"
+#include "core/overrides.h"
 #include "fusekit/error.h"
 #include "linear/linear_paths.h"
 
 namespace fusekit::linear {
 
-namespace {
-std::atomic<int> g_autotune{-1};  // -1: as FUSEKIT_GEMM_AUTOTUNE says
-}  // namespace
-
-void set_autotune(bool enabled) { g_autotune = enabled ? 1 : 0; }
-
 bool autotune_enabled() {
-  static const bool from_environment = [] {
-    const char* v = std::getenv("FUSEKIT_GEMM_AUTOTUNE");
-    return !(v && v[0] == '0');
-  }();
-  const int forced = g_autotune.load();
-  return forced < 0 ? from_environment : forced != 0;
+  return detail::override_choice<bool>("linear.autotune", {{"on", true}, {"off", false}}).value_or(true);
 }
 
 namespace lt {
@@ -60,11 +48,7 @@ constexpr int kAutotuneCandidates = 8;
 constexpr int kAutotuneRounds = 5;  // timed rounds after one untimed warm-up round
 
 bool autotune_log() {
-  static const bool log = [] {
-    const char* v = std::getenv("FUSEKIT_GEMM_AUTOTUNE_LOG");
-    return v && v[0] == '1';
-  }();
-  return log;
+  return detail::override_choice<bool>("linear.autotune_log", {{"on", true}, {"off", false}}).value_or(false);
 }
 
 bool can_time_on(void* stream) {
@@ -145,7 +129,7 @@ std::uint32_t alignment_of(const void* p) {
 
 bool has_bias(Epilogue e) {
   return e == Epilogue::bias || e == Epilogue::relu_bias || e == Epilogue::gelu_bias ||
-         e == Epilogue::gelu_aux_bias || e == Epilogue::bgradb;
+         e == Epilogue::gelu_aux_bias;
 }
 bool has_aux(Epilogue e) { return e == Epilogue::gelu_aux || e == Epilogue::gelu_aux_bias; }
 
@@ -243,7 +227,7 @@ std::unique_ptr<Plan> make_plan(const char* op, const Key& key, const Gemm& g,
   const auto epilogue = static_cast<cublasLtEpilogue_t>(key.epilogue);
   set_desc(op, plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
   if (has_bias(key.epilogue)) {
-    const std::int32_t bias_type = type;  // bias and bias gradient in the tensors' dtype
+    const std::int32_t bias_type = type;  // bias in the tensors' dtype
     set_desc(op, plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type);
   }
   if (has_aux(key.epilogue)) set_desc(op, plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, key.ld_aux);

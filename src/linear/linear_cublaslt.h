@@ -25,7 +25,6 @@ enum class Epilogue : std::uint32_t {
   gelu_bias = 36,      // CUBLASLT_EPILOGUE_GELU_BIAS
   gelu_aux = 160,      // CUBLASLT_EPILOGUE_GELU_AUX: aux = AB (GELU input)
   gelu_aux_bias = 164, // CUBLASLT_EPILOGUE_GELU_AUX_BIAS: aux = AB + bias
-  bgradb = 512,        // CUBLASLT_EPILOGUE_BGRADB: bias gradient = sum of op(B) over k
 };
 
 struct Gemm {
@@ -38,7 +37,7 @@ struct Gemm {
   const void* a = nullptr;
   const void* b = nullptr;
   void* d = nullptr;
-  const void* bias = nullptr;  // bias (input) or bias gradient (output, bgradb)
+  const void* bias = nullptr;
   void* aux = nullptr;
 };
 
@@ -46,8 +45,8 @@ struct Gemm {
 // Hopper). It is part of linear_*_workspace_size().
 inline constexpr std::size_t kWorkspaceBytes = std::size_t(32) << 20;
 
-// With FUSEKIT_GEMM_AUTOTUNE_LOG=1 every timed candidate (GEMM algorithm or forward path) is
-// printed to stderr. Whether tuning happens at all: linear::autotune_enabled() (linear_paths.h).
+// With the override linear.autotune_log=on every timed candidate (GEMM algorithm or forward path)
+// is printed to stderr. Whether tuning happens at all: linear::autotune_enabled() (linear_paths.h).
 bool autotune_log();
 // Problems of fewer floating-point operations than this (2 m n k) are not timed: at ~700 TFLOP/s a
 // GEMM of 2^30 flops takes ~1.5 us, and its candidates differ by less than the timer's noise. A

@@ -25,8 +25,10 @@
 // activation none); both GEMMs read it. The pass (and the forming warps) also sum dz over rows, so
 // dbias costs no extra read of dz (a fixed-order sum of the blocks' partial rows finishes it:
 // deterministic). Without an activation the same kernel, not storing anything, sums dout. Both
-// beat cuBLASLt's BGRADB epilogue (dbias summed inside the dW GEMM), which slowed that GEMM by
-// more than the column sums cost; BGRADB stays selectable for comparisons (linear_paths.h).
+// beat cuBLASLt's BGRADB epilogue (dbias summed inside the dW GEMM), which slows that GEMM by
+// more than the column sums cost (bench: linear bwd none (8192, 4096, 16384), H200).
+//
+// Which path runs is chosen by linear_config.h; this file measures (autotuning) and launches.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -49,6 +51,8 @@
 #include "core/cuda_check.h"
 #include "core/device_info.h"
 #include "core/partial_rows.cuh"
+#include "core/overrides.h"
+#include "linear/linear_config.h"
 #include "linear/linear_cublaslt.h"
 #include "linear/linear_cutlass.h"
 #include "linear/linear_kernels.cuh"
@@ -92,34 +96,13 @@ const char* backward_path_name(BackwardPath path) {
 
 void set_backward_path_override(BackwardPath path) { BackwardChoice::force(path); }
 
-namespace {
-std::atomic<long long> g_first_rows_override{-1};
-}  // namespace
-void set_dz_in_dgrad_first_rows(long long rows) { g_first_rows_override = rows; }
 BackwardPath last_backward_path() { return BackwardChoice::last(); }
-
-namespace {
-// -1: not set by a test; then FUSEKIT_LINEAR_DBIAS=gemm or automatic.
-std::atomic<int> g_dbias_override{-1};
-}  // namespace
-
-void set_dbias_route_override(DbiasRoute route) { g_dbias_override = static_cast<int>(route); }
-
-DbiasRoute dbias_route() {
-  if (const int v = g_dbias_override.load(); v >= 0) return static_cast<DbiasRoute>(v);
-  static const DbiasRoute from_env = [] {
-    const char* v = std::getenv("FUSEKIT_LINEAR_DBIAS");
-    if (v && std::strcmp(v, "gemm") == 0) return DbiasRoute::gemm_epilogue;
-    return DbiasRoute::automatic;
-  }();
-  return from_env;
-}
 
 namespace {
 
 constexpr const char* kForwardOp = "linear_forward";
 constexpr const char* kBackwardOp = "linear_backward";
-constexpr int kThreads = 256;
+constexpr int kThreads = kElementwiseThreads;
 
 std::size_t round_up(std::size_t v, std::size_t a) { return (v + a - 1) / a * a; }
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
@@ -130,15 +113,6 @@ std::int64_t dz_row_stride(std::int64_t n) { return static_cast<std::int64_t>(ro
 
 std::size_t dz_bytes(std::int64_t m, std::int64_t n, DType dtype) {
   return round_up(static_cast<std::size_t>(m) * dz_row_stride(n) * dtype_size(dtype), 256);
-}
-
-// The column sums behind dbias run on a grid of about 1024 blocks of kThreads (one wave at full
-// occupancy on a 132-SM H100/H200), each block walking every dbias_slots-th row and leaving one
-// float32 partial row. The count depends on N and M only (not on the GPU), so dbias is summed in
-// the same order on every device; the partial rows take at most ~8 MB.
-int dbias_slots(std::int64_t m, std::int64_t n) {
-  const std::int64_t column_blocks = (n + 8 * kThreads - 1) / (8 * kThreads);
-  return static_cast<int>(std::clamp<std::int64_t>(1024 / column_blocks, 1, std::min<std::int64_t>(m, 65535)));
 }
 
 std::size_t partial_bytes(std::int64_t m, std::int64_t n) {
@@ -197,13 +171,9 @@ int vector_width(std::int64_t n, std::initializer_list<std::int64_t> strides,
   return kVec;
 }
 
-dim3 elementwise_grid(std::int64_t m, std::int64_t n, int vec, int device_index, const char* op) {
-  const std::int64_t chunks = (n + vec - 1) / vec;
-  const std::int64_t gx = (chunks + kThreads - 1) / kThreads;
-  // About 32 blocks per SM in total; each block walks rows with a stride of gridDim.y.
-  const std::int64_t target = std::int64_t(detail::device_info(op, device_index).sm_count) * 32;
-  const std::int64_t gy = std::clamp<std::int64_t>((target + gx - 1) / gx, 1, std::min<std::int64_t>(m, 65535));
-  return dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy));
+dim3 elementwise_dim3(std::int64_t m, std::int64_t n, int vec, int device_index, const char* op) {
+  const ElementwiseGrid g = elementwise_grid(m, n, vec, detail::device_info(op, device_index).sm_count);
+  return dim3(static_cast<unsigned>(g.gx), static_cast<unsigned>(g.gy));
 }
 
 void launch_activation(const char* op, DType dtype, Activation act, const void* z, std::int64_t ldz,
@@ -212,7 +182,7 @@ void launch_activation(const char* op, DType dtype, Activation act, const void* 
   dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     const int vec = vector_width<T>(n, {ldz, ldpre, ldy}, {z, pre, y, bias});
-    const dim3 grid = elementwise_grid(m, n, vec, device_index, op);
+    const dim3 grid = elementwise_dim3(m, n, vec, device_index, op);
     const kernels::Rows rows{m, n};
     dispatch_activation(act, [&](auto a) {
       constexpr Activation A = decltype(a)::value;
@@ -225,10 +195,9 @@ void launch_activation(const char* op, DType dtype, Activation act, const void* 
   detail::check_launch(op, "activation_kernel");
 }
 
-// Rows of 16-byte chunks each thread of the dz pass loads before it computes any. Two took the
-// transcendental activations from latency-bound to nearly memory-bound (Nsight, (8192, 4096,
-// 16384) bf16, H200, session 27, us for one row / two / four: gelu_erf 234 / 218 / 240, silu 239
-// / 210 / 201, relu 195 / 198 / 197: four cost gelu_erf registers).
+// Rows of 16-byte chunks each thread of the dz pass loads before it computes any. Two take the
+// transcendental activations from latency-bound to nearly memory-bound; four cost gelu_erf
+// registers (bench: linear bwd gelu_erf, silu (8192, 4096, 16384), H200).
 constexpr int kDzRowsInFlight = 2;
 
 // dz = dout * act'(pre) into `dz` (null: not stored), and, with `dbias` set, dbias = the column
@@ -242,12 +211,11 @@ void launch_dz(const char* op, DType dtype, Activation act, const void* dout, st
   dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     const int vec = vector_width<T>(n, {lddout, ldpre, dz ? lddz : 0}, {dout, pre, dz});
-    dim3 grid = elementwise_grid(m, n, vec, device_index, op);
+    dim3 grid = elementwise_dim3(m, n, vec, device_index, op);
     if (partial) grid.y = static_cast<unsigned>(dbias_slots(m, n));
     // The row's chunks split evenly over the grid's column blocks (whole warps): with kThreads per
-    // block, N = 12296 gave six full blocks and a seventh with one busy thread.
-    const std::int64_t chunks = (n + vec - 1) / vec;
-    const int threads = static_cast<int>(round_up(static_cast<std::size_t>((chunks + grid.x - 1) / grid.x), 32));
+    // block, N = 12296 would give six full blocks and a seventh with one busy thread.
+    const int threads = dz_pass_threads(n, vec, grid.x);
     const kernels::Rows rows{m, n};
     dispatch_activation(act, [&](auto a) {
       constexpr Activation A = decltype(a)::value;
@@ -256,21 +224,20 @@ void launch_dz(const char* op, DType dtype, Activation act, const void* dout, st
         kernel<<<grid, threads, 0, stream>>>(static_cast<const T*>(dout), lddout, static_cast<const T*>(pre),
                                              ldpre, static_cast<T*>(dz), lddz, partial, rows);
       };
-      auto with_width = [&](auto write_dz, auto sums) {
-        constexpr bool kWrite = decltype(write_dz)::value, kSums = decltype(sums)::value;
-        if (vec == 1) launch(kernels::dz_kernel<T, A, 1, kWrite, kSums, 1>);
-        else launch(kernels::dz_kernel<T, A, kVec, kWrite, kSums, kDzRowsInFlight>);
+      auto with_width = [&](auto outputs) {
+        constexpr kernels::DzOutputs kOut = decltype(outputs)::value;
+        if (vec == 1) launch(kernels::dz_kernel<T, A, 1, kOut, 1>);
+        else launch(kernels::dz_kernel<T, A, kVec, kOut, kDzRowsInFlight>);
       };
-      using Yes = std::true_type;
-      using No = std::false_type;
+      using kernels::DzOutputs;
       if constexpr (A == Activation::none) {
-        if (partial) with_width(No{}, Yes{});
+        if (partial) with_width(std::integral_constant<DzOutputs, DzOutputs::sums>{});
       } else if (dz && partial) {
-        with_width(Yes{}, Yes{});
+        with_width(std::integral_constant<DzOutputs, DzOutputs::dz_and_sums>{});
       } else if (dz) {
-        with_width(Yes{}, No{});
+        with_width(std::integral_constant<DzOutputs, DzOutputs::dz>{});
       } else if (partial) {
-        with_width(No{}, Yes{});
+        with_width(std::integral_constant<DzOutputs, DzOutputs::sums>{});
       }
     });
   });
@@ -295,68 +262,6 @@ void zero_rows(const char* op, void* data, std::int64_t rows, std::int64_t cols,
 }
 
 // ---- forward -------------------------------------------------------------------------------
-
-// The cuBLASLt epilogue that computes this forward in one GEMM, if there is one.
-bool cublaslt_epilogue_for(const ForwardParams& p, lt::Epilogue* e) {
-  const bool b = p.bias != nullptr;
-  switch (p.activation) {
-    case Activation::none:
-      if (p.pre) return false;
-      *e = b ? lt::Epilogue::bias : lt::Epilogue::none;
-      return true;
-    case Activation::relu:
-      if (p.pre) return false;  // cuBLASLt's relu aux is a bit-mask, not the pre-activation
-      *e = b ? lt::Epilogue::relu_bias : lt::Epilogue::relu;
-      return true;
-    case Activation::gelu_tanh:
-      if (!p.pre) {
-        *e = b ? lt::Epilogue::gelu_bias : lt::Epilogue::gelu;
-        return true;
-      }
-      // The aux leading dimension must be a multiple of 8 (cublasLt.h, EPILOGUE_AUX_LD).
-      if (p.ldpre % 8 != 0 || !aligned16(p.pre)) return false;
-      *e = b ? lt::Epilogue::gelu_aux_bias : lt::Epilogue::gelu_aux;
-      return true;
-    default: return false;
-  }
-}
-
-bool cutlass_eligible(const ForwardParams& p) {
-  if (p.dtype != DType::f16 && p.dtype != DType::bf16) return false;
-  constexpr std::int64_t a = sm90::kFusedAlignmentElements;
-  if (p.k % a || p.n % a || p.ldx % a || p.ldw % a || p.ldy % a) return false;
-  if (p.pre && p.ldpre % a) return false;
-  for (const void* ptr : {p.x, p.w, p.bias, static_cast<const void*>(p.y), static_cast<const void*>(p.pre)})
-    if (ptr && !aligned16(ptr)) return false;
-  return true;
-}
-
-ForwardPath choose_forward_path(const ForwardParams& p, lt::Epilogue* e) {
-  const bool lt_ok = cublaslt_epilogue_for(p, e);
-  switch (forward_path_override()) {
-    case ForwardPath::cublaslt_epilogue:
-      if (lt_ok) return ForwardPath::cublaslt_epilogue;
-      break;
-    case ForwardPath::cutlass_fused:
-      if (cutlass_eligible(p)) return ForwardPath::cutlass_fused;
-      break;
-    case ForwardPath::unfused: return ForwardPath::unfused;
-    default: break;
-  }
-  if (p.dtype == DType::f32) {
-    // f32: plain float32 GEMMs. Only the exact epilogues (bias, relu) are fused: cuBLASLt's gelu
-    // is not promised to be accurate to float32 resolution, the elementwise kernel is.
-    const bool exact = p.activation == Activation::none || p.activation == Activation::relu;
-    return (lt_ok && exact) ? ForwardPath::cublaslt_epilogue : ForwardPath::unfused;
-  }
-  // gelu_tanh: the CUTLASS epilogue (sigmoid form, one ex2 and one rcp per element) stays within
-  // the plain GEMM's time where cuBLASLt's GELU / GELU_AUX epilogues ran 3-11% over it (H200,
-  // session 5, performance-notes.md). The other cuBLASLt epilogues (bias, relu) are kept.
-  if (p.activation == Activation::gelu_tanh && cutlass_eligible(p)) return ForwardPath::cutlass_fused;
-  if (lt_ok) return ForwardPath::cublaslt_epilogue;
-  if (cutlass_eligible(p)) return ForwardPath::cutlass_fused;
-  return ForwardPath::unfused;
-}
 
 // One column-major operand of a cuBLASLt GEMM: its data, leading dimension and whether the GEMM
 // reads it transposed.
@@ -428,18 +333,9 @@ lt::Gemm dx_gemm(const BackwardParams& p, const void* dz, std::int64_t lddz) {
                            p.lddx);
 }
 
-// dW^T (K x N) = x^T (K x M) * dz (op T of the N x M column-major view of dz); BGRADB sums
-// op(B) = dz over the GEMM's k = M: exactly dbias.
-constexpr std::int64_t kMinKForFusedDbias = 64;
-
-lt::Gemm dw_gemm(const BackwardParams& p, const void* dz, std::int64_t lddz, bool with_dbias) {
-  lt::Gemm g = column_major_gemm(p.dtype, p.k, p.n, p.m, {p.x, p.ldx, false}, {dz, lddz, true},
-                                 p.dw, p.lddw);
-  if (with_dbias) {
-    g.epilogue = lt::Epilogue::bgradb;
-    g.bias = p.dbias;
-  }
-  return g;
+// dW^T (K x N) = x^T (K x M) * dz (op T of the N x M column-major view of dz).
+lt::Gemm dw_gemm(const BackwardParams& p, const void* dz, std::int64_t lddz) {
+  return column_major_gemm(p.dtype, p.k, p.n, p.m, {p.x, p.ldx, false}, {dz, lddz, true}, p.dw, p.lddw);
 }
 
 ForwardPath run_forward_path(const ForwardParams& p, ForwardPath path, lt::Epilogue epilogue,
@@ -450,9 +346,9 @@ ForwardPath run_forward_path(const ForwardParams& p, ForwardPath path, lt::Epilo
 // For the activations cuBLASLt cannot fuse (and gelu_tanh, where its epilogue is slow), two or
 // three paths compute the same forward: the fused CUTLASS kernel, cuBLASLt's epilogue, and the
 // tuned cuBLASLt GEMM followed by the elementwise activation. Which is fastest depends on the
-// shape: the CUTLASS kernel's one tile configuration ran 1762 us at (8192, 16384, 4096) where
-// cuBLASLt's best algorithm took 1412 us plus 35 us for the separate activation (H200, session
-// 19). So, like the GEMM algorithms (linear_cublaslt.cpp), the first call of a problem times the
+// shape: the CUTLASS kernel's one tile configuration loses ~20% to cuBLASLt's best algorithm plus
+// the separate activation at (8192, 16384, 4096) (bench: linear fwd silu, H200). So, like the GEMM
+// algorithms (linear_cublaslt.cpp), the first call of a problem times the
 // candidate paths on the caller's stream and buffers and keeps the fastest for the process.
 
 struct ForwardKey {
@@ -493,37 +389,17 @@ ForwardPathCache& forward_path_cache() {
   return *c;
 }
 
-// The paths worth timing for this call, best guess first; fewer than two means nothing to tune.
-// f32 keeps its exact-epilogue rule (choose_forward_path); bias / relu through cuBLASLt's own
-// epilogue cost the plain GEMM and are not timed against slower paths.
-std::vector<ForwardPath> forward_candidates(const ForwardParams& p, lt::Epilogue epilogue,
-                                            ForwardPath guess) {
-  std::vector<ForwardPath> c;
-  if (p.dtype == DType::f32) return c;
-  const bool lt_ok = cublaslt_epilogue_for(p, &epilogue);
-  if (lt_ok && (p.activation == Activation::none || p.activation == Activation::relu)) return c;
-  c.push_back(guess);
-  auto add = [&c](ForwardPath path) {
-    if (std::find(c.begin(), c.end(), path) == c.end()) c.push_back(path);
-  };
-  if (cutlass_eligible(p)) add(ForwardPath::cutlass_fused);
-  if (lt_ok) add(ForwardPath::cublaslt_epilogue);
-  add(ForwardPath::unfused);
-  return c;
-}
-
-ForwardPath tuned_forward_path(const ForwardParams& p, lt::Epilogue epilogue, ForwardPath guess,
-                               int device_index, cudaStream_t stream) {
-  if (!autotune_enabled() || 2.0 * double(p.m) * double(p.n) * double(p.k) < lt::kMinTimedFlops) return guess;
+ForwardPath tuned_forward_path(const ForwardParams& p, const ForwardProblem& problem, lt::Epilogue epilogue,
+                               ForwardPath guess, int device_index, cudaStream_t stream) {
+  if (!timed_problem(p.m, p.n, p.k, autotune_enabled())) return guess;
   ForwardKey key;
   key.device = device_index;
   key.dtype = p.dtype;
   key.activation = p.activation;
   key.bias = p.bias != nullptr;
   key.pre = p.pre != nullptr;
-  key.cutlass_ok = cutlass_eligible(p);
-  lt::Epilogue unused = lt::Epilogue::none;
-  key.lt_ok = cublaslt_epilogue_for(p, &unused);
+  key.cutlass_ok = problem.cutlass_ok;
+  key.lt_ok = cublaslt_epilogue(problem).has_value();
   key.m = p.m;
   key.n = p.n;
   key.k = p.k;
@@ -538,7 +414,7 @@ ForwardPath tuned_forward_path(const ForwardParams& p, lt::Epilogue epilogue, Fo
     auto it = cache.paths.find(key);
     if (it != cache.paths.end()) return it->second;
   }
-  const std::vector<ForwardPath> candidates = forward_candidates(p, epilogue, guess);
+  const std::vector<ForwardPath> candidates = forward_candidates(problem, guess);
   if (candidates.size() < 2) {
     // Nothing to time: the rule's choice is final, and remembered so that the next call of this
     // problem costs one lookup instead of rebuilding its candidates.
@@ -600,10 +476,11 @@ void forward_cuda(const ForwardParams& p, int device_index, Stream stream_handle
     record_forward_path(ForwardPath::trivial);
     return;
   }
-  lt::Epilogue epilogue = lt::Epilogue::none;
-  ForwardPath path = choose_forward_path(p, &epilogue);
-  if (forward_path_override() == ForwardPath::automatic)
-    path = tuned_forward_path(p, epilogue, path, device_index, stream);
+  const ForwardProblem problem = forward_problem(p);
+  const lt::Epilogue epilogue = cublaslt_epilogue(problem).value_or(lt::Epilogue::none);
+  const ForwardPath forced = forward_path_override();
+  ForwardPath path = choose_forward_path(problem, forced);
+  if (forced == ForwardPath::automatic) path = tuned_forward_path(p, problem, epilogue, path, device_index, stream);
   record_forward_path(run_forward_path(p, path, epilogue, device_index, stream));
 }
 
@@ -644,69 +521,13 @@ ForwardPath run_forward_path(const ForwardParams& p, ForwardPath path, lt::Epilo
 
 namespace {
 
-// The dz-in-dgrad path needs what the CUTLASS kernel's TMA needs (16-byte aligned rows: N, K and
-// every leading dimension a multiple of 8 elements) and the forming warps' 16-byte vectors
-// (dout and pre rows, N a multiple of 8), in a 16-bit dtype; and dx, whose GEMM it is.
-bool dz_in_dgrad_eligible(const BackwardParams& p) {
-  if (p.dtype != DType::f16 && p.dtype != DType::bf16) return false;
-  if (p.activation == Activation::none || !p.dx) return false;
-  constexpr std::int64_t a = sm90::kFusedAlignmentElements;
-  if (p.n % a || p.k % a || p.lddout % a || p.ldpre % a || p.ldw % a || p.lddx % a) return false;
-  for (const void* ptr : {p.dout, p.pre, p.w, static_cast<const void*>(p.dx)})
-    if (!aligned16(ptr)) return false;
-  constexpr std::int64_t kIntLimit = INT_MAX / 2;
-  return p.m <= kIntLimit && p.n <= kIntLimit && p.k <= kIntLimit;
-}
-
-// Automatic: the dz-in-dgrad path for GEMMs of at least 2^36 flops whose K (the dx GEMM's output
-// columns) is at most 6144. The separate dz pass costs about 6 M N bytes against 4 M N K flops,
-// i.e. a share of the backward that falls as 1 / K; the CUTLASS dx GEMM has to win it back against
-// cuBLAS's. Measured on an H200 (session 32, backward over the two plain GEMMs, dz inside /
-// separate): K = 4096 at (8191, 4096, 12296) 1.036-1.041 / 1.060-1.082, at (8192, 4096, 16384)
-// 0.998-1.002 / 1.032-1.064; K = 8192 at (16384, 8192, 8192) 0.995-1.004 / 0.981-0.987; K = 16384
-// at (8192, 16384, 4096) 1.020-1.029 / 0.968-0.974. Below 2^36 flops the pass is short and the
-// cuBLASLt GEMMs are tuned per shape. FUSEKIT_LINEAR_DGRAD=separate / inside overrides both rules
-// (benchmarks); a test's override comes first.
-constexpr double kMinDzInDgradFlops = 68719476736.0;  // 2^36
-constexpr std::int64_t kMaxDzInDgradK = 6144;
-
-bool choose_dz_in_dgrad(const BackwardParams& p) {
-  if (!dz_in_dgrad_eligible(p)) return false;
-  const BackwardPath forced = BackwardChoice::forced();
-  if (forced == BackwardPath::dz_in_dgrad) return true;
-  if (forced == BackwardPath::separate_dz) return false;
-  static const int from_env = [] {
-    const char* v = std::getenv("FUSEKIT_LINEAR_DGRAD");
-    if (v && std::strcmp(v, "separate") == 0) return 0;
-    if (v && std::strcmp(v, "inside") == 0) return 1;
-    return -1;
-  }();
-  if (from_env >= 0) return from_env == 1;
-  return p.k <= kMaxDzInDgradK &&
-         2.0 * static_cast<double>(p.m) * static_cast<double>(p.n) * static_cast<double>(p.k) >= kMinDzInDgradFlops;
-}
-
-// Rows the elementwise pass forms before the kernel: the 128-row blocks that the first wave of
-// output tiles (one per SM, 128 x 256, rastered along the dx columns) covers entirely, which
-// would otherwise wait at once for units no warp has formed yet. Measured at (8191, 4096, 12296)
-// (H200, session 32): 0 / 1024 / 2048 rows (1024 is this rule there) 1.057-1.060 / 1.040 / 1.042x
-// the plain GEMMs with relu. FUSEKIT_LINEAR_DGRAD_FIRST_ROWS (a multiple of 128) overrides it,
-// as a benchmark knob; set_dz_in_dgrad_first_rows (tests) before that.
-std::int64_t dz_in_dgrad_first_row(const BackwardParams& p, int sm_count) {
-  constexpr std::int64_t kTile = 128, kTileColumns = 256;
-  const std::int64_t tiles_per_row = (p.k + kTileColumns - 1) / kTileColumns;
-  std::int64_t blocks = std::max<std::int64_t>(2, sm_count / tiles_per_row);
-  if (const char* v = std::getenv("FUSEKIT_LINEAR_DGRAD_FIRST_ROWS")) blocks = std::atoll(v) / kTile;
-  if (const long long forced = g_first_rows_override.load(); forced >= 0) blocks = forced / kTile;
-  return std::min(blocks * kTile, p.m / kTile * kTile);
-}
-
-void backward_dz_in_dgrad(const BackwardParams& p, void* dz_buffer, float* partial, DbiasRoute route,
+// dz formed inside the dx GEMM (linear_dgrad_sm90.cuh), its first `first_row` rows by the
+// elementwise pass; dbias from both parts' partial rows.
+void backward_dz_in_dgrad(const BackwardParams& p, void* dz_buffer, float* partial, std::int64_t first_row,
                           int device_index, cudaStream_t stream) {
   const std::int64_t lddz = dz_row_stride(p.n);
-  const bool sums = p.dbias && route == DbiasRoute::automatic;
+  const bool sums = p.dbias != nullptr;
   const int sm_count = detail::device_info(kBackwardOp, device_index).sm_count;
-  const std::int64_t first_row = dz_in_dgrad_first_row(p, sm_count);
   int pre_slots = 0;
   if (first_row > 0) {
     launch_dz(kBackwardOp, p.dtype, p.activation, p.dout, p.lddout, p.pre, p.ldpre, dz_buffer, lddz,
@@ -746,14 +567,8 @@ void backward_dz_in_dgrad(const BackwardParams& p, void* dz_buffer, float* parti
   if (p.dtype == DType::bf16) sm90::dgrad_forming_bf16(kBackwardOp, a, stream);
   else sm90::dgrad_forming_f16(kBackwardOp, a, stream);
 
-  bool dbias_done = sums || !p.dbias;
-  if (p.dw) {
-    const bool fuse_dbias = !dbias_done && p.k >= kMinKForFusedDbias;
-    if (fuse_dbias && lt::run(kBackwardOp, dw_gemm(p, dz_buffer, lddz, true), device_index, p.workspace, stream))
-      dbias_done = true;
-    else if (!lt::run(kBackwardOp, dw_gemm(p, dz_buffer, lddz, false), device_index, p.workspace, stream))
-      no_algorithm(kBackwardOp, "the dW", p);
-  }
+  if (p.dw && !lt::run(kBackwardOp, dw_gemm(p, dz_buffer, lddz), device_index, p.workspace, stream))
+    no_algorithm(kBackwardOp, "the dW", p);
   if (sums) {
     dispatch_dtype(p.dtype, [&](auto tag) {
       using T = decltype(tag);
@@ -761,9 +576,6 @@ void backward_dz_in_dgrad(const BackwardParams& p, void* dz_buffer, float* parti
                                               static_cast<T*>(p.dbias), stream, kBackwardOp,
                                               "dbias partial-row sum kernel");
     });
-  } else if (!dbias_done) {
-    launch_dz(kBackwardOp, p.dtype, Activation::none, dz_buffer, lddz, nullptr, 0, nullptr, 0, p.dbias, partial,
-              p.m, p.n, device_index, stream);
   }
 }
 
@@ -790,49 +602,34 @@ void backward_cuda(const BackwardParams& p, int device_index, Stream stream_hand
     return;
   }
 
-  // With an activation dz is formed here, and its pass sums dbias on the way; without one, the
-  // column-sum kernel sums dout after the GEMMs. cuBLASLt's BGRADB epilogue on the dW GEMM only
-  // when a comparison asks for it (dbias_route()): it cost more than the column sums with and
-  // without an activation (H200, session 27: (8192, 4096, 16384) none 1.014-1.026x the plain
-  // GEMMs with BGRADB, 0.992-0.995x with the column sums).
-  const void* dz = p.dout;
-  std::int64_t lddz = p.lddout;
-  const bool materialize_dz = p.activation != Activation::none && (p.dx || p.dw);
-  const DbiasRoute route = dbias_route();
-  BackwardChoice::record(materialize_dz ? BackwardPath::separate_dz : BackwardPath::no_dz);
-  if (materialize_dz && choose_dz_in_dgrad(p)) {
-    backward_dz_in_dgrad(p, dz_buffer, partial, route, device_index, stream);
-    BackwardChoice::record(BackwardPath::dz_in_dgrad);
+  // With an activation dz is formed here (inside the dx GEMM or by the elementwise pass), and its
+  // pass sums dbias on the way; without one, the column-sum kernel sums dout after the GEMMs.
+  const BackwardPlan plan =
+      choose_backward(backward_problem(p), detail::device_info(kBackwardOp, device_index),
+                      BackwardChoice::requested("linear.backward.dz", {{"separate", BackwardPath::separate_dz},
+                                                                       {"in_dgrad", BackwardPath::dz_in_dgrad}}),
+                      detail::override_int("linear.backward.dz_first_rows", 0, INT_MAX));
+  BackwardChoice::record(plan.path);
+  if (plan.path == BackwardPath::dz_in_dgrad) {
+    backward_dz_in_dgrad(p, dz_buffer, partial, plan.first_rows, device_index, stream);
     return;
   }
-  const bool sums_in_dz_pass = materialize_dz && route == DbiasRoute::automatic;
+  const void* dz = p.dout;
+  std::int64_t lddz = p.lddout;
+  const bool materialize_dz = plan.path == BackwardPath::separate_dz;
   if (materialize_dz) {
     lddz = dz_row_stride(p.n);
-    launch_dz(kBackwardOp, p.dtype, p.activation, p.dout, p.lddout, p.pre, p.ldpre, dz_buffer, lddz,
-              sums_in_dz_pass ? p.dbias : nullptr, partial, p.m, p.n, device_index, stream);
+    launch_dz(kBackwardOp, p.dtype, p.activation, p.dout, p.lddout, p.pre, p.ldpre, dz_buffer, lddz, p.dbias,
+              partial, p.m, p.n, device_index, stream);
     dz = dz_buffer;
   }
-  bool dbias_done = sums_in_dz_pass || !p.dbias;
   if (p.dx && !lt::run(kBackwardOp, dx_gemm(p, dz, lddz), device_index, p.workspace, stream))
     no_algorithm(kBackwardOp, "the dx", p);
-  if (p.dw) {
-    // BGRADB only where K (the dW GEMM's m) is not tiny: with K = 1 in f16, cuBLASLt returned an
-    // algorithm whose dbias came back non-finite (999 of 1000 columns, H200, CUDA 13.0), and
-    // for small K the separate column sum costs no more than the GEMM's own read of dz.
-    const bool fuse_dbias = !dbias_done && p.k >= kMinKForFusedDbias && route == DbiasRoute::gemm_epilogue;
-    if (fuse_dbias && lt::run(kBackwardOp, dw_gemm(p, dz, lddz, true), device_index, p.workspace, stream))
-      dbias_done = true;
-    else if (!lt::run(kBackwardOp, dw_gemm(p, dz, lddz, false), device_index, p.workspace, stream))
-      no_algorithm(kBackwardOp, "the dW", p);
-  }
-  if (!dbias_done) {
-    if (materialize_dz)
-      launch_dz(kBackwardOp, p.dtype, Activation::none, dz, lddz, nullptr, 0, nullptr, 0, p.dbias, partial,
-                p.m, p.n, device_index, stream);
-    else
-      launch_dz(kBackwardOp, p.dtype, p.activation, p.dout, p.lddout, p.pre, p.ldpre, nullptr, 0, p.dbias,
-                partial, p.m, p.n, device_index, stream);
-  }
+  if (p.dw && !lt::run(kBackwardOp, dw_gemm(p, dz, lddz), device_index, p.workspace, stream))
+    no_algorithm(kBackwardOp, "the dW", p);
+  if (p.dbias && !materialize_dz)
+    launch_dz(kBackwardOp, p.dtype, p.activation, p.dout, p.lddout, p.pre, p.ldpre, nullptr, 0, p.dbias, partial,
+              p.m, p.n, device_index, stream);
 }
 
 }  // namespace fusekit::linear

@@ -28,7 +28,6 @@
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
 #include <cutlass/kernel_hardware_info.h>
 
-#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -81,7 +80,10 @@ struct EpilogueActivation<cutlass::Array<T, N>> {
   }
 };
 
-template <typename Element, bool kStorePre>
+// Whether the kernel also stores the pre-activation (x W^T + bias) as CUTLASS's aux output.
+enum class PreActivation { skip, store };
+
+template <typename Element, PreActivation kPre>
 struct FusedGemm {
   using Accumulator = float;
   using Compute = float;
@@ -96,7 +98,7 @@ struct FusedGemm {
   using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized;
 
   using FusionOp = std::conditional_t<
-      kStorePre,
+      kPre == PreActivation::store,
       cutlass::epilogue::fusion::LinCombPerColBiasEltActAux<
           cutlass::layout::RowMajor, EpilogueActivation, Element, Compute, /*aux*/ Element,
           /*bias*/ Element, /*source*/ void, /*scalar*/ Compute>,
@@ -126,40 +128,18 @@ struct FusedGemm {
 
 inline const char* cutlass_status_name(cutlass::Status s) { return cutlassGetStatusString(s); }
 
-// Tile order of the persistent scheduler. Consecutive tiles are grouped in strips `swizzle` tiles
+// Tile order of the persistent scheduler. Consecutive tiles are grouped in strips kSwizzle tiles
 // wide so that the x and W tiles one wave of CTAs reads stay in L2: without it, a wave over
-// 8192 x 16384 with K = 4096 streams all of x from DRAM per column pair (~2.4 TB/s, more than the
-// math leaves). Strips 2 tiles wide, rastered along N: measured on the H200 against the plain
-// cuBLAS GEMM (interleaved timing), the previous default (8, CUTLASS's heuristic raster) was 13-15%
-// slower than plain at (M, K, N) = (8191, 4096, 12296) and 4-6% faster at the power-of-two
-// shapes; (2, N) is within +-2.5% of plain at all four benchmark shapes, and 4-5% faster at two.
-// FUSEKIT_LINEAR_SWIZZLE (1, 2, 4 or 8) and FUSEKIT_LINEAR_RASTER (m or n) override the
-// defaults, as benchmark knobs.
-struct SchedulerChoice {
-  int swizzle = 2;
-  cutlass::gemm::kernel::detail::RasterOrderOptions raster =
-      cutlass::gemm::kernel::detail::RasterOrderOptions::AlongN;
-};
+// 8192 x 16384 with K = 4096 streams all of x from DRAM per column pair. Strips 2 tiles wide,
+// rastered along N, are within +-2.5% of the plain cuBLAS GEMM at every linear benchmark shape,
+// where CUTLASS's heuristic raster with strips of 8 was 13-15% slower at (8191, 4096, 12296)
+// (bench: linear fwd gelu_tanh, H200).
+inline constexpr int kSwizzle = 2;
+inline constexpr auto kRaster = cutlass::gemm::kernel::detail::RasterOrderOptions::AlongN;
 
-inline const SchedulerChoice& scheduler_choice() {
-  static const SchedulerChoice choice = [] {
-    SchedulerChoice c;
-    if (const char* s = std::getenv("FUSEKIT_LINEAR_SWIZZLE")) {
-      const int v = std::atoi(s);
-      if (v == 1 || v == 2 || v == 4 || v == 8) c.swizzle = v;
-    }
-    if (const char* r = std::getenv("FUSEKIT_LINEAR_RASTER")) {
-      if (r[0] == 'm') c.raster = cutlass::gemm::kernel::detail::RasterOrderOptions::AlongM;
-      if (r[0] == 'n') c.raster = cutlass::gemm::kernel::detail::RasterOrderOptions::AlongN;
-    }
-    return c;
-  }();
-  return choice;
-}
-
-template <typename Element, bool kStorePre>
+template <typename Element, PreActivation kPre>
 void run_fused(const char* op, const FusedForwardArgs& a, void* stream) {
-  using G = FusedGemm<Element, kStorePre>;
+  using G = FusedGemm<Element, kPre>;
   using Gemm = typename G::Gemm;
   using StrideA = typename Gemm::GemmKernel::StrideA;
   using StrideB = typename Gemm::GemmKernel::StrideB;
@@ -188,14 +168,14 @@ void run_fused(const char* op, const FusedForwardArgs& a, void* stream) {
   fusion.beta = 0.0f;
   fusion.bias_ptr = static_cast<const Element*>(a.bias);  // null: bias of zeros
   fusion.activation.activation = static_cast<int>(a.activation);
-  if constexpr (kStorePre) {
+  if constexpr (kPre == PreActivation::store) {
     fusion.aux_ptr = static_cast<Element*>(a.pre);
     fusion.dAux = {a.ldpre, cute::Int<1>{}, a.ldpre * a.m};
   }
   args.hw_info.device_id = a.device_index;
   args.hw_info.sm_count = a.sm_count;
-  args.scheduler.max_swizzle_size = scheduler_choice().swizzle;
-  args.scheduler.raster_order = scheduler_choice().raster;
+  args.scheduler.max_swizzle_size = kSwizzle;
+  args.scheduler.raster_order = kRaster;
 
   Gemm gemm;
   cutlass::Status status = gemm.can_implement(args);
@@ -223,8 +203,8 @@ void run_fused(const char* op, const FusedForwardArgs& a, void* stream) {
 
 template <typename Element>
 void fused_forward(const char* op, const FusedForwardArgs& a, void* stream) {
-  if (a.pre) run_fused<Element, true>(op, a, stream);
-  else run_fused<Element, false>(op, a, stream);
+  if (a.pre) run_fused<Element, PreActivation::store>(op, a, stream);
+  else run_fused<Element, PreActivation::skip>(op, a, stream);
 }
 
 }  // namespace fusekit::linear::sm90

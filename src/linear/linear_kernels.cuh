@@ -81,20 +81,25 @@ __global__ void activation_kernel(const T* z, std::int64_t ldz,  // may be y its
 }
 
 // dz = dout * act'(pre), and/or the column sums of dz that make dbias.
-// WRITE_DZ: store dz (the input of both backward GEMMs). A == none without WRITE_DZ sums dout
-// itself (the bias gradient of a linear layer without activation).
-// SUMS: each thread also adds up its VEC columns of dz over the rows it walks (blockIdx.y, then
+// What the dz pass writes: dz (the input of both backward GEMMs), the column sums of dz, or both.
+// A == none only sums (dout itself: the bias gradient of a linear layer without activation).
+enum class DzOutputs { dz, dz_and_sums, sums };
+
+// Storing dz: OUT is dz or dz_and_sums.
+// Sums (OUT is sums or dz_and_sums): each thread also adds up its VEC columns of dz over the rows it walks (blockIdx.y, then
 // every gridDim.y-th row) and writes them to partial row blockIdx.y of `partial` (gridDim.y rows
 // of rows.n floats); sum_partial_rows_kernel then adds the partial rows in a fixed order. The sums
 // are of dz as stored (rounded to T), the values the GEMMs read, and cost no extra memory pass:
-// cuBLASLt's BGRADB epilogue, which sums them inside the dW GEMM instead, made that GEMM ~3%
-// slower at (8192, 4096, 16384) (H200, sessions 19 and 27).
+// cuBLASLt's BGRADB epilogue, which sums them inside the dW GEMM instead, makes that GEMM ~3%
+// slower (bench: linear bwd (8192, 4096, 16384), H200).
 // ROWS: rows loaded before any is computed, so that each thread has ROWS x 2 loads in flight
 // while the derivative's math runs (kDzRowsInFlight in linear_cuda.cu).
-template <typename T, Activation A, int VEC, bool WRITE_DZ, bool SUMS, int ROWS>
+template <typename T, Activation A, int VEC, DzOutputs OUT, int ROWS>
 __global__ void dz_kernel(const T* __restrict__ dout, std::int64_t lddout,
                           const T* __restrict__ pre, std::int64_t ldpre, T* __restrict__ dz,
                           std::int64_t lddz, float* __restrict__ partial, Rows rows) {
+  constexpr bool WRITE_DZ = OUT != DzOutputs::sums;
+  constexpr bool SUMS = OUT != DzOutputs::dz;
   static_assert(WRITE_DZ || SUMS, "nothing to do");
   static_assert(A != Activation::none || !WRITE_DZ, "dz is dout itself without an activation");
   const std::int64_t col = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * VEC;

@@ -37,25 +37,17 @@ const char* backward_path_name(BackwardPath path);
 // rows, f32) leaves that call to the automatic choice; last_backward_path() tells what ran.
 void set_backward_path_override(BackwardPath path);
 BackwardPath last_backward_path();
-// Rows of dz the dz_in_dgrad path forms with the elementwise pass before its kernel (rounded down
-// to a multiple of 128): tests set it to reach both parts; negative restores the automatic count.
-void set_dz_in_dgrad_first_rows(long long rows);
-
-// Where the backward sums dbias. automatic: fusekit's own column sums (inside the dz pass with
-// an activation, a column-sum kernel without one). gemm_epilogue: cuBLASLt's BGRADB epilogue on
-// the dW GEMM wherever it can serve (the route before session 27, kept for comparisons).
-// set_dbias_route_override (tests) takes precedence over FUSEKIT_LINEAR_DBIAS=gemm (benchmarks).
-enum class DbiasRoute : int { automatic = 0, gemm_epilogue };
-void set_dbias_route_override(DbiasRoute route);
-DbiasRoute dbias_route();
+// The override key "linear.backward.dz" (separate | in_dgrad) forces the route the same way for
+// benchmark sweeps, and "linear.backward.dz_first_rows" the rows the dz_in_dgrad path forms with
+// the elementwise pass before its kernel (rounded down to a multiple of 128; tests set it to reach
+// both parts).
 
 // Autotuning of cuBLASLt's GEMM algorithms (linear_cublaslt.cpp) and of the forward path
 // (linear_cuda.cu): the first call of a problem times the candidates and keeps the fastest. On
-// unless FUSEKIT_GEMM_AUTOTUNE=0; set_autotune overrides the environment (tests use it to check
-// the untimed routing rules). Problems already tuned keep their choice; problems of fewer than
+// unless the override "linear.autotune" is off (tests turn it off to check the untimed routing
+// rules in linear_config.h). Problems already tuned keep their choice; problems of fewer than
 // lt::kMinTimedFlops (2^30) are never timed and keep the heuristic's / the rules' first choice, so
 // that their numerics do not depend on timer noise.
-void set_autotune(bool enabled);
 bool autotune_enabled();
 
 }  // namespace fusekit::linear

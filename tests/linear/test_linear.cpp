@@ -18,6 +18,7 @@
 
 #include "fusekit/error.h"
 #include "fusekit/linear.h"
+#include "core/overrides.h"
 #include "linear/linear_paths.h"
 #include "tests/harness/gtest_helpers.h"
 #include "tests/linear/linear_baseline.h"
@@ -48,8 +49,8 @@ struct PathOverride {
 // Autotuning of GEMM algorithms and forward paths switched for one scope (then back on, the
 // library's default).
 struct AutotuneSetting {
-  explicit AutotuneSetting(bool on) { linear::set_autotune(on); }
-  ~AutotuneSetting() { linear::set_autotune(true); }
+  explicit AutotuneSetting(bool on) { detail::set_override("linear.autotune", on ? "on" : "off"); }
+  ~AutotuneSetting() { detail::set_override("linear.autotune", ""); }
 };
 
 // Forces how the backward forms dz (and how many rows the dz-in-dgrad path forms before its
@@ -57,18 +58,12 @@ struct AutotuneSetting {
 struct BackwardPathOverride {
   explicit BackwardPathOverride(linear::BackwardPath p, long long first_rows = -1) {
     linear::set_backward_path_override(p);
-    linear::set_dz_in_dgrad_first_rows(first_rows);
+    detail::set_override("linear.backward.dz_first_rows", first_rows >= 0 ? std::to_string(first_rows) : "");
   }
   ~BackwardPathOverride() {
     linear::set_backward_path_override(linear::BackwardPath::automatic);
-    linear::set_dz_in_dgrad_first_rows(-1);
+    detail::set_override("linear.backward.dz_first_rows", "");
   }
-};
-
-// Forces where the backward sums dbias for one scope (then back to the automatic choice).
-struct DbiasRouteOverride {
-  explicit DbiasRouteOverride(linear::DbiasRoute r) { linear::set_dbias_route_override(r); }
-  ~DbiasRouteOverride() { linear::set_dbias_route_override(linear::DbiasRoute::automatic); }
 };
 
 OptionalTensor opt(const std::optional<Buffer>& b) {
@@ -643,31 +638,27 @@ TEST(LinearGpu, BackwardDbiasWithSmallK) {
   EXPECT_EQ(cases, 72);
 }
 
-// dbias by each route: fusekit's column sums (in the dz pass with an activation, by the
-// column-sum kernel without one) and cuBLASLt's BGRADB epilogue. The shapes cover one row (one
-// partial row), fewer rows than partial slots, N past one block of columns (2 x 2048 + 8: several
-// column blocks and a partial one), odd N (element-wise kernel) and rows padded in memory.
-TEST(LinearGpu, DbiasRoutesMatchReference) {
+// dbias from fusekit's column sums (in the dz pass with an activation, by the column-sum kernel
+// without one). The shapes cover one row (one partial row), fewer rows than partial slots, N past
+// one block of columns (2 x 2048 + 8: several column blocks and a partial one), odd N
+// (element-wise kernel) and rows padded in memory.
+TEST(LinearGpu, DbiasMatchesReference) {
   FUSEKIT_REQUIRE_GPU();
   struct Shape {
     std::int64_t m, n, k, pad;
   };
   const Shape shapes[] = {{1, 64, 64, 0}, {5, 4104, 72, 0}, {3001, 1000, 128, 8}, {700, 4104, 64, 0}, {1500, 333, 96, 3}};
   int cases = 0;
-  for (linear::DbiasRoute route : {linear::DbiasRoute::automatic, linear::DbiasRoute::gemm_epilogue}) {
-    DbiasRouteOverride forced(route);
-    for (DType dtype : {DType::bf16, DType::f32}) {
-      for (Activation act : {Activation::none, Activation::gelu_tanh, Activation::relu}) {
-        for (const Shape& s : shapes) {
-          // With and without the dx GEMM; dW always (BGRADB needs it).
-          const BackwardCase c{dtype, act, s.m, s.n, s.k, cases % 2 == 0, true, true, s.pad};
-          SCOPED_TRACE("route " + std::to_string(static_cast<int>(route)));
-          check_backward(c, 7300 + cases++);
-        }
+  for (DType dtype : {DType::bf16, DType::f32}) {
+    for (Activation act : {Activation::none, Activation::gelu_tanh, Activation::relu}) {
+      for (const Shape& s : shapes) {
+        // With and without the dx GEMM.
+        const BackwardCase c{dtype, act, s.m, s.n, s.k, cases % 2 == 0, true, true, s.pad};
+        check_backward(c, 7300 + cases++);
       }
     }
   }
-  EXPECT_EQ(cases, 60);
+  EXPECT_EQ(cases, 30);
 }
 
 TEST(LinearGpu, BackwardRandomizedGridMatchesReference) {
@@ -735,7 +726,7 @@ TEST(LinearGpu, DzFormedInsideTheDgradGemmMatchesReference) {
             linear::BackwardPath::separate_dz);
 }
 
-// The automatic choice of how dz is formed (linear_cuda.cu, choose_dz_in_dgrad): inside the dx GEMM
+// The automatic choice of how dz is formed (linear_config.h, choose_backward): inside the dx GEMM
 // for problems of at least 2^36 flops with K <= 6144, the separate pass otherwise. Only the route
 // is checked here (these sizes are too large for the float64 reference; the test above checks the
 // path's values).

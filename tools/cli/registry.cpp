@@ -7,7 +7,7 @@ const std::vector<OpEntry>& registry() {
   static const std::vector<OpEntry> ops = [] {
     std::vector<OpEntry> v;
     add_norm_ops(v);
-    add_dropout_ops(v);
+    add_bias_act_dropout_ops(v);
     add_linear_ops(v);
     add_fp8_norm_ops(v);
     add_attention_ops(v);

@@ -13,10 +13,10 @@
 #include <vector>
 
 #include "core/activation.h"
-#include "dropout/dropout_grid.h"
-#include "dropout/dropout_mask.h"
-#include "dropout/dropout_params.h"
-#include "fusekit/dropout.h"
+#include "bias_act_dropout/bias_act_dropout_grid.h"
+#include "bias_act_dropout/bias_act_dropout_mask.h"
+#include "bias_act_dropout/bias_act_dropout_params.h"
+#include "fusekit/bias_act_dropout.h"
 #include "fusekit/error.h"
 #include "tests/harness/gtest_helpers.h"
 
@@ -151,7 +151,7 @@ void check_gpu_against_cpu(const Case& c, std::uint64_t salt) {
 
 // ---- the mask ------------------------------------------------------------------------------
 
-TEST(DropoutMask, FollowsTheDocumentedPhiloxMapping) {
+TEST(BiasActDropoutMask, FollowsTheDocumentedPhiloxMapping) {
   auto rng = testing::make_rng(1);
   for (int trial = 0; trial < 200; ++trial) {
     const std::uint64_t seed = rng(), offset = rng() >> (trial % 64), index = rng() >> (trial % 40);
@@ -165,42 +165,42 @@ TEST(DropoutMask, FollowsTheDocumentedPhiloxMapping) {
   }
 }
 
-TEST(DropoutMask, KernelKeyScheduleMatchesPhilox) {
+TEST(BiasActDropoutMask, KernelKeyScheduleMatchesPhilox) {
   // The kernels run Philox from a key schedule precomputed on the host; it must give the same
   // words as philox::random4 (the CPU reference's path).
   auto rng = testing::make_rng(2);
   for (int trial = 0; trial < 100; ++trial) {
-    dropout::Scalars s;
+    bias_act_dropout::Scalars s;
     s.set_seed(rng());
     s.offset = rng();
     const std::uint64_t n = rng() >> (trial % 64);
     const philox::Words4 a = s.random4(n), b = philox::random4(s.seed, s.offset, n);
     ASSERT_TRUE(a.x == b.x && a.y == b.y && a.z == b.z && a.w == b.w) << "n " << n;
     // And with the first round's offset terms precomputed (the kernels' path).
-    const philox::Words4 c = dropout::random4_from(s, dropout::philox_prefix(s), n);
+    const philox::Words4 c = bias_act_dropout::random4_from(s, bias_act_dropout::philox_prefix(s), n);
     ASSERT_TRUE(c.x == b.x && c.y == b.y && c.z == b.z && c.w == b.w) << "prefix, n " << n;
   }
 }
 
-TEST(DropoutMask, KernelChunkMasksMatchTheDefinition) {
+TEST(BiasActDropoutMask, KernelChunkMasksMatchTheDefinition) {
   // The kernels' 8-element chunk masks (aligned: one Philox call; unaligned: two, re-packed),
   // run on the CPU, against dropout_keeps() element by element, for every shift.
   auto rng = testing::make_rng(11);
   for (int trial = 0; trial < 300; ++trial) {
     const float p = (trial % 3 == 0) ? 0.5f : static_cast<float>(rng() % 1000) / 1000.0f;
-    dropout::Scalars s;
+    bias_act_dropout::Scalars s;
     s.set_seed(rng());
     s.offset = rng() >> (trial % 60);
     s.keep_threshold = dropout_keep_threshold(p);
     s.keep_threshold2 = s.keep_threshold | (s.keep_threshold << 16);
-    const dropout::PhiloxPrefix pre = dropout::philox_prefix(s);
+    const bias_act_dropout::PhiloxPrefix pre = bias_act_dropout::philox_prefix(s);
     const std::uint64_t first = (rng() >> (trial % 50)) + trial % 8;
-    const dropout::MaskWords u = dropout::unaligned_mask(s, pre, first);
+    const bias_act_dropout::MaskWords u = bias_act_dropout::unaligned_mask(s, pre, first);
     for (int i = 0; i < 8; ++i)
       ASSERT_EQ(u.kept(i, s.keep_threshold), dropout_keeps(s.seed, s.offset, first + i, s.keep_threshold))
           << "unaligned, first " << first << " element " << i << " p " << p;
     const std::uint64_t aligned = first / 8 * 8;
-    const dropout::MaskWords a = dropout::aligned_mask(s, pre, aligned / 8);
+    const bias_act_dropout::MaskWords a = bias_act_dropout::aligned_mask(s, pre, aligned / 8);
     for (int i = 0; i < 8; ++i)
       ASSERT_EQ(a.kept(i, s.keep_threshold), dropout_keeps(s.seed, s.offset, aligned + i, s.keep_threshold))
           << "aligned, first " << aligned << " element " << i;
@@ -211,38 +211,38 @@ TEST(DropoutMask, KernelChunkMasksMatchTheDefinition) {
       ASSERT_EQ(hi, a.kept(2 * j + 1, s.keep_threshold)) << "pair " << j;
     }
   }
-  dropout::Scalars none;  // p = 0: every element kept, no Philox
-  const dropout::MaskWords all = dropout::unaligned_mask(none, dropout::philox_prefix(none), 13);
+  bias_act_dropout::Scalars none;  // p = 0: every element kept, no Philox
+  const bias_act_dropout::MaskWords all = bias_act_dropout::unaligned_mask(none, bias_act_dropout::philox_prefix(none), 13);
   for (int i = 0; i < 8; ++i) EXPECT_TRUE(all.kept(i, none.keep_threshold));
 }
 
-TEST(DropoutGrid, EveryRowOfEveryColumnTileIsVisitedOnce) {
+TEST(BiasActDropoutGrid, EveryRowOfEveryColumnTileIsVisitedOnce) {
   const std::pair<std::int64_t, std::int64_t> shapes[] = {
       {1, 1}, {3, 7}, {17, 1001}, {1000, 8}, {16384, 4096}, {32768, 1024}, {8192, 16384},
       {16384, 5120}, {7, 70000}, {300000, 24}, {2, 65536}};
   for (auto [rows, cols] : shapes)
     for (int sms : {1, 114, 132})
       for (int per_sm : {1, 2})
-        for (int width : {dropout::kForwardBlockWidth, dropout::kBackwardBlockWidth, 128}) {
-          const dropout::TileGrid g = dropout::make_grid(rows, cols, sms, per_sm, width);
+        for (int width : {bias_act_dropout::kForwardBlockWidth, bias_act_dropout::kBackwardBlockWidth, 128}) {
+          const bias_act_dropout::TileGrid g = bias_act_dropout::make_grid(rows, cols, sms, per_sm, width);
           SCOPED_TRACE("(" + std::to_string(rows) + ", " + std::to_string(cols) + ") sms " +
                        std::to_string(sms) + " x" + std::to_string(per_sm) + " width " + std::to_string(width));
-          ASSERT_EQ(g.tx * g.ty, dropout::kThreads);
-          ASSERT_GE(std::int64_t(g.gx) * g.tx * dropout::kChunk, cols);              // all columns
-          ASSERT_LT(std::int64_t(g.gx - 1) * g.tx * dropout::kChunk, cols);          // no empty tile
+          ASSERT_EQ(g.tx * g.ty, bias_act_dropout::kThreads);
+          ASSERT_GE(std::int64_t(g.gx) * g.tx * bias_act_dropout::kChunk, cols);              // all columns
+          ASSERT_LT(std::int64_t(g.gx - 1) * g.tx * bias_act_dropout::kChunk, cols);          // no empty tile
           ASSERT_LE(g.gy, 65535);
           if (g.gx <= sms * per_sm) ASSERT_LE(std::int64_t(g.gx) * g.gy, sms * per_sm);  // one wave
           std::vector<int> visits(rows, 0);
           for (int by = 0; by < g.gy; ++by)
             for (int ty = 0; ty < g.ty; ++ty) {
-              const dropout::ThreadRows t = dropout::thread_rows(g, by, ty);
-              for (int k = 0; k < t.count; ++k) ++visits.at(t.first + std::int64_t(k) * dropout::row_step(g));
+              const bias_act_dropout::ThreadRows t = bias_act_dropout::thread_rows(g, by, ty);
+              for (int k = 0; k < t.count; ++k) ++visits.at(t.first + std::int64_t(k) * bias_act_dropout::row_step(g));
             }
           ASSERT_TRUE(std::all_of(visits.begin(), visits.end(), [](int v) { return v == 1; }));
         }
 }
 
-TEST(DropoutMask, KeepThreshold) {
+TEST(BiasActDropoutMask, KeepThreshold) {
   EXPECT_EQ(dropout_keep_threshold(0.0f), 0u);
   EXPECT_EQ(dropout_keep_threshold(0.5f), 32768u);
   EXPECT_EQ(dropout_keep_threshold(0.1f), 6554u);  // ceil(6553.6)
@@ -256,7 +256,7 @@ TEST(DropoutMask, KeepThreshold) {
 
 // ---- CPU reference -------------------------------------------------------------------------
 
-TEST(DropoutCpu, ForwardFollowsTheDefinition) {
+TEST(BiasActDropoutCpu, ForwardFollowsTheDefinition) {
   // With a padded row stride, so that the mask index r * N + c is told apart from the memory
   // offset r * stride + c.
   auto rng = testing::make_rng(3);
@@ -285,7 +285,7 @@ TEST(DropoutCpu, ForwardFollowsTheDefinition) {
 }
 
 // Finite differences of L = sum(y * dy) with respect to x and bias, under a fixed mask.
-TEST(DropoutCpu, GradientsMatchFiniteDifferences) {
+TEST(BiasActDropoutCpu, GradientsMatchFiniteDifferences) {
   auto rng = testing::make_rng(4);
   for (Activation act : kActivations) {
     Case c{DType::f32, DType::f32, DType::f32, 4, 11, true, 3, {act, 0.1f, 0.3f, rng(), rng() % 1000}};
@@ -328,7 +328,7 @@ TEST(DropoutCpu, GradientsMatchFiniteDifferences) {
   }
 }
 
-TEST(DropoutCpu, DbiasIsTheColumnSumOfDx) {
+TEST(BiasActDropoutCpu, DbiasIsTheColumnSumOfDx) {
   auto rng = testing::make_rng(5);
   Case c{DType::f32, DType::f32, DType::f32, 50, 19, true, 0, {Activation::silu, 0.0f, 0.25f, rng(), 7}};
   Problem p(c, Device::cpu());
@@ -342,7 +342,7 @@ TEST(DropoutCpu, DbiasIsTheColumnSumOfDx) {
   }
 }
 
-TEST(DropoutCpu, ZeroProbabilityIsThePlainActivation) {
+TEST(BiasActDropoutCpu, ZeroProbabilityIsThePlainActivation) {
   auto rng = testing::make_rng(6);
   for (Activation act : kActivations) {
     Case c{DType::f32, DType::f32, DType::f32, 6, 21, true, 0, {act, 0.2f, 0.0f, rng(), 3}};
@@ -361,7 +361,7 @@ TEST(DropoutCpu, ZeroProbabilityIsThePlainActivation) {
   }
 }
 
-TEST(DropoutCpu, KeepRateIsOneMinusP) {
+TEST(BiasActDropoutCpu, KeepRateIsOneMinusP) {
   // 2^20 elements: the standard deviation of the kept fraction is below 5e-4.
   auto rng = testing::make_rng(7);
   for (float p : {0.1f, 0.5f, 0.9f}) {
@@ -379,7 +379,7 @@ TEST(DropoutCpu, KeepRateIsOneMinusP) {
   }
 }
 
-TEST(DropoutCpu, OffsetsAndSeedsGiveIndependentMasks) {
+TEST(BiasActDropoutCpu, OffsetsAndSeedsGiveIndependentMasks) {
   auto rng = testing::make_rng(8);
   const std::uint64_t seed = rng();
   auto mask = [&](std::uint64_t s, std::uint64_t o) {
@@ -402,7 +402,7 @@ TEST(DropoutCpu, OffsetsAndSeedsGiveIndependentMasks) {
   EXPECT_NEAR(agreement(a, other_seed), 0.5, 0.05);
 }
 
-TEST(DropoutCpu, KeptPreActivationGivesTheSameGradients) {
+TEST(BiasActDropoutCpu, KeptPreActivationGivesTheSameGradients) {
   auto rng = testing::make_rng(9);
   Case c{DType::f32, DType::f32, DType::f32, 33, 40, true, 0, {Activation::gelu_tanh, 0.0f, 0.2f, rng(), 11}};
   Problem p(c, Device::cpu());
@@ -420,7 +420,7 @@ TEST(DropoutCpu, KeptPreActivationGivesTheSameGradients) {
     ASSERT_EQ(h[i], static_cast<float>(x[i] + b[i % c.cols]));
 }
 
-TEST(DropoutCpu, OptionalOutputsAreIndependent) {
+TEST(BiasActDropoutCpu, OptionalOutputsAreIndependent) {
   auto rng = testing::make_rng(10);
   Case c{DType::bf16, DType::f32, DType::f32, 20, 24, true, 0, {Activation::relu, 0.0f, 0.4f, rng(), 2}};
   Problem p(c, Device::cpu());
@@ -435,7 +435,7 @@ TEST(DropoutCpu, OptionalOutputsAreIndependent) {
 
 // ---- argument errors (CPU tensors: checks run before any backend) ----------------------------
 
-TEST(DropoutErrors, EachBadArgumentIsNamed) {
+TEST(BiasActDropoutErrors, EachBadArgumentIsNamed) {
   std::vector<float> xb(16 * 8), yb(16 * 8), bb(8);
   std::vector<std::uint16_t> hb(16 * 8);
   const Device cpu = Device::cpu();
@@ -528,7 +528,7 @@ TEST(DropoutErrors, EachBadArgumentIsNamed) {
 
 // ---- GPU ---------------------------------------------------------------------------------------
 
-TEST(DropoutGpu, RandomizedGridMatchesCpuReference) {
+TEST(BiasActDropoutGpu, RandomizedGridMatchesCpuReference) {
   FUSEKIT_REQUIRE_GPU();
   auto rng = testing::make_rng(100);
   // Multiples of 8 (vector path) and not (generic path), narrow and wide.
@@ -556,7 +556,7 @@ TEST(DropoutGpu, RandomizedGridMatchesCpuReference) {
   EXPECT_EQ(cases, 17 * 7);
 }
 
-TEST(DropoutGpu, BenchmarkShapesMatchCpuReference) {
+TEST(BiasActDropoutGpu, BenchmarkShapesMatchCpuReference) {
   FUSEKIT_REQUIRE_GPU();
   const std::pair<std::int64_t, std::int64_t> shapes[] = {{16384, 4096}, {8192, 16384}, {32768, 1024},
                                                           {16384, 5120}};
@@ -572,8 +572,8 @@ TEST(DropoutGpu, BenchmarkShapesMatchCpuReference) {
 // warps of two vectors per thread and N <= 8192 (one, two or four rows per block), else on the
 // walking grid: both sides of each boundary, row counts that leave a block partly empty, padded
 // rows, p = 0 and p > 0, f16 and bf16 with either bias type. This grid is what first showed the
-// f16 miscompile around the packed 16-bit mask compare (dropout_mask.h).
-TEST(DropoutGpu, RowGroupForwardShapes) {
+// f16 miscompile around the packed 16-bit mask compare (bias_act_dropout_mask.h).
+TEST(BiasActDropoutGpu, RowGroupForwardShapes) {
   FUSEKIT_REQUIRE_GPU();
   const std::int64_t cols_choices[] = {504, 512, 1024, 1536, 4096, 5120, 8192, 8704, 16384};
   const std::int64_t rows_choices[] = {1, 3, 5, 67};
@@ -598,7 +598,7 @@ TEST(DropoutGpu, RowGroupForwardShapes) {
 
 // The zero pattern of y (forward) and of dx (backward) is exactly the mask dropout_keeps()
 // defines: x > 0 and the identity activation make every kept element non-zero.
-TEST(DropoutGpu, MaskIsBitIdenticalToCpuAndBetweenForwardAndBackward) {
+TEST(BiasActDropoutGpu, MaskIsBitIdenticalToCpuAndBetweenForwardAndBackward) {
   FUSEKIT_REQUIRE_GPU();
   auto rng = testing::make_rng(101);
   const std::pair<std::int64_t, std::int64_t> shapes[] = {{333, 1024}, {100, 1001}, {64, 7}, {17, 8200},
@@ -639,7 +639,7 @@ TEST(DropoutGpu, MaskIsBitIdenticalToCpuAndBetweenForwardAndBackward) {
   }
 }
 
-TEST(DropoutGpu, KeepRateWithinStatisticalBounds) {
+TEST(BiasActDropoutGpu, KeepRateWithinStatisticalBounds) {
   FUSEKIT_REQUIRE_GPU();
   auto rng = testing::make_rng(102);
   const std::int64_t rows = 8192, cols = 8192;  // 2^26 elements
@@ -665,7 +665,7 @@ TEST(DropoutGpu, KeepRateWithinStatisticalBounds) {
   }
 }
 
-TEST(DropoutGpu, ZeroProbabilityIsThePlainActivation) {
+TEST(BiasActDropoutGpu, ZeroProbabilityIsThePlainActivation) {
   FUSEKIT_REQUIRE_GPU();
   int salt = 0;
   for (Activation act : kActivations)
@@ -687,7 +687,7 @@ TEST(DropoutGpu, ZeroProbabilityIsThePlainActivation) {
   EXPECT_EQ(pa.y.raw_bytes(), pb.y.raw_bytes());
 }
 
-TEST(DropoutGpu, DbiasIsBitwiseDeterministic) {
+TEST(BiasActDropoutGpu, DbiasIsBitwiseDeterministic) {
   FUSEKIT_REQUIRE_GPU();
   auto rng = testing::make_rng(104);
   for (std::int64_t cols : {1024, 4096, 5120, 3001}) {
@@ -705,7 +705,7 @@ TEST(DropoutGpu, DbiasIsBitwiseDeterministic) {
   }
 }
 
-TEST(DropoutGpu, KeptPreActivationPath) {
+TEST(BiasActDropoutGpu, KeptPreActivationPath) {
   FUSEKIT_REQUIRE_GPU();
   auto rng = testing::make_rng(105);
   for (std::int64_t cols : {2048, 1003}) {
@@ -729,7 +729,7 @@ TEST(DropoutGpu, KeptPreActivationPath) {
   }
 }
 
-TEST(DropoutGpu, RowPaddingIsNeverWritten) {
+TEST(BiasActDropoutGpu, RowPaddingIsNeverWritten) {
   FUSEKIT_REQUIRE_GPU();
   auto rng = testing::make_rng(106);
   for (std::int64_t pad : {8, 5}) {
@@ -744,7 +744,7 @@ TEST(DropoutGpu, RowPaddingIsNeverWritten) {
   }
 }
 
-TEST(DropoutGpu, WorkspaceMissingOrTooSmallIsAnError) {
+TEST(BiasActDropoutGpu, WorkspaceMissingOrTooSmallIsAnError) {
   FUSEKIT_REQUIRE_GPU();
   Case c{DType::bf16, DType::bf16, DType::bf16, 4096, 1024, true, 0, {Activation::relu, 0.0f, 0.1f, 1, 1}};
   Problem p(c, Device::cuda(0));
@@ -764,7 +764,7 @@ TEST(DropoutGpu, WorkspaceMissingOrTooSmallIsAnError) {
             "no error");
 }
 
-TEST(DropoutGpu, EmptyBatchGivesZeroDbias) {
+TEST(BiasActDropoutGpu, EmptyBatchGivesZeroDbias) {
   FUSEKIT_REQUIRE_GPU();
   Case c{DType::bf16, DType::bf16, DType::f32, 0, 256, true, 0, {Activation::gelu_tanh, 0.0f, 0.1f, 1, 1}};
   Problem p(c, Device::cuda(0));

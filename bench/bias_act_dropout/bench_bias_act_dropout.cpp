@@ -8,9 +8,9 @@
 #include <utility>
 #include <vector>
 
-#include "bench/dropout/bench_dropout.h"
+#include "bench/bias_act_dropout/bench_bias_act_dropout.h"
 #include "bench/harness/bench.h"
-#include "fusekit/dropout.h"
+#include "fusekit/bias_act_dropout.h"
 
 namespace fusekit::bench {
 

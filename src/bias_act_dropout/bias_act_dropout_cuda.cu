@@ -1,6 +1,6 @@
-// CUDA launchers for bias + activation + dropout: choose the vector or generic path from the
-// alignment, size the tiled grid, dispatch on element types and activation, and reduce the dbias
-// partial rows.
+// CUDA launchers for bias + activation + dropout: describe the problem (alignment decides the
+// vector or generic path), launch what bias_act_dropout_config.h chooses, dispatching on element
+// types and activation, and reduce the dbias partial rows.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -15,10 +15,11 @@
 #include "core/device_info.h"
 #include "core/launch_tuning.h"
 #include "core/partial_rows.cuh"
-#include "dropout/dropout_kernels.cuh"
-#include "dropout/dropout_params.h"
+#include "bias_act_dropout/bias_act_dropout_config.h"
+#include "bias_act_dropout/bias_act_dropout_kernels.cuh"
+#include "bias_act_dropout/bias_act_dropout_params.h"
 
-namespace fusekit::dropout {
+namespace fusekit::bias_act_dropout {
 namespace {
 
 using namespace kernels;
@@ -36,11 +37,6 @@ bool vector_path_ok(std::int64_t cols, std::initializer_list<std::int64_t> row_s
   for (const void* ptr : pointers)
     if (ptr && !aligned16(ptr)) return false;
   return true;
-}
-
-std::size_t partial_bytes(const TileGrid& g, std::int64_t cols) {
-  const std::size_t bytes = static_cast<std::size_t>(g.gy) * cols * sizeof(float);
-  return (bytes + 255) / 256 * 256;
 }
 
 // Calls f(T{}, W{}) with the storage types of (dtype, bias dtype).
@@ -74,34 +70,13 @@ void dispatch_activation(Activation a, F&& f) {
   }
 }
 
-// The vector path's tunings, measured on the H200 (performance-notes.md). The forward of the
-// activations that go through the special-function unit (exp, reciprocal, erf) is issue-bound:
-// one row in flight with the next row's loads issued before the math keeps memory busy during it,
-// and the row after that asked of L2 (prefetch.global.L2) lets those loads hit L2: session 24,
-// gelu_tanh (16384, 4096) 73.5 -> 71.9 us, (16384, 5120) 89.9 -> 89.2, (32768, 1024) 39.1 -> 38.4,
-// (8192, 16384) even; 2 rows ahead were even or slower and 3 or 5 rows 4-22% slower. The cheap
-// activations' forward runs best with two rows loaded together and neither register nor L2
-// prefetch (the register prefetch costs 5-8%, the L2 one 11-17%). The backward reads two tensors
-// per row and always prefetches into registers.
-using ForwardTuningCheap = Tuning<2, false, 2>;
-using ForwardTuningTranscendental = Tuning<1, true, 2, 1>;
-using BackwardTuning = Tuning<1, true, 2>;
-static_assert(ForwardTuningCheap::kBlocksPerSm == BackwardTuning::kBlocksPerSm &&
-                  ForwardTuningTranscendental::kBlocksPerSm == BackwardTuning::kBlocksPerSm,
-              "one grid size for the vector path");
-
+// A walking-grid kernel's tuning for the forward of activation A (bias_act_dropout_config.h).
 template <Activation A>
-using ForwardTuning = std::conditional_t<A == Activation::gelu_erf || A == Activation::gelu_tanh ||
-                                             A == Activation::silu,
-                                         ForwardTuningTranscendental, ForwardTuningCheap>;
-
-int sm_count(const char* op, int device_index) {
-  return detail::device_info(op, device_index).sm_count;
-}
+using ForwardTuning =
+    std::conditional_t<transcendental_activation(A), TranscendentalForwardTuning, CheapForwardTuning>;
 
 template <typename T, typename W, typename Chunk, typename Act>
-void forward_with(const ForwardParams& p, int sms, cudaStream_t stream) {
-  const TileGrid g = make_grid(p.rows, p.cols, sms, Chunk::Tune::kBlocksPerSm, kForwardBlockWidth);
+void forward_with(const ForwardParams& p, const TileGrid& g, cudaStream_t stream) {
   RowSteps steps;
   steps.in0 = row_step(g) * p.x_row_stride;
   steps.out0 = row_step(g) * p.y_row_stride;
@@ -111,60 +86,46 @@ void forward_with(const ForwardParams& p, int sms, cudaStream_t stream) {
   forward_kernel<T, W, Chunk, Act><<<dim3(g.gx, g.gy), dim3(g.tx, g.ty), 0, stream>>>(p, g, steps);
 }
 
-// The row-group forward's shape for rows of `cols` (a multiple of 8): tpr threads per row and rpb
-// rows per block (blocks of at least 128 threads), or tpr = 0 where the row does not split into
-// whole warps of kRowGroupVectors vectors per thread or needs more than 512 threads (N > 8192).
-struct RowGroupShape {
-  int tpr = 0, rpb = 0;
-};
-
-RowGroupShape row_group_shape(std::int64_t cols) {
-  const std::int64_t vectors = cols / kChunk;
-  if (vectors % (32 * kRowGroupVectors) != 0 || vectors / kRowGroupVectors > 512) return {};
-  const int tpr = static_cast<int>(vectors / kRowGroupVectors);
-  return {tpr, tpr >= 128 ? 1 : 128 / tpr};
-}
-
-constexpr bool cheap_activation(Activation a) {
-  return a == Activation::none || a == Activation::relu || a == Activation::squared_relu ||
-         a == Activation::leaky_relu;
-}
-
 template <typename T, typename W, typename Act>
-void forward_row_groups(const ForwardParams& p, RowGroupShape shape, int sms, int device_index, cudaStream_t stream) {
+void forward_row_groups(const ForwardParams& p, const ForwardLaunch& launch, int sms, int device_index,
+                        cudaStream_t stream) {
   const char* op = "bias_act_dropout_forward";
   auto kernel = forward_row_group_kernel<T, W, Act>;
-  const int block = shape.tpr * shape.rpb;
-  // FUSEKIT_DROPOUT_ROW_GROUP_L2=0 drops the L2 request (benchmark knob, read once).
-  static const bool ask_l2 = detail::env_flag("FUSEKIT_DROPOUT_ROW_GROUP_L2", true);
-  const int l2_ahead = ask_l2 ? detail::blocks_per_sm(op, kernel, block, 0, device_index) * sms * shape.rpb : 0;
-  const std::int64_t grid = (p.rows + shape.rpb - 1) / shape.rpb;  // rows < 2^31: fits a grid's x
-  kernel<<<static_cast<unsigned>(grid), block, 0, stream>>>(p, philox_prefix(p.s), shape.tpr, shape.rpb, l2_ahead);
+  const RowGroupShape shape = launch.row_groups;
+  const int block = shape.threads_per_row * shape.rows_per_block;
+  const int l2_ahead = static_cast<int>(
+      row_group_l2_ahead(shape, detail::blocks_per_sm(op, kernel, block, 0, device_index), sms));
+  // rows < 2^31: the block count fits a grid's x
+  kernel<<<static_cast<unsigned>(launch.row_group_blocks), block, 0, stream>>>(
+      p, philox_prefix(p.s), shape.threads_per_row, shape.rows_per_block, l2_ahead);
 }
 
 template <typename T, typename W>
 void launch_forward(const ForwardParams& p, int device_index, cudaStream_t stream) {
   const char* op = "bias_act_dropout_forward";
-  const int sms = sm_count(op, device_index);
-  const bool vector =
+  const detail::DeviceInfo& device = detail::device_info(op, device_index);
+  Problem problem;
+  problem.rows = p.rows;
+  problem.cols = p.cols;
+  problem.dtype = p.dtype;
+  problem.activation = p.s.activation;
+  problem.vector_ok =
       vector_path_ok(p.cols, {p.x_row_stride, p.y_row_stride, p.pre_activation ? p.pre_activation_row_stride : 0},
                      {p.x, p.y, p.bias, p.pre_activation});
-  // FUSEKIT_DROPOUT_ROW_GROUPS=0 keeps every forward on the walking grid (benchmark knob).
-  static const bool row_groups_on = detail::env_flag("FUSEKIT_DROPOUT_ROW_GROUPS", true);
-  const RowGroupShape row_groups = row_groups_on && vector && sizeof(T) == 2 && p.pre_activation == nullptr &&
-                                           cheap_activation(p.s.activation)
-                                       ? row_group_shape(p.cols)
-                                       : RowGroupShape{};
+  problem.pre_activation = p.pre_activation != nullptr;
+  const ForwardLaunch launch = choose_forward(problem, device);
   dispatch_activation(p.s.activation, [&](auto act) {
     using Act = decltype(act);
-    if constexpr (sizeof(T) == 2 && cheap_activation(Act::kAct)) {
-      if (row_groups.tpr > 0) {
-        forward_row_groups<T, W, Act>(p, row_groups, sms, device_index, stream);
-        return;
-      }
+    switch (launch.kernel) {
+      case ForwardKernel::row_groups:
+        if constexpr (sizeof(T) == 2 && !transcendental_activation(Act::kAct))
+          forward_row_groups<T, W, Act>(p, launch, device.sm_count, device_index, stream);
+        break;
+      case ForwardKernel::walking_vector:
+        forward_with<T, W, VectorChunk<T, ForwardTuning<Act::kAct>>, Act>(p, launch.grid, stream);
+        break;
+      case ForwardKernel::walking_generic: forward_with<T, W, ScalarChunk<T>, Act>(p, launch.grid, stream); break;
     }
-    if (vector) forward_with<T, W, VectorChunk<T, ForwardTuning<Act::kAct>>, Act>(p, sms, stream);
-    else forward_with<T, W, ScalarChunk<T>, Act>(p, sms, stream);
   });
   detail::check_launch(op, "bias_act_dropout forward kernel");
 }
@@ -174,10 +135,9 @@ bool backward_vector_path(const BackwardParams& p) {
                         {p.dy, p.x, p.dx, p.bias});
 }
 
-// Launches the backward kernel on the Chunk's grid; returns the grid (its gy partial rows).
+// Launches the backward kernel on grid g (its gy partial rows).
 template <typename T, typename W, typename Chunk>
-TileGrid backward_with(const BackwardParams& p, int sms, cudaStream_t stream, const char* op) {
-  const TileGrid g = make_grid(p.rows, p.cols, sms, Chunk::Tune::kBlocksPerSm, kBackwardBlockWidth);
+void backward_with(const BackwardParams& p, const TileGrid& g, cudaStream_t stream, const char* op) {
   RowSteps steps;
   steps.in0 = row_step(g) * p.dy_row_stride;
   steps.in1 = row_step(g) * p.x_row_stride;
@@ -197,15 +157,23 @@ TileGrid backward_with(const BackwardParams& p, int sms, cudaStream_t stream, co
         <<<dim3(g.gx, g.gy), dim3(g.tx, g.ty), 0, stream>>>(p, g, steps, partial);
   });
   detail::check_launch(op, "bias_act_dropout backward kernel");
-  return g;
 }
 
 template <typename T, typename W>
 void launch_backward(const BackwardParams& p, int device_index, cudaStream_t stream) {
   const char* op = "bias_act_dropout_backward";
-  const int sms = sm_count(op, device_index);
-  const TileGrid g = backward_vector_path(p) ? backward_with<T, W, VectorChunk<T, BackwardTuning>>(p, sms, stream, op)
-                                             : backward_with<T, W, ScalarChunk<T>>(p, sms, stream, op);
+  Problem problem;
+  problem.rows = p.rows;
+  problem.cols = p.cols;
+  problem.dtype = p.dtype;
+  problem.activation = p.s.activation;
+  problem.vector_ok = backward_vector_path(p);
+  const BackwardLaunch launch = choose_backward(problem, detail::device_info(op, device_index));
+  const TileGrid& g = launch.grid;
+  if (launch.kernel == BackwardKernel::walking_vector)
+    backward_with<T, W, VectorChunk<T, BackwardTuning>>(p, g, stream, op);
+  else
+    backward_with<T, W, ScalarChunk<T>>(p, g, stream, op);
   if (p.dbias) {
     const float* partial = static_cast<const float*>(p.workspace);
     constexpr const char* kWhat = "bias_act_dropout dbias reduction kernel";
@@ -243,12 +211,8 @@ void backward_cuda(const BackwardParams& p, int device_index, Stream stream) {
 std::size_t backward_workspace_cuda(std::int64_t rows, std::int64_t cols, DType dtype,
                                     int device_index) {
   if (rows <= 0 || cols <= 0) return 0;
-  const int sms = sm_count("bias_act_dropout_backward_workspace_size", device_index);
-  // The grid depends on the path (alignment decides it at launch time), not on the dtype: size
-  // for the larger of the two.
-  (void)dtype;
-  return std::max(partial_bytes(make_grid(rows, cols, sms, BackwardTuning::kBlocksPerSm, kBackwardBlockWidth), cols),
-                  partial_bytes(make_grid(rows, cols, sms, GenericTuning::kBlocksPerSm, kBackwardBlockWidth), cols));
+  (void)dtype;  // the grid depends on the path, not on the dtype
+  return backward_workspace_bytes(rows, cols, detail::device_info("bias_act_dropout_backward_workspace_size", device_index));
 }
 
-}  // namespace fusekit::dropout
+}  // namespace fusekit::bias_act_dropout

@@ -1,13 +1,13 @@
 // CLI entry for the bias + activation + dropout family: `fusekit check` compares representative
 // problems against the CPU reference with the test suite's tolerance rule (and the mask bit for
 // bit); on the CPU it checks the reference's dx against central differences. bench runs
-// bench/dropout.
+// bench/bias_act_dropout.
 #include <cmath>
 #include <fmt/format.h>
 #include <optional>
 
-#include "bench/dropout/bench_dropout.h"
-#include "fusekit/dropout.h"
+#include "bench/bias_act_dropout/bench_bias_act_dropout.h"
+#include "fusekit/bias_act_dropout.h"
 #include "tests/harness/harness.h"
 #include "tools/cli/ops.h"
 
@@ -109,7 +109,7 @@ std::vector<CheckLine> check_gpu(Device device) {
 
 }  // namespace
 
-void add_dropout_ops(std::vector<OpEntry>& ops) {
+void add_bias_act_dropout_ops(std::vector<OpEntry>& ops) {
   ops.push_back({kOp,
                  "y = dropout(act(x + b)) fwd/bwd in one pass each; Philox mask regenerated, never stored; "
                  "dbias reduced deterministically",

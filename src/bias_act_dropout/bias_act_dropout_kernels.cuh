@@ -18,7 +18,7 @@
 //  * Generic path (any N, any alignment): element accesses; a chunk can straddle two Philox
 //    groups (when N is not a multiple of 8), costing a second call.
 // Philox runs from a key schedule precomputed on the host (Scalars::random4), read from the
-// parameter bank. Grids are one wave of blocks (Tuning::kBlocksPerSm per SM). In the backward
+// parameter bank. Grids are one wave of blocks (the tuning's kBlocksPerSm per SM, bias_act_dropout_config.h). In the backward
 // each block sums its threads' dbias over TY in a fixed order and writes one partial row; a
 // second small kernel (core/partial_rows.cuh, a programmatic dependent launch) sums the partial
 // rows in a fixed order: dbias is bitwise reproducible for a given GPU and shape.
@@ -31,27 +31,15 @@
 
 #include "core/activation.h"
 #include "core/device_vector.cuh"
-#include "dropout/dropout_grid.h"
-#include "dropout/dropout_mask.h"
-#include "dropout/dropout_params.h"
+#include "bias_act_dropout/bias_act_dropout_config.h"
+#include "bias_act_dropout/bias_act_dropout_grid.h"
+#include "bias_act_dropout/bias_act_dropout_mask.h"
+#include "bias_act_dropout/bias_act_dropout_params.h"
 #include "fusekit/philox.h"
 
-namespace fusekit::dropout::kernels {
+namespace fusekit::bias_act_dropout::kernels {
 
 using Math = detail::ActivationMath<float>;
-
-// How a path runs: rows a thread loads together, whether the next rows' loads are issued before
-// the current rows' math (software pipelining, one more set of registers), the occupancy the
-// grid is sized for (<= 64 registers for 2 blocks of 512 threads per SM), and how many rows
-// beyond the loads in flight the forward asks L2 to fetch ahead (prefetch.global.L2: bytes in
-// flight that cost no registers; 0 = none).
-template <int Rows, bool Pipelined, int BlocksPerSm, int L2PrefetchRows = 0>
-struct Tuning {
-  static constexpr int kRows = Rows;
-  static constexpr bool kPipelined = Pipelined;
-  static constexpr int kBlocksPerSm = BlocksPerSm;
-  static constexpr int kL2PrefetchRows = L2PrefetchRows;
-};
 
 // ---- element conversions (core/device_vector.cuh) -------------------------------------------
 
@@ -148,9 +136,7 @@ struct VectorChunk {
   }
 };
 
-// Generic path: `valid` (1..8) columns inside the row, element by element; the unaligned Philox
-// pairs need more registers (one block per SM) and one row at a time.
-using GenericTuning = Tuning<1, false, 1>;
+// Generic path: `valid` (1..8) columns inside the row, element by element (GenericTuning).
 
 template <typename T>
 struct ScalarChunk {
@@ -193,13 +179,15 @@ struct RowSteps {
   PhiloxPrefix philox;
 };
 
-// A thread's forward rows with KEEP_PRE fixed, so that the loop carries no test of the optional
-// output. Pipelined tunings alternate two row buffers (the loop body is written twice, roles
-// swapped) instead of copying the prefetched rows into the current ones after every step: the
-// copies and a per-step pre-activation test were ~12 of the ~166 instructions a one-row step
-// took (SASS, bf16 gelu_tanh: now ~154). H200, session 11: the gelu_tanh forward 2-3% faster
-// ((16384, 4096) 76.2 -> 74.6 us, (8192, 16384) 145.4 -> 141.2); relu unchanged.
-template <typename T, typename W, typename Chunk, typename Act, bool KEEP_PRE>
+// Whether a thread's rows also store an optional output (forward: h = x + bias; backward: dx),
+// fixed at compile time so that the row loop carries no test of it.
+enum class OptionalOutput { skip, store };
+
+// A thread's forward rows. Pipelined tunings alternate two row buffers (the loop body is written
+// twice, roles swapped) instead of copying the prefetched rows into the current ones after every
+// step: the copies were ~12 of the ~166 instructions of a one-row step (SASS, bf16 gelu_tanh;
+// bench: bias_act_dropout fwd gelu_tanh (16384, 4096), (8192, 16384), H200).
+template <typename T, typename W, typename Chunk, typename Act, OptionalOutput PRE>
 __device__ __forceinline__ void forward_rows(const ForwardParams& p, const RowSteps& steps, const ThreadRows rows,
                                              std::int64_t col, int valid, const float (&bias)[kChunk]) {
   using Tn = typename Chunk::Tune;
@@ -207,6 +195,7 @@ __device__ __forceinline__ void forward_rows(const ForwardParams& p, const RowSt
   const Scalars& s = p.s;
   const T* __restrict__ x = static_cast<const T*>(p.x) + rows.first * p.x_row_stride + col;
   T* __restrict__ y = static_cast<T*>(p.y) + rows.first * p.y_row_stride + col;
+  constexpr bool KEEP_PRE = PRE == OptionalOutput::store;
   [[maybe_unused]] T* __restrict__ pre =
       KEEP_PRE ? static_cast<T*>(p.pre_activation) + rows.first * p.pre_activation_row_stride + col : nullptr;
   std::uint64_t index = static_cast<std::uint64_t>(rows.first * p.cols + col) >> Chunk::kIndexShift;
@@ -297,28 +286,21 @@ __global__ void __launch_bounds__(kThreads, Chunk::Tune::kBlocksPerSm)
 #pragma unroll
     for (int i = 0; i < VEC; ++i) bias[i] = 0.0f;
   }
-  if (p.pre_activation != nullptr) forward_rows<T, W, Chunk, Act, true>(p, steps, rows, col, valid, bias);
-  else forward_rows<T, W, Chunk, Act, false>(p, steps, rows, col, valid, bias);
+  if (p.pre_activation != nullptr) forward_rows<T, W, Chunk, Act, OptionalOutput::store>(p, steps, rows, col, valid, bias);
+  else forward_rows<T, W, Chunk, Act, OptionalOutput::skip>(p, steps, rows, col, valid, bias);
 }
 
 // ---- forward in row groups (cheap activations, 16-bit types) ---------------------------------
 
 // The forward of the activations without special-function work (none, relu, squared_relu,
 // leaky_relu) for 16-bit types on the vector path, when a row splits into whole warps of
-// kRowGroupVectors 16-byte vectors per thread (row_group_shape in dropout_cuda.cu). This is the norm
-// forward's launch shape: a row is `tpr` threads, each holding kRowGroupVectors vectors strided by
-// tpr vectors (so every warp access is 512 contiguous bytes), all loads in flight together; the
-// grid covers every row, one block per `rpb` rows, and each row asks L2 for the row of the block
-// that takes its slot in the next wave (`l2_ahead` rows further). H200, session 31, relu p = 0.1,
-// us, two runs each in one call against the walking grid above: (16384, 4096) 72.5-72.8 ->
-// 69.6-69.9, (16384, 5120) 89.1-89.2 -> 86.0-86.7, (32768, 1024) 38.7-39.0 -> 37.6-37.9 (above the
-// same-size memcpy's 38.1-38.6). Without the L2 request the row groups are 7-10% slower than with
-// it (75.1, 94.8-94.9, 40.0); four vectors per thread lost 5-7% to two. Rows of more than 1024
-// vectors ((8192, 16384): 2048) keep the walking grid, even with row groups of four vectors
-// (137.2-138.5 against 138.3-139.0). The transcendental activations lose 7-19% in this shape
-// (issue-bound: the walking grid amortizes a thread's set-up over many rows and overlaps the math
-// with the next row's loads), so they keep the walking grid.
-inline constexpr int kRowGroupVectors = 2;
+// kRowGroupVectors 16-byte vectors per thread (row_group_shape, bias_act_dropout_config.h). This
+// is the norm forward's launch shape: a row is `tpr` threads, each holding kRowGroupVectors
+// vectors strided by tpr vectors (so every warp access is 512 contiguous bytes), all loads in
+// flight together; the grid covers every row, one block per `rpb` rows, and each row asks L2 for
+// the row of the block that takes its slot in the next wave (`l2_ahead` rows further): without
+// that request the row groups lose 7-10% (bench: bias_act_dropout fwd relu (16384, 4096),
+// (16384, 5120), (32768, 1024), H200).
 
 template <typename T, typename W, typename Act>
 __global__ void __launch_bounds__(512, 2)
@@ -374,10 +356,11 @@ __global__ void __launch_bounds__(512, 2)
 // serialization) may start its launch while this grid drains (allow_dependent_launch).
 using detail::device::allow_dependent_launch;
 
-// A thread's backward rows with STORE_DX fixed; dx's running sums go to `acc`.
-template <typename T, typename W, typename Chunk, typename Act, bool STORE_DX>
+// A thread's backward rows; dx's running sums go to `acc`.
+template <typename T, typename W, typename Chunk, typename Act, OptionalOutput DX>
 __device__ __forceinline__ void backward_rows(const BackwardParams& p, const RowSteps& steps, const ThreadRows rows,
                                               std::int64_t col, int valid, float (&acc)[kChunk]) {
+  constexpr bool STORE_DX = DX == OptionalOutput::store;
   using Tn = typename Chunk::Tune;
   constexpr int VEC = kChunk, U = Tn::kRows;
   const Scalars& s = p.s;
@@ -443,8 +426,8 @@ __device__ __forceinline__ void backward_rows(const BackwardParams& p, const Row
   };
   if constexpr (Tn::kPipelined) {
     Rows b;
-    // Alternating the buffers as forward_rows does measured no faster here (H200, session 11)
-    // and spilled in the f16 / f32 instantiations: the copy stays.
+    // Alternating the buffers as forward_rows does is no faster here and spills in the f16 / f32
+    // instantiations: the copy stays.
     while (step(a, b)) a = b;
   } else {
     while (step(a, a)) {
@@ -470,8 +453,8 @@ __global__ void __launch_bounds__(kThreads, Chunk::Tune::kBlocksPerSm)
   for (int i = 0; i < VEC; ++i) acc[i] = 0.0f;
 
   if (active && rows.count > 0) {
-    if (p.dx != nullptr) backward_rows<T, W, Chunk, Act, true>(p, steps, rows, col, valid, acc);
-    else backward_rows<T, W, Chunk, Act, false>(p, steps, rows, col, valid, acc);
+    if (p.dx != nullptr) backward_rows<T, W, Chunk, Act, OptionalOutput::store>(p, steps, rows, col, valid, acc);
+    else backward_rows<T, W, Chunk, Act, OptionalOutput::skip>(p, steps, rows, col, valid, acc);
   }
   allow_dependent_launch();
   if (partial == nullptr) return;  // no dbias wanted (uniform over the grid)
@@ -510,4 +493,4 @@ __global__ void __launch_bounds__(kThreads, Chunk::Tune::kBlocksPerSm)
   }
 }
 
-}  // namespace fusekit::dropout::kernels
+}  // namespace fusekit::bias_act_dropout::kernels

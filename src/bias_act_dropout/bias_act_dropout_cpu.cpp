@@ -6,10 +6,10 @@
 
 #include "core/activation.h"
 #include "core/convert.h"
-#include "dropout/dropout_params.h"
-#include "fusekit/dropout.h"
+#include "bias_act_dropout/bias_act_dropout_params.h"
+#include "fusekit/bias_act_dropout.h"
 
-namespace fusekit::dropout {
+namespace fusekit::bias_act_dropout {
 
 using detail::load_as_double;
 using detail::store_from_double;
@@ -97,4 +97,4 @@ void backward_cpu(const BackwardParams& p) {
   }
 }
 
-}  // namespace fusekit::dropout
+}  // namespace fusekit::bias_act_dropout

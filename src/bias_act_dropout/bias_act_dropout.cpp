@@ -6,8 +6,8 @@
 
 #include "core/format.h"
 #include "core/validate.h"
-#include "dropout/dropout_params.h"
-#include "fusekit/dropout.h"
+#include "bias_act_dropout/bias_act_dropout_params.h"
+#include "fusekit/bias_act_dropout.h"
 #include "fusekit/runtime.h"
 
 namespace fusekit {
@@ -23,7 +23,7 @@ constexpr std::initializer_list<DType> kActivationDtypes = {DType::f32, DType::f
 constexpr std::int64_t kMaxCols = INT_MAX;
 
 // p, activation and slope; fills the scalars both backends read.
-dropout::Scalars check_config(const ArgCheck& check, const BiasActDropoutConfig& c) {
+bias_act_dropout::Scalars check_config(const ArgCheck& check, const BiasActDropoutConfig& c) {
   if (!(c.p >= 0.0f && c.p < 1.0f))
     check.fail("p", "a drop probability in [0, 1)", detail::format_float(c.p));
   switch (c.activation) {
@@ -37,7 +37,7 @@ dropout::Scalars check_config(const ArgCheck& check, const BiasActDropoutConfig&
   }
   if (c.activation == Activation::leaky_relu && !std::isfinite(c.slope))
     check.fail("slope", "a finite leaky_relu slope", detail::format_float(c.slope));
-  dropout::Scalars s;
+  bias_act_dropout::Scalars s;
   s.activation = c.activation;
   s.slope = c.activation == Activation::leaky_relu ? c.slope : 0.0f;
   s.p = c.p;
@@ -89,7 +89,7 @@ void bias_act_dropout_forward(const TensorView& x, const OptionalTensor& bias,
   const RowLayout xl = check.leading_rows(x, "x", kActivationDtypes, kMaxCols);
   const RowLayout yl = check.rows_and_dtype_as(y, "y", x, xl, "x");
 
-  dropout::ForwardParams p;
+  bias_act_dropout::ForwardParams p;
   set_shared_fields(check, config, x, xl, bias, p);
   if (pre_activation) {
     const RowLayout hl = check.rows_and_dtype_as(*pre_activation, "pre_activation", x, xl, "x");
@@ -104,16 +104,16 @@ void bias_act_dropout_forward(const TensorView& x, const OptionalTensor& bias,
   if (p.rows == 0) return;
   if (device.is_cuda()) {
     require_supported_gpu(check.op(), device.index);
-    dropout::forward_cuda(p, device.index, stream);
+    bias_act_dropout::forward_cuda(p, device.index, stream);
   } else {
-    dropout::forward_cpu(p);
+    bias_act_dropout::forward_cpu(p);
   }
 }
 
 std::size_t bias_act_dropout_backward_workspace_size(std::int64_t rows, std::int64_t cols,
                                                      DType dtype, Device device) {
   if (!device.is_cuda() || rows <= 0 || cols <= 0) return 0;
-  return dropout::backward_workspace_cuda(rows, cols, dtype, device.index);
+  return bias_act_dropout::backward_workspace_cuda(rows, cols, dtype, device.index);
 }
 
 void bias_act_dropout_backward(const TensorView& dy, const TensorView& x,
@@ -127,7 +127,7 @@ void bias_act_dropout_backward(const TensorView& dy, const TensorView& x,
   const RowLayout dyl = check.leading_rows(dy, "dy", kActivationDtypes, kMaxCols);
   const RowLayout xl = check.rows_and_dtype_as(x, "x", dy, dyl, "dy");
 
-  dropout::BackwardParams p;
+  bias_act_dropout::BackwardParams p;
   set_shared_fields(check, config, dy, dyl, bias, p);
   p.dbias_dtype = dy.dtype;
   if (dx) {
@@ -151,15 +151,15 @@ void bias_act_dropout_backward(const TensorView& dy, const TensorView& x,
   if (device.is_cuda()) {
     require_supported_gpu(check.op(), device.index);
     if (p.dbias && p.rows > 0) {
-      const std::size_t need = dropout::backward_workspace_cuda(p.rows, p.cols, p.dtype, device.index);
+      const std::size_t need = bias_act_dropout::backward_workspace_cuda(p.rows, p.cols, p.dtype, device.index);
       const detail::Workspace ws =
           check.workspace(workspace, need, "bias_act_dropout_backward_workspace_size", 16);
       p.workspace = ws.data;
       p.workspace_bytes = ws.bytes;
     }
-    dropout::backward_cuda(p, device.index, stream);
+    bias_act_dropout::backward_cuda(p, device.index, stream);
   } else {
-    dropout::backward_cpu(p);
+    bias_act_dropout::backward_cpu(p);
   }
 }
 

@@ -4,10 +4,10 @@
 
 #include <cstdint>
 
-#include "dropout/dropout_params.h"
+#include "bias_act_dropout/bias_act_dropout_params.h"
 #include "fusekit/philox.h"
 
-namespace fusekit::dropout {
+namespace fusekit::bias_act_dropout {
 
 // Philox's first round depends on the group number only through the counter's low half (n): the
 // high half is the offset, fixed for a launch. The offset's multiply and its XORs with the first
@@ -56,12 +56,10 @@ struct MaskWords {
   // Elements 2j and 2j + 1 kept, against `threshold2` = the threshold in both 16-bit halves, with
   // 32-bit compares only: the high half's test is w >= threshold << 16 on the whole word.
   //
-  // Not __vibmax_u16x2 (one packed 16-bit max that sets a predicate per half, sessions 3-30): on
-  // nvcc 13.0 / sm_90a, kernels that also convert f16 data miscompiled around it. A row-block
-  // forward (session 31) returned wrong y, non-finite values included, in 1-4 f16 cases per seed of
-  // DropoutGpu.RandomizedGridMatchesCpuReference (relu and leaky_relu, p = 0 too), and passed
-  // every seed with these compares; bf16 never failed. The f16-only failures of the session-29 and
-  // session-30 lab kernels fit the same cause.
+  // Not __vibmax_u16x2 (one packed 16-bit max that sets a predicate per half): on nvcc 13.0 /
+  // sm_90a, kernels that also convert f16 data miscompile around it (the row-group forward
+  // returned wrong y, non-finite values included, in BiasActDropoutGpu.RandomizedGridMatchesCpuReference
+  // and RowGroupForwardShapes, f16 only; these compares pass every seed).
   FUSEKIT_HOST_DEVICE void kept_pair(int j, std::uint32_t threshold2, bool& lo, bool& hi) const {
     lo = (w[j] & 0xFFFFu) >= (threshold2 & 0xFFFFu);
     hi = w[j] >= (threshold2 & 0xFFFF0000u);
@@ -109,4 +107,4 @@ FUSEKIT_HOST_DEVICE MaskWords unaligned_mask(const Scalars& s, const PhiloxPrefi
   return m;
 }
 
-}  // namespace fusekit::dropout
+}  // namespace fusekit::bias_act_dropout

@@ -9,7 +9,7 @@
 #include "fusekit/philox.h"  // FUSEKIT_HOST_DEVICE
 #include "fusekit/tensor.h"
 
-namespace fusekit::dropout {
+namespace fusekit::bias_act_dropout {
 
 inline constexpr int kPhiloxRounds = 10;
 
@@ -94,4 +94,4 @@ void backward_cuda(const BackwardParams& p, int device_index, Stream stream);
 std::size_t backward_workspace_cuda(std::int64_t rows, std::int64_t cols, DType dtype,
                                     int device_index);
 
-}  // namespace fusekit::dropout
+}  // namespace fusekit::bias_act_dropout

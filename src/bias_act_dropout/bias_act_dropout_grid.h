@@ -5,9 +5,8 @@
 // kChunk consecutive columns; the grid is one wave of blocks_per_sm blocks per SM, split into
 // column tiles (gx) and block rows (gy). The block rows are interleaved: thread row t of block
 // row b visits rows b * TY + t + k * gy * TY, so the whole grid streams through one window of
-// gy * TY consecutive rows at a time (as a copy does). H200, session 23, against contiguous row
-// ranges per block row: forward 1-2% faster at (16384, 4096), (16384, 5120) and (32768, 1024),
-// backward 0.5-3% (55.3 against 57.0 us at (32768, 1024)), (8192, 16384) even to 0.3% slower.
+// gy * TY consecutive rows at a time (as a copy does), 0.5-3% faster than contiguous row ranges
+// per block row (bench: bias_act_dropout fwd and bwd (16384, 4096), (32768, 1024), H200).
 #pragma once
 
 #include <algorithm>
@@ -16,7 +15,7 @@
 
 #include "fusekit/philox.h"  // FUSEKIT_HOST_DEVICE
 
-namespace fusekit::dropout {
+namespace fusekit::bias_act_dropout {
 
 inline constexpr int kThreads = 512;  // threads per block, TX * TY
 inline constexpr int kChunk = 8;      // columns per thread: one Philox call when aligned
@@ -30,12 +29,10 @@ struct TileGrid {
 // The distance between a thread's consecutive rows: one window of the grid's row lanes.
 FUSEKIT_HOST_DEVICE std::int64_t row_step(const TileGrid& g) { return std::int64_t(g.gy) * g.ty; }
 
-// Block widths TX (in chunks of kChunk columns), swept on the H200 (session 11; 16..512 against
-// the former choice of 128 for most N): narrow blocks with many row lanes run best, the forward
-// at 32 (relu (16384, 5120) 92.4 -> 89.6 us, gelu_tanh 92.4 -> 90.8), the backward at 16 (3%
-// faster at (16384, 4096), 2% at (8192, 16384) and (16384, 5120)); widths of 256 and 512 lost
-// up to 65% at N = 1024. Narrower blocks also mean fewer dbias partial rows: a wave of B blocks
-// writes B * TX * kChunk floats of partials whatever N is.
+// Block widths TX (in chunks of kChunk columns): narrow blocks with many row lanes run best, the
+// forward at 32, the backward at 16 (bench: bias_act_dropout fwd / bwd (16384, 4096),
+// (16384, 5120), H200); widths of 256 and 512 lose up to 65% at N = 1024. Narrower blocks also
+// mean fewer dbias partial rows: a wave of B blocks writes B * TX * kChunk floats whatever N is.
 inline constexpr int kForwardBlockWidth = 32;
 inline constexpr int kBackwardBlockWidth = 16;
 
@@ -73,4 +70,4 @@ FUSEKIT_HOST_DEVICE ThreadRows thread_rows(const TileGrid& g, int block_y, int t
   return t;
 }
 
-}  // namespace fusekit::dropout
+}  // namespace fusekit::bias_act_dropout

@@ -1,0 +1,248 @@
+// The launch choices of the linear family (linear_config.h), on the CPU: what the benchmark shapes
+// get on H100- and H200-like devices, the route boundaries, and properties over a grid of shapes.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "linear/linear_config.h"
+
+namespace fusekit {
+namespace {
+
+using linear::BackwardPath;
+using linear::ForwardPath;
+
+detail::DeviceInfo device(int sm_count, double dram_bytes_per_sm_clock) {
+  detail::DeviceInfo d;
+  d.sm_count = sm_count;
+  d.dram_bytes_per_sm_clock = dram_bytes_per_sm_clock;
+  return d;
+}
+const detail::DeviceInfo kH100 = device(132, 12.83);
+const detail::DeviceInfo kH200 = device(132, 18.42);
+const detail::DeviceInfo kH100Pcie = device(114, 12.0);
+
+constexpr Activation kActivations[] = {Activation::none,      Activation::relu,         Activation::gelu_erf,
+                                       Activation::gelu_tanh, Activation::squared_relu, Activation::silu};
+
+linear::ForwardProblem forward(std::int64_t m, std::int64_t n, std::int64_t k, DType dtype, Activation act,
+                               bool bias = true, bool pre = false, bool aligned = true) {
+  linear::ForwardProblem p;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.dtype = dtype;
+  p.activation = act;
+  p.bias = bias;
+  p.pre = pre;
+  p.pre_fits_aux = pre && aligned;
+  p.cutlass_ok = aligned && dtype != DType::f32 && n % 8 == 0 && k % 8 == 0;
+  return p;
+}
+
+linear::BackwardProblem backward(std::int64_t m, std::int64_t n, std::int64_t k, DType dtype, Activation act,
+                                 bool dx = true, bool dw = true, bool aligned = true) {
+  linear::BackwardProblem p;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.dtype = dtype;
+  p.activation = act;
+  p.dx = dx;
+  p.dw = dw;
+  p.dbias = true;
+  p.dz_in_dgrad_aligned = aligned && n % 8 == 0 && k % 8 == 0;
+  return p;
+}
+
+TEST(LinearConfig, CublasltEpilogueTable) {
+  using lt = linear::lt::Epilogue;
+  EXPECT_EQ(linear::cublaslt_epilogue(forward(64, 64, 64, DType::bf16, Activation::none, false)), lt::none);
+  EXPECT_EQ(linear::cublaslt_epilogue(forward(64, 64, 64, DType::bf16, Activation::none)), lt::bias);
+  EXPECT_EQ(linear::cublaslt_epilogue(forward(64, 64, 64, DType::bf16, Activation::relu)), lt::relu_bias);
+  EXPECT_EQ(linear::cublaslt_epilogue(forward(64, 64, 64, DType::bf16, Activation::gelu_tanh, false)), lt::gelu);
+  EXPECT_EQ(linear::cublaslt_epilogue(forward(64, 64, 64, DType::bf16, Activation::gelu_tanh, true, true)),
+            lt::gelu_aux_bias);
+  // relu's aux is a bit-mask, not the pre-activation; the aux needs aligned rows.
+  EXPECT_FALSE(linear::cublaslt_epilogue(forward(64, 64, 64, DType::bf16, Activation::relu, true, true)));
+  EXPECT_FALSE(linear::cublaslt_epilogue(forward(64, 64, 64, DType::bf16, Activation::gelu_tanh, true, true, false)));
+  for (Activation a : {Activation::gelu_erf, Activation::squared_relu, Activation::silu})
+    EXPECT_FALSE(linear::cublaslt_epilogue(forward(64, 64, 64, DType::bf16, a)));
+}
+
+TEST(LinearConfig, BenchmarkShapesForward) {
+  // (M, N, K) of the linear benchmark; the choice does not depend on the device.
+  const std::int64_t shapes[][3] = {{8192, 16384, 4096}, {8191, 12296, 4096}, {16384, 8192, 8192}, {8192, 4096, 16384}};
+  for (const auto& s : shapes) {
+    const std::int64_t m = s[0], n = s[1], k = s[2];
+    EXPECT_EQ(linear::choose_forward_path(forward(m, n, k, DType::bf16, Activation::none)), ForwardPath::cublaslt_epilogue);
+    EXPECT_EQ(linear::choose_forward_path(forward(m, n, k, DType::bf16, Activation::relu)), ForwardPath::cublaslt_epilogue);
+    EXPECT_EQ(linear::choose_forward_path(forward(m, n, k, DType::bf16, Activation::gelu_tanh)), ForwardPath::cutlass_fused);
+    EXPECT_EQ(linear::choose_forward_path(forward(m, n, k, DType::bf16, Activation::silu)), ForwardPath::cutlass_fused);
+    EXPECT_EQ(linear::choose_forward_path(forward(m, n, k, DType::f16, Activation::gelu_erf, true, true)),
+              ForwardPath::cutlass_fused);
+    // Timed: the paths that compute the same forward, the rule's choice first.
+    EXPECT_TRUE(linear::timed_problem(m, n, k, true));
+    EXPECT_FALSE(linear::timed_problem(m, n, k, false));
+    EXPECT_TRUE(linear::forward_candidates(forward(m, n, k, DType::bf16, Activation::relu), ForwardPath::cublaslt_epilogue).empty());
+    EXPECT_EQ(linear::forward_candidates(forward(m, n, k, DType::bf16, Activation::silu), ForwardPath::cutlass_fused),
+              (std::vector<ForwardPath>{ForwardPath::cutlass_fused, ForwardPath::unfused}));
+    EXPECT_EQ(linear::forward_candidates(forward(m, n, k, DType::bf16, Activation::gelu_tanh), ForwardPath::cutlass_fused),
+              (std::vector<ForwardPath>{ForwardPath::cutlass_fused, ForwardPath::cublaslt_epilogue, ForwardPath::unfused}));
+  }
+  // f32: only the exact epilogues are fused, nothing is timed.
+  EXPECT_EQ(linear::choose_forward_path(forward(4096, 4096, 4096, DType::f32, Activation::relu)), ForwardPath::cublaslt_epilogue);
+  EXPECT_EQ(linear::choose_forward_path(forward(4096, 4096, 4096, DType::f32, Activation::gelu_tanh)), ForwardPath::unfused);
+  EXPECT_TRUE(linear::forward_candidates(forward(4096, 4096, 4096, DType::f32, Activation::silu), ForwardPath::unfused).empty());
+  // Misaligned 16-bit: what cuBLASLt can fuse, else unfused.
+  EXPECT_EQ(linear::choose_forward_path(forward(1000, 1001, 999, DType::bf16, Activation::silu)), ForwardPath::unfused);
+  EXPECT_EQ(linear::choose_forward_path(forward(1000, 1001, 999, DType::bf16, Activation::gelu_tanh)),
+            ForwardPath::cublaslt_epilogue);
+  // Problems under 2^30 flops are never timed.
+  EXPECT_FALSE(linear::timed_problem(512, 512, 512, true));
+  EXPECT_TRUE(linear::timed_problem(512, 512, 2048, true));  // exactly 2^30
+}
+
+TEST(LinearConfig, ForcedForwardPathWhereItCanServe) {
+  const linear::ForwardProblem silu = forward(256, 256, 256, DType::bf16, Activation::silu);
+  EXPECT_EQ(linear::choose_forward_path(silu, ForwardPath::unfused), ForwardPath::unfused);
+  EXPECT_EQ(linear::choose_forward_path(silu, ForwardPath::cutlass_fused), ForwardPath::cutlass_fused);
+  // cuBLASLt has no silu epilogue: the automatic choice.
+  EXPECT_EQ(linear::choose_forward_path(silu, ForwardPath::cublaslt_epilogue), ForwardPath::cutlass_fused);
+  const linear::ForwardProblem f32 = forward(256, 256, 256, DType::f32, Activation::relu);
+  EXPECT_EQ(linear::choose_forward_path(f32, ForwardPath::cutlass_fused), ForwardPath::cublaslt_epilogue);
+}
+
+TEST(LinearConfig, BenchmarkShapesBackward) {
+  for (const detail::DeviceInfo& d : {kH100, kH200}) {
+    // K <= 6144 and at least 2^36 flops: dz inside the dx GEMM, the first wave's rows formed first
+    // (K = 4096: 16 tiles per row, 132 / 16 = 8 blocks of 128 rows).
+    linear::BackwardPlan plan = linear::choose_backward(backward(8192, 16384, 4096, DType::bf16, Activation::gelu_tanh), d);
+    EXPECT_EQ(plan.path, BackwardPath::dz_in_dgrad);
+    EXPECT_EQ(plan.first_rows, 1024);
+    plan = linear::choose_backward(backward(8191, 12296, 4096, DType::bf16, Activation::relu), d);
+    EXPECT_EQ(plan.path, BackwardPath::dz_in_dgrad);
+    EXPECT_EQ(plan.first_rows, 1024);
+    // K > 6144: the separate pass.
+    EXPECT_EQ(linear::choose_backward(backward(16384, 8192, 8192, DType::bf16, Activation::relu), d).path,
+              BackwardPath::separate_dz);
+    EXPECT_EQ(linear::choose_backward(backward(8192, 4096, 16384, DType::bf16, Activation::relu), d).path,
+              BackwardPath::separate_dz);
+    // The routing test's shapes (LinearGpu.BackwardRouting).
+    EXPECT_EQ(linear::choose_backward(backward(4096, 4096, 2048, DType::bf16, Activation::gelu_tanh), d).path,
+              BackwardPath::dz_in_dgrad);
+    EXPECT_EQ(linear::choose_backward(backward(2048, 2048, 8192, DType::bf16, Activation::gelu_tanh), d).path,
+              BackwardPath::separate_dz);
+    EXPECT_EQ(linear::choose_backward(backward(1024, 1024, 1024, DType::bf16, Activation::gelu_tanh), d).path,
+              BackwardPath::separate_dz);
+    // Without dx, in f32, misaligned: the separate pass; without an activation: no dz.
+    EXPECT_EQ(linear::choose_backward(backward(8192, 16384, 4096, DType::bf16, Activation::relu, false), d).path,
+              BackwardPath::separate_dz);
+    EXPECT_EQ(linear::choose_backward(backward(8192, 16384, 4096, DType::f32, Activation::relu), d).path,
+              BackwardPath::separate_dz);
+    EXPECT_EQ(linear::choose_backward(backward(8192, 16384, 4096, DType::bf16, Activation::relu, true, true, false), d).path,
+              BackwardPath::separate_dz);
+    EXPECT_EQ(linear::choose_backward(backward(8192, 16384, 4096, DType::bf16, Activation::none), d).path,
+              BackwardPath::no_dz);
+    EXPECT_EQ(linear::choose_backward(backward(8192, 16384, 4096, DType::bf16, Activation::relu, false, false), d).path,
+              BackwardPath::no_dz);
+  }
+  // Fewer SMs, fewer rows formed first (114 / 16 = 7 blocks).
+  EXPECT_EQ(linear::choose_backward(backward(8192, 16384, 4096, DType::bf16, Activation::relu), kH100Pcie).first_rows, 896);
+}
+
+TEST(LinearConfig, DzRouteBoundaries) {
+  const auto path = [](std::int64_t m, std::int64_t n, std::int64_t k) {
+    return linear::choose_backward(backward(m, n, k, DType::bf16, Activation::silu), kH100).path;
+  };
+  EXPECT_EQ(path(4096, 4096, 6144), BackwardPath::dz_in_dgrad);
+  EXPECT_EQ(path(4096, 4096, 6152), BackwardPath::separate_dz);
+  EXPECT_EQ(path(4096, 4096, 2048), BackwardPath::dz_in_dgrad);  // exactly 2^37
+  EXPECT_EQ(path(2048, 4096, 4096), BackwardPath::dz_in_dgrad);  // exactly 2^36
+  EXPECT_EQ(path(2048, 4088, 4096), BackwardPath::separate_dz);  // just under
+  // The table's last row catches everything.
+  EXPECT_EQ(std::end(linear::kDzRoutes)[-1].max_k, INT64_MAX);
+  EXPECT_EQ(std::end(linear::kDzRoutes)[-1].min_flops, 0.0);
+}
+
+TEST(LinearConfig, ForcedBackwardRouteAndFirstRows) {
+  const linear::BackwardProblem small = backward(512, 512, 512, DType::bf16, Activation::relu);
+  linear::BackwardPlan plan = linear::choose_backward(small, kH100, BackwardPath::dz_in_dgrad);
+  EXPECT_EQ(plan.path, BackwardPath::dz_in_dgrad);
+  EXPECT_EQ(plan.first_rows, 512);  // 132 / 2 tiles per row = 66 blocks, capped at M
+  plan = linear::choose_backward(small, kH100, BackwardPath::dz_in_dgrad, 0);
+  EXPECT_EQ(plan.first_rows, 0);
+  plan = linear::choose_backward(small, kH100, BackwardPath::dz_in_dgrad, 300);
+  EXPECT_EQ(plan.first_rows, 256);  // rounded down to 128
+  EXPECT_EQ(linear::choose_backward(backward(8192, 16384, 4096, DType::bf16, Activation::relu), kH100,
+                                    BackwardPath::separate_dz)
+                .path,
+            BackwardPath::separate_dz);
+  // A forced route the kernel cannot serve falls back.
+  EXPECT_EQ(linear::choose_backward(backward(512, 512, 512, DType::f32, Activation::relu), kH100,
+                                    BackwardPath::dz_in_dgrad)
+                .path,
+            BackwardPath::separate_dz);
+}
+
+TEST(LinearConfig, ChoicesAreServableOverAGrid) {
+  const std::int64_t dims[] = {1, 7, 8, 64, 100, 1000, 1024, 4096, 8191, 12296, 16384};
+  int checked = 0;
+  for (std::int64_t m : dims)
+    for (std::int64_t n : dims)
+      for (std::int64_t k : dims)
+        for (DType dtype : {DType::f32, DType::f16, DType::bf16})
+          for (Activation act : kActivations)
+            for (bool pre : {false, true}) {
+              const linear::ForwardProblem p = forward(m, n, k, dtype, act, true, pre, (m + n) % 3 != 0);
+              const ForwardPath path = linear::choose_forward_path(p);
+              if (path == ForwardPath::cublaslt_epilogue) ASSERT_TRUE(linear::cublaslt_epilogue(p).has_value());
+              if (path == ForwardPath::cutlass_fused) ASSERT_TRUE(p.cutlass_ok);
+              const std::vector<ForwardPath> c = linear::forward_candidates(p, path);
+              if (!c.empty()) ASSERT_EQ(c.front(), path);
+              for (ForwardPath q : c) {
+                if (q == ForwardPath::cublaslt_epilogue) ASSERT_TRUE(linear::cublaslt_epilogue(p).has_value());
+                if (q == ForwardPath::cutlass_fused) ASSERT_TRUE(p.cutlass_ok);
+              }
+              for (const detail::DeviceInfo& d : {kH100, kH200, kH100Pcie}) {
+                const linear::BackwardPlan plan = linear::choose_backward(backward(m, n, k, dtype, act), d);
+                if (plan.path == BackwardPath::dz_in_dgrad) {
+                  ASSERT_TRUE(linear::dz_in_dgrad_eligible(backward(m, n, k, dtype, act)));
+                  ASSERT_EQ(plan.first_rows % 128, 0);
+                  ASSERT_LE(plan.first_rows, m);
+                }
+              }
+              ++checked;
+            }
+  EXPECT_GT(checked, 0);
+}
+
+TEST(LinearConfig, ElementwiseGeometryCoversEveryColumn) {
+  const std::int64_t dims[] = {1, 2, 7, 8, 100, 2048, 4104, 12296, 16384, 65536, 1 << 20};
+  for (int sms : {132, 114, 1})
+    for (std::int64_t m : dims)
+      for (std::int64_t n : dims)
+        for (int vec : {1, 4, 8}) {
+          SCOPED_TRACE(std::to_string(m) + " x " + std::to_string(n) + " vec " + std::to_string(vec));
+          const linear::ElementwiseGrid g = linear::elementwise_grid(m, n, vec, sms);
+          ASSERT_GE(g.gx * linear::kElementwiseThreads * vec, n);
+          ASSERT_GE(g.gy, 1);
+          ASSERT_LE(g.gy, std::min<std::int64_t>(m, 65535));
+          const int threads = linear::dz_pass_threads(n, vec, g.gx);
+          ASSERT_EQ(threads % 32, 0);
+          ASSERT_LE(threads, linear::kElementwiseThreads);
+          ASSERT_GE(std::int64_t(threads) * g.gx * vec, n);
+          const int slots = linear::dbias_slots(m, n);
+          ASSERT_GE(slots, 1);
+          ASSERT_LE(slots, std::min<std::int64_t>(m, 65535));
+        }
+  // The dbias order does not depend on the GPU: ~1024 blocks for a row of up to 2048 elements.
+  EXPECT_EQ(linear::dbias_slots(8192, 2048), 1024);
+  EXPECT_EQ(linear::dbias_slots(8192, 16384), 128);
+  EXPECT_EQ(linear::dbias_slots(5, 4104), 5);
+}
+
+}  // namespace
+}  // namespace fusekit
