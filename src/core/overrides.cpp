@@ -12,6 +12,9 @@ namespace {
 // One row per key, grouped by family. A key that no code reads does not belong here.
 const std::vector<OverrideKey> kOverrideKeys = {
     // Filled in by the op families.
+    // attention
+    {"attention.path", "auto|sm90|mma",
+     "attention kernels: the Hopper ones where they serve the call (auto), always them (sm90), or mma.sync"},
 };
 
 struct State {
