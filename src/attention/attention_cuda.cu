@@ -1,6 +1,6 @@
 // CUDA launchers for attention: translate the validated Problem into kernel parameters, pick the
 // head-dim bucket (64, 128 or 256: the larger of D and Dv, rounded up), lay out the caller's
-// workspace, and launch the kernels of attention_kernels.cuh in order on the caller's stream.
+// workspace, and launch the kernels of attention_mma_kernels.cuh in order on the caller's stream.
 //
 // Instantiations: 2 dtypes x 3 buckets x 4 tile kernels (forward, dk/dv, dq, dbias) plus the
 // small row kernels. Everything else (masks, bias and its dtype, dropout, varlen, GQA, which
@@ -21,12 +21,14 @@
 #include <cstdint>
 #include <string>
 
-#include "attention/attention_kernels.cuh"
+#include "attention/attention_config.h"
+#include "attention/attention_mma_kernels.cuh"
 #include "attention/attention_params.h"
 #include "attention/attention_sm90.h"
 #include "core/cuda_check.h"
 #include "core/device_info.h"
 #include "core/launch_tuning.h"
+#include "core/overrides.h"
 #include "fusekit/error.h"
 
 namespace fusekit::attention {
@@ -46,11 +48,6 @@ struct Bucket {
   static constexpr int kDkdvWarps = kD > 64 ? 8 : 4;    // dk/dv kernel: 64 keys x 64 queries
   static constexpr int kDkdvBM = 64, kDkdvBN = 64;
 };
-
-int bucket_of(std::int64_t d, std::int64_t dv) {
-  const std::int64_t m = d > dv ? d : dv;
-  return m <= 64 ? 64 : m <= 128 ? 128 : 256;
-}
 
 template <typename T, typename F>
 void dispatch_bucket(int bucket, F&& f) {
@@ -154,13 +151,11 @@ void launch(const char* op, const char* name, void (*kernel)(KernelParams), dim3
 
 unsigned blocks(std::int64_t n, std::int64_t per_block) { return static_cast<unsigned>((n + per_block - 1) / per_block); }
 
-// dbias needs a reduction when one of its dims is 1 while the problem has more than one
-// batch, head or query row there.
-bool dbias_needs_reduction(const BackwardProblem& p) {
-  const std::int64_t full[3] = {p.batch, p.heads_q, p.seqlen_q};
-  for (int d = 0; d < 3; ++d)
-    if (p.dbias.shape[d] == 1 && full[d] > 1) return true;
-  return false;
+// The "attention.path" override (attention_config.h): tests force the mma.sync kernels with it.
+PathChoice path_choice() {
+  return detail::override_choice<PathChoice>(
+             kPathOverrideKey, {{"auto", PathChoice::automatic}, {"sm90", PathChoice::sm90}, {"mma", PathChoice::mma}})
+      .value_or(PathChoice::automatic);
 }
 
 }  // namespace
@@ -183,12 +178,13 @@ void forward_cuda(const Problem& p, int device_index, Stream stream) {
   check_limits(op, p);
   detail::DeviceGuard guard(op, device_index);
   const auto s = static_cast<cudaStream_t>(stream);
+  const ForwardConfig config = choose_forward(p, detail::device_info(op, device_index), path_choice());
   const KernelParams k = make_params(p);
-  if (sm90::forward_supported(p, device_index)) {
+  if (config.path == KernelPath::sm90) {
     sm90::forward(p, k, device_index, s);
     return;
   }
-  dispatch(p.dtype, bucket_of(p.head_dim, p.head_dim_v), [&](auto cfg) {
+  dispatch(p.dtype, config.bucket, [&](auto cfg) {
     using C = decltype(cfg);
     using Shape = kernels::ForwardShape<C::kD, C::kBN>;
     const dim3 grid(blocks(p.seqlen_q, Shape::kBM), static_cast<unsigned>(p.heads_q), static_cast<unsigned>(p.batch));
@@ -204,7 +200,6 @@ void backward_cuda(const BackwardProblem& p, int device_index, Stream stream) {
   if (!want_dq && !want_dk && !want_dv && !want_dbias) return;
   check_limits(op, p);
   const std::int64_t dbias_numel = want_dbias ? p.dbias.shape[0] * p.dbias.shape[1] * p.dbias.shape[2] * p.dbias.shape[3] : 0;
-  const bool dbias_reduce = want_dbias && dbias_needs_reduction(p);
   const std::size_t need = backward_workspace_cuda(p.batch, p.seqlen_q, p.heads_q, p.head_dim, p.deterministic);
   if (need > 0 && (p.workspace == nullptr || p.workspace_bytes < need))
     throw Error(ErrorKind::invalid_argument, op, "workspace",
@@ -212,6 +207,8 @@ void backward_cuda(const BackwardProblem& p, int device_index, Stream stream) {
                 std::to_string(p.workspace_bytes) + " bytes");
 
   detail::DeviceGuard guard(op, device_index);
+  const BackwardConfig config = choose_backward(p, detail::device_info(op, device_index), path_choice());
+  const bool dbias_reduce = config.dbias_reduce;
   const auto s = static_cast<cudaStream_t>(stream);
   KernelParams k = make_params(p);
   k.dout = operand(p.dout);
@@ -228,7 +225,7 @@ void backward_cuda(const BackwardProblem& p, int device_index, Stream stream) {
   }
   k.want_dk = want_dk;
   k.want_dv = want_dv;
-  k.atomic_dq = want_dq && !p.deterministic;
+  k.atomic_dq = config.atomic_dq;
   k.dbias_direct = want_dbias && !dbias_reduce;
   const int input_bias_dtype = p.dtype == DType::bf16 ? kernels::kBiasBf16 : kernels::kBiasF16;
   k.dbias_tile = k.dbias_direct && k.dbias.dtype == input_bias_dtype && bias_is_16b_aligned(k.dbias);
@@ -244,16 +241,16 @@ void backward_cuda(const BackwardProblem& p, int device_index, Stream stream) {
   }
   const std::int64_t rows = p.total_q * p.heads_q;
   const bool any_rows = rows > 0 && p.heads_kv > 0;
-  dispatch(p.dtype, bucket_of(p.head_dim, p.head_dim_v), [&](auto cfg) {
+  dispatch(p.dtype, config.bucket, [&](auto cfg) {
     using C = decltype(cfg);
     using T = typename C::T;
     constexpr int kRowThreads = C::kD / 8 < 32 ? C::kD / 8 : 32;  // see preprocess_kernel
     constexpr int kRowsPerBlock = 256 / kRowThreads;
     if (any_rows) launch(op, "attention backward preprocess kernel", kernels::preprocess_kernel<T, kRowThreads>,
                          dim3(blocks(rows, kRowsPerBlock)), 256, 0, s, k, device_index);
-    if ((k.want_dk || k.want_dv || k.atomic_dq) && sm90::backward_supported(p, device_index)) {
-      sm90::dkdv(p, k, device_index, s);
-    } else if (k.want_dk || k.want_dv || k.atomic_dq || k.dbias_direct) {
+    if (config.dkdv == DkdvKernel::sm90) {
+      sm90::dkdv(p, k, config.cta_group, device_index, s);
+    } else if (config.dkdv == DkdvKernel::mma) {
       using Shape = kernels::DkdvShape<C::kD, C::kDkdvWarps, C::kDkdvBM, C::kDkdvBN>;
       const dim3 grid(blocks(p.seqlen_k, Shape::kBN), static_cast<unsigned>(p.heads_kv), static_cast<unsigned>(p.batch));
       launch(op, "attention backward dk/dv kernel",

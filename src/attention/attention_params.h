@@ -58,6 +58,59 @@ struct BackwardProblem : Problem {
   bool deterministic = false;
 };
 
+namespace kernels {
+
+// The kernels' view of one call (both the mma.sync and the Hopper kernels read it): sizes as
+// ints, strides in elements, the mask and dropout settings, and what the backward produces.
+
+// One (b, s, h, d) operand: element (b, token, h, c) at b * b + token * s + h * h + c.
+struct OperandArg {
+  void* data = nullptr;
+  std::int64_t b = 0, s = 0, h = 0;
+};
+
+enum BiasDtype : int { kBiasF32 = 0, kBiasF16 = 1, kBiasBf16 = 2 };
+
+// bias or dbias, (b, h, i, j) with stride 0 on broadcast dims and key stride 1.
+struct BiasArg {
+  void* data = nullptr;
+  int dtype = kBiasF32;
+  std::int64_t shape[4] = {};
+  std::int64_t b = 0, h = 0, i = 0;
+};
+
+struct KernelParams {
+  int batch = 0, heads_q = 0, heads_kv = 0, group = 1;
+  int d = 0, dv = 0, dp = 0, dvp = 0;  // head dims and their multiples of 16
+  int seqlen_q = 0, seqlen_k = 0;      // fixed lengths, or the max lengths with varlen
+  std::int64_t total_q = 0;            // tokens of q (varlen) or batch * seqlen_q
+  const std::int32_t* cu_q = nullptr;  // null: fixed lengths
+  const std::int32_t* cu_k = nullptr;
+  float scale = 1.0f, scale_log2 = 1.0f;  // scale and scale * log2(e)
+  int causal = 0, top_left = 0;
+  std::int64_t window_left = -1, window_right = -1;
+  int dropout = 0;
+  std::uint32_t threshold = 0;
+  float keep_scale = 1.0f;
+  std::uint64_t seed = 0, offset = 0;
+  OperandArg q, k, v, out, dout, grad_q, grad_k, grad_v;  // grad_*: dq, dk, dv
+  BiasArg bias, dbias;  // data null: none
+  float* lse = nullptr;
+  float* delta = nullptr;     // backward workspace, laid out like lse
+  float* dq_accum = nullptr;  // non-deterministic backward: (token, h, d) float32
+  // Backward: what the dkdv kernel does.
+  int want_dk = 0, want_dv = 0, atomic_dq = 0, dbias_direct = 0;
+  // Bias tiles staged in shared memory with 16-byte copies (bias pointer and strides 16-byte
+  // aligned), and dbias written from the dS tile in 16-byte rows (dbias in the input dtype, same
+  // alignment, direct path); otherwise element by element.
+  int bias_tile = 0, dbias_tile = 0;
+};
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+}  // namespace kernels
+
 void forward_cpu(const Problem& p);
 void backward_cpu(const BackwardProblem& p);
 

@@ -6,7 +6,6 @@
 
 #include "attention/attention_sm90.h"
 #include "attention/attention_sm90_launch.h"
-#include "core/launch_tuning.h"
 
 namespace fusekit::attention::sm90 {
 namespace {
@@ -49,22 +48,6 @@ void launch(const Problem& p, const kernels::KernelParams& k, int device_index, 
 }
 
 }  // namespace
-
-bool forward_supported(const Problem& p, int device_index) {
-  if (!detail::env_flag("FUSEKIT_ATTENTION_SM90", true)) return false;
-  const detail::DeviceInfo& info = detail::device_info("attention_forward", device_index);
-  if (info.major != 9) return false;
-  if (p.dtype != DType::bf16 && p.dtype != DType::f16) return false;
-  if (p.head_dim != p.head_dim_v || (p.head_dim != 64 && p.head_dim != 128)) return false;
-  // A TMA descriptor needs every extent >= 1: no query or no key tokens at all (variable lengths
-  // that are all 0) stay with the mma.sync kernels, which define those outputs (zeros, -inf).
-  if (p.total_q == 0 || p.total_k == 0 || p.heads_q == 0 || p.heads_kv == 0 || p.batch == 0) return false;
-  const TmaExtents x = tma_extents(p);
-  if (!tma_describable(p.q, x.tokens_q, p.heads_q, x.batch) || !tma_describable(p.k, x.tokens_k, p.heads_kv, x.batch) ||
-      !tma_describable(p.v, x.tokens_k, p.heads_kv, x.batch))
-    return false;
-  return bias_on_tma(p) && p.scale > 0.0;
-}
 
 void forward(const Problem& p, const kernels::KernelParams& k, int device_index, cudaStream_t stream) {
   with_traits<ForwardTraits>(p, [&](auto traits) { launch<decltype(traits)>(p, k, device_index, stream); });

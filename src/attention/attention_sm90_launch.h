@@ -6,10 +6,10 @@
 #include <cstdint>
 #include <string>
 
+#include "attention/attention_config.h"
 #include "attention/attention_params.h"
 #include "attention/attention_sm90_kernels.cuh"
 #include "core/cuda_check.h"
-#include "core/device_info.h"
 #include "core/launch_tuning.h"
 #include "fusekit/error.h"
 
@@ -31,14 +31,6 @@ typename Traits::GmemTensor gmem_tensor(const Operand& op, std::int64_t tokens, 
                                              stride_of(batch, varlen ? 0 : op.b_stride))));
 }
 
-// The call's extents as the TMA tensors see them: with variable lengths one batch of packed tokens.
-struct TmaExtents {
-  std::int64_t batch, tokens_q, tokens_k;
-};
-inline TmaExtents tma_extents(const Problem& p) {
-  return {p.varlen ? 1 : p.batch, p.varlen ? p.total_q : p.seqlen_q, p.varlen ? p.total_k : p.seqlen_k};
-}
-
 // q, k and v as (token, d, head, batch) TMA tensors.
 template <typename Traits>
 struct QkvTensors {
@@ -50,12 +42,6 @@ QkvTensors<Traits> qkv_tensors(const Problem& p) {
   return {gmem_tensor<Traits>(p.q, x.tokens_q, p.heads_q, x.batch, p.varlen),
           gmem_tensor<Traits>(p.k, x.tokens_k, p.heads_kv, x.batch, p.varlen),
           gmem_tensor<Traits>(p.v, x.tokens_k, p.heads_kv, x.batch, p.varlen)};
-}
-
-// Whether TMA can describe the operand: every dim it steps has a positive stride (the argument
-// checks allow 0, a view broadcast over heads or tokens; the mma.sync kernels take those).
-inline bool tma_describable(const Operand& op, std::int64_t tokens, std::int64_t heads, std::int64_t batch) {
-  return (tokens <= 1 || op.s_stride > 0) && (heads <= 1 || op.h_stride > 0) && (batch <= 1 || op.b_stride > 0);
 }
 
 // Launches `kernel` with `smem` bytes of dynamic shared memory (more than the default 48 KB: the
@@ -84,14 +70,6 @@ auto bias_tensor(const BiasOperand& b, Element* data) {
 }
 
 inline BiasCoords bias_coords(const BiasOperand& b) { return {b.h_stride > 0 ? 1 : 0, b.b_stride > 0 ? 1 : 0}; }
-
-// Whether the Hopper kernels can take this bias: in the input dtype (the tile shares the dS
-// buffer's layout), fixed lengths, and a materialized query dim (TMA cannot repeat a row).
-inline bool bias_on_tma(const Problem& p) {
-  const BiasOperand& b = p.bias;
-  return b.data == nullptr ||
-         (b.dtype == p.dtype && !p.varlen && (b.i_stride > 0 || p.seqlen_q == 1) && b.shape[3] == p.seqlen_k);
-}
 
 // Calls f(Traits<T, D>{}) for the call's dtype (f16 or bf16) and head dim (64 or 128): the
 // instantiations the Hopper kernels have.

@@ -31,6 +31,9 @@ const std::vector<OverrideKey> kOverrideKeys = {
      "how the backward forms dz: one elementwise pass, or inside the dx GEMM where it can"},
     {"linear.backward.dz_first_rows", "0..2147483647",
      "rows the in_dgrad route forms with the elementwise pass before its kernel (multiple of 128)"},
+    // attention
+    {"attention.path", "auto|sm90|mma",
+     "attention kernels: the Hopper ones where they serve the call (auto), always them (sm90), or mma.sync"},
 };
 
 struct State {

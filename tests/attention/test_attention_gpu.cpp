@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "fusekit/attention.h"
+#include "core/overrides.h"
 #include "fusekit/error.h"
 #include "tests/attention/attention_testing.h"
 #include "tests/harness/gtest_helpers.h"
@@ -228,6 +229,29 @@ TEST(AttentionGpu, BiasBroadcastAndDbias) {
       s.bias_dtype = bias_dtypes[salt % 3];
       for (int d = 0; d < 3; ++d) s.bias_full[d] = (pattern >> d) & 1;
       s.bias_expand = expand;
+      check_case(s, salt++);
+    }
+}
+
+// The mma.sync kernels at the head dims the Hopper kernels take on sm_90 (D = Dv = 64, 128),
+// forced by the "attention.path" override: a causal mask, GQA, dropout, a bias in the input
+// dtype with dbias, both backward modes.
+TEST(AttentionGpu, MmaPathAtHopperHeadDims) {
+  FUSEKIT_REQUIRE_GPU();
+  struct PathGuard {
+    PathGuard() { detail::set_override("attention.path", "mma"); }
+    ~PathGuard() { detail::set_override("attention.path", ""); }
+  } guard;
+  std::uint64_t salt = 1250;
+  for (const std::int64_t d : {64, 128})
+    for (int variant = 0; variant < 4; ++variant) {
+      Spec s;
+      s.dtype = variant % 2 ? DType::f16 : DType::bf16;
+      s.B = 2, s.Hq = 4, s.Hkv = 2, s.Sq = 150, s.Sk = 190, s.D = d, s.Dv = d;
+      s.cfg.mask = variant == 1 ? AttentionMask::causal_bottom_right : AttentionMask::none;
+      s.cfg.dropout_p = variant == 2 ? 0.2f : 0.0f;
+      s.cfg.seed = 7, s.cfg.offset = 3;
+      s.bias = variant == 3, s.bias_dtype = s.dtype;
       check_case(s, salt++);
     }
 }

@@ -66,178 +66,15 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "core/device_vector.cuh"
+#include "attention/attention_device.cuh"
+#include "attention/attention_dropout.cuh"
+#include "attention/attention_lse.cuh"
+#include "attention/attention_mask.cuh"
+#include "attention/attention_params.h"
+#include "attention/attention_softmax.cuh"
 #include "fusekit/attention.h"
-#include "fusekit/dropout.h"
-#include "fusekit/philox.h"
 
 namespace fusekit::attention::kernels {
-
-// ---- parameters -----------------------------------------------------------------------------------
-
-// One (b, s, h, d) operand: element (b, token, h, c) at b * b + token * s + h * h + c.
-struct OperandArg {
-  void* data = nullptr;
-  std::int64_t b = 0, s = 0, h = 0;
-};
-
-enum BiasDtype : int { kBiasF32 = 0, kBiasF16 = 1, kBiasBf16 = 2 };
-
-// bias or dbias, (b, h, i, j) with stride 0 on broadcast dims and key stride 1.
-struct BiasArg {
-  void* data = nullptr;
-  int dtype = kBiasF32;
-  std::int64_t shape[4] = {};
-  std::int64_t b = 0, h = 0, i = 0;
-};
-
-struct KernelParams {
-  int batch = 0, heads_q = 0, heads_kv = 0, group = 1;
-  int d = 0, dv = 0, dp = 0, dvp = 0;  // head dims and their multiples of 16
-  int seqlen_q = 0, seqlen_k = 0;      // fixed lengths, or the max lengths with varlen
-  std::int64_t total_q = 0;            // tokens of q (varlen) or batch * seqlen_q
-  const std::int32_t* cu_q = nullptr;  // null: fixed lengths
-  const std::int32_t* cu_k = nullptr;
-  float scale = 1.0f, scale_log2 = 1.0f;  // scale and scale * log2(e)
-  int causal = 0, top_left = 0;
-  std::int64_t window_left = -1, window_right = -1;
-  int dropout = 0;
-  std::uint32_t threshold = 0;
-  float keep_scale = 1.0f;
-  std::uint64_t seed = 0, offset = 0;
-  OperandArg q, k, v, out, dout, grad_q, grad_k, grad_v;  // grad_*: dq, dk, dv
-  BiasArg bias, dbias;  // data null: none
-  float* lse = nullptr;
-  float* delta = nullptr;     // backward workspace, laid out like lse
-  float* dq_accum = nullptr;  // non-deterministic backward: (token, h, d) float32
-  // Backward: what the dkdv kernel does.
-  int want_dk = 0, want_dv = 0, atomic_dq = 0, dbias_direct = 0;
-  // Bias tiles staged in shared memory with 16-byte copies (bias pointer and strides 16-byte
-  // aligned), and dbias written from the dS tile in 16-byte rows (dbias in the input dtype, same
-  // alignment, direct path); otherwise element by element.
-  int bias_tile = 0, dbias_tile = 0;
-};
-
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-
-__device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); }
-__device__ __forceinline__ float neg_inf() { return __int_as_float(static_cast<int>(0xff800000u)); }
-
-// ---- sequences and masks ----------------------------------------------------------------------
-
-struct Seq {
-  std::int64_t q_base = 0, k_base = 0;  // packed token of row 0 (varlen), else 0
-  int sq = 0, sk = 0;
-};
-
-__device__ __forceinline__ Seq seq_of(const KernelParams& p, int b) {
-  Seq s;
-  if (p.cu_q != nullptr) {
-    const int q0 = p.cu_q[b], q1 = p.cu_q[b + 1], k0 = p.cu_k[b], k1 = p.cu_k[b + 1];
-    s.q_base = q0;
-    s.k_base = k0;
-    // The lengths are trusted (they are not read on the host); clamping keeps a bad vector
-    // inside the grid and the padded bias.
-    s.sq = min(max(q1 - q0, 0), p.seqlen_q);
-    s.sk = min(max(k1 - k0, 0), p.seqlen_k);
-  } else {
-    s.sq = p.seqlen_q;
-    s.sk = p.seqlen_k;
-  }
-  return s;
-}
-
-// Index of row i of (b, h) in lse / delta: (B, Hq, Sq) or (Hq, Tq).
-__device__ __forceinline__ std::int64_t lse_index(const KernelParams& p, const Seq& s, int b, int h, int i) {
-  return p.cu_q != nullptr ? static_cast<std::int64_t>(h) * p.total_q + s.q_base + i
-                           : (static_cast<std::int64_t>(b) * p.heads_q + h) * p.seqlen_q + i;
-}
-
-// The packed token of query row i (the dq accumulator is (token, h, d)).
-__device__ __forceinline__ std::int64_t q_token(const KernelParams& p, const Seq& s, int b, int i) {
-  return p.cu_q != nullptr ? s.q_base + i : static_cast<std::int64_t>(b) * p.seqlen_q + i;
-}
-
-template <typename T>
-__device__ __forceinline__ T* row_ptr(const OperandArg& op, int b, std::int64_t token, int h) {
-  return static_cast<T*>(op.data) + (static_cast<std::int64_t>(b) * op.b + token * op.s +
-                                     static_cast<std::int64_t>(h) * op.h);
-}
-
-// The visible keys of each query row of one sequence (fusekit/attention.h, "Masks and windows").
-struct MaskRule {
-  int sq = 0, sk = 0;
-  std::int64_t diag = 0;
-  bool causal = false;
-  std::int64_t wl = -1, wr = -1;
-
-  // [lo, hi) within [0, sk); empty (hi <= lo) when nothing is visible or i is not a row.
-  __device__ __forceinline__ void range(int i, int& lo, int& hi) const {
-    if (i < 0 || i >= sq) {
-      lo = 0;
-      hi = 0;
-      return;
-    }
-    const std::int64_t di = i + diag;
-    std::int64_t first = 0, last = static_cast<std::int64_t>(sk) - 1;
-    if (causal) last = min(last, di);
-    if (wr >= 0) last = min(last, di + wr);
-    if (wl >= 0) first = max(first, di - wl);
-    first = min(first, static_cast<std::int64_t>(sk));
-    lo = static_cast<int>(first);
-    hi = static_cast<int>(max(first, last + 1));
-  }
-  // Whether query rows [i0, i1) (i1 <= sq) see any key of [j0, j1).
-  __device__ __forceinline__ bool block_visible(int i0, int i1, int j0, int j1) const {
-    if (i1 <= i0) return false;
-    int lo0, hi0, lo1, hi1;
-    range(i0, lo0, hi0);
-    range(i1 - 1, lo1, hi1);
-    return max(lo0, j0) < min(hi1, j1);
-  }
-  // For the query rows [i0, i1) (i1 <= sq): the blocks of kBN keys any of them sees,
-  // [jb_begin, jb_end) (empty if none), and the keys every one of them sees, [all_lo, all_hi)
-  // (lo and hi never decrease with the row, so the first and the last row decide).
-  template <int kBN>
-  __device__ __forceinline__ void key_blocks(int i0, int i1, int& jb_begin, int& jb_end, int& all_lo,
-                                             int& all_hi) const {
-    int lo0, hi0, lo1, hi1;
-    range(i0, lo0, hi0);
-    range(i1 - 1, lo1, hi1);
-    jb_begin = jb_end = 0;
-    if (hi1 > lo0) {
-      jb_begin = lo0 / kBN;
-      jb_end = (hi1 + kBN - 1) / kBN;
-    }
-    all_lo = lo1;
-    all_hi = hi0;
-  }
-  // The blocks of kBM query rows that see keys [j0, j1): one interval [ib_first, ib_last] (lo
-  // and hi never decrease with the row); ib_last < ib_first when none does.
-  template <int kBM>
-  __device__ __forceinline__ void query_blocks(int j0, int j1, int& ib_first, int& ib_last) const {
-    const int n_query_blocks = (sq + kBM - 1) / kBM;
-    ib_first = n_query_blocks;
-    ib_last = -1;
-    for (int ib = 0; ib < n_query_blocks; ++ib)
-      if (block_visible(ib * kBM, min(ib * kBM + kBM, sq), j0, j1)) {
-        ib_first = min(ib_first, ib);
-        ib_last = ib;
-      }
-  }
-};
-
-__device__ __forceinline__ MaskRule mask_rule(const KernelParams& p, const Seq& s) {
-  MaskRule r;
-  r.sq = s.sq;
-  r.sk = s.sk;
-  r.diag = p.top_left ? 0 : static_cast<std::int64_t>(s.sk) - s.sq;
-  r.causal = p.causal != 0;
-  r.wl = p.window_left;
-  r.wr = p.window_right;
-  return r;
-}
 
 // ---- bias ---------------------------------------------------------------------------------------
 
@@ -259,47 +96,6 @@ __device__ __forceinline__ void store_bias(const BiasArg& a, int b, int h, int i
     case kBiasF16: static_cast<__half*>(a.data)[off] = __float2half_rn(v); break;
     default: static_cast<__nv_bfloat16*>(a.data)[off] = __float2bfloat16_rn(v); break;
   }
-}
-
-// ---- element types --------------------------------------------------------------------------------
-
-// Two floats as one 32-bit word of 16-bit values (lo in the low half) and back; the bit copies
-// go through memcpy (core/device_vector.cuh's bit_copy), never a pointer cast of a local.
-using detail::device::pack2;
-
-template <typename T>
-__device__ __forceinline__ float2 unpack2(std::uint32_t w);
-template <>
-__device__ __forceinline__ float2 unpack2<__half>(std::uint32_t w) {
-  return __half22float2(detail::device::bit_copy<__half2>(w));
-}
-template <>
-__device__ __forceinline__ float2 unpack2<__nv_bfloat16>(std::uint32_t w) {
-  return __bfloat1622float2(detail::device::bit_copy<__nv_bfloat162>(w));
-}
-
-// ---- shared memory, cp.async, ldmatrix, mma -------------------------------------------------------
-
-__device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
-  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(smem)), "l"(gmem));
-}
-
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
-
-__device__ __forceinline__ void ldsm_x4(std::uint32_t (&r)[4], const void* smem) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(smem)));
-}
-
-__device__ __forceinline__ void ldsm_x4_trans(std::uint32_t (&r)[4], const void* smem) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(smem)));
 }
 
 // m16n8k16 fragments (lane = 4 g + t):
@@ -460,32 +256,6 @@ __device__ __forceinline__ void load_tile(T* tile, const T* row0, std::int64_t r
   }
 }
 
-// Keep bits of the (kBM queries at i0) x (kBN keys at j0) tile of (b, h): byte [il][jg] holds
-// keys j0 + 8 jg + e (bit e) of query i0 + il. j0 is a multiple of 8: one Philox call per byte.
-template <int kBM, int kBN, int kThreads>
-__device__ __forceinline__ void compute_keep_bits(std::uint8_t* keep, const KernelParams& p, int b, int h, int i0,
-                                                  int j0) {
-  const std::uint64_t subsequence = attention_dropout_subsequence(
-      p.offset, static_cast<std::uint64_t>(b), static_cast<std::uint64_t>(h), static_cast<std::uint64_t>(p.heads_q));
-  constexpr int kGroups = kBN / 8;
-  for (int idx = threadIdx.x; idx < kBM * kGroups; idx += kThreads) {
-    const int il = idx / kGroups, jg = idx % kGroups;
-    const std::uint64_t i = static_cast<std::uint64_t>(i0 + il);
-    const std::uint64_t group = static_cast<std::uint64_t>(j0 / 8 + jg);
-    const philox::Words4 w = philox::random4(p.seed, subsequence, (i << 29) + group);
-    std::uint32_t bits = 0;
-#pragma unroll
-    for (int e = 0; e < 8; ++e)
-      bits |= static_cast<std::uint32_t>(dropout_random16_of_group(w, static_cast<std::uint64_t>(e)) >= p.threshold)
-              << e;
-    keep[idx] = static_cast<std::uint8_t>(bits);
-  }
-}
-
-template <int kBN>
-__device__ __forceinline__ bool kept(const std::uint8_t* keep, int il, int jl) {
-  return (keep[il * (kBN / 8) + jl / 8] >> (jl % 8)) & 1u;
-}
 
 // ---- bias tiles in shared memory ------------------------------------------------------------------
 
@@ -528,13 +298,6 @@ __device__ __forceinline__ float bias_from_tile(const unsigned char* tile, int p
 
 // ---- the forward ----------------------------------------------------------------------------------
 
-// 2^x in one MUFU instruction (exp2f adds a denormal-range fix-up the softmax does not need:
-// its arguments are <= 0 and results below 2^-126 are negligible against the row sum >= 1).
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
@@ -714,32 +477,10 @@ __global__ void __launch_bounds__(128) forward_kernel(const KernelParams p) {
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float mx = neg_inf();
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(sc[mt][nt][2 * r], sc[mt][nt][2 * r + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m[mt][r], mx * mult);
-        const float m_use = m_new == neg_inf() ? 0.0f : m_new;  // a row with nothing visible yet
-        const float alpha = fast_exp2(m[mt][r] - m_use);        // 0 when m = -inf
-        m[mt][r] = m_new;
-        float sum = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const float pv = fast_exp2(fmaf(sc[mt][nt][2 * r + c], mult, -m_use));
-            sc[mt][nt][2 * r + c] = pv;
-            sum += pv;
-          }
-        l[mt][r] = l[mt][r] * alpha + sum;
-#pragma unroll
-        for (int nt = 0; nt < kDT; ++nt) {
-          o[mt][nt][2 * r] *= alpha;
-          o[mt][nt][2 * r + 1] *= alpha;
-        }
-      }
+      for (int r = 0; r < 2; ++r)
+        online_softmax_row<kNT, kDT>([&](int c, int e) -> float& { return sc[mt][c][2 * r + e]; },
+                                     [&](int c, int e) -> float& { return o[mt][c][2 * r + e]; }, m[mt][r], l[mt][r],
+                                     mult);
 
     cp_async_wait_all();
     __syncthreads();  // V(j) and the keep bits landed; every warp is done with K(j)
@@ -880,7 +621,7 @@ __global__ void __launch_bounds__(256) convert_dq_kernel(const KernelParams p) {
 
 // Every logical element of dbias set to 0 (the direct path then overwrites what it produces).
 // One row (b, h, i) per block iteration, threads along the keys.
-// static: this header is included by more than one translation unit (attention_sm90_forward.cu, attention_sm90_backward.cu).
+// static: a kernel that is no template, defined in a header.
 static __global__ void __launch_bounds__(256) zero_dbias_kernel(const BiasArg db) {
   const std::int64_t rows = db.shape[0] * db.shape[1] * db.shape[2];
   for (std::int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
