@@ -1,13 +1,11 @@
-// Host-side launch tuning shared by the op families: benchmark knobs read from the environment, and
-// the occupancy of a kernel at a launch shape, cached.
+// Host-side launch helpers shared by the op families: the dynamic shared-memory opt-in and the
+// occupancy of a kernel at a launch shape, cached.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstddef>
-#include <cstdlib>
-#include <cstring>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -18,19 +16,6 @@
 #include "fusekit/error.h"
 
 namespace fusekit::detail {
-
-// An integer knob (benchmarks and tuning sweeps): `fallback` when unset or outside [lo, hi].
-inline int env_knob(const char* name, int lo, int hi, int fallback) {
-  const char* env = std::getenv(name);
-  const int v = env ? std::atoi(env) : fallback;
-  return (v >= lo && v <= hi) ? v : fallback;
-}
-
-// A switch knob: `fallback` when unset, false for "0", true for anything else.
-inline bool env_flag(const char* name, bool fallback) {
-  const char* env = std::getenv(name);
-  return env ? std::strcmp(env, "0") != 0 : fallback;
-}
 
 // Lets `kernel` take `smem` bytes of dynamic shared memory (`what` names it in the error): raises
 // its limit, once per kernel and device, to all that the GPU allows a block beside the kernel's

@@ -158,15 +158,12 @@ Spec random_spec(std::mt19937_64& rng) {
   return s;
 }
 
-int random_case_count() {
-  if (const char* env = std::getenv("FUSEKIT_ATTENTION_GPU_CASES")) return std::atoi(env);
-  return 40;
-}
+constexpr int kRandomCases = 40;
 
 TEST(AttentionGpu, RandomizedAgainstReference) {
   FUSEKIT_REQUIRE_GPU();
   auto rng = testing::make_rng(1000);
-  const int n = random_case_count();
+  const int n = kRandomCases;
   for (int c = 0; c < n; ++c) {
     const Spec spec = random_spec(rng);
     try {
