@@ -73,7 +73,8 @@ void bias_act_dropout_forward(const TensorView& x, const OptionalTensor& bias,
                               Stream stream = nullptr);
 
 // Bytes of scratch memory the backward needs to compute dbias for an (rows, cols) problem of
-// `dtype` on `device` (0 on the CPU).
+// `dtype` on `device` (0 on the CPU). rows in 0..2^31 - 1, cols in 0..2^31 - 1 and an x dtype, or
+// an invalid_argument Error.
 std::size_t bias_act_dropout_backward_workspace_size(std::int64_t rows, std::int64_t cols,
                                                      DType dtype, Device device);
 
