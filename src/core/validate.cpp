@@ -247,7 +247,7 @@ void ArgCheck::eps(float v, bool positive) const {
   if (!ok)
     fail("eps",
          std::string(positive ? "a positive" : "a non-negative") +
-             " number representable in float32 (at most 3.4028235e38)",
+             " finite number (float32: at most 3.4028235e38)",
          format_float(v));
 }
 
