@@ -321,17 +321,29 @@ void require_gpu_bias_dtype(const char* op, const char* name, const attention::B
                     "'; f64 runs on the CPU reference only");
 }
 
-// The size queries' arguments: every size non-negative, head dims within the kernels' limit, a
-// known dtype and a valid config, and workspace products that fit in 2^63 - 1 bytes.
+// The size queries' arguments, all fields of the argument 'shape' (the message names the field):
+// every size non-negative, head dims within the kernels' limit and a q/k/v dtype; then a valid
+// config, and workspace products that fit in 2^63 - 1 bytes.
 void check_shape(const ArgCheck& check, const AttentionShape& s, const AttentionConfig& config) {
+  constexpr std::int64_t kAny = std::numeric_limits<std::int64_t>::max();
+  const struct {
+    const char* name;
+    std::int64_t value, max;
+  } sizes[] = {{"batch", s.batch, kAny},       {"seqlen_q", s.seqlen_q, kAny},
+               {"seqlen_k", s.seqlen_k, kAny}, {"heads_q", s.heads_q, kAny},
+               {"heads_kv", s.heads_kv, kAny}, {"head_dim", s.head_dim, kAttentionMaxHeadDim},
+               {"head_dim_v", s.head_dim_v, kAttentionMaxHeadDim}};
+  for (const auto& z : sizes)
+    if (z.value < 0 || z.value > z.max)
+      check.fail("shape", std::string(z.name) + (z.max == kAny ? " >= 0" : " in 0.." + str(z.max)),
+                 std::string(z.name) + " = " + str(z.value));
+  bool known = false;
+  for (DType d : kQkvDtypes) known = known || s.dtype == d;
+  if (!known)
+    check.fail("shape", "dtype " + detail::dtype_list(kQkvDtypes),
+               dtype_size(s.dtype) ? std::string(dtype_name(s.dtype))
+                                   : "dtype code " + str(static_cast<int>(s.dtype)));
   check_config(check, config);
-  const std::pair<const char*, std::int64_t> sizes[] = {
-      {"batch", s.batch},     {"seqlen_q", s.seqlen_q}, {"seqlen_k", s.seqlen_k},
-      {"heads_q", s.heads_q}, {"heads_kv", s.heads_kv}};
-  for (const auto& [name, v] : sizes) check.size_in(v, name, 0, std::numeric_limits<std::int64_t>::max());
-  check.size_in(s.head_dim, "head_dim", 0, kAttentionMaxHeadDim);
-  check.size_in(s.head_dim_v, "head_dim_v", 0, kAttentionMaxHeadDim);
-  check.dtype_arg_in(s.dtype, "dtype", kQkvDtypes);
   // The GPU backward's delta (B x Sq x Hq floats) and dq accumulator (times D): products the CUDA
   // size function forms, each refused here before it could wrap.
   detail::size_product(check.op(), "shape", "the float32 dq accumulator (batch x seqlen_q x heads_q x head_dim x 4 bytes)",

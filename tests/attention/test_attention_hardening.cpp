@@ -228,15 +228,15 @@ TEST(AttentionHardening, WorkspaceQueriesCheckEveryArgument) {
     AttentionShape negative = ok;
     negative.seqlen_k = -1;
     expect_error([&] { attention_backward_workspace_size(negative, cfg, true, device); },
-                 ErrorKind::invalid_argument, "seqlen_k", "got -1");
+                 ErrorKind::invalid_argument, "shape", "got seqlen_k = -1");
     AttentionShape wide = ok;
     wide.head_dim_v = 512;
     expect_error([&] { attention_forward_workspace_size(wide, cfg, device); }, ErrorKind::invalid_argument,
-                 "head_dim_v", "0..256");
+                 "shape", "expected head_dim_v in 0..256, got head_dim_v = 512");
     AttentionShape bad_dtype = ok;
     bad_dtype.dtype = DType::u8;
     expect_error([&] { attention_forward_workspace_size(bad_dtype, cfg, device); }, ErrorKind::invalid_argument,
-                 "dtype", "got u8");
+                 "shape", "got u8");
     AttentionConfig bad_cfg;
     bad_cfg.window_left = -2;
     expect_error([&] { attention_backward_workspace_size(ok, bad_cfg, false, device); },
