@@ -23,7 +23,7 @@ cd "$root"
 
 # Exact versions, matching pyproject.toml's [build-system] pins.
 BUILD_PINS="scikit-build-core==1.1.2 nanobind==3.1.0"
-TEST_PINS="numpy==2.4.6 pytest==9.2.0 ml_dtypes==0.6.0"
+TEST_PINS="numpy==2.4.6 pytest==9.2.0 ml_dtypes==0.6.0 hypothesis==6.170.17"
 
 PY=${PYTHON:-python3}
 out="$root/build-python"

@@ -58,12 +58,17 @@
 //   causal:            j <= i + d
 //   window_left  >= 0: j >= i + d - window_left
 //   window_right >= 0: j <= i + d + window_right
-// (-1 = unbounded on that side; a causal mask already bounds the right side at 0).
+// (-1 = unbounded on that side; a causal mask already bounds the right side at 0). A window of
+// Sq + Sk keys or more (Sq, Sk the max lengths with varlen) bounds nothing either: it is the same
+// as -1, so INT64_MAX may stand for "unbounded" (the bounds are never formed near int64 overflow).
 //
 // Fully masked rows. A row in which no key is visible (e.g. causal_bottom_right with Sq > Sk, a
 // window that falls outside the keys, Sk_b = 0, or a bias that is -inf on every visible key) gives
 // out = 0 and lse = -inf, and contributes zero to every gradient; no NaN anywhere. The bias may
-// hold -inf (a mask); it must not hold +inf or NaN.
+// hold -inf (a mask); it must not hold +inf or NaN (the softmax of +inf is NaN). The CPU checks
+// every bias element and refuses +inf and NaN (invalid_argument naming the element); on the GPU,
+// where that check would cost a pass over the bias, they are the caller's precondition and give
+// NaN in out and lse.
 //
 // Bias. A 4-D view indexed (b, h, i, j) with shape (B or 1, Hq or 1, Sq or 1, Sk). A dimension of
 // size 1 is broadcast (its stride is not read); a full-size dimension may also have stride 0 (an
@@ -105,7 +110,15 @@
 // (a float32 dq accumulator), each rounded up to 256 bytes (Sq = max_seqlen_q with varlen). The
 // size functions make no CUDA call.
 //
-// Outputs must not overlap inputs or each other.
+// Outputs must not overlap inputs or each other, nor themselves: out, lse, dq, dk, dv and dbias
+// with a stride of 0 over a dimension longer than 1 (an expanded view) are refused on every device.
+//
+// Sizes. Every size query checks its arguments (non-negative sizes, head dims up to
+// kAttentionMaxHeadDim, a q/k/v dtype, a valid config) and refuses (invalid_argument) shapes whose
+// workspace would not fit in 2^63 - 1 bytes, rather than returning a wrapped size. The CPU
+// reference holds one (batch, head) slice's Sq x Sk scores in float64 at a time: sizes whose scratch
+// exceeds 2^63 - 1 bytes are refused (invalid_argument) before any work, and a scratch allocation
+// that fails gives ErrorKind::unsupported naming the op and the bytes asked for.
 #pragma once
 
 #include <cstddef>
@@ -128,8 +141,8 @@ const char* attention_mask_name(AttentionMask mask);
 struct AttentionConfig {
   std::optional<float> scale;  // default 1 / sqrt(D); must be finite
   AttentionMask mask = AttentionMask::none;
-  std::int64_t window_left = -1;   // -1: unbounded
-  std::int64_t window_right = -1;  // -1: unbounded
+  std::int64_t window_left = -1;   // -1 (or >= Sq + Sk): unbounded
+  std::int64_t window_right = -1;  // -1 (or >= Sq + Sk): unbounded
   float dropout_p = 0.0f;          // in [0, 1)
   std::uint64_t seed = 0;
   std::uint64_t offset = 0;  // < 2^32

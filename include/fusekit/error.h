@@ -12,7 +12,8 @@ namespace fusekit {
 
 enum class ErrorKind {
   invalid_argument,  // shape, dtype, stride, alignment, device, null data, size limits
-  unsupported,       // a valid request this build or this GPU cannot serve
+  unsupported,       // a valid request this build, this GPU or this host cannot serve (e.g. the
+                     // CPU reference's scratch memory could not be allocated)
   cuda,              // a CUDA runtime or library call failed
 };
 

@@ -56,7 +56,8 @@
 //
 // Workspace: on a GPU both passes need scratch memory (the forward: one float per block for the
 // global max; the backward: one partial dweight row per block). Ask the *_workspace_size
-// functions and pass a contiguous u8 tensor of at least that many bytes on the same device,
+// functions (rows in 0..2^31 - 1 and cols in 0..kFp8NormMaxCols, or an invalid_argument Error)
+// and pass a contiguous u8 tensor of at least that many bytes on the same device,
 // 16-byte aligned. The CPU backend needs none. Nothing is allocated and there is no host round
 // trip: the global max is reduced on the device and y_scale stays on the device.
 #pragma once

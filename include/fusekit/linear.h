@@ -62,6 +62,10 @@
 
 namespace fusekit {
 
+// The size queries check their arguments on every device: m, n, k in 0..2^31 - 1, a dtype and an
+// activation the ops take, and M x N small enough that the scratch size cannot wrap (an
+// invalid_argument Error otherwise, never a wrapped size).
+//
 // Bytes of scratch memory linear_forward needs on `device` (0 on the CPU).
 std::size_t linear_forward_workspace_size(std::int64_t m, std::int64_t n, std::int64_t k,
                                           DType dtype, Activation activation, Device device);

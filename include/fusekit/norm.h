@@ -4,7 +4,8 @@
 // expressible with a single row stride (any stride >= N; the last dimension contiguous).
 //   LayerNorm: y = (x - mean) * rstd * weight + bias,   rstd = 1 / sqrt(var(x) + eps)
 //   RMSNorm:   y = x * rstd * weight,                   rstd = 1 / sqrt(mean(x^2) + eps)
-// x, y, dy, dx: f32, f16 or bf16 (one dtype for all four); math in float32.
+// x, y, dy, dx: f32, f16 or bf16 (one dtype for all four), each with exactly x's shape; math in
+// float32. eps: finite and >= 0.
 // weight, bias, dweight, dbias: (N) contiguous, in x's dtype or f32 (one dtype for all).
 // mean, rstd: M float32 values (any shape with M elements, contiguous), saved for backward.
 // N may be 1 .. 65536; M up to 2^31 - 1.
@@ -16,7 +17,12 @@
 //
 // The *_from_output variants recompute the normalized input from the saved output y instead of x
 // (x_hat = (y - bias) / weight), so that x need not be kept when y is kept anyway. They require
-// every weight element to be non-zero.
+// every weight element to be non-zero: on the CPU a zero element is refused (invalid_argument); on
+// the GPU it is the caller's precondition (checking would cost a device-to-host copy per call) and
+// a zero element gives NaN in dx and dweight.
+//
+// norm_backward_workspace_size checks its arguments: rows in 0..2^31 - 1, cols in 0..kNormMaxCols,
+// an x dtype.
 #pragma once
 
 #include <cstddef>

@@ -2,11 +2,18 @@
 // rule of fusekit/attention.h, variable lengths, config), then dispatch on where the tensors live:
 // the float64 CPU reference, or the CUDA kernels (f16 / bf16; other dtypes are refused with
 // ErrorKind::unsupported after the argument checks and before any CUDA call).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "attention/attention_params.h"
+#include "core/checked_math.h"
+#include "core/convert.h"
+#include "core/format.h"
 #include "core/validate.h"
 #include "fusekit/attention.h"
 #include "fusekit/error.h"
@@ -208,6 +215,23 @@ attention::BiasOperand bias_layout(const ArgCheck& check, const TensorView& t, c
   return op;
 }
 
+// A bias on the CPU is read here: +inf or NaN would make out and lse NaN (the softmax of +inf), so
+// they are refused; -inf is a mask. On the GPU a scan would cost a pass over the bias: there the
+// rule is a documented precondition (fusekit/attention.h).
+void check_bias_values(const ArgCheck& check, const TensorView& t) {
+  if (t.device.is_cuda() || t.numel() == 0) return;
+  for (std::int64_t b = 0; b < t.shape[0]; ++b)
+    for (std::int64_t h = 0; h < t.shape[1]; ++h)
+      for (std::int64_t i = 0; i < t.shape[2]; ++i)
+        for (std::int64_t j = 0; j < t.shape[3]; ++j) {
+          const std::int64_t off = b * t.strides[0] + h * t.strides[1] + i * t.strides[2] + j * t.strides[3];
+          const double x = detail::load_as_double(t.data, t.dtype, off);
+          if (std::isnan(x) || x == std::numeric_limits<double>::infinity())
+            check.fail("bias", "finite values or -inf (a mask)",
+                       detail::format_float(x) + " at " + tuple({b, h, i, j}));
+        }
+}
+
 void check_lse(const ArgCheck& check, const TensorView& lse, const attention::Problem& p) {
   check.dtype_is(lse, "lse", DType::f32, "the log-sum-exp is float32");
   const bool ok = p.varlen ? lse.ndim == 2 && lse.shape[0] == p.heads_q && lse.shape[1] == p.total_q
@@ -266,10 +290,17 @@ attention::Problem check_common(const ArgCheck& check, const TensorView& q, cons
   }
   check_lse(check, lse, p);
   p.lse = lse.data_as<float>();
-  if (bias) p.bias = bias_layout(check, *bias, "bias", p, false);
+  if (bias) {
+    p.bias = bias_layout(check, *bias, "bias", p, false);
+    check_bias_values(check, *bias);
+  }
   p.scale = config.scale ? static_cast<double>(*config.scale) : 1.0 / std::sqrt(static_cast<double>(p.head_dim));
   p.mask = config.mask;
-  p.window_left = config.window_left, p.window_right = config.window_right;
+  // A window of Sq + Sk keys or more bounds nothing (fusekit/attention.h): it becomes -1 here, so
+  // that no backend forms i + d +- window near the int64 limit.
+  const std::optional<std::int64_t> unbounded = detail::checked_add(p.seqlen_q, p.seqlen_k);
+  auto window = [&](std::int64_t w) { return unbounded && w >= *unbounded ? -1 : w; };
+  p.window_left = window(config.window_left), p.window_right = window(config.window_right);
   p.dropout_p = config.dropout_p, p.seed = config.seed, p.offset = config.offset;
   return p;
 }
@@ -290,10 +321,33 @@ void require_gpu_bias_dtype(const char* op, const char* name, const attention::B
                     "'; f64 runs on the CPU reference only");
 }
 
-void check_shape(const char* op, const AttentionShape& s) {
-  const std::int64_t v[] = {s.batch, s.seqlen_q, s.seqlen_k, s.heads_q, s.heads_kv, s.head_dim, s.head_dim_v};
-  for (std::int64_t x : v)
-    if (x < 0) throw Error(ErrorKind::invalid_argument, op, "shape", "non-negative sizes", std::to_string(x));
+// The size queries' arguments, all fields of the argument 'shape' (the message names the field):
+// every size non-negative, head dims within the kernels' limit and a q/k/v dtype; then a valid
+// config, and workspace products that fit in 2^63 - 1 bytes.
+void check_shape(const ArgCheck& check, const AttentionShape& s, const AttentionConfig& config) {
+  constexpr std::int64_t kAny = std::numeric_limits<std::int64_t>::max();
+  const struct {
+    const char* name;
+    std::int64_t value, max;
+  } sizes[] = {{"batch", s.batch, kAny},       {"seqlen_q", s.seqlen_q, kAny},
+               {"seqlen_k", s.seqlen_k, kAny}, {"heads_q", s.heads_q, kAny},
+               {"heads_kv", s.heads_kv, kAny}, {"head_dim", s.head_dim, kAttentionMaxHeadDim},
+               {"head_dim_v", s.head_dim_v, kAttentionMaxHeadDim}};
+  for (const auto& z : sizes)
+    if (z.value < 0 || z.value > z.max)
+      check.fail("shape", std::string(z.name) + (z.max == kAny ? " >= 0" : " in 0.." + str(z.max)),
+                 std::string(z.name) + " = " + str(z.value));
+  bool known = false;
+  for (DType d : kQkvDtypes) known = known || s.dtype == d;
+  if (!known)
+    check.fail("shape", "dtype " + detail::dtype_list(kQkvDtypes),
+               dtype_size(s.dtype) ? std::string(dtype_name(s.dtype))
+                                   : "dtype code " + str(static_cast<int>(s.dtype)));
+  check_config(check, config);
+  // The GPU backward's delta (B x Sq x Hq floats) and dq accumulator (times D): products the CUDA
+  // size function forms, each refused here before it could wrap.
+  detail::size_product(check.op(), "shape", "the float32 dq accumulator (batch x seqlen_q x heads_q x head_dim x 4 bytes)",
+                       {s.batch, s.seqlen_q, s.heads_q, std::max<std::int64_t>(s.head_dim, 1), 4});
 }
 
 OptionalTensor varlen_arg(const std::optional<AttentionVarlen>& varlen, bool q) {
@@ -303,19 +357,19 @@ OptionalTensor varlen_arg(const std::optional<AttentionVarlen>& varlen, bool q) 
 
 }  // namespace
 
-std::size_t attention_forward_workspace_size(const AttentionShape& shape, const AttentionConfig&,
+std::size_t attention_forward_workspace_size(const AttentionShape& shape, const AttentionConfig& config,
                                              Device device) {
   const char* op = "attention_forward_workspace_size";
-  check_shape(op, shape);
+  check_shape(ArgCheck(op), shape, config);
   if (!device.is_cuda()) return 0;
   require_gpu_dtype(op, shape.dtype);
   return attention::forward_workspace_cuda(shape.batch, shape.seqlen_q, shape.heads_q, shape.head_dim);
 }
 
-std::size_t attention_backward_workspace_size(const AttentionShape& shape, const AttentionConfig&,
+std::size_t attention_backward_workspace_size(const AttentionShape& shape, const AttentionConfig& config,
                                               bool deterministic, Device device) {
   const char* op = "attention_backward_workspace_size";
-  check_shape(op, shape);
+  check_shape(ArgCheck(op), shape, config);
   if (!device.is_cuda()) return 0;
   require_gpu_dtype(op, shape.dtype);
   return attention::backward_workspace_cuda(shape.batch, shape.seqlen_q, shape.heads_q, shape.head_dim,

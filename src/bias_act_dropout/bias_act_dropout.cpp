@@ -112,7 +112,11 @@ void bias_act_dropout_forward(const TensorView& x, const OptionalTensor& bias,
 
 std::size_t bias_act_dropout_backward_workspace_size(std::int64_t rows, std::int64_t cols,
                                                      DType dtype, Device device) {
-  if (!device.is_cuda() || rows <= 0 || cols <= 0) return 0;
+  const ArgCheck check("bias_act_dropout_backward_workspace_size");
+  check.size_in(rows, "rows", 0, INT_MAX);
+  check.size_in(cols, "cols", 0, kMaxCols);
+  check.dtype_arg_in(dtype, "dtype", kActivationDtypes);
+  if (!device.is_cuda() || rows == 0 || cols == 0) return 0;
   return bias_act_dropout::backward_workspace_cuda(rows, cols, dtype, device.index);
 }
 

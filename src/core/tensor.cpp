@@ -1,5 +1,6 @@
 #include "fusekit/tensor.h"
 
+#include <optional>
 
 #include "core/format.h"
 #include "core/validate.h"
@@ -64,8 +65,17 @@ TensorView TensorView::from_arrays(void* data, DType dtype, Device device, int n
   if (strides) {
     for (int d = 0; d < ndim; ++d) t.strides[d] = strides[d];
   } else {
+    std::int64_t numel = 1;  // contiguous strides are partial products: they must not wrap
+    for (int d = 0; d < ndim; ++d) {
+      const std::optional<std::int64_t> n = detail::checked_mul(numel, shape[d]);
+      if (!n)
+        throw Error(ErrorKind::invalid_argument, "TensorView", "shape",
+                    "sizes whose product fits in 2^63 - 1", detail::format_int_list(shape, ndim));
+      numel = *n;
+    }
     fill_contiguous_strides(t);
   }
+  detail::ArgCheck("TensorView").well_formed(t, "shape");
   return t;
 }
 

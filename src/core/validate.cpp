@@ -1,9 +1,11 @@
 #include "core/validate.h"
 
 #include <algorithm>
-
 #include <climits>
+#include <cmath>
 #include <cstdint>
+
+#include "core/format.h"
 
 namespace fusekit::detail {
 
@@ -137,6 +139,11 @@ void ArgCheck::no_overlap(std::initializer_list<NamedArg> outputs,
            std::string("a view sharing bytes with '") + other.name + "'");
   };
   for (auto out = outputs.begin(); out != outputs.end(); ++out) {
+    if (out->view && out->view->data && out->view->numel() > 1 && !nested_blocks(*out->view).ok)
+      fail(out->name,
+           "a view whose elements do not overlap (no stride 0 over a dimension longer than 1, no "
+           "interleaved dimensions): each element is written",
+           "shape " + out->view->shape_string() + " with strides " + out->view->strides_string());
     for (auto later = out + 1; later != outputs.end(); ++later) check_pair(*out, *later);
     for (const NamedArg& in : inputs) check_pair(*out, in);
   }
@@ -147,6 +154,14 @@ void ArgCheck::dtype_in(const TensorView& t, const char* arg,
   for (DType d : allowed)
     if (t.dtype == d) return;
   fail(arg, "dtype " + dtype_list(allowed), dtype_name(t.dtype));
+}
+
+void ArgCheck::dtype_arg_in(DType d, const char* arg, std::initializer_list<DType> allowed) const {
+  for (DType a : allowed)
+    if (d == a) return;
+  const bool known = dtype_size(d) != 0;
+  fail(arg, "dtype " + dtype_list(allowed),
+       known ? std::string(dtype_name(d)) : "dtype code " + std::to_string(static_cast<int>(d)));
 }
 
 void ArgCheck::dtype_is(const TensorView& t, const char* arg, DType expected,
@@ -197,10 +212,50 @@ void ArgCheck::vector(const TensorView& t, const char* arg, std::int64_t n) cons
   if (n > 1 && t.strides[0] != 1) fail(arg, "a contiguous vector", "stride " + t.strides_string());
 }
 
+void ArgCheck::well_formed(const TensorView& t, const char* arg) const {
+  if (t.ndim < 0 || t.ndim > kMaxDims)
+    fail(arg, "0.." + std::to_string(kMaxDims) + " dimensions", std::to_string(t.ndim));
+  for (int d = 0; d < t.ndim; ++d)
+    if (t.shape[d] < 0) fail(arg, "non-negative sizes", "shape " + t.shape_string());
+  if (dtype_size(t.dtype) == 0)
+    fail(arg, "a known dtype", "dtype code " + std::to_string(static_cast<int>(t.dtype)));
+  // The element count, and the span in elements from the lowest to the highest element.
+  std::optional<std::int64_t> numel = 1, span = 1;
+  for (int d = 0; d < t.ndim; ++d) numel = numel ? checked_mul(*numel, t.shape[d]) : std::nullopt;
+  for (int d = 0; d < t.ndim && numel && *numel > 0; ++d) {
+    if (t.shape[d] <= 1) continue;  // the stride of a dimension of size 1 is never applied
+    const std::int64_t s = t.strides[d];
+    const std::optional<std::int64_t> reach =
+        s == INT64_MIN ? std::nullopt : checked_mul(t.shape[d] - 1, s < 0 ? -s : s);
+    span = span && reach ? checked_add(*span, *reach) : std::nullopt;
+  }
+  const bool fits = numel && span &&
+                    checked_mul(*span, static_cast<std::int64_t>(dtype_size(t.dtype))).has_value();
+  if (!fits)
+    fail(arg, "a view whose elements and byte span fit in 2^63 - 1 bytes",
+         "shape " + t.shape_string() + " with strides " + t.strides_string() + " of " +
+             dtype_name(t.dtype));
+}
+
+void ArgCheck::size_in(std::int64_t v, const char* arg, std::int64_t lo, std::int64_t hi) const {
+  if (v < lo || v > hi)
+    fail(arg, "a value in " + std::to_string(lo) + ".." + std::to_string(hi), std::to_string(v));
+}
+
+void ArgCheck::eps(float v, bool positive) const {
+  const bool ok = std::isfinite(v) && (positive ? v > 0.0f : v >= 0.0f);
+  if (!ok)
+    fail("eps",
+         std::string(positive ? "a positive" : "a non-negative") +
+             " finite number (float32: at most 3.4028235e38)",
+         format_float(v));
+}
+
 Device ArgCheck::same_device(std::initializer_list<NamedArg> args) const {
   const NamedArg* first = nullptr;
   for (const NamedArg& a : args) {
     if (!a.view) continue;
+    well_formed(*a.view, a.name);
     if (!first) {
       first = &a;
       continue;
@@ -231,6 +286,9 @@ RowLayout ArgCheck::leading_rows(const TensorView& t, const char* arg,
 
 RowLayout ArgCheck::rows_as(const TensorView& t, const char* arg, const TensorView& ref,
                             const RowLayout& ref_layout, const char* ref_name) const {
+  bool same = t.ndim == ref.ndim;
+  for (int d = 0; same && d < t.ndim; ++d) same = t.shape[d] == ref.shape[d];
+  if (!same) fail(arg, "shape " + ref.shape_string() + " (as '" + ref_name + "')", t.shape_string());
   const RowLayout l = rows(t, arg);
   if (l.rows != ref_layout.rows || l.cols != ref_layout.cols)
     fail(arg, "shape " + ref.shape_string() + " (as '" + ref_name + "')", t.shape_string());

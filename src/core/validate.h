@@ -8,6 +8,7 @@
 #include <string>
 #include <utility>
 
+#include "core/checked_math.h"
 #include "fusekit/error.h"
 #include "fusekit/tensor.h"
 
@@ -48,6 +49,8 @@ class ArgCheck {
                          const std::string& got) const;
 
   void dtype_in(const TensorView& t, const char* arg, std::initializer_list<DType> allowed) const;
+  // A dtype passed by value (the size queries' `dtype`): one of `allowed`.
+  void dtype_arg_in(DType d, const char* arg, std::initializer_list<DType> allowed) const;
   void dtype_is(const TensorView& t, const char* arg, DType expected, const char* why) const;
   // Non-null data for any non-empty tensor.
   void has_data(const TensorView& t, const char* arg) const;
@@ -58,21 +61,33 @@ class ArgCheck {
   void contiguous_numel(const TensorView& t, const char* arg, std::int64_t n) const;
   // A 1-D contiguous vector of length n.
   void vector(const TensorView& t, const char* arg, std::int64_t n) const;
-  // Every present argument lives on the same device; returns it.
+  // A well-formed view: 0..kMaxDims dims, non-negative sizes, and an element count and a byte
+  // reach (lowest to highest element) within kMaxBytes (core/checked_math.h), so that the size
+  // arithmetic of the checks and of the backends cannot wrap.
+  void well_formed(const TensorView& t, const char* arg) const;
+  // Every present argument is well formed and lives on the same device; returns that device.
   Device same_device(std::initializer_list<NamedArg> args) const;
+  // An integer argument of a size query (rows, cols, m, n, k, batch, ...) in [lo, hi].
+  void size_in(std::int64_t v, const char* arg, std::int64_t lo, std::int64_t hi) const;
+  // eps: finite, >= 0 (> 0 when `positive`). The float API argument cannot hold more than
+  // float32's range; a caller's larger value arrives as inf and is refused here.
+  void eps(float v, bool positive) const;
   // Row count and length limits shared by the row-wise ops.
   void row_limits(const RowLayout& layout, const char* arg, std::int64_t max_cols) const;
   // A row-wise op's main input (x, or dy backward): one of `allowed` dtypes, flattened to rows
   // within row_limits.
   RowLayout leading_rows(const TensorView& t, const char* arg, std::initializer_list<DType> allowed,
                          std::int64_t max_cols) const;
-  // The rows and columns of `ref` (laid out as `ref_layout`), with a row stride of its own.
+  // Exactly `ref`'s shape (every dimension, not only the flattened rows and columns), laid out as
+  // rows with a row stride of its own.
   RowLayout rows_as(const TensorView& t, const char* arg, const TensorView& ref,
                     const RowLayout& ref_layout, const char* ref_name) const;
   // rows_as, and `ref`'s dtype too.
   RowLayout rows_and_dtype_as(const TensorView& t, const char* arg, const TensorView& ref,
                               const RowLayout& ref_layout, const char* ref_name) const;
-  // No present output shares a byte with another present argument (output or input): kernels
+  // Every present output has distinct elements (no stride 0 over a dimension longer than 1, no
+  // dimensions that interleave: each stride, sorted, at least the extent of the dimensions inside
+  // it), and no present output shares a byte with another present argument (output or input): kernels
   // that read an input while writing an output, or that run twice (autotuning), would give a
   // silent wrong answer. Exact for views of rows with one row stride (column blocks of one matrix
   // pass); other layouts are compared by their spans, so views that interleave otherwise are

@@ -1,5 +1,6 @@
 // Public entry points of FP8 RMSNorm: argument checks, then dispatch on where the tensors live
 // (CPU reference or CUDA kernels).
+#include <climits>
 #include <cmath>
 #include <string>
 
@@ -52,9 +53,7 @@ InputLayout check_input(const ArgCheck& check, const TensorView& x, const Tensor
                         const TensorView* expect_view) {
   InputLayout in;
   in.x = check.leading_rows(x, "x", kFp8Dtypes, kFp8NormMaxCols);
-  if (expect_rows && (in.x.rows != expect_rows->rows || in.x.cols != expect_rows->cols))
-    check.fail("x", "shape " + expect_view->shape_string() + " (as '" + expect_name + "')",
-               x.shape_string());
+  if (expect_rows) check.rows_as(x, "x", *expect_view, *expect_rows, expect_name);
   in.log2_group = check_group(check, group_size, in.x.cols);
   check.dtype_in(x_scales, "x_scales", kScaleDtypes);
   in.scales = check.rows(x_scales, "x_scales");
@@ -95,17 +94,25 @@ void set_workspace(const ArgCheck& check, const OptionalTensor& workspace, std::
   p.workspace_bytes = ws.bytes;
 }
 
+// The size queries' arguments: the ops' limits (rows up to 2^31 - 1, N up to kFp8NormMaxCols).
+void check_size_query(const ArgCheck& check, std::int64_t rows, std::int64_t cols) {
+  check.size_in(rows, "rows", 0, INT_MAX);
+  check.size_in(cols, "cols", 0, kFp8NormMaxCols);
+}
+
 }  // namespace
 
 std::size_t fp8_rms_norm_forward_workspace_size(std::int64_t rows, std::int64_t cols,
                                                 Device device) {
-  if (!device.is_cuda() || rows <= 0 || cols <= 0) return 0;
+  check_size_query(ArgCheck("fp8_rms_norm_forward_workspace_size"), rows, cols);
+  if (!device.is_cuda() || rows == 0 || cols == 0) return 0;
   return fp8_norm::forward_workspace_cuda(rows, cols, device.index);
 }
 
 std::size_t fp8_rms_norm_backward_workspace_size(std::int64_t rows, std::int64_t cols,
                                                  Device device) {
-  if (!device.is_cuda() || rows <= 0 || cols <= 0) return 0;
+  check_size_query(ArgCheck("fp8_rms_norm_backward_workspace_size"), rows, cols);
+  if (!device.is_cuda() || rows == 0 || cols == 0) return 0;
   return fp8_norm::backward_workspace_cuda(rows, cols, device.index);
 }
 
@@ -124,8 +131,7 @@ void fp8_rms_norm_forward(const TensorView& x, const TensorView& x_scales,
 
   check.dtype_in(weight, "weight", kWeightDtypes);
   check.vector(weight, "weight", cols);
-  if (!(eps > 0.0f) || !std::isfinite(eps))
-    check.fail("eps", "a positive finite number", std::to_string(eps));
+  check.eps(eps, true);
 
   check.dtype_in(qy, "qy", kFp8Dtypes);
   const RowLayout ql = check.rows_as(qy, "qy", x, in.x, "x");

@@ -72,11 +72,19 @@ std::string shape_with_last(const TensorView& like, std::int64_t last) {
   return s + std::to_string(last) + ")";
 }
 
-// A matrix argument of `rows` x `cols` (leading dimensions flattened), in `dtype`.
+// A matrix argument with exactly `like`'s shape except for its last dimension, `cols` (the
+// leading dimensions flattened into `rows`), in `dtype`.
 RowLayout check_matrix(const ArgCheck& check, const TensorView& t, const char* name,
-                       std::int64_t rows, std::int64_t cols, DType dtype,
-                       const std::string& expected_shape, const char* dtype_source) {
+                       std::int64_t rows, std::int64_t cols, DType dtype, const TensorView& like,
+                       const char* dtype_source) {
   check.dtype_is(t, name, dtype, (std::string("as '") + dtype_source + "'").c_str());
+  bool same = t.ndim == like.ndim && t.ndim >= 1 && t.shape[t.ndim - 1] == cols;
+  for (int d = 0; same && d + 1 < t.ndim; ++d) same = t.shape[d] == like.shape[d];
+  const std::string expected_shape = shape_with_last(like, cols);
+  if (!same)
+    check.fail(name, "shape " + expected_shape + " (" + std::to_string(rows) + " rows of " +
+                         std::to_string(cols) + ")",
+               t.shape_string());
   const RowLayout l = check.rows(t, name);
   if (l.rows != rows || l.cols != cols)
     check.fail(name, "shape " + expected_shape + " (" + std::to_string(rows) + " rows of " +
@@ -165,25 +173,41 @@ void check_bias_vector(const ArgCheck& check, const TensorView& t, const char* n
 // The saved pre-activation, which both directions take optionally: (M, N) like the output.
 template <typename Params>
 void set_pre_activation(const ArgCheck& check, const OptionalTensor& pre_activation,
-                        const GemmOperands& g, DType x_dtype, const std::string& out_shape,
-                        Params& p) {
+                        const GemmOperands& g, const TensorView& x, Params& p) {
   if (!pre_activation) return;
-  const RowLayout l = check_matrix(check, *pre_activation, "pre_activation", g.m, g.n, x_dtype,
-                                   out_shape, "x");
+  const RowLayout l = check_matrix(check, *pre_activation, "pre_activation", g.m, g.n, x.dtype, x, "x");
   p.pre = pre_activation->data;
   p.ldpre = l.row_stride;
+}
+
+// The size queries' arguments, on every device: M, N, K in 0..2^31 - 1 (the ops' limits), a dtype
+// and an activation the ops take, and an (M, N) matrix of `dtype` whose bytes, row length rounded
+// up to 8 as the backward's dz scratch is, fit in 2^62 bytes: then no product or sum the CUDA size
+// functions form can wrap (the other scratch terms are each far smaller than dz).
+void check_size_query(const ArgCheck& check, std::int64_t m, std::int64_t n, std::int64_t k,
+                      DType dtype, Activation activation) {
+  check.size_in(m, "m", 0, kMaxExtent);
+  check.size_in(n, "n", 0, kMaxExtent);
+  check.size_in(k, "k", 0, kMaxExtent);
+  check.dtype_arg_in(dtype, "dtype", {DType::f32, DType::f16, DType::bf16, DType::f64});
+  check_activation(check, activation);
+  detail::size_product(check.op(), "m",
+                       "M x (N rounded up to 8) x 16 bytes (a bound on the backward's scratch)",
+                       {m, (n + 7) / 8 * 8, 16});
 }
 
 }  // namespace
 
 std::size_t linear_forward_workspace_size(std::int64_t m, std::int64_t n, std::int64_t k,
                                           DType dtype, Activation activation, Device device) {
+  check_size_query(ArgCheck("linear_forward_workspace_size"), m, n, k, dtype, activation);
   if (!device.is_cuda()) return 0;
   return linear::forward_workspace_cuda(m, n, k, dtype, activation);
 }
 
 std::size_t linear_backward_workspace_size(std::int64_t m, std::int64_t n, std::int64_t k,
                                            DType dtype, Activation activation, Device device) {
+  check_size_query(ArgCheck("linear_backward_workspace_size"), m, n, k, dtype, activation);
   if (!device.is_cuda()) return 0;
   return linear::backward_workspace_cuda(m, n, k, dtype, activation);
 }
@@ -206,11 +230,10 @@ void linear_forward(const TensorView& x, const TensorView& weight, const Optiona
     check_bias_vector(check, *bias, "bias", n, x.dtype);
     p.bias = bias->data;
   }
-  const std::string out_shape = shape_with_last(x, n);
-  const RowLayout yl = check_matrix(check, y, "y", m, n, x.dtype, out_shape, "x");
+  const RowLayout yl = check_matrix(check, y, "y", m, n, x.dtype, x, "x");
   p.y = y.data;
   p.ldy = yl.row_stride;
-  set_pre_activation(check, pre_activation, g, x.dtype, out_shape, p);
+  set_pre_activation(check, pre_activation, g, x, p);
   check.no_overlap({arg("y", y), arg("pre_activation", pre_activation), arg("workspace", workspace)},
                    {arg("x", x), arg("weight", weight), arg("bias", bias)});
   if (device.is_cuda()) {
@@ -238,11 +261,10 @@ void linear_backward(const TensorView& dout, const TensorView& x, const TensorVi
 
   linear::BackwardParams p;
   set_gemm_operands(p, g, x, weight, activation);
-  const std::string out_shape = shape_with_last(x, n);
-  const RowLayout gl = check_matrix(check, dout, "dout", m, n, x.dtype, out_shape, "x");
+  const RowLayout gl = check_matrix(check, dout, "dout", m, n, x.dtype, x, "x");
   p.dout = dout.data;
   p.lddout = gl.row_stride;
-  set_pre_activation(check, pre_activation, g, x.dtype, out_shape, p);
+  set_pre_activation(check, pre_activation, g, x, p);
   if (!pre_activation && activation != Activation::none) {
     check.fail("pre_activation",
                std::string("the saved pre-activation (required for activation ") +
@@ -250,14 +272,13 @@ void linear_backward(const TensorView& dout, const TensorView& x, const TensorVi
                "none");
   }
   if (dx) {
-    const RowLayout l = check_matrix(check, *dx, "dx", m, k, x.dtype, x.shape_string(), "x");
+    const RowLayout l = check_matrix(check, *dx, "dx", m, k, x.dtype, x, "x");
     p.dx = dx->data;
     p.lddx = l.row_stride;
   }
   if (dweight) {
     check_weight_2d(check, *dweight, "dweight");
-    const RowLayout l = check_matrix(check, *dweight, "dweight", n, k, x.dtype,
-                                     weight.shape_string(), "x");
+    const RowLayout l = check_matrix(check, *dweight, "dweight", n, k, x.dtype, weight, "x");
     p.dw = dweight->data;
     p.lddw = l.row_stride;
   }

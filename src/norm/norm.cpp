@@ -1,7 +1,9 @@
 // Public entry points of the normalization family: argument checks, then dispatch on where the
 // tensors live (CPU reference or CUDA kernels).
+#include <climits>
 #include <string>
 
+#include "core/convert.h"
 #include "core/validate.h"
 #include "fusekit/norm.h"
 #include "fusekit/runtime.h"
@@ -35,6 +37,17 @@ void check_weight_like(const ArgCheck& check, const TensorView& t, const char* n
   }
 }
 
+// The *_from_output backwards divide by the weight (x_hat = (y - bias) / weight): a zero element
+// would give NaN in dx and dweight. A CPU weight is read here; on the GPU the check would cost a
+// device-to-host copy (a synchronization) per call, so there it is a documented precondition.
+void check_weight_nonzero(const ArgCheck& check, const TensorView& w) {
+  if (w.device.is_cuda()) return;
+  for (std::int64_t c = 0; c < w.shape[0]; ++c)
+    if (detail::load_as_double(w.data, w.dtype, c * w.strides[0]) == 0.0)
+      check.fail("weight", "non-zero elements (the backward from y divides by the weight)",
+                 "weight[" + std::to_string(c) + "] = 0");
+}
+
 void prepare_cuda(const char* op, Device device) {
   require_supported_gpu(op, device.index);
 }
@@ -49,7 +62,7 @@ void run_forward(const char* op, norm::Kind kind, const TensorView& x,
        arg("rstd", rstd)});
   const RowLayout xl = check.leading_rows(x, "x", kActivationDtypes, kNormMaxCols);
   const RowLayout yl = check.rows_and_dtype_as(y, "y", x, xl, "x");
-  if (!(eps >= 0.0f)) check.fail("eps", "a non-negative number", std::to_string(eps));
+  check.eps(eps, false);
 
   norm::ForwardParams p;
   p.kind = kind;
@@ -129,6 +142,7 @@ void run_backward(const char* op, const BackwardArgs& a, Stream stream) {
   const char* weight_name = nullptr;
   if (*a.weight) {
     check_weight_like(check, **a.weight, "weight", dyl.cols, p.dtype, &p.weight_dtype, &weight_name);
+    if (a.from_output) check_weight_nonzero(check, **a.weight);
     p.weight = (*a.weight)->data;
   }
   if (a.bias && *a.bias) {
@@ -199,7 +213,11 @@ void rms_norm_forward(const TensorView& x, const OptionalTensor& weight, float e
 
 std::size_t norm_backward_workspace_size(std::int64_t rows, std::int64_t cols, DType dtype,
                                          Device device) {
-  if (!device.is_cuda() || rows <= 0 || cols <= 0) return 0;
+  const ArgCheck check("norm_backward_workspace_size");
+  check.size_in(rows, "rows", 0, INT_MAX);
+  check.size_in(cols, "cols", 0, kNormMaxCols);
+  check.dtype_arg_in(dtype, "dtype", kActivationDtypes);
+  if (!device.is_cuda() || rows == 0 || cols == 0) return 0;
   return norm::backward_workspace_cuda(rows, cols, dtype, device.index);
 }
 

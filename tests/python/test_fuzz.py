@@ -1,0 +1,561 @@
+"""Property-based fuzzing of every public entry point on the CPU backend (NumPy arrays).
+
+The contract under test, whatever the arguments: a call either raises a clean fusekit error
+(InvalidArgumentError or UnsupportedError, whose message starts with "fusekit.<op>" and names the
+argument it is about) or returns a result equal, within the dtype's rounding, to an independent
+float64 NumPy reference. Never a crash, never a silent wrong answer. Each example is a valid
+problem, optionally with one argument broken (wrong shape, dtype, layout or value); a broken one
+must be refused, naming that argument.
+
+Time budget: a fixed number of examples per test and no per-example deadline, so that the file
+runs in well under two minutes on two cores.
+"""
+import math
+
+import numpy as np
+import pytest
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+import fusekit  # noqa: E402
+
+try:
+    import ml_dtypes
+except ImportError:  # the FP8 fuzzing skips without it
+    ml_dtypes = None
+
+FUZZ = settings(max_examples=60, deadline=None, derandomize=True, database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+INT64_MAX = 2**63 - 1
+ACTIVATIONS = ["none", "relu", "gelu_erf", "gelu_tanh", "squared_relu", "leaky_relu", "silu"]
+SLOPE = 0.01
+
+
+# ---- the contract ---------------------------------------------------------------------------------
+def expect_contract(call, broken):
+    """Runs call(). broken: None (a valid call: it must succeed and returns True) or the name of the
+    argument that was broken (the call must raise a clean fusekit error naming it)."""
+    try:
+        call()
+    except fusekit.Error as e:
+        message = str(e)
+        assert isinstance(e, (fusekit.InvalidArgumentError, fusekit.UnsupportedError)), message
+        assert message.startswith("fusekit."), message
+        if e.argument:
+            assert f"argument '{e.argument}'" in message, message
+        assert broken is not None, f"a valid call was refused: {message}"
+        assert e.argument == broken, f"expected an error about '{broken}': {message}"
+        return False
+    assert broken is None, f"a call with a broken '{broken}' was accepted"
+    return True
+
+
+def assert_close(name, got, ref, rtol):
+    got = np.asarray(got).astype(np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    assert got.shape == ref.shape, f"{name}: shape {got.shape} != {ref.shape}"
+    assert np.array_equal(np.isnan(got), np.isnan(ref)), f"{name}: NaN where the reference has none"
+    fin = np.isfinite(ref)
+    assert np.array_equal(got[~fin], ref[~fin]), f"{name}: infinities differ"
+    scale = max(1.0, float(np.max(np.abs(ref[fin]), initial=0.0)))
+    err = float(np.max(np.abs(got[fin] - ref[fin]), initial=0.0))
+    assert err <= rtol * scale, f"{name}: max error {err:.3e} > {rtol:.1e} x {scale:.3e}"
+
+
+TOL = {np.float32: 2e-5, np.float16: 4e-3, np.float64: 1e-10}
+
+
+def expanded(a):
+    """A writable view of a's first row repeated: an output that overlaps itself (stride 0)."""
+    return np.lib.stride_tricks.as_strided(a, shape=a.shape, strides=(0,) * (a.ndim - 1) + (a.strides[-1],))
+
+
+def break_output(kind, a):
+    """An output array broken in one way: another leading shape, another dtype, or stride 0."""
+    if kind == "shape":
+        lead = a.shape[:-1]
+        other = lead[::-1] if lead[::-1] != lead else lead + (1,) if len(lead) < 3 else (lead[0] + 1,) + lead[1:]
+        if other == lead or len(lead) == 0:
+            other = (a.shape[0] + 1,) + a.shape[1:-1] if a.ndim > 1 else (2,)
+        return np.zeros(tuple(other) + a.shape[-1:], a.dtype)
+    if kind == "dtype":
+        return np.zeros(a.shape, np.float64 if a.dtype != np.float64 else np.float16)
+    return expanded(a)
+
+
+def lead_shapes(max_rows=6):
+    return st.lists(st.integers(1, 3), min_size=1, max_size=3).filter(lambda s: math.prod(s) <= max_rows)
+
+
+# ---- norms ---------------------------------------------------------------------------------------
+def norm_reference(kind, x, w, b, eps):
+    x = x.astype(np.float64)
+    mean = x.mean(-1, keepdims=True) if kind == "layer_norm" else np.zeros(x.shape[:-1] + (1,))
+    rstd = 1.0 / np.sqrt(((x - mean) ** 2).mean(-1, keepdims=True) + eps)
+    y = (x - mean) * rstd
+    if w is not None:
+        y = y * w.astype(np.float64)
+    if b is not None:
+        y = y + b.astype(np.float64)
+    return y, mean[..., 0], rstd[..., 0]
+
+
+@FUZZ
+@given(kind=st.sampled_from(["layer_norm", "rms_norm"]), lead=lead_shapes(), n=st.integers(1, 40),
+       dtype=st.sampled_from([np.float32, np.float16]), affine=st.booleans(),
+       eps=st.sampled_from([1e-5, 0.0, 1.0, 3.0e38]),
+       broken=st.sampled_from([None, None, "y", "y_dtype", "y_expanded", "eps", "weight"]),
+       seed=st.integers(0, 2**32 - 1))
+def test_norm_forward_contract(kind, lead, n, dtype, affine, eps, broken, seed):
+    rng = np.random.default_rng(seed)
+    if eps == 0.0 and n < 2:  # a constant row and eps = 0: rstd = 1/0, no finite reference
+        eps = 1e-5
+    x = (rng.standard_normal(tuple(lead) + (n,)) + 0.5).astype(dtype)
+    w = rng.uniform(0.5, 1.5, n).astype(dtype) if affine else None
+    b = rng.standard_normal(n).astype(dtype) if affine and kind == "layer_norm" else None
+    y = np.zeros_like(x)
+    rstd = np.zeros(x.shape[:-1], np.float32)
+    mean = np.zeros(x.shape[:-1], np.float32)
+    arg = broken
+    if broken == "y" and (x.ndim > 1 or True):
+        y = break_output("shape", y)
+    elif broken == "y_dtype":
+        y, arg = break_output("dtype", y), "y"
+    elif broken == "y_expanded":
+        if math.prod(lead) < 2:
+            arg = None
+        else:
+            y, arg = expanded(y), "y"
+    elif broken == "eps":
+        eps = float(rng.choice([math.inf, math.nan, -1e-3, 1e39]))
+    elif broken == "weight":
+        w = np.ones(n + 1, dtype)
+    if kind == "layer_norm":
+        call = lambda: fusekit.layer_norm_forward(x, w, b, eps, y, mean, rstd)  # noqa: E731
+    else:
+        call = lambda: fusekit.rms_norm_forward(x, w, eps, y, rstd)  # noqa: E731
+    if expect_contract(call, arg):
+        ref_y, ref_mean, ref_rstd = norm_reference(kind, x, w, b, np.float32(eps))
+        assert_close("y", y, ref_y, TOL[dtype] * 4)
+        assert_close("rstd", rstd, ref_rstd, 2e-5)
+
+
+@FUZZ
+@given(kind=st.sampled_from(["layer_norm", "rms_norm"]), from_output=st.booleans(), lead=lead_shapes(),
+       n=st.integers(1, 40), broken=st.sampled_from([None, None, "dx", "dx_expanded", "weight_zero", "dweight"]),
+       seed=st.integers(0, 2**32 - 1))
+def test_norm_backward_contract(kind, from_output, lead, n, broken, seed):
+    rng = np.random.default_rng(seed)
+    shape = tuple(lead) + (n,)
+    x = (rng.standard_normal(shape) + 0.5).astype(np.float32)
+    w = (rng.uniform(0.5, 1.5, n) * rng.choice([-1, 1], n)).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32) if kind == "layer_norm" else None
+    dy = rng.standard_normal(shape).astype(np.float32)
+    y = np.zeros_like(x)
+    mean = np.zeros(x.shape[:-1], np.float32)
+    rstd = np.zeros(x.shape[:-1], np.float32)
+    if kind == "layer_norm":
+        fusekit.layer_norm_forward(x, w, b, 1e-5, y, mean, rstd)
+    else:
+        fusekit.rms_norm_forward(x, w, 1e-5, y, rstd)
+    dx, dw = np.zeros_like(x), np.zeros_like(w)
+    db = np.zeros_like(w) if kind == "layer_norm" else None
+    arg = broken
+    if broken == "dx":
+        dx = break_output("shape", dx)
+    elif broken == "dx_expanded":
+        if math.prod(lead) < 2:
+            arg = None
+        else:
+            dx, arg = expanded(dx), "dx"
+    elif broken == "weight_zero":
+        if from_output:
+            w = w.copy()
+            w[rng.integers(0, n)] = 0.0
+            arg = "weight"
+        else:
+            arg = None
+            w = w.copy()
+            w[rng.integers(0, n)] = 0.0
+    elif broken == "dweight":
+        dw = np.zeros(n + 1, np.float32)
+    if kind == "layer_norm" and from_output:
+        call = lambda: fusekit.layer_norm_backward_from_output(dy, y, w, b, rstd, dx, dw, db)  # noqa: E731
+    elif kind == "layer_norm":
+        call = lambda: fusekit.layer_norm_backward(dy, x, w, mean, rstd, dx, dw, db)  # noqa: E731
+    elif from_output:
+        call = lambda: fusekit.rms_norm_backward_from_output(dy, y, w, rstd, dx, dw)  # noqa: E731
+    else:
+        call = lambda: fusekit.rms_norm_backward(dy, x, w, rstd, dx, dw)  # noqa: E731
+    if expect_contract(call, arg):
+        xd = x.astype(np.float64)
+        mu = mean[..., None].astype(np.float64) if kind == "layer_norm" else 0.0
+        r = rstd[..., None].astype(np.float64)
+        xhat = (xd - mu) * r
+        if from_output:
+            xhat = (y.astype(np.float64) - (b.astype(np.float64) if b is not None else 0.0)) / w.astype(np.float64)
+        g = dy.astype(np.float64) * w.astype(np.float64)
+        mean_g = g.mean(-1, keepdims=True) if kind == "layer_norm" else 0.0
+        ref_dx = r * (g - mean_g - xhat * (g * xhat).mean(-1, keepdims=True))
+        lead_axes = tuple(range(dy.ndim - 1))
+        assert_close("dx", dx, ref_dx, 1e-4)
+        assert_close("dweight", dw, (dy.astype(np.float64) * xhat).sum(axis=lead_axes), 1e-4)
+
+
+@FUZZ
+@given(rows=st.integers(-2**63, INT64_MAX), cols=st.integers(-2**63, INT64_MAX),
+       small=st.booleans(), which=st.sampled_from(["norm", "dropout", "fp8_fwd", "fp8_bwd"]))
+def test_row_workspace_queries_contract(rows, cols, small, which):
+    if small:
+        rows, cols = abs(rows) % 5000, abs(cols) % 5000
+    limit = {"norm": 65536, "dropout": 2**31 - 1, "fp8_fwd": 65536, "fp8_bwd": 65536}[which]
+    broken = "rows" if not 0 <= rows <= 2**31 - 1 else "cols" if not 0 <= cols <= limit else None
+    if which == "norm":
+        call = lambda: fusekit.norm_backward_workspace_size(rows, cols, fusekit.DType.f32, "cpu")  # noqa: E731
+    elif which == "dropout":
+        call = lambda: fusekit.bias_act_dropout_backward_workspace_size(rows, cols, fusekit.DType.f16, "cpu")  # noqa: E731
+    elif which == "fp8_fwd":
+        call = lambda: fusekit.fp8_rms_norm_forward_workspace_size(rows, cols, "cpu")  # noqa: E731
+    else:
+        call = lambda: fusekit.fp8_rms_norm_backward_workspace_size(rows, cols, "cpu")  # noqa: E731
+    if expect_contract(call, broken):
+        assert call() == 0
+
+
+# ---- bias + activation + dropout -------------------------------------------------------------------
+def act_reference(name, h):
+    erf = np.vectorize(math.erf)
+    if name == "none":
+        return h, np.ones_like(h)
+    if name == "relu":
+        return np.maximum(h, 0), (h > 0).astype(np.float64)
+    if name == "leaky_relu":
+        return np.where(h > 0, h, SLOPE * h), np.where(h > 0, 1.0, SLOPE)
+    if name == "squared_relu":
+        return np.maximum(h, 0) ** 2, 2 * np.maximum(h, 0)
+    if name == "silu":
+        s = 1 / (1 + np.exp(-h))
+        return h * s, s * (1 + h * (1 - s))
+    if name == "gelu_erf":
+        cdf = 0.5 * (1 + erf(h / math.sqrt(2)))
+        return h * cdf, cdf + h * np.exp(-h * h / 2) / math.sqrt(2 * math.pi)
+    c = math.sqrt(2 / math.pi)
+    t = np.tanh(c * (h + 0.044715 * h ** 3))
+    return 0.5 * h * (1 + t), 0.5 * (1 + t) + 0.5 * h * (1 - t * t) * c * (1 + 3 * 0.044715 * h * h)
+
+
+@FUZZ
+@given(lead=lead_shapes(), n=st.integers(1, 24), activation=st.sampled_from(ACTIVATIONS), with_bias=st.booleans(),
+       p=st.sampled_from([0.0, 0.0, 0.5]), seed=st.integers(0, 2**32 - 1), offset=st.integers(0, 2**40),
+       broken=st.sampled_from([None, None, "y", "y_expanded", "p", "dx", "dbias"]))
+def test_bias_act_dropout_contract(lead, n, activation, with_bias, p, seed, offset, broken):
+    rng = np.random.default_rng(seed)
+    shape = tuple(lead) + (n,)
+    x = rng.standard_normal(shape).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32) if with_bias else None
+    y, dy, dx = np.zeros_like(x), rng.standard_normal(shape).astype(np.float32), np.zeros_like(x)
+    dbias = np.zeros(n, np.float32)
+    arg = broken
+    if broken == "y":
+        y = break_output("shape", y)
+    elif broken == "y_expanded":
+        if math.prod(lead) < 2:
+            arg = None
+        else:
+            y, arg = expanded(y), "y"
+    elif broken == "p":
+        p = float(rng.choice([1.0, -0.1, math.nan]))
+    elif broken == "dx":
+        dx = break_output("shape", dx)
+    elif broken == "dbias":
+        dbias = np.zeros(n + 1, np.float32)
+    fwd = lambda: fusekit.bias_act_dropout_forward(x, bias, activation, p, seed, offset, y, slope=SLOPE)  # noqa: E731
+    bwd = lambda: fusekit.bias_act_dropout_backward(dy, x, bias, activation, p, seed, offset, dx, dbias,  # noqa: E731
+                                                    slope=SLOPE)
+    fwd_broken = arg if arg in ("y", "p") else None
+    bwd_broken = arg if arg in ("dx", "dbias", "p") else None
+    fwd_ok = expect_contract(fwd, fwd_broken)
+    bwd_ok = expect_contract(bwd, bwd_broken)
+    if not (fwd_ok or bwd_ok):
+        return
+    h = x.astype(np.float64) + (bias.astype(np.float64) if bias is not None else 0.0)
+    a, da = act_reference(activation, h)
+    keep = np.ones(shape, np.float64)
+    if p > 0:
+        mask = np.zeros(shape, np.uint8)
+        fusekit.dropout_keep_mask(seed, offset, p, mask)
+        keep = mask.astype(np.float64) / np.float64(np.float32(1) - np.float32(p))
+    if fwd_ok:
+        assert_close("y", y, a * keep, 1e-5)
+    if bwd_ok:
+        ref_dx = dy.astype(np.float64) * keep * da
+        assert_close("dx", dx, ref_dx, 1e-5)
+        assert_close("dbias", dbias, ref_dx.reshape(-1, n).sum(0), 1e-4)
+
+
+# ---- linear --------------------------------------------------------------------------------------
+@FUZZ
+@given(lead=lead_shapes(), n=st.integers(1, 12), k=st.integers(0, 12),
+       activation=st.sampled_from([a for a in ACTIVATIONS if a != "leaky_relu"]), with_bias=st.booleans(),
+       broken=st.sampled_from([None, None, "y", "y_expanded", "weight", "dx", "dweight"]),
+       seed=st.integers(0, 2**32 - 1))
+def test_linear_contract(lead, n, k, activation, with_bias, broken, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(tuple(lead) + (k,))
+    w = rng.standard_normal((n, k))
+    bias = rng.standard_normal(n) if with_bias else None
+    y, pre = np.zeros(tuple(lead) + (n,)), np.zeros(tuple(lead) + (n,))
+    dout = rng.standard_normal(y.shape)
+    dx, dw, db = np.zeros_like(x), np.zeros_like(w), np.zeros(n)
+    arg = broken
+    if broken == "y":
+        y = break_output("shape", y)
+    elif broken == "y_expanded":
+        if math.prod(lead) < 2:
+            arg = None
+        else:
+            y, arg = expanded(y), "y"
+    elif broken == "weight":
+        w = rng.standard_normal((n, k + 1))
+    elif broken == "dx":
+        dx = break_output("shape", dx) if k > 0 else np.zeros(x.shape[:-1] + (k + 1,))
+    elif broken == "dweight":
+        dw = np.zeros((n + 1, k))
+    fwd_broken = arg if arg in ("y", "weight") else None
+    fwd_ok = expect_contract(lambda: fusekit.linear_forward(x, w, bias, activation, y, pre), fwd_broken)
+    if arg == "weight":
+        return
+    z = x @ w.T + (bias if bias is not None else 0.0)
+    a, da = act_reference(activation, z)
+    if fwd_ok:
+        assert_close("y", y, a, 1e-10)
+        assert_close("pre_activation", pre, z, 1e-10)
+    pre_in = z
+    bwd_broken = arg if arg in ("dx", "dweight") else None
+    bwd_ok = expect_contract(lambda: fusekit.linear_backward(dout, x, w, pre_in, activation, dx, dw, db), bwd_broken)
+    if bwd_ok:
+        dz = dout * da
+        assert_close("dx", dx, dz @ w, 1e-10)
+        lead_axes = tuple(range(x.ndim - 1))
+        assert_close("dweight", dw, np.tensordot(dz, x, axes=(lead_axes, lead_axes)), 1e-10)
+        assert_close("dbias", db, dz.reshape(-1, n).sum(0), 1e-10)
+
+
+@FUZZ
+@given(m=st.integers(-2**63, INT64_MAX), n=st.integers(-2**63, INT64_MAX), k=st.integers(-2**63, INT64_MAX),
+       small=st.sampled_from([0, 1, 2]), backward=st.booleans(),
+       activation=st.sampled_from([a for a in ACTIVATIONS if a != "leaky_relu"]))
+def test_linear_workspace_queries_contract(m, n, k, small, backward, activation):
+    if small == 1:
+        m, n, k = abs(m) % 100000, abs(n) % 100000, abs(k) % 100000
+    elif small == 2:
+        m, n, k = abs(m) % 2**31, abs(n) % 2**31, abs(k) % 2**31
+    limit = 2**31 - 1
+    broken = next((name for name, v in (("m", m), ("n", n), ("k", k)) if not 0 <= v <= limit), None)
+    if broken is None and m * ((n + 7) // 8 * 8) * 16 > INT64_MAX:
+        broken = "m"
+    fn = fusekit.linear_backward_workspace_size if backward else fusekit.linear_forward_workspace_size
+    if expect_contract(lambda: fn(m, n, k, fusekit.DType.f16, activation, "cpu"), broken):
+        assert fn(m, n, k, fusekit.DType.f16, activation, "cpu") == 0
+
+
+# ---- FP8 RMSNorm ---------------------------------------------------------------------------------
+@pytest.mark.skipif(ml_dtypes is None, reason="ml_dtypes is not installed (NumPy has no FP8 types)")
+@FUZZ
+@given(rows=st.integers(1, 6), groups=st.integers(1, 3), group=st.sampled_from([1, 4, 16]),
+       eps=st.sampled_from([1e-5, 1.0]), broken=st.sampled_from([None, None, "eps", "qy", "x", "dx"]),
+       seed=st.integers(0, 2**32 - 1))
+def test_fp8_rms_norm_contract(rows, groups, group, eps, broken, seed):
+    rng = np.random.default_rng(seed)
+    n = groups * group
+    e4m3 = ml_dtypes.float8_e4m3fn
+    q = rng.uniform(-4, 4, (rows, n)).astype(e4m3)
+    scales = rng.uniform(0.5, 2, (rows, n // group)).astype(np.float32)
+    w = rng.uniform(0.5, 1.5, n).astype(np.float32)
+    qy, qy_t = np.zeros((rows, n), e4m3), np.zeros((n, rows), e4m3)
+    y_scale, rstd = np.zeros(1, np.float32), np.zeros(rows, np.float32)
+    y = np.zeros((rows, n), ml_dtypes.bfloat16)
+    dy = rng.standard_normal((rows, n)).astype(ml_dtypes.bfloat16)
+    dx, dw = np.zeros((rows, n), ml_dtypes.bfloat16), np.zeros(n, np.float32)
+    x_bwd = q
+    if broken == "eps":
+        eps = float(rng.choice([0.0, -1.0, math.inf, math.nan]))
+    elif broken == "qy":
+        qy = np.zeros((rows + 1, n), e4m3)
+    elif broken == "x":
+        x_bwd = np.zeros((rows + 1, n), e4m3)
+    elif broken == "dx":
+        dx = np.zeros((rows, n + 1), ml_dtypes.bfloat16)
+    fwd_broken = broken if broken in ("eps", "qy") else None
+    fwd = lambda: fusekit.fp8_rms_norm_forward(q, scales, w, eps, qy, qy_t, y_scale, rstd, y,  # noqa: E731
+                                               group_size=group)
+    if expect_contract(fwd, fwd_broken):
+        xd = q.astype(np.float64) * np.repeat(scales.astype(np.float64), group, axis=1)
+        ref_rstd = 1 / np.sqrt((xd * xd).mean(1) + np.float64(np.float32(eps)))
+        assert_close("rstd", rstd, ref_rstd, 1e-6)
+        assert_close("y", y.astype(np.float64), xd * w * ref_rstd[:, None], 1e-2)
+    if fwd_broken:
+        return
+    bwd_broken = broken if broken in ("x", "dx") else None
+    x_scales = scales if x_bwd is q else np.ones((rows + 1, n // group), np.float32)
+    bwd = lambda: fusekit.fp8_rms_norm_backward(dy, x_bwd, x_scales, w, rstd, dx, dw, group_size=group)  # noqa: E731
+    if expect_contract(bwd, bwd_broken):
+        xd = q.astype(np.float64) * np.repeat(scales.astype(np.float64), group, axis=1)
+        r = rstd.astype(np.float64)[:, None]
+        xhat = xd * r
+        g = dy.astype(np.float64) * w
+        ref_dx = r * (g - xhat * (g * xhat).mean(1, keepdims=True))
+        assert_close("dx", dx.astype(np.float64), ref_dx, 2e-2)
+        assert_close("dweight", dw, (dy.astype(np.float64) * xhat).sum(0), 1e-4)
+
+
+# ---- attention -----------------------------------------------------------------------------------
+def attention_reference(q, k, v, bias, scale, mask, wl, wr, dout):
+    """out, lse, dq, dk, dv in float64 (fixed lengths, no dropout)."""
+    B, Sq, Hq, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    g = Hq // Hkv
+    out, lse = np.zeros(q.shape[:3] + (v.shape[3],)), np.zeros((B, Hq, Sq))
+    dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    d = 0 if mask == "causal_top_left" else Sk - Sq
+    i = np.arange(Sq, dtype=object)[:, None]  # Python integers: windows near 2^63 must not wrap here
+    j = np.arange(Sk, dtype=object)[None, :]
+    visible = np.ones((Sq, Sk), bool)
+    if mask != "none":
+        visible &= j <= i + d
+    if wr >= 0:
+        visible &= j <= i + d + wr
+    if wl >= 0:
+        visible &= j >= i + d - wl
+    for b in range(B):
+        for h in range(Hq):
+            hk = h // g
+            S = scale * q[b, :, h] @ k[b, :, hk].T
+            if bias is not None:
+                S = S + bias[b % bias.shape[0], h % bias.shape[1]][:Sq if bias.shape[2] > 1 else 1, :Sk]
+            S = np.where(visible, S, -np.inf)
+            m = S.max(axis=1, initial=-np.inf)
+            live = np.isfinite(m)
+            P = np.zeros_like(S)
+            P[live] = np.exp(S[live] - m[live, None])
+            total = P.sum(axis=1)
+            row_lse = np.full(Sq, -np.inf)
+            row_lse[live] = m[live] + np.log(total[live])
+            P[live] /= total[live, None]
+            o = P @ v[b, :, hk]
+            out[b, :, h], lse[b, h] = o, row_lse
+            do = dout[b, :, h]
+            dv[b, :, hk] += P.T @ do
+            dP = do @ v[b, :, hk].T
+            dS = P * (dP - (do * o).sum(1, keepdims=True))
+            dq[b, :, h] = scale * dS @ k[b, :, hk]
+            dk[b, :, hk] += scale * dS.T @ q[b, :, h]
+    return out, lse, dq, dk, dv
+
+
+WINDOWS = [-1, 0, 1, 3, 2**32, 2**62, INT64_MAX - 1, INT64_MAX]
+
+
+@FUZZ
+@given(B=st.integers(1, 2), Sq=st.integers(0, 6), Sk=st.integers(0, 6), Hkv=st.integers(1, 2),
+       group=st.integers(1, 2), D=st.sampled_from([2, 4]), Dv=st.sampled_from([2, 4]),
+       mask=st.sampled_from(["none", "causal_top_left", "causal_bottom_right"]),
+       wl=st.sampled_from(WINDOWS), wr=st.sampled_from(WINDOWS), bias_kind=st.sampled_from([None, "full", "keys"]),
+       broken=st.sampled_from([None, None, "out", "bias", "dq", "dk", "dv", "window_left"]),
+       seed=st.integers(0, 2**32 - 1))
+def test_attention_contract(B, Sq, Sk, Hkv, group, D, Dv, mask, wl, wr, bias_kind, broken, seed):
+    rng = np.random.default_rng(seed)
+    Hq = Hkv * group
+    q = rng.standard_normal((B, Sq, Hq, D))
+    k = rng.standard_normal((B, Sk, Hkv, D))
+    v = rng.standard_normal((B, Sk, Hkv, Dv))
+    dout = rng.standard_normal((B, Sq, Hq, Dv))
+    bias = None
+    if bias_kind is not None:
+        shape = (B, Hq, Sq, Sk) if bias_kind == "full" else (1, 1, 1, Sk)
+        padded = np.zeros(shape[:3] + (Sk + Sk % 2,))  # key rows a multiple of 16 bytes
+        bias = padded[..., :Sk]
+        bias[...] = rng.standard_normal(shape)
+        if Sk > 0 and rng.random() < 0.3:
+            bias[..., 0] = -np.inf  # a mask: allowed
+    out, lse = np.zeros((B, Sq, Hq, Dv)), np.zeros((B, Hq, Sq), np.float32)
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    arg = broken
+    if broken == "out":
+        if Sq * Hq < 2:
+            arg = None
+        else:
+            out = np.lib.stride_tricks.as_strided(out, shape=out.shape, strides=(0, 0, 0, 8))
+    elif broken == "bias":
+        if bias is None or Sk == 0:
+            arg = None
+        else:
+            bias[(0,) * 3 + (Sk - 1,)] = rng.choice([np.inf, np.nan])
+    elif broken == "window_left":
+        wl = -2 - int(rng.integers(0, 2**62))
+    elif broken in ("dq", "dk", "dv"):
+        a = {"dq": dq, "dk": dk, "dv": dv}[broken]
+        if a.shape[1] * a.shape[2] < 2:
+            arg = None
+        else:
+            a = np.lib.stride_tricks.as_strided(a, shape=a.shape, strides=(0, 0, 0, 8))
+            dq, dk, dv = (a if broken == name else t for name, t in (("dq", dq), ("dk", dk), ("dv", dv)))
+    kw = dict(mask=mask, window_left=wl, window_right=wr)
+    fwd_broken = arg if arg in ("out", "bias", "window_left") else None
+    fwd_ok = expect_contract(lambda: fusekit.attention_forward(q, k, v, bias, out, lse, **kw), fwd_broken)
+    if fwd_broken:
+        return
+    ref = attention_reference(q, k, v, bias, 1 / math.sqrt(D), mask, wl, wr, dout)
+    if fwd_ok:
+        assert_close("out", out, ref[0], 1e-10)
+        assert_close("lse", lse, ref[1].astype(np.float32), 1e-6)
+    bwd_broken = arg if arg in ("dq", "dk", "dv") else None
+    if expect_contract(lambda: fusekit.attention_backward(dout, q, k, v, out, lse, bias, dq, dk, dv, None, **kw),
+                       bwd_broken):
+        # The backward recomputes P from the float32 lse, as documented: float32-level agreement.
+        assert_close("dq", dq, ref[2], 1e-5)
+        assert_close("dk", dk, ref[3], 1e-5)
+        assert_close("dv", dv, ref[4], 1e-5)
+
+
+@FUZZ
+@given(sizes=st.lists(st.integers(-2**63, INT64_MAX), min_size=7, max_size=7), small=st.sampled_from([0, 1, 2]),
+       backward=st.booleans(), deterministic=st.booleans())
+def test_attention_workspace_queries_contract(sizes, small, backward, deterministic):
+    if small == 1:
+        sizes = [abs(s) % 300 for s in sizes]
+    elif small == 2:
+        sizes = [abs(s) % 2**40 for s in sizes]
+    B, Sq, Sk, Hq, Hkv, D, Dv = sizes
+    broken = None
+    if any(s < 0 for s in sizes) or D > 256 or Dv > 256 or B * Sq * Hq * max(D, 1) * 4 > INT64_MAX:
+        broken = "shape"
+    if backward:
+        call = lambda: fusekit.attention_backward_workspace_size(B, Sq, Sk, Hq, Hkv, D, Dv, fusekit.DType.f64,  # noqa: E731
+                                                                 "cpu", deterministic=deterministic)
+    else:
+        call = lambda: fusekit.attention_forward_workspace_size(B, Sq, Sk, Hq, Hkv, D, Dv, fusekit.DType.f64,  # noqa: E731
+                                                                "cpu")
+    if expect_contract(call, broken):
+        assert call() == 0
+
+
+@FUZZ
+@given(seed=st.integers(0, 2**64 - 1), offset=st.integers(0, 2**33), p=st.one_of(st.floats(-1, 2), st.just(math.nan)),
+       attention=st.booleans())
+def test_dropout_mask_helpers_contract(seed, offset, p, attention):
+    mask = np.zeros((1, 2, 3, 5), np.uint8) if attention else np.zeros(13, np.uint8)
+    fn = fusekit.attention_dropout_keep_mask if attention else fusekit.dropout_keep_mask
+    broken = None if 0 <= p < 1 else "p"
+    if attention and broken is None and offset >= 2**32:
+        broken = "offset"
+    try:
+        ok = expect_contract(lambda: fn(seed, offset, p, mask), broken)
+    except AssertionError:
+        if broken == "offset":  # the plain helper's offset is a full 64-bit Philox subsequence
+            return
+        raise
+    if ok:
+        assert set(np.unique(mask)) <= {0, 1}
