@@ -4,10 +4,12 @@
 #   - where python3 already has the build tools (nanobind, scikit-build-core) and numpy + pytest,
 #     as on the GPU machine (offline), that interpreter builds with --no-build-isolation and
 #     PyTorch's tests run against its torch;
-#   - otherwise (CI, a fresh machine) a venv in build-python/venv gets the pinned build and test
-#     dependencies from PyPI. PyTorch is not installed there (PyPI carries only its multi-GB CUDA
-#     wheels): the torch tests skip, saying so.
-# Either way the package is installed into build-python/site (ignored) and found via PYTHONPATH.
+#     and the package is installed into build-python/site (ignored), found via PYTHONPATH;
+#   - otherwise (CI, a fresh machine) a venv in build-python/venv gets the pinned test
+#     dependencies from PyPI, and `pip install .` with build isolation (pyproject.toml's pinned
+#     build requirements, the CUTLASS headers among them) installs the package into it, as a user
+#     would. PyTorch is not installed there (PyPI carries only its multi-GB CUDA wheels): the torch
+#     tests skip, saying so.
 # The wheel's CMake build directory build-python/<tag> persists, so reruns are incremental.
 # Exit status: pytest's, except that "no tests ran" (pytest's 5) is a failure too.
 # When the interpreter dies of a signal (a crash in native code), the same pytest command is run
@@ -21,8 +23,7 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 
-# Exact versions, matching pyproject.toml's [build-system] pins.
-BUILD_PINS="scikit-build-core==1.1.2 nanobind==3.1.0"
+# Exact versions of the test dependencies (the build requirements are pinned in pyproject.toml).
 TEST_PINS="numpy==2.4.6 pytest==9.2.0 ml_dtypes==0.6.0 hypothesis==6.170.17"
 
 PY=${PYTHON:-python3}
@@ -34,20 +35,22 @@ export CUDACXX=${CUDACXX:-$(command -v nvcc || true)}
 
 bash scripts/setup_deps.sh || { echo "python_test: scripts/setup_deps.sh failed" >&2; exit 1; }
 
+isolated=0
 if "$PY" -c 'import nanobind, scikit_build_core, numpy, pytest' 2>/dev/null; then
   echo "python_test: building with $("$PY" -c 'import sys; print(sys.executable)') (preinstalled build tools, no network needed)"
 else
   venv="$out/venv"
-  stamp="$venv/.pins-$(echo "$BUILD_PINS $TEST_PINS" | md5sum | cut -c1-12)"
+  stamp="$venv/.pins-$(echo "$TEST_PINS" | md5sum | cut -c1-12)"
   if [ ! -f "$stamp" ]; then
-    echo "python_test: creating $venv with $BUILD_PINS $TEST_PINS"
+    echo "python_test: creating $venv with $TEST_PINS"
     rm -rf "$venv"
     "$PY" -m venv "$venv" || { echo "python_test: cannot create a venv with $PY" >&2; exit 1; }
-    "$venv/bin/python" -m pip install -q --disable-pip-version-check $BUILD_PINS $TEST_PINS ||
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check $TEST_PINS ||
       { echo "python_test: installing the pinned dependencies failed" >&2; exit 1; }
     touch "$stamp"
   fi
   PY="$venv/bin/python"
+  isolated=1
 fi
 
 # The versions that matter for the bindings (with --no-build-isolation the preinstalled nanobind,
@@ -71,8 +74,14 @@ fi
 
 start=$(date +%s)
 rm -rf "$site"
-if ! "$PY" -m pip install --disable-pip-version-check --no-build-isolation --no-deps --no-index \
-    "${debug_settings[@]}" --target "$site" . >"$out/pip-install.log" 2>&1; then
+if [ $isolated = 1 ]; then
+  # As a user installs it: build isolation, the build requirements from pyproject.toml.
+  install=("$PY" -m pip install --disable-pip-version-check --no-deps "${debug_settings[@]}" .)
+else
+  install=("$PY" -m pip install --disable-pip-version-check --no-build-isolation --no-deps --no-index
+           "${debug_settings[@]}" --target "$site" .)
+fi
+if ! "${install[@]}" >"$out/pip-install.log" 2>&1; then
   tail -60 "$out/pip-install.log"
   echo "python_test: building the package failed (log: build-python/pip-install.log)" >&2
   exit 1
@@ -82,7 +91,14 @@ echo "python_test: package built and installed in $(( $(date +%s) - start ))s"
 
 # From the repository root the source folder python/fusekit is not on the path, so the installed
 # package (with its compiled _C) is what the tests import.
-export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+[ $isolated = 1 ] || export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+# What a user checks first after installing: the import and one op on the CPU backend.
+"$PY" -c 'import numpy as np, fusekit
+x = np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8); y = np.empty_like(x)
+fusekit.rms_norm_forward(x, None, 1e-6, y, None)
+ref = x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-6)
+assert np.abs(y - ref).max() < 1e-6, "rms_norm_forward disagrees"
+print(f"python_test: import fusekit {fusekit.__version__} and rms_norm_forward on the CPU: ok")' || exit 1
 pytest_cmd=("$PY" -X faulthandler -m pytest tests/python -ra -q -p no:cacheprovider "$@")
 "${pytest_cmd[@]}"
 rc=$?
