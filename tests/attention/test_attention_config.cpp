@@ -11,32 +11,15 @@
 #include "attention/attention_config.h"
 #include "core/overrides.h"
 #include "fusekit/error.h"
+#include "tests/harness/devices.h"
 
 namespace fusekit::attention {
 namespace {
 
-detail::DeviceInfo h100() {
-  detail::DeviceInfo d;
-  d.name = "NVIDIA H100 80GB HBM3";
-  d.major = 9, d.minor = 0, d.sm_count = 132, d.l2_bytes = 50 << 20;
-  d.max_smem_per_block_optin = 232448, d.max_threads_per_sm = 2048, d.dram_bytes_per_sm_clock = 12.83;
-  return d;
-}
+detail::DeviceInfo h100() { return testing::h100_device(); }
+detail::DeviceInfo h200() { return testing::h200_device(); }
+detail::DeviceInfo a100() { return testing::a100_device(); }
 
-detail::DeviceInfo h200() {
-  detail::DeviceInfo d = h100();
-  d.name = "NVIDIA H200";
-  d.dram_bytes_per_sm_clock = 18.42;
-  return d;
-}
-
-detail::DeviceInfo a100() {
-  detail::DeviceInfo d;
-  d.name = "NVIDIA A100-SXM4-80GB";
-  d.major = 8, d.minor = 0, d.sm_count = 108, d.l2_bytes = 40 << 20;
-  d.max_smem_per_block_optin = 166912, d.max_threads_per_sm = 2048, d.dram_bytes_per_sm_clock = 13.6;
-  return d;
-}
 
 std::vector<detail::DeviceInfo> hoppers() { return {h100(), h200()}; }
 

@@ -16,27 +16,15 @@
 
 #include "fusekit/attention.h"
 #include "fusekit/error.h"
+#include "tests/harness/error_testing.h"
 
 namespace fusekit {
 namespace {
 
+using testing::expect_error;
+using testing::view;
+
 constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
-
-template <typename F>
-void expect_error(F&& f, ErrorKind kind, const std::string& argument, const std::string& text = "") {
-  try {
-    f();
-    ADD_FAILURE() << "no Error thrown (expected one about '" << argument << "')";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), kind) << e.what();
-    EXPECT_EQ(e.argument(), argument) << e.what();
-    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
-  }
-}
-
-TensorView view(std::vector<float>& buf, std::initializer_list<std::int64_t> shape) {
-  return TensorView(buf.data(), DType::f32, Device::cpu(), shape);
-}
 
 // A small f32 problem (B = 1, H = 1, D = Dv = 4) with random q, k, v and dout.
 struct Small {

@@ -12,9 +12,12 @@
 #include "core/validate.h"
 #include "fusekit/error.h"
 #include "fusekit/tensor.h"
+#include "tests/harness/error_testing.h"
 
 namespace fusekit {
 namespace {
+
+using testing::expect_error;
 
 using detail::arg;
 using detail::ArgCheck;
@@ -22,18 +25,6 @@ using detail::ArgCheck;
 constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
 
 // Runs f, which must throw Error of `kind` about `argument` whose message contains `text`.
-template <typename F>
-void expect_error(F&& f, ErrorKind kind, const std::string& argument, const std::string& text = "") {
-  try {
-    f();
-    ADD_FAILURE() << "no Error thrown (expected one about '" << argument << "')";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), kind) << e.what();
-    EXPECT_EQ(e.argument(), argument) << e.what();
-    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
-  }
-}
-
 TEST(CheckedMath, ProductsAndSumsThatWrapAreNone) {
   EXPECT_EQ(detail::checked_mul(3, 4), 12);
   EXPECT_FALSE(detail::checked_mul(std::int64_t{1} << 32, std::int64_t{1} << 31).has_value());

@@ -9,28 +9,14 @@
 
 #include "core/overrides.h"
 #include "fp8_norm/fp8_norm_config.h"
+#include "tests/harness/devices.h"
 
 namespace fusekit::fp8_norm {
 namespace {
 
-detail::DeviceInfo h100_like() {
-  detail::DeviceInfo d;
-  d.name = "H100-like";
-  d.major = 9;
-  d.sm_count = 132;
-  d.l2_bytes = 50 << 20;
-  d.max_smem_per_block_optin = 227 * 1024;
-  d.max_threads_per_sm = 2048;
-  d.dram_bytes_per_sm_clock = 12.83;
-  return d;
-}
+detail::DeviceInfo h100_like() { return testing::h100_device(); }
+detail::DeviceInfo h200_like() { return testing::h200_device(); }
 
-detail::DeviceInfo h200_like() {
-  detail::DeviceInfo d = h100_like();
-  d.name = "H200-like";
-  d.dram_bytes_per_sm_clock = 18.42;
-  return d;
-}
 
 // Any 256-byte aligned address: the configs only test alignment.
 const void* aligned_ptr(std::uintptr_t offset = 0) { return reinterpret_cast<const void*>(0x100000 + offset); }

@@ -10,21 +10,12 @@
 
 #include "fusekit/error.h"
 #include "fusekit/fp8_norm.h"
+#include "tests/harness/error_testing.h"
 
 namespace fusekit {
 namespace {
 
-template <typename F>
-void expect_error(F&& f, ErrorKind kind, const std::string& argument, const std::string& text = "") {
-  try {
-    f();
-    ADD_FAILURE() << "no Error thrown (expected one about '" << argument << "')";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), kind) << e.what();
-    EXPECT_EQ(e.argument(), argument) << e.what();
-    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
-  }
-}
+using testing::expect_error;
 
 // Every tensor of a (2, 3, 16) problem with group size 16, on the CPU.
 struct Fp8Problem {

@@ -8,25 +8,13 @@
 
 #include "fusekit/error.h"
 #include "fusekit/linear.h"
+#include "tests/harness/error_testing.h"
 
 namespace fusekit {
 namespace {
 
-template <typename F>
-void expect_error(F&& f, ErrorKind kind, const std::string& argument, const std::string& text = "") {
-  try {
-    f();
-    ADD_FAILURE() << "no Error thrown (expected one about '" << argument << "')";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), kind) << e.what();
-    EXPECT_EQ(e.argument(), argument) << e.what();
-    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
-  }
-}
-
-TensorView view(std::vector<float>& buf, std::initializer_list<std::int64_t> shape) {
-  return TensorView(buf.data(), DType::f32, Device::cpu(), shape);
-}
+using testing::expect_error;
+using testing::view;
 
 TEST(LinearHardening, OutputsHaveExactlyTheLeadingShapeOfX) {
   std::vector<float> x(48, 0.5f), w(40, 0.25f), y(30), pre(30), dout(30, 1.0f), dx(48), dw(40);

@@ -9,29 +9,14 @@
 #include "core/overrides.h"
 #include "fusekit/error.h"
 #include "norm/norm_config.h"
+#include "tests/harness/devices.h"
 
 namespace fusekit::norm {
 namespace {
 
-detail::DeviceInfo h100() {
-  detail::DeviceInfo d;
-  d.name = "NVIDIA H100 80GB HBM3";
-  d.major = 9;
-  d.sm_count = 132;
-  d.l2_bytes = 50 << 20;
-  d.max_smem_per_block_optin = 232448;
-  d.max_threads_per_sm = 2048;
-  d.dram_bytes_per_sm_clock = 12.83;
-  return d;
-}
+detail::DeviceInfo h100() { return testing::h100_device(); }
+detail::DeviceInfo h200() { return testing::h200_device(); }
 
-detail::DeviceInfo h200() {
-  detail::DeviceInfo d = h100();
-  d.name = "NVIDIA H200";
-  d.l2_bytes = 60 << 20;
-  d.dram_bytes_per_sm_clock = 18.42;
-  return d;
-}
 
 // The occupancy calculator of a Hopper SM (65536 registers allocated per warp in units of 256,
 // 2048 threads, 32 blocks, the opt-in shared memory plus 1 KB with 1 KB reserved per block) for

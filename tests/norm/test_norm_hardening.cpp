@@ -11,31 +11,14 @@
 
 #include "fusekit/error.h"
 #include "fusekit/norm.h"
+#include "tests/harness/error_testing.h"
 
 namespace fusekit {
 namespace {
 
-template <typename F>
-void expect_error(F&& f, ErrorKind kind, const std::string& argument, const std::string& text = "") {
-  try {
-    f();
-    ADD_FAILURE() << "no Error thrown (expected one about '" << argument << "')";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), kind) << e.what();
-    EXPECT_EQ(e.argument(), argument) << e.what();
-    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
-  }
-}
-
-TensorView view(std::vector<float>& buf, std::initializer_list<std::int64_t> shape) {
-  return TensorView(buf.data(), DType::f32, Device::cpu(), shape);
-}
-
-std::vector<float> ramp(std::size_t n, float start = 0.1f) {
-  std::vector<float> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = start + 0.01f * static_cast<float>(i % 37);
-  return v;
-}
+using testing::expect_error;
+using testing::view;
+using testing::ramp;
 
 TEST(NormHardening, EpsMustBeFiniteAndNonNegative) {
   std::vector<float> x = ramp(48), y(48), rstd(6);
