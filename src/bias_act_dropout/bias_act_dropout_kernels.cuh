@@ -44,24 +44,11 @@ using Math = detail::ActivationMath<float>;
 // ---- element conversions (core/device_vector.cuh) -------------------------------------------
 
 using detail::device::from_float;
+using detail::device::load_floats;
 using detail::device::pack16;
 using detail::device::prefetch_l2;
 using detail::device::to_float;
 using detail::device::unpack16;
-
-// VEC values of W starting at a 16-byte aligned address, as floats.
-template <typename W, int VEC>
-__device__ __forceinline__ void load_aligned(const W* p, float (&out)[VEC]) {
-  constexpr int kPerChunk = 16 / sizeof(W);
-  static_assert(VEC % kPerChunk == 0, "whole 16-byte chunks");
-#pragma unroll
-  for (int c = 0; c < VEC / kPerChunk; ++c) {
-    float part[kPerChunk];
-    unpack16<W>(*reinterpret_cast<const uint4*>(p + c * kPerChunk), part);
-#pragma unroll
-    for (int i = 0; i < kPerChunk; ++i) out[c * kPerChunk + i] = part[i];
-  }
-}
 
 // ---- activations ---------------------------------------------------------------------------
 
@@ -128,7 +115,7 @@ struct VectorChunk {
   template <typename W>
   static __device__ __forceinline__ void load_bias(const W* bias, std::int64_t col, int /*valid*/,
                                                    float (&out)[kChunk]) {
-    load_aligned<W, kChunk>(bias + col, out);
+    load_floats<W, kChunk>(bias + col, out);
   }
   static __device__ __forceinline__ MaskWords mask(const Scalars& s, const PhiloxPrefix& pre,
                                                    std::uint64_t group) {
@@ -331,7 +318,7 @@ __global__ void __launch_bounds__(512, 2)
     float h[VEC], b[VEC], out[VEC];
     unpack16<T>(raw[it], h);
     if (bias) {
-      load_aligned<W, VEC>(bias + col0 + it * step, b);
+      load_floats<W, VEC>(bias + col0 + it * step, b);
     } else {
 #pragma unroll
       for (int i = 0; i < VEC; ++i) b[i] = 0.0f;

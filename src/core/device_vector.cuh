@@ -101,6 +101,28 @@ __device__ __forceinline__ uint4 pack16(const float (&in)[16 / sizeof(T)]) {
   return pack16_from<T>(in);
 }
 
+// How load_floats reads global memory: plain loads, or the read-only (non-coherent) path for data
+// no kernel of the launch writes.
+enum class LoadPath { plain, read_only };
+
+// VEC consecutive values of W at a 16-byte aligned address (VEC * sizeof(W) a multiple of 16), as
+// floats, in 16-byte loads.
+template <typename W, int VEC, LoadPath kPath = LoadPath::plain>
+__device__ __forceinline__ void load_floats(const W* p, float (&out)[VEC]) {
+  constexpr int kPer = 16 / sizeof(W);
+  static_assert(VEC % kPer == 0, "whole 16-byte chunks");
+#pragma unroll
+  for (int c = 0; c < VEC / kPer; ++c) {
+    float part[kPer];
+    if constexpr (kPath == LoadPath::read_only)
+      unpack16<W>(__ldg(reinterpret_cast<const uint4*>(p) + c), part);
+    else
+      unpack16<W>(*reinterpret_cast<const uint4*>(p + c * kPer), part);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) out[c * kPer + i] = part[i];
+  }
+}
+
 // Four consecutive values at a 4-element-aligned address (16-byte aligned base) as floats, with
 // one 8-byte (16-bit types) or 16-byte (float) load through the read-only cache.
 template <typename T>

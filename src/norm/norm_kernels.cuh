@@ -29,23 +29,11 @@ namespace fusekit::norm::kernels {
 // Element conversions and 16-byte vectors: core/device_vector.cuh.
 using detail::device::from_float;
 using detail::device::load4_floats;
+using detail::device::load_floats;
+using detail::device::LoadPath;
 using detail::device::pack16;
 using detail::device::to_float;
 using detail::device::unpack16;
-
-// VEC consecutive elements of type W (VEC * sizeof(W) a multiple of 16) as floats.
-template <typename W, int VEC>
-__device__ __forceinline__ void load_floats(const W* p, float (&out)[VEC]) {
-  constexpr int kPer = 16 / sizeof(W);
-  static_assert(VEC % kPer == 0, "whole 16-byte chunks");
-#pragma unroll
-  for (int c = 0; c < VEC / kPer; ++c) {
-    float part[kPer];
-    unpack16<W>(__ldg(reinterpret_cast<const uint4*>(p) + c), part);
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) out[c * kPer + i] = part[i];
-  }
-}
 
 // Per-column floats in shared memory, laid out by quarter-vector: the 4 columns at 4u go to
 // float4 slot (u % (VEC / 4)) * (cols / VEC) + u / (VEC / 4), so that the threads of a warp,
@@ -278,7 +266,7 @@ __global__ void __launch_bounds__(512, kForwardMinBlocks)
         }
         if (has_bias) {
           float b[kVec];
-          load_floats<W, kVec>(bias + col, b);
+          load_floats<W, kVec, LoadPath::read_only>(bias + col, b);
 #pragma unroll
           for (int i = 0; i < kVec; ++i) out[i] = fmaf(fmaf(v[i], rstd, shift), w[i], b[i]);
         } else {
@@ -287,10 +275,10 @@ __global__ void __launch_bounds__(512, kForwardMinBlocks)
         }
       } else if (has_weight) {
         float w[kVec];
-        load_floats<W, kVec>(weight + col, w);
+        load_floats<W, kVec, LoadPath::read_only>(weight + col, w);
         if (has_bias) {
           float b[kVec];
-          load_floats<W, kVec>(bias + col, b);
+          load_floats<W, kVec, LoadPath::read_only>(bias + col, b);
 #pragma unroll
           for (int i = 0; i < kVec; ++i) out[i] = fmaf(fmaf(v[i], rstd, shift), w[i], b[i]);
         } else {
@@ -299,7 +287,7 @@ __global__ void __launch_bounds__(512, kForwardMinBlocks)
         }
       } else if (has_bias) {
         float b[kVec];
-        load_floats<W, kVec>(bias + col, b);
+        load_floats<W, kVec, LoadPath::read_only>(bias + col, b);
 #pragma unroll
         for (int i = 0; i < kVec; ++i) out[i] = fmaf(v[i], rstd, shift) + b[i];
       } else {
