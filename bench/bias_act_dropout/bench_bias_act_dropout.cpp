@@ -31,11 +31,8 @@ const std::vector<std::pair<std::int64_t, std::int64_t>>& dropout_bench_shapes()
 void bench_dropout(Report& report) {
   const Device gpu = Device::cuda(0);
   constexpr float kP = 0.1f;
-  const std::int64_t pad = row_pad_elements();
   for (auto [rows, cols] : selected_shapes(dropout_bench_shapes())) {
-    const std::size_t elems = std::size_t(rows) * cols, bytes = elems * 2;
-    const std::int64_t ld = cols + pad;  // row stride of x, y, dy, dx (elements)
-    const std::size_t alloc = std::size_t(rows) * ld * 2;
+    const auto [elems, bytes, ld, alloc] = bf16_row_tensors(rows, cols);  // x, y, dy, dx
     const int rotations = rotations_for(2 * alloc);
     std::vector<Set> sets(rotations);
     for (int r = 0; r < rotations; ++r) {

@@ -83,6 +83,19 @@ std::vector<std::pair<std::int64_t, std::int64_t>> selected_shapes(
 // whether a shape's time depends on where its rows start (DRAM address mapping) rather than on
 // its size. Rows are labelled with the padding ("(8192, 8192) +256").
 std::int64_t row_pad_elements();
+
+// A (rows, cols) bf16 problem's row-major tensors: `bytes` of data each, laid out `ld` elements
+// apart (cols + --row-pad) in allocations of `alloc` bytes.
+struct RowTensors {
+  std::size_t elems, bytes;
+  std::int64_t ld;
+  std::size_t alloc;
+};
+inline RowTensors bf16_row_tensors(std::int64_t rows, std::int64_t cols) {
+  const std::size_t elems = std::size_t(rows) * cols;
+  const std::int64_t ld = cols + row_pad_elements();
+  return {elems, elems * 2, ld, std::size_t(rows) * ld * 2};
+}
 std::string padded_shape_label(std::int64_t rows, std::int64_t cols);
 
 // How many copies of a working set of `bytes` are needed so that cycling through them overflows

@@ -32,14 +32,11 @@ const std::vector<std::pair<std::int64_t, std::int64_t>>& norm_bench_shapes() {
 void bench_norm(Report& report, const std::string& only) {
   const Device gpu = Device::cuda(0);
   const std::vector<std::pair<std::int64_t, std::int64_t>> shapes = selected_shapes(norm_bench_shapes());
-  const std::int64_t pad = row_pad_elements();
   for (const bool rms : {false, true}) {
     const std::string op = rms ? "rms_norm" : "layer_norm";
     if (!only.empty() && only != op && only != "norm") continue;
     for (auto [rows, cols] : shapes) {
-      const std::size_t elems = std::size_t(rows) * cols, bytes = elems * 2;
-      const std::int64_t ld = cols + pad;  // row stride of x, y, dy, dx (elements)
-      const std::size_t alloc = std::size_t(rows) * ld * 2;
+      const auto [elems, bytes, ld, alloc] = bf16_row_tensors(rows, cols);  // x, y, dy, dx
       const int rotations = rotations_for(2 * alloc);
       std::vector<Set> sets(rotations);
       for (int r = 0; r < rotations; ++r) {

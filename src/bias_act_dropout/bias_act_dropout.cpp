@@ -13,12 +13,12 @@
 namespace fusekit {
 
 using detail::arg;
+using detail::kFloatDtypes;
 using detail::ArgCheck;
 using detail::RowLayout;
 
 namespace {
 
-constexpr std::initializer_list<DType> kActivationDtypes = {DType::f32, DType::f16, DType::bf16};
 // Columns are indexed with 32-bit block coordinates on the GPU; rows by ArgCheck::row_limits.
 constexpr std::int64_t kMaxCols = INT_MAX;
 
@@ -86,7 +86,7 @@ void bias_act_dropout_forward(const TensorView& x, const OptionalTensor& bias,
   ArgCheck check("bias_act_dropout_forward");
   const Device device = check.same_device(
       {arg("x", x), arg("bias", bias), arg("y", y), arg("pre_activation", pre_activation)});
-  const RowLayout xl = check.leading_rows(x, "x", kActivationDtypes, kMaxCols);
+  const RowLayout xl = check.leading_rows(x, "x", kFloatDtypes, kMaxCols);
   const RowLayout yl = check.rows_and_dtype_as(y, "y", x, xl, "x");
 
   bias_act_dropout::ForwardParams p;
@@ -115,7 +115,7 @@ std::size_t bias_act_dropout_backward_workspace_size(std::int64_t rows, std::int
   const ArgCheck check("bias_act_dropout_backward_workspace_size");
   check.size_in(rows, "rows", 0, INT_MAX);
   check.size_in(cols, "cols", 0, kMaxCols);
-  check.dtype_arg_in(dtype, "dtype", kActivationDtypes);
+  check.dtype_arg_in(dtype, "dtype", kFloatDtypes);
   if (!device.is_cuda() || rows == 0 || cols == 0) return 0;
   return bias_act_dropout::backward_workspace_cuda(rows, cols, dtype, device.index);
 }
@@ -128,7 +128,7 @@ void bias_act_dropout_backward(const TensorView& dy, const TensorView& x,
   const Device device = check.same_device({arg("dy", dy), arg("x", x), arg("bias", bias),
                                            arg("dx", dx), arg("dbias", dbias),
                                            arg("workspace", workspace)});
-  const RowLayout dyl = check.leading_rows(dy, "dy", kActivationDtypes, kMaxCols);
+  const RowLayout dyl = check.leading_rows(dy, "dy", kFloatDtypes, kMaxCols);
   const RowLayout xl = check.rows_and_dtype_as(x, "x", dy, dyl, "dy");
 
   bias_act_dropout::BackwardParams p;

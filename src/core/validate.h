@@ -14,6 +14,9 @@
 
 namespace fusekit::detail {
 
+// The activation dtypes of the elementwise and normalization families.
+inline constexpr std::initializer_list<DType> kFloatDtypes = {DType::f32, DType::f16, DType::bf16};
+
 // A (..., N) tensor seen as M rows of N contiguous elements, `row_stride` elements apart.
 struct RowLayout {
   std::int64_t rows = 0;

@@ -12,12 +12,11 @@
 namespace fusekit {
 
 using detail::arg;
+using detail::kFloatDtypes;
 using detail::ArgCheck;
 using detail::RowLayout;
 
 namespace {
-
-constexpr std::initializer_list<DType> kActivationDtypes = {DType::f32, DType::f16, DType::bf16};
 
 // Weight-like vectors (weight, bias and their gradients): length N, x's dtype or f32, and one
 // dtype for all of them.
@@ -60,7 +59,7 @@ void run_forward(const char* op, norm::Kind kind, const TensorView& x,
   const Device device = check.same_device(
       {arg("x", x), arg("weight", weight), arg("bias", bias), arg("y", y), arg("mean", mean),
        arg("rstd", rstd)});
-  const RowLayout xl = check.leading_rows(x, "x", kActivationDtypes, kNormMaxCols);
+  const RowLayout xl = check.leading_rows(x, "x", kFloatDtypes, kNormMaxCols);
   const RowLayout yl = check.rows_and_dtype_as(y, "y", x, xl, "x");
   check.eps(eps, false);
 
@@ -129,7 +128,7 @@ void run_backward(const char* op, const BackwardArgs& a, Stream stream) {
        arg("bias", a.bias ? *a.bias : kNone), arg("mean", mean), arg("rstd", *a.rstd),
        arg("dx", *a.dx), arg("dweight", *a.dweight), arg("dbias", *a.dbias),
        arg("workspace", *a.workspace)});
-  const RowLayout dyl = check.leading_rows(*a.dy, "dy", kActivationDtypes, kNormMaxCols);
+  const RowLayout dyl = check.leading_rows(*a.dy, "dy", kFloatDtypes, kNormMaxCols);
   const RowLayout inl = check.rows_and_dtype_as(*a.input, input_name, *a.dy, dyl, "dy");
 
   norm::BackwardParams p;
@@ -216,7 +215,7 @@ std::size_t norm_backward_workspace_size(std::int64_t rows, std::int64_t cols, D
   const ArgCheck check("norm_backward_workspace_size");
   check.size_in(rows, "rows", 0, INT_MAX);
   check.size_in(cols, "cols", 0, kNormMaxCols);
-  check.dtype_arg_in(dtype, "dtype", kActivationDtypes);
+  check.dtype_arg_in(dtype, "dtype", kFloatDtypes);
   if (!device.is_cuda() || rows == 0 || cols == 0) return 0;
   return norm::backward_workspace_cuda(rows, cols, dtype, device.index);
 }

@@ -72,6 +72,12 @@ def expanded(a):
     return np.lib.stride_tricks.as_strided(a, shape=a.shape, strides=(0,) * (a.ndim - 1) + (a.strides[-1],))
 
 
+def expanded_argument(a, lead, name):
+    """(expanded(a), name): the output that overlaps itself and the argument its error names; (a,
+    None) where the rows are fewer than 2, so that nothing overlaps and the call must succeed."""
+    return (a, None) if math.prod(lead) < 2 else (expanded(a), name)
+
+
 def break_output(kind, a):
     """An output array broken in one way: another leading shape, another dtype, or stride 0."""
     if kind == "shape":
@@ -124,10 +130,7 @@ def test_norm_forward_contract(kind, lead, n, dtype, affine, eps, broken, seed):
     elif broken == "y_dtype":
         y, arg = break_output("dtype", y), "y"
     elif broken == "y_expanded":
-        if math.prod(lead) < 2:
-            arg = None
-        else:
-            y, arg = expanded(y), "y"
+        y, arg = expanded_argument(y, lead, "y")
     elif broken == "eps":
         eps = float(rng.choice([math.inf, math.nan, -1e-3, 1e39]))
     elif broken == "weight":
@@ -166,10 +169,7 @@ def test_norm_backward_contract(kind, from_output, lead, n, broken, seed):
     if broken == "dx":
         dx = break_output("shape", dx)
     elif broken == "dx_expanded":
-        if math.prod(lead) < 2:
-            arg = None
-        else:
-            dx, arg = expanded(dx), "dx"
+        dx, arg = expanded_argument(dx, lead, "dx")
     elif broken == "weight_zero":
         if from_output:
             w = w.copy()
@@ -261,10 +261,7 @@ def test_bias_act_dropout_contract(lead, n, activation, with_bias, p, seed, offs
     if broken == "y":
         y = break_output("shape", y)
     elif broken == "y_expanded":
-        if math.prod(lead) < 2:
-            arg = None
-        else:
-            y, arg = expanded(y), "y"
+        y, arg = expanded_argument(y, lead, "y")
     elif broken == "p":
         p = float(rng.choice([1.0, -0.1, math.nan]))
     elif broken == "dx":
@@ -313,10 +310,7 @@ def test_linear_contract(lead, n, k, activation, with_bias, broken, seed):
     if broken == "y":
         y = break_output("shape", y)
     elif broken == "y_expanded":
-        if math.prod(lead) < 2:
-            arg = None
-        else:
-            y, arg = expanded(y), "y"
+        y, arg = expanded_argument(y, lead, "y")
     elif broken == "weight":
         w = rng.standard_normal((n, k + 1))
     elif broken == "dx":

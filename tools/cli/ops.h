@@ -8,6 +8,7 @@
 
 #include "bench/harness/bench.h"
 #include "fusekit/tensor.h"
+#include "tests/harness/harness.h"
 
 namespace fusekit::cli {
 
@@ -29,6 +30,12 @@ struct OpEntry {
 };
 
 const std::vector<OpEntry>& registry();
+
+// The CPU checks' reference gradient: d/dparam of sum(y * dy) by central differences of step h,
+// `forward` recomputing y from the parameters (param is restored afterwards).
+std::vector<double> finite_difference_gradient(testing::Buffer& param, const testing::Buffer& y,
+                                               const testing::Buffer& dy, double h,
+                                               const std::function<void()>& forward);
 
 // One per op family, defined in tools/cli/ops_<family>.cpp and called by registry().
 void add_norm_ops(std::vector<OpEntry>& ops);

@@ -36,22 +36,8 @@ std::vector<CheckLine> check_cpu() {
   b.fill_normal(rng, 0.0, 0.5);
   dy.fill_normal(rng);
   bias_act_dropout_backward(dy.view(), x.view(), b.view(), config, dx.view(), std::nullopt);
-  const auto dyv = dy.values();
-  auto xv = x.values();
-  std::vector<double> fd(xv.size());
-  for (std::size_t i = 0; i < xv.size(); ++i) {
-    double l[2];
-    for (int s = 0; s < 2; ++s) {
-      auto xp = xv;
-      xp[i] += (s ? -1e-2 : 1e-2);
-      x.set_values(xp);
-      bias_act_dropout_forward(x.view(), b.view(), config, y.view());
-      const auto yv = y.values();
-      l[s] = 0;
-      for (std::size_t k = 0; k < yv.size(); ++k) l[s] += yv[k] * dyv[k];
-    }
-    fd[i] = (l[0] - l[1]) / 2e-2;
-  }
+  const std::vector<double> fd = finite_difference_gradient(
+      x, y, dy, 1e-2, [&] { bias_act_dropout_forward(x.view(), b.view(), config, y.view()); });
   const testing::ErrorStats s = testing::compare(dx.values(), fd);
   return {{kOp, "cpu", "dx vs finite differences", s.rel_l2, 1e-3, s.rel_l2 <= 1e-3}};
 }

@@ -45,25 +45,10 @@ std::vector<CheckLine> check_cpu() {
     linear_forward(x.view(), w.view(), b.view(), act, y.view(), pre.view(), std::nullopt);
     linear_backward(dout.view(), x.view(), w.view(), pre.view(), act, dx.view(), dw.view(), db.view(),
                     std::nullopt);
-    const auto g = dout.values();
     auto fd_of = [&](Buffer& param) {
-      auto v = param.values();
-      std::vector<double> fd(v.size());
-      for (std::size_t i = 0; i < v.size(); ++i) {
-        double l[2];
-        for (int s = 0; s < 2; ++s) {
-          auto p = v;
-          p[i] += s ? -1e-6 : 1e-6;
-          param.set_values(p);
-          linear_forward(x.view(), w.view(), b.view(), act, y.view(), std::nullopt, std::nullopt);
-          const auto yv = y.values();
-          l[s] = 0;
-          for (std::size_t j = 0; j < yv.size(); ++j) l[s] += yv[j] * g[j];
-        }
-        fd[i] = (l[0] - l[1]) / 2e-6;
-      }
-      param.set_values(v);
-      return fd;
+      return finite_difference_gradient(param, y, dout, 1e-6, [&] {
+        linear_forward(x.view(), w.view(), b.view(), act, y.view(), std::nullopt, std::nullopt);
+      });
     };
     const std::pair<const char*, std::pair<Buffer*, Buffer*>> grads[] = {
         {"dx", {&x, &dx}}, {"dW", {&w, &dw}}, {"dbias", {&b, &db}}};

@@ -42,23 +42,7 @@ std::vector<CheckLine> check_norm(Device device, bool rms) {
     fwd();
     if (rms) rms_norm_backward(dy.view(), x.view(), std::nullopt, rstd.view(), dx.view(), std::nullopt, std::nullopt);
     else layer_norm_backward(dy.view(), x.view(), std::nullopt, mean.view(), rstd.view(), dx.view(), std::nullopt, std::nullopt, std::nullopt);
-    const auto dyv = dy.values();
-    auto xv = x.values();
-    std::vector<double> fd(xv.size());
-    for (std::size_t i = 0; i < xv.size(); ++i) {
-      double l[2];
-      for (int s = 0; s < 2; ++s) {
-        auto xp = xv;
-        xp[i] += (s ? -1e-2 : 1e-2);
-        x.set_values(xp);
-        fwd();
-        const auto yv = y.values();
-        l[s] = 0;
-        for (std::size_t k = 0; k < yv.size(); ++k) l[s] += yv[k] * dyv[k];
-      }
-      fd[i] = (l[0] - l[1]) / 2e-2;
-    }
-    x.set_values(xv);
+    const std::vector<double> fd = finite_difference_gradient(x, y, dy, 1e-2, fwd);
     const testing::ErrorStats s = testing::compare(dx.values(), fd);
     out.push_back({op, "cpu", "dx vs finite differences", s.rel_l2, 1e-3, s.rel_l2 <= 1e-3});
     return out;

@@ -16,4 +16,21 @@ const std::vector<OpEntry>& registry() {
   return ops;
 }
 
+std::vector<double> finite_difference_gradient(testing::Buffer& param, const testing::Buffer& y,
+                                               const testing::Buffer& dy, double h,
+                                               const std::function<void()>& forward) {
+  const std::vector<double> g = dy.values();
+  auto loss = [&] {
+    forward();
+    const std::vector<double> yv = y.values();
+    double l = 0;
+    for (std::size_t k = 0; k < yv.size(); ++k) l += yv[k] * g[k];
+    return l;
+  };
+  std::vector<double> fd(static_cast<std::size_t>(param.numel()));
+  for (std::size_t i = 0; i < fd.size(); ++i)
+    fd[i] = testing::central_difference(param, static_cast<std::int64_t>(i), h, loss);
+  return fd;
+}
+
 }  // namespace fusekit::cli
