@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   clear(tOrO);
 
   // Accumulator element 4 c + 2 r + e: row g + 8 r of the warp's 16, column 8 c + 2 t + e.
-  const int g = lane / 4;
+  const int g = lane / 4, t = lane % 4;
   const int row0 = i0 + warp * 16 + g;
   const float mult0 = p.scale_log2;
   float m[2] = {kernels::neg_inf(), kernels::neg_inf()}, l[2] = {0.0f, 0.0f};
@@ -139,13 +139,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
     const bool every_key_visible = j0 >= all_lo && j0 + kBN <= all_hi;
     const float mult =
-        forward_logits<Traits, kBias>(tSrS, st, rule, stage, row0, j0, every_key_visible, mult0, warp, lane);
+        forward_logits<Traits, kBias>(tSrS, st, rule, stage, row0, j0, every_key_visible, mult0, warp, lane, t);
 #pragma unroll
     for (int r = 0; r < 2; ++r)
       kernels::online_softmax_row<kSCols, kOCols>([&](int c, int e) -> float& { return tSrS(4 * c + 2 * r + e); },
                                                   [&](int c, int e) -> float& { return tOrO(4 * c + 2 * r + e); },
                                                   m[r], l[r], mult);
-    forward_probabilities<Traits, kDropout>(tSrS, tOrP, keep, lane);
+    forward_probabilities<Traits, kDropout>(tSrS, tOrP, keep, t);
 
     tx_barrier(st.v_full[stage]).wait(phase);
     wgmma<false, true>(mma_pv, tOrP, tOrV(_, _, _, stage), tOrO);
@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if (lane == 0) barrier(st.v_empty[stage]).arrive();
   }
 
-  forward_epilogue<Traits, kDropout>(p, st, tOrO, m, l, s, b, h, i0, row0, tid);
+  forward_epilogue<Traits, kDropout>(p, st, tOrO, m, l, s, b, h, i0, row0, warp, g, t, tid);
 #endif
 }
 

@@ -81,10 +81,9 @@ __device__ __forceinline__ void forward_producer(const ForwardParams<Traits>& P,
 template <typename Traits, bool kBias, typename Storage, typename FragS>
 __device__ __forceinline__ float forward_logits(FragS& tSrS, Storage& st, const kernels::MaskRule& rule, int stage,
                                                 int row0, int j0, bool every_key_visible, float mult0, int warp,
-                                                int lane) {
+                                                int lane, int t) {
   using T = typename Traits::T;
   constexpr int kBM = Traits::kBM, kSCols = Traits::kBN / 8;
-  const int t = lane % 4;
   float mult = mult0;
   if constexpr (kBias) {
     const unsigned char* tile = reinterpret_cast<const unsigned char*>(st.bias) + stage * Traits::kBiasBytes;
@@ -146,11 +145,10 @@ __device__ __forceinline__ float forward_logits(FragS& tSrS, Storage& st, const 
 // the row sums counted every probability, O sums the kept ones, scaled at the end).
 template <typename Traits, bool kDropout, typename FragS, typename FragP>
 __device__ __forceinline__ void forward_probabilities(FragS& tSrS, FragP& tOrP, const std::uint32_t (&keep)[2][4],
-                                                      int lane) {
+                                                      int t) {
   using namespace cute;
   using T = typename Traits::T;
   constexpr int kSCols = Traits::kBN / 8;
-  const int t = lane % 4;
   if constexpr (kDropout) {
 #pragma unroll
     for (int c = 0; c < kSCols; ++c)
