@@ -137,9 +137,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     __syncwarp();
     if (!kBias && lane == 0) barrier(st.k_empty[stage]).arrive();  // with a bias: once it is read
 
-    const bool every_key_visible = j0 >= all_lo && j0 + kBN <= all_hi;
     const float mult =
-        forward_logits<Traits, kBias>(tSrS, st, rule, stage, row0, j0, every_key_visible, mult0, warp, lane, t);
+        forward_logits<Traits, kBias>(tSrS, st, rule, stage, row0, j0, all_lo, all_hi, mult0, warp, lane, t);
 #pragma unroll
     for (int r = 0; r < 2; ++r)
       kernels::online_softmax_row<kSCols, kOCols>([&](int c, int e) -> float& { return tSrS(4 * c + 2 * r + e); },
