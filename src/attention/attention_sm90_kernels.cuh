@@ -79,7 +79,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if (i0 >= s.sq) return;  // the whole CTA, before any barrier exists
   const int hk = h / p.group;
   const kernels::MaskRule rule = kernels::mask_rule(p, s);
-  int jb_begin, jb_end, all_lo, all_hi;
+  // jb_end declared first: with the pieces below inlined, this order gives the PTX of 14ac103's
+  // single-body kernel (the other order swaps the two phis' virtual registers, and ptxas then
+  // schedules the D = 128 bias kernels differently).
+  int jb_end, jb_begin, all_lo, all_hi;
   rule.key_blocks<kBN>(i0, min(i0 + kBM, s.sq), jb_begin, jb_end, all_lo, all_hi);
   const int n_blocks = jb_end - jb_begin;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
