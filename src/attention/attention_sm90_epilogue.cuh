@@ -24,10 +24,10 @@ namespace fusekit::attention::sm90 {
 template <typename Traits, bool kDropout, typename Storage, typename FragO>
 __device__ __forceinline__ void forward_epilogue(const kernels::KernelParams& p, Storage& st, FragO& tOrO,
                                                  const float (&m)[2], const float (&l)[2], const kernels::Seq& s,
-                                                 int b, int h, int i0, int row0, int tid) {
+                                                 int b, int h, int i0, int row0, int warp, int g, int t,
+                                                 int tid) {
   using T = typename Traits::T;
   constexpr int kBM = Traits::kBM, kD = Traits::kD, kOCols = kD / 8;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   // O: through this warpgroup's own rows of the Q tile when rows are 16-byte aligned (its last
   // product that reads them is done; staging_offset lays rows out where Q's layout has them). At
   // D = 128 only (bench: attention forward D = 128, H200: 2-5% faster; D = 64: 1.5-4% slower).

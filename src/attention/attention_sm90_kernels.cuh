@@ -79,7 +79,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if (i0 >= s.sq) return;  // the whole CTA, before any barrier exists
   const int hk = h / p.group;
   const kernels::MaskRule rule = kernels::mask_rule(p, s);
-  int jb_begin, jb_end, all_lo, all_hi;
+  // jb_end declared first: with the pieces below inlined, this order gives the PTX of 14ac103's
+  // single-body kernel (the other order swaps the two phis' virtual registers, and ptxas then
+  // schedules the D = 128 bias kernels differently).
+  int jb_end, jb_begin, all_lo, all_hi;
   rule.key_blocks<kBN>(i0, min(i0 + kBM, s.sq), jb_begin, jb_end, all_lo, all_hi);
   const int n_blocks = jb_end - jb_begin;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -120,7 +123,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   clear(tOrO);
 
   // Accumulator element 4 c + 2 r + e: row g + 8 r of the warp's 16, column 8 c + 2 t + e.
-  const int g = lane / 4;
+  const int g = lane / 4, t = lane % 4;
   const int row0 = i0 + warp * 16 + g;
   const float mult0 = p.scale_log2;
   float m[2] = {kernels::neg_inf(), kernels::neg_inf()}, l[2] = {0.0f, 0.0f};
@@ -137,15 +140,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     __syncwarp();
     if (!kBias && lane == 0) barrier(st.k_empty[stage]).arrive();  // with a bias: once it is read
 
-    const bool every_key_visible = j0 >= all_lo && j0 + kBN <= all_hi;
     const float mult =
-        forward_logits<Traits, kBias>(tSrS, st, rule, stage, row0, j0, every_key_visible, mult0, warp, lane);
+        forward_logits<Traits, kBias>(tSrS, st, rule, stage, row0, j0, all_lo, all_hi, mult0, warp, lane, t);
 #pragma unroll
     for (int r = 0; r < 2; ++r)
       kernels::online_softmax_row<kSCols, kOCols>([&](int c, int e) -> float& { return tSrS(4 * c + 2 * r + e); },
                                                   [&](int c, int e) -> float& { return tOrO(4 * c + 2 * r + e); },
                                                   m[r], l[r], mult);
-    forward_probabilities<Traits, kDropout>(tSrS, tOrP, keep, lane);
+    forward_probabilities<Traits, kDropout>(tSrS, tOrP, keep, t);
 
     tx_barrier(st.v_full[stage]).wait(phase);
     wgmma<false, true>(mma_pv, tOrP, tOrV(_, _, _, stage), tOrO);
@@ -154,7 +156,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if (lane == 0) barrier(st.v_empty[stage]).arrive();
   }
 
-  forward_epilogue<Traits, kDropout>(p, st, tOrO, m, l, s, b, h, i0, row0, tid);
+  forward_epilogue<Traits, kDropout>(p, st, tOrO, m, l, s, b, h, i0, row0, warp, g, t, tid);
 #endif
 }
 

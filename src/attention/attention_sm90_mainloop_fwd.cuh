@@ -74,17 +74,20 @@ __device__ __forceinline__ void forward_producer(const ForwardParams<Traits>& P,
 // The scores of key block j0 (stage `stage`) as log2-unit logits where they must be: with a bias
 // (logit = S scale log2(e) + bias log2(e), the bias fragment read by ldmatrix in S's accumulator
 // layout: matrix m of an x4 is rows + 8 (m % 2), columns + 8 (m / 2)), and for a block not every
-// row sees in full (masked per element). Returns the multiplier the softmax still applies: 1
+// row sees in full (every key of the block in [all_lo, all_hi), see MaskRule::key_blocks; masked
+// per element otherwise). Returns the multiplier the softmax still applies: 1
 // for logits, scale log2(e) for raw scores (folded into the exponent's FMA). Releases K's stage
 // (with a bias once its tile is read). Accumulator element 4 c + 2 r + e: row row0 + 8 r, key
 // j0 + 8 c + 2 t + e.
 template <typename Traits, bool kBias, typename Storage, typename FragS>
 __device__ __forceinline__ float forward_logits(FragS& tSrS, Storage& st, const kernels::MaskRule& rule, int stage,
-                                                int row0, int j0, bool every_key_visible, float mult0, int warp,
-                                                int lane) {
+                                                int row0, int j0, int all_lo, int all_hi, float mult0, int warp,
+                                                int lane, int t) {
   using T = typename Traits::T;
-  constexpr int kBM = Traits::kBM, kSCols = Traits::kBN / 8;
-  const int t = lane % 4;
+  constexpr int kBM = Traits::kBM, kBN = Traits::kBN, kSCols = kBN / 8;
+  // here, next to its branches (computed by the caller and passed as a bool, it became one
+  // select and the branches' order changed: 14ac103's SASS differed in every bias kernel)
+  const bool every_key_visible = j0 >= all_lo && j0 + kBN <= all_hi;
   float mult = mult0;
   if constexpr (kBias) {
     const unsigned char* tile = reinterpret_cast<const unsigned char*>(st.bias) + stage * Traits::kBiasBytes;
@@ -146,11 +149,10 @@ __device__ __forceinline__ float forward_logits(FragS& tSrS, Storage& st, const 
 // the row sums counted every probability, O sums the kept ones, scaled at the end).
 template <typename Traits, bool kDropout, typename FragS, typename FragP>
 __device__ __forceinline__ void forward_probabilities(FragS& tSrS, FragP& tOrP, const std::uint32_t (&keep)[2][4],
-                                                      int lane) {
+                                                      int t) {
   using namespace cute;
   using T = typename Traits::T;
   constexpr int kSCols = Traits::kBN / 8;
-  const int t = lane % 4;
   if constexpr (kDropout) {
 #pragma unroll
     for (int c = 0; c < kSCols; ++c)
