@@ -369,6 +369,8 @@ __device__ __forceinline__ void mask_scores(float (&sc)[kMT][kNT][4], const Mask
 // Q K(j)^T and the softmax run, K(j + 1) (and bias tile j + 1) while O += P V(j) runs. Tiles are zero-filled up to the
 // bucket's head dim, so the mma loops run branch-free (a head dim below the bucket's pays for
 // its padding in mma, not in a branch per k-step that would stop the fragment prefetching).
+// One body past 150 lines: the two loads in flight span the whole key loop (issued in one step,
+// awaited in the next), so its steps cannot become separate functions without moving the waits.
 template <typename T, int kD, int kBN>
 __global__ void __launch_bounds__(128) forward_kernel(const KernelParams p) {
   using Shape = ForwardShape<kD, kBN>;
@@ -924,6 +926,8 @@ struct DkdvShape {
 };
 
 
+// One body past 150 lines: its three phases share the shared-memory tiles, the barrier sequence
+// between them and the register-resident dK / dV accumulators across the whole query loop.
 template <typename T, int kD, int kWarps, int kBM, int kBN>
 __global__ void __launch_bounds__(kWarps * 32, (DkdvShape<kD, kWarps, kBM, kBN>::kMinBlocks)) dkdv_kernel(const KernelParams p) {
   using Shape = DkdvShape<kD, kWarps, kBM, kBN>;
