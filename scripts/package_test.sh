@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The C++ ways to consume fusekit, checked on any machine (one CPU op each, tests/consumer/):
 #   1. `cmake --install` of the build, then a project that calls find_package(fusekit);
-#   2. the same project pulling the source tree in with add_subdirectory;
-#   3. pkg-config's flags for the installed library, with a plain compiler call.
+#   2. pkg-config's flags for the installed library, with a plain compiler call;
+#   3. the same project pulling the source tree in with add_subdirectory.
 # Usage: scripts/package_test.sh [build dir, default build]   (make test runs it after the suites)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -21,13 +21,6 @@ cmake --build "$build/consumer-find" -j "$jobs" >>"$build/consumer-find.log"
 "$build/consumer-find/consumer"
 echo "package_test: find_package(fusekit): passed"
 
-cmake -S tests/consumer -B "$build/consumer-subdir" -G Ninja -DFUSEKIT_SOURCE_DIR="$root" \
-  -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_BUILD_TYPE=Release >"$build/consumer-subdir.log"
-cmake --build "$build/consumer-subdir" -j "$jobs" >>"$build/consumer-subdir.log" ||
-  { tail -30 "$build/consumer-subdir.log"; exit 1; }
-"$build/consumer-subdir/consumer"
-echo "package_test: add_subdirectory(fusekit): passed"
-
 if command -v pkg-config >/dev/null; then
   export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
   c++ -std=c++17 tests/consumer/main.cpp $(pkg-config --cflags --libs fusekit) -o "$build/consumer-pkgconfig"
@@ -36,3 +29,10 @@ if command -v pkg-config >/dev/null; then
 else
   echo "package_test: pkg-config fusekit: skipped (no pkg-config on this machine)"
 fi
+
+cmake -S tests/consumer -B "$build/consumer-subdir" -G Ninja -DFUSEKIT_SOURCE_DIR="$root" \
+  -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_BUILD_TYPE=Release >"$build/consumer-subdir.log"
+cmake --build "$build/consumer-subdir" -j "$jobs" >>"$build/consumer-subdir.log" ||
+  { tail -30 "$build/consumer-subdir.log"; exit 1; }
+"$build/consumer-subdir/consumer"
+echo "package_test: add_subdirectory(fusekit): passed"
