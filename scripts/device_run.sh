@@ -62,6 +62,29 @@ if has test; then
   grep -E "^\[  FAILED  \]|Failure$" -A3 "$OUT/tests.log" | head -60
 fi
 
+if has sanitize; then
+  start=$(date +%s)
+  bash scripts/sanitize_gpu.sh "$BUILD" "$OUT" >"$OUT/sanitize.log" 2>&1
+  rc=$?
+  log "compute-sanitizer (every GPU test family x memcheck, racecheck, initcheck, synccheck) rc=$rc in $(( $(date +%s) - start ))s"
+  tee -a "$OUT/summary.txt" <"$OUT/sanitize.log"
+  [ $rc -eq 0 ] || status=1
+fi
+
+if has package; then
+  bash scripts/package_test.sh "$BUILD" >"$OUT/package.log" 2>&1
+  rc=$?
+  log "package test (find_package, add_subdirectory, pkg-config) rc=$rc: $(grep -c ': passed' "$OUT/package.log") passed"
+  [ $rc -eq 0 ] || { tail -20 "$OUT/package.log"; status=1; }
+  "$BUILD/fusekit_quickstart" >"$OUT/quickstart.log" 2>&1
+  log "examples/quickstart.cpp rc=$?: $(tail -1 "$OUT/quickstart.log")"
+fi
+
+if has check; then
+  "$BUILD/fusekit" check >"$OUT/check.log" 2>&1
+  log "fusekit check rc=$?: $(tail -1 "$OUT/check.log")"
+fi
+
 if has bench; then
   "$BUILD/fusekit" bench ${BENCH_OPS:-} --json "$OUT/fusekit_bench.json" >"$OUT/bench.log" 2>&1
   log "fusekit bench rc=$?"
