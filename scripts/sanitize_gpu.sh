@@ -2,9 +2,11 @@
 # Runs every GPU test family under each compute-sanitizer tool (memcheck, racecheck, initcheck,
 # synccheck) and writes one log per (family, tool) plus a JSON summary:
 #   scripts/sanitize_gpu.sh BUILD_DIR OUT_DIR
-# The jobs run concurrently on the one GPU (SANITIZE_JOBS at a time, default 8): a sanitized run
-# is bound by the host's instrumentation, not by the GPU. Each job has its own time limit
-# (SANITIZE_TIMEOUT seconds, default 540); a job that runs out counts as not clean.
+# Each family's tests are split into GoogleTest shards, and the (family, tool, shard) jobs run
+# concurrently on the one GPU (SANITIZE_JOBS at a time, default: the core count): most of a
+# sanitized test's time is its float64 CPU reference and the host side of the instrumentation.
+# Each job has its own time limit (SANITIZE_TIMEOUT seconds, default 540); a job that runs out
+# counts as not clean.
 # The tests whose only purpose is the benchmark shapes (hundreds of MB per tensor) are left out:
 # every kernel they launch also runs at the smaller shapes of the same family's other tests.
 # SANITIZE_FAMILIES and SANITIZE_TOOLS narrow the run (names as below).
@@ -23,55 +25,72 @@ declare -A filters=(
   [attention]="AttentionGpu.*"
   [core]="PhiloxGpu.*:ActivationGpu.*:LaunchTuningGpu.*"
 )
+# Shards per family, from the sanitized runs' test times (the linear and norm suites are longest).
+declare -A shards=([norm]=4 [bias_act_dropout]=2 [linear]=4 [fp8_norm]=3 [attention]=3 [core]=1)
 large="*BenchmarkShapes*:*LargerShapes*:*LongCausalSequence*"
+# Tests that provoke a CUDA API error on purpose (a launch that must fail without the shared-memory
+# opt-in): memcheck reports every API error, so they run under the other tools only.
+api_error_tests="LaunchTuningGpu.StaticPlusDefaultDynamicNeedsTheOptIn"
 families=${SANITIZE_FAMILIES:-"norm bias_act_dropout linear fp8_norm attention core"}
 tools=${SANITIZE_TOOLS:-"memcheck racecheck initcheck synccheck"}
 
 run_one() {
-  local family=$1 tool=$2 filter=$3 log="$out/sanitize-$1-$2.log"
+  local family=$1 tool=$2 filter=$3 shard=$4 count=$5 log="$out/sanitize-$1-$2-$4.log"
+  local exclude=$large
+  [ "$tool" = memcheck ] && exclude="$exclude:$api_error_tests"
   local extra=()
   # synccheck tracks the TMA-ring mbarriers (cuda::barrier) only with a fixed per-block budget:
   # its automatic sizing overflows ("overflow of tracked cuda::barrier").
   [ "$tool" = synccheck ] && extra=(--num-cuda-barriers 4096)
   local start=$(date +%s)
-  OMP_NUM_THREADS=2 timeout "${SANITIZE_TIMEOUT:-540}" compute-sanitizer --tool "$tool" \
+  GTEST_TOTAL_SHARDS=$count GTEST_SHARD_INDEX=$shard OMP_NUM_THREADS=2 \
+    timeout "${SANITIZE_TIMEOUT:-540}" compute-sanitizer --tool "$tool" \
     ${extra[@]+"${extra[@]}"} --error-exitcode 9 --print-limit 20 \
-    "$tests" --gtest_filter="$filter-$large" >"$log" 2>&1
+    "$tests" --gtest_filter="$filter-$exclude" >"$log" 2>&1
   local rc=$? secs=$(( $(date +%s) - start ))
   local summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1)
   local gtest=$(grep -E '^\[  (PASSED|FAILED) ' "$log" | tr '\n' ' ')
   printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$family" "$tool" "$rc" "$secs" "$summary" "$gtest" >"$log.result"
 }
 export -f run_one
-export out tests large SANITIZE_TIMEOUT
+export out tests large api_error_tests SANITIZE_TIMEOUT
 
 jobs=()
 for family in $families; do
-  for tool in $tools; do jobs+=("$family $tool ${filters[$family]}"); done
+  for tool in $tools; do
+    for shard in $(seq 0 $(( ${shards[$family]} - 1 ))); do
+      jobs+=("$family $tool ${filters[$family]} $shard ${shards[$family]}")
+    done
+  done
 done
-printf '%s\n' "${jobs[@]}" | xargs -P "${SANITIZE_JOBS:-8}" -L 1 bash -c 'run_one "$0" "$1" "$2"'
+printf '%s\n' "${jobs[@]}" | xargs -P "${SANITIZE_JOBS:-$(nproc)}" -L 1 bash -c 'run_one "$0" "$1" "$2" "$3" "$4"'
 
 status=0
 python3 - "$out" <<'PYEOF' || status=1
 import glob, json, os, re, sys
 out = sys.argv[1]
-rows = []
+# One row per (family, tool): its shards' errors and tests summed, the slowest shard's time.
+rows = {}
 for path in sorted(glob.glob(os.path.join(out, "sanitize-*.log.result"))):
     family, tool, rc, secs, summary, gtest = (open(path).read().rstrip("\n").split("\t") + [""] * 6)[:6]
     # "ERROR SUMMARY: 0 errors"; racecheck: "RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)".
     m = re.search(r"\((\d+) errors", summary) or re.search(r"ERROR SUMMARY: (\d+) error", summary)
-    errors = int(m.group(1)) if m else None
     passed = re.search(r"PASSED\s*\]\s+(\d+)", gtest)
-    rows.append({"family": family, "tool": tool, "exit_code": int(rc), "seconds": int(secs),
-                 "errors": errors, "summary": summary.strip("= \n"),
-                 "tests_passed": int(passed.group(1)) if passed else None,
-                 "clean": int(rc) == 0 and errors == 0})
+    r = rows.setdefault((family, tool), {"family": family, "tool": tool, "shards": 0, "exit_codes": [],
+                                         "seconds": 0, "errors": 0, "tests_passed": 0})
+    r["shards"] += 1
+    r["exit_codes"].append(int(rc))
+    r["seconds"] = max(r["seconds"], int(secs))
+    r["errors"] = None if m is None or r["errors"] is None else r["errors"] + int(m.group(1))
+    r["tests_passed"] += int(passed.group(1)) if passed else 0
     os.remove(path)
+rows = [dict(r, clean=r["errors"] == 0 and not any(r["exit_codes"])) for r in rows.values()]
 json.dump({"sanitizers": rows}, open(os.path.join(out, "sanitize.json"), "w"), indent=1)
 for r in rows:
-    print(f"compute-sanitizer {r['tool']:<9} {r['family']:<16} exit {r['exit_code']:>3} "
-          f"in {r['seconds']:>4}s: {r['summary'] or 'no summary (timed out or crashed)'}; "
-          f"tests passed: {r['tests_passed']}")
+    errors = "no summary in some shard (timed out or crashed)" if r["errors"] is None else f"{r['errors']} errors"
+    print(f"compute-sanitizer {r['tool']:<9} {r['family']:<16} {'clean' if r['clean'] else 'NOT CLEAN'}: "
+          f"{errors}, {r['tests_passed']} tests passed, exit codes {r['exit_codes']}, "
+          f"slowest of {r['shards']} shards {r['seconds']}s")
 sys.exit(0 if rows and all(r["clean"] for r in rows) else 1)
 PYEOF
 exit $status
