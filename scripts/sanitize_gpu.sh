@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs every GPU test family under each compute-sanitizer tool (memcheck, racecheck, initcheck,
-# synccheck) and writes one log per (family, tool) plus a JSON summary:
+# synccheck):
 #   scripts/sanitize_gpu.sh BUILD_DIR OUT_DIR
+# It writes one log per job (OUT_DIR/sanitize/), a line per finished job
+# (OUT_DIR/sanitize-results.tsv) and a JSON summary (OUT_DIR/sanitize.json).
 # Each family's tests are split into GoogleTest shards, and the (family, tool, shard) jobs run
 # concurrently on the one GPU (SANITIZE_JOBS at a time, default: the core count): most of a
 # sanitized test's time is its float64 CPU reference and the host side of the instrumentation.
@@ -9,7 +11,8 @@
 # counts as not clean.
 # The tests whose only purpose is the benchmark shapes (hundreds of MB per tensor) are left out:
 # every kernel they launch also runs at the smaller shapes of the same family's other tests.
-# SANITIZE_FAMILIES and SANITIZE_TOOLS narrow the run (names as below).
+# SANITIZE_FAMILIES and SANITIZE_TOOLS narrow the run (names as below). On a 16-core machine two
+# tools over every family take about 8 minutes: the device tool's 10-minute calls take two each.
 set -uo pipefail
 build=${1:?build directory}
 out=${2:?output directory}
@@ -34,8 +37,10 @@ api_error_tests="LaunchTuningGpu.StaticPlusDefaultDynamicNeedsTheOptIn"
 families=${SANITIZE_FAMILIES:-"norm bias_act_dropout linear fp8_norm attention core"}
 tools=${SANITIZE_TOOLS:-"memcheck racecheck initcheck synccheck"}
 
+mkdir -p "$out/sanitize"
+: >"$out/sanitize-results.tsv"
 run_one() {
-  local family=$1 tool=$2 filter=$3 shard=$4 count=$5 log="$out/sanitize-$1-$2-$4.log"
+  local family=$1 tool=$2 filter=$3 shard=$4 count=$5 log="$out/sanitize/$1-$2-$4.log"
   local exclude=$large
   [ "$tool" = memcheck ] && exclude="$exclude:$api_error_tests"
   local extra=()
@@ -50,7 +55,8 @@ run_one() {
   local rc=$? secs=$(( $(date +%s) - start ))
   local summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1)
   local gtest=$(grep -E '^\[  (PASSED|FAILED) ' "$log" | tr '\n' ' ')
-  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$family" "$tool" "$rc" "$secs" "$summary" "$gtest" >"$log.result"
+  # One line per finished job, appended at once: a run stopped early keeps what finished.
+  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$family" "$tool" "$rc" "$secs" "$summary" "$gtest" >>"$out/sanitize-results.tsv"
 }
 export -f run_one
 export out tests large api_error_tests SANITIZE_TIMEOUT
@@ -71,8 +77,8 @@ import glob, json, os, re, sys
 out = sys.argv[1]
 # One row per (family, tool): its shards' errors and tests summed, the slowest shard's time.
 rows = {}
-for path in sorted(glob.glob(os.path.join(out, "sanitize-*.log.result"))):
-    family, tool, rc, secs, summary, gtest = (open(path).read().rstrip("\n").split("\t") + [""] * 6)[:6]
+for line in sorted(open(os.path.join(out, "sanitize-results.tsv")).read().splitlines()):
+    family, tool, rc, secs, summary, gtest = (line.split("\t") + [""] * 6)[:6]
     # "ERROR SUMMARY: 0 errors"; racecheck: "RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)".
     m = re.search(r"\((\d+) errors", summary) or re.search(r"ERROR SUMMARY: (\d+) error", summary)
     passed = re.search(r"PASSED\s*\]\s+(\d+)", gtest)
@@ -83,7 +89,6 @@ for path in sorted(glob.glob(os.path.join(out, "sanitize-*.log.result"))):
     r["seconds"] = max(r["seconds"], int(secs))
     r["errors"] = None if m is None or r["errors"] is None else r["errors"] + int(m.group(1))
     r["tests_passed"] += int(passed.group(1)) if passed else 0
-    os.remove(path)
 rows = [dict(r, clean=r["errors"] == 0 and not any(r["exit_codes"])) for r in rows.values()]
 json.dump({"sanitizers": rows}, open(os.path.join(out, "sanitize.json"), "w"), indent=1)
 for r in rows:
