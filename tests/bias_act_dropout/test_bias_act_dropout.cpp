@@ -41,12 +41,13 @@ struct Case {
   bool bias = true;
   std::int64_t row_pad = 0;  // extra elements between rows of x, y, dx (row stride = cols + row_pad)
   BiasActDropoutConfig config;
+  std::int64_t lead = 0;  // elements before every tensor's first: pointers off 16-byte alignment
   std::string str() const {
     return std::string(activation_name(config.activation)) + " p=" + std::to_string(config.p) + " " +
            dtype_name(dtype) + "/b:" + dtype_name(bias_dtype) + "/db:" + dtype_name(dbias_dtype) + " (" +
            std::to_string(rows) + ", " + std::to_string(cols) + ")" + (bias ? " +b" : "") +
            (row_pad ? " pad " + std::to_string(row_pad) : "") + " seed " + std::to_string(config.seed) +
-           " offset " + std::to_string(config.offset);
+           " offset " + std::to_string(config.offset) + (lead ? " lead " + std::to_string(lead) : "");
   }
 };
 
@@ -59,12 +60,13 @@ struct Problem {
 
   Problem(const Case& c_, Device d)
       : c(c_), device(d),
-        x(c.dtype, d, {c.rows, c.cols}, {c.cols + c.row_pad, 1}),
-        y(c.dtype, d, {c.rows, c.cols}, {c.cols + c.row_pad, 1}),
-        dy(c.dtype, d, {c.rows, c.cols}),
-        dx(c.dtype, d, {c.rows, c.cols}, {c.cols + c.row_pad, 1}) {
-    if (c.bias) bias.emplace(c.bias_dtype, d, std::vector<std::int64_t>{c.cols});
-    dbias.emplace(c.dbias_dtype, d, std::vector<std::int64_t>{c.cols});
+        x(c.dtype, d, {c.rows, c.cols}, {c.cols + c.row_pad, 1}, c.lead),
+        y(c.dtype, d, {c.rows, c.cols}, {c.cols + c.row_pad, 1}, c.lead),
+        dy(c.dtype, d, {c.rows, c.cols}, {}, c.lead),
+        dx(c.dtype, d, {c.rows, c.cols}, {c.cols + c.row_pad, 1}, c.lead) {
+    const std::vector<std::int64_t> row{c.cols};
+    if (c.bias) bias.emplace(c.bias_dtype, d, row, std::vector<std::int64_t>{}, c.lead);
+    dbias.emplace(c.dbias_dtype, d, row, std::vector<std::int64_t>{}, c.lead);
     const std::size_t ws = bias_act_dropout_backward_workspace_size(c.rows, c.cols, c.dtype, d);
     if (ws > 0) workspace.emplace(DType::u8, d, std::vector<std::int64_t>{static_cast<std::int64_t>(ws)});
   }
@@ -742,6 +744,39 @@ TEST(BiasActDropoutGpu, RowPaddingIsNeverWritten) {
     for (const Buffer* b : {&p.y, &p.dx})
       EXPECT_EQ(testing::poisoned_padding(*b, c.rows, c.cols, c.row_pad), (c.rows - 1) * c.row_pad);
   }
+}
+
+// Pointers off 16-byte alignment (every tensor starts `lead` elements past an aligned address)
+// with odd row strides: the kernels for unaligned rows must match the reference (the mask bit for
+// bit with it) and write nothing before a tensor or into its row padding.
+TEST(BiasActDropoutGpu, UnalignedPointersAndOddRowStrides) {
+  FUSEKIT_REQUIRE_GPU();
+  auto rng = testing::make_rng(107);
+  const std::int64_t shapes[][3] = {{64, 1000, 3}, {33, 4096, 1}, {17, 777, 5}};
+  const Activation acts[] = {Activation::gelu_tanh, Activation::relu, Activation::silu};
+  int cases = 0;
+  for (const auto& shape : shapes) {
+    for (DType dtype : {DType::bf16, DType::f16, DType::f32}) {
+      for (std::int64_t lead : {1, 3}) {
+        Case c{dtype, dtype, DType::f32, shape[0], shape[1], true, shape[2],
+               {acts[cases % 3], 0.01f, cases % 2 ? 0.2f : 0.0f, 77 + std::uint64_t(cases), 5}};
+        c.lead = lead;
+        check_gpu_against_cpu(c, 9100 + cases);
+        Problem p(c, Device::cuda(0));
+        fill_inputs(p, rng);
+        p.poison_outputs();
+        p.forward();
+        p.backward();
+        for (const Buffer* b : {&p.y, &p.dx}) {
+          EXPECT_EQ(testing::poisoned_padding(*b, c.rows, c.cols, c.row_pad), (c.rows - 1) * c.row_pad) << c.str();
+          EXPECT_TRUE(b->lead_untouched()) << c.str();
+        }
+        EXPECT_TRUE(p.dbias->lead_untouched()) << c.str();
+        ++cases;
+      }
+    }
+  }
+  EXPECT_EQ(cases, 18);
 }
 
 TEST(BiasActDropoutGpu, WorkspaceMissingOrTooSmallIsAnError) {

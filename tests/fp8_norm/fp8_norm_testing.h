@@ -32,6 +32,8 @@ struct Case {
   float eps = 1e-5f;
   // Extra elements between rows (row stride = row length + pad).
   std::int64_t x_pad = 0, scale_pad = 0, qy_pad = 0, qyt_pad = 0, y_pad = 0, dy_pad = 0, dx_pad = 0;
+  // Elements before every tensor's first: pointers off 16-byte alignment.
+  std::int64_t lead = 0;
 
   std::int64_t groups() const { return cols / group; }
   std::string str() const {
@@ -42,6 +44,7 @@ struct Case {
       s += " pads " + std::to_string(x_pad) + "/" + std::to_string(scale_pad) + "/" + std::to_string(qy_pad) +
            "/" + std::to_string(qyt_pad) + "/" + std::to_string(y_pad) + "/" + std::to_string(dy_pad) + "/" +
            std::to_string(dx_pad);
+    if (lead) s += " lead " + std::to_string(lead);
     return s;
   }
 };
@@ -55,17 +58,19 @@ struct Problem {
 
   Problem(const Case& c_, Device d)
       : c(c_), device(d),
-        x(c.x_dtype, d, {c.rows, c.cols}, {c.cols + c.x_pad, 1}),
-        scales(c.scale_dtype, d, {c.rows, c.groups()}, {c.groups() + c.scale_pad, 1}),
-        weight(c.weight_dtype, d, {c.cols}),
-        qy(c.q_dtype, d, {c.rows, c.cols}, {c.cols + c.qy_pad, 1}),
-        qy_t(c.q_dtype, d, {c.cols, c.rows}, {c.rows + c.qyt_pad, 1}),
+        x(c.x_dtype, d, {c.rows, c.cols}, {c.cols + c.x_pad, 1}, c.lead),
+        scales(c.scale_dtype, d, {c.rows, c.groups()}, {c.groups() + c.scale_pad, 1}, c.lead),
+        weight(c.weight_dtype, d, {c.cols}, {}, c.lead),
+        qy(c.q_dtype, d, {c.rows, c.cols}, {c.cols + c.qy_pad, 1}, c.lead),
+        qy_t(c.q_dtype, d, {c.cols, c.rows}, {c.rows + c.qyt_pad, 1}, c.lead),
         y_scale(DType::f32, d, {1}),
         rstd(DType::f32, d, {c.rows}),
-        dy(DType::bf16, d, {c.rows, c.cols}, {c.cols + c.dy_pad, 1}),
-        dx(DType::bf16, d, {c.rows, c.cols}, {c.cols + c.dx_pad, 1}),
-        dweight(c.weight_dtype, d, {c.cols}) {
-    if (c.with_y) y.emplace(DType::bf16, d, std::vector<std::int64_t>{c.rows, c.cols}, std::vector<std::int64_t>{c.cols + c.y_pad, 1});
+        dy(DType::bf16, d, {c.rows, c.cols}, {c.cols + c.dy_pad, 1}, c.lead),
+        dx(DType::bf16, d, {c.rows, c.cols}, {c.cols + c.dx_pad, 1}, c.lead),
+        dweight(c.weight_dtype, d, {c.cols}, {}, c.lead) {
+    if (c.with_y)
+      y.emplace(DType::bf16, d, std::vector<std::int64_t>{c.rows, c.cols},
+                std::vector<std::int64_t>{c.cols + c.y_pad, 1}, c.lead);
     const std::size_t fw = fp8_rms_norm_forward_workspace_size(c.rows, c.cols, d);
     if (fw > 0) forward_ws.emplace(DType::u8, d, std::vector<std::int64_t>{static_cast<std::int64_t>(fw)});
     const std::size_t bw = fp8_rms_norm_backward_workspace_size(c.rows, c.cols, d);

@@ -863,6 +863,42 @@ TEST(Fp8NormGpu, RowPaddingIsNeverWritten) {
   EXPECT_EQ(testing::poisoned_padding(p.dx, c.rows, c.cols, c.dx_pad), (c.rows - 1) * c.dx_pad);
 }
 
+// Pointers off 16-byte alignment (every tensor starts `lead` elements past an aligned address)
+// with odd row strides: the generic kernels run, match the reference and write nothing before a
+// tensor or into its row padding.
+TEST(Fp8NormGpu, UnalignedPointersAndOddRowStrides) {
+  FUSEKIT_REQUIRE_GPU();
+  auto rng = testing::make_rng(713);
+  CodeDiff qy_total, y_total;
+  std::int64_t rstd_mismatches = 0;
+  int cases = 0;
+  for (const std::int64_t cols : {std::int64_t(512), std::int64_t(4096), std::int64_t(1040)}) {
+    for (const std::int64_t lead : {1, 3, 8}) {
+      Case c;
+      c.rows = 37;
+      c.cols = cols;
+      c.group = cols == 1040 ? 16 : 128;
+      c.lead = lead;
+      c.x_pad = 3, c.scale_pad = 1, c.qy_pad = 5, c.qyt_pad = 7, c.y_pad = 1, c.dy_pad = 3, c.dx_pad = 1;
+      check_gpu_against_cpu(c, 7500 + cases, &qy_total, &y_total, &rstd_mismatches);
+      Problem p(c, Device::cuda(0));
+      fill_inputs(p, rng);
+      p.poison_outputs();
+      p.forward();
+      p.backward();
+      EXPECT_EQ(testing::poisoned_padding(p.qy, c.rows, c.cols, c.qy_pad), (c.rows - 1) * c.qy_pad) << c.str();
+      EXPECT_EQ(testing::poisoned_padding(p.qy_t, c.cols, c.rows, c.qyt_pad), (c.cols - 1) * c.qyt_pad) << c.str();
+      EXPECT_EQ(testing::poisoned_padding(*p.y, c.rows, c.cols, c.y_pad), (c.rows - 1) * c.y_pad) << c.str();
+      EXPECT_EQ(testing::poisoned_padding(p.dx, c.rows, c.cols, c.dx_pad), (c.rows - 1) * c.dx_pad) << c.str();
+      for (const Buffer* b : {&p.qy, &p.qy_t, &*p.y, &p.dx, &p.dweight}) EXPECT_TRUE(b->lead_untouched()) << c.str();
+      ++cases;
+    }
+  }
+  EXPECT_EQ(cases, 9);
+  expect_rare(qy_total, "qy one-ulp differences");
+  expect_rare(y_total, "y one-ulp differences");
+}
+
 TEST(Fp8NormGpu, AllZeroInputIsSafe) {
   FUSEKIT_REQUIRE_GPU();
   auto rng = testing::make_rng(712);

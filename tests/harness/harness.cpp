@@ -35,8 +35,9 @@ const std::string& gpu_skip_reason() {
 }
 
 Buffer::Buffer(DType dtype, Device device, std::vector<std::int64_t> shape,
-               std::vector<std::int64_t> strides)
-    : dtype_(dtype), device_(device), shape_(std::move(shape)), strides_(std::move(strides)) {
+               std::vector<std::int64_t> strides, std::int64_t lead)
+    : dtype_(dtype), device_(device), shape_(std::move(shape)), strides_(std::move(strides)),
+      lead_bytes_(static_cast<std::size_t>(lead) * dtype_size(dtype)) {
   if (strides_.empty()) {
     strides_.resize(shape_.size());
     std::int64_t s = 1;
@@ -52,9 +53,9 @@ Buffer::Buffer(DType dtype, Device device, std::vector<std::int64_t> shape,
     max_offset += (shape_[d] - 1) * strides_[d];
   }
   const std::int64_t elements = empty ? 0 : max_offset + 1;
-  storage_bytes_ = static_cast<std::size_t>(elements) * dtype_size(dtype_);
+  storage_bytes_ = lead_bytes_ + static_cast<std::size_t>(elements) * dtype_size(dtype_);
   host_.assign(storage_bytes_, 0);
-  if (device_.is_cuda() && storage_bytes_ > 0) {
+  if (device_.is_cuda() && storage_bytes_ > lead_bytes_) {
     cuda_ok(cudaSetDevice(device_.index), "cudaSetDevice");
     cuda_ok(cudaMalloc(&device_ptr_, storage_bytes_), "cudaMalloc");
   }
@@ -67,13 +68,15 @@ Buffer::~Buffer() {
 
 Buffer::Buffer(Buffer&& o) noexcept
     : dtype_(o.dtype_), device_(o.device_), shape_(std::move(o.shape_)),
-      strides_(std::move(o.strides_)), storage_bytes_(o.storage_bytes_), host_(std::move(o.host_)),
+      strides_(std::move(o.strides_)), lead_bytes_(o.lead_bytes_), storage_bytes_(o.storage_bytes_),
+      host_(std::move(o.host_)),
       device_ptr_(o.device_ptr_) {
   o.device_ptr_ = nullptr;
 }
 
 TensorView Buffer::view() const {
-  void* data = device_.is_cuda() ? device_ptr_ : static_cast<void*>(host_.data());
+  unsigned char* base = device_.is_cuda() ? static_cast<unsigned char*>(device_ptr_) : host_.data();
+  void* data = base ? base + lead_bytes_ : nullptr;
   return TensorView::from_arrays(data, dtype_, device_, static_cast<int>(shape_.size()),
                                  shape_.data(), strides_.data());
 }
@@ -111,15 +114,17 @@ std::vector<double> Buffer::values() const {
   download();
   const std::int64_t n = numel();
   std::vector<double> out(n);
+  const unsigned char* first = host_.data() + lead_bytes_;
 #pragma omp parallel for schedule(static)
-  for (std::int64_t i = 0; i < n; ++i) out[i] = detail::load_as_double(host_.data(), dtype_, offset_of(i));
+  for (std::int64_t i = 0; i < n; ++i) out[i] = detail::load_as_double(first, dtype_, offset_of(i));
   return out;
 }
 
 void Buffer::set_values(const std::vector<double>& v) {
   const std::int64_t n = numel();
+  unsigned char* first = host_.data() + lead_bytes_;
 #pragma omp parallel for schedule(static)
-  for (std::int64_t i = 0; i < n; ++i) detail::store_from_double(host_.data(), dtype_, offset_of(i), v[i]);
+  for (std::int64_t i = 0; i < n; ++i) detail::store_from_double(first, dtype_, offset_of(i), v[i]);
   upload();
 }
 
@@ -143,7 +148,13 @@ void Buffer::poison() {
 
 std::vector<unsigned char> Buffer::raw_bytes() const {
   download();
-  return host_;
+  return std::vector<unsigned char>(host_.begin() + static_cast<std::ptrdiff_t>(lead_bytes_), host_.end());
+}
+
+bool Buffer::lead_untouched() const {
+  download();
+  return std::all_of(host_.begin(), host_.begin() + static_cast<std::ptrdiff_t>(lead_bytes_),
+                     [](unsigned char byte) { return byte == 0xFF; });
 }
 
 ErrorStats compare(const std::vector<double>& got, const std::vector<double>& ref) {

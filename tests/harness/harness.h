@@ -18,8 +18,11 @@ const std::string& gpu_skip_reason();
 // A test tensor: host bytes always, plus a device copy when it lives on a GPU.
 class Buffer {
  public:
+  // `lead` elements of storage come before the view's first element: the data pointer is then
+  // lead * element size bytes past the allocation's (256-byte aligned) start, for tests of
+  // pointers that are not 16-byte aligned. The lead is poisoned like the rest.
   Buffer(DType dtype, Device device, std::vector<std::int64_t> shape,
-         std::vector<std::int64_t> strides = {});
+         std::vector<std::int64_t> strides = {}, std::int64_t lead = 0);
   ~Buffer();
   Buffer(Buffer&& other) noexcept;
   Buffer(const Buffer&) = delete;
@@ -38,8 +41,11 @@ class Buffer {
   // Every byte of the storage set to 0xFF: NaN in every float type, so an unwritten output
   // element shows up as NaN.
   void poison();
-  // Raw storage bytes (padding included), read from the device if any.
+  // Raw storage bytes from the view's first element on (padding included, the lead not), read
+  // from the device if any.
   std::vector<unsigned char> raw_bytes() const;
+  // Whether every byte of the lead still holds the poison (nothing wrote before the view).
+  bool lead_untouched() const;
 
  private:
   std::int64_t offset_of(std::int64_t linear) const;
@@ -49,7 +55,8 @@ class Buffer {
   DType dtype_;
   Device device_;
   std::vector<std::int64_t> shape_, strides_;
-  std::size_t storage_bytes_ = 0;
+  std::size_t lead_bytes_ = 0;
+  std::size_t storage_bytes_ = 0;  // the lead included
   mutable std::vector<unsigned char> host_;
   void* device_ptr_ = nullptr;
 };

@@ -70,9 +70,11 @@ OptionalTensor opt(const std::optional<Buffer>& b) {
   return b ? OptionalTensor(b->view()) : std::nullopt;
 }
 
-// A row-major (rows, cols) test matrix, optionally with `pad` extra elements per row.
-Buffer matrix(DType dtype, Device d, std::int64_t rows, std::int64_t cols, std::int64_t pad = 0) {
-  return Buffer(dtype, d, {rows, cols}, {cols + pad, 1});
+// A row-major (rows, cols) test matrix, optionally with `pad` extra elements per row and `lead`
+// elements before its first (a pointer off 16-byte alignment).
+Buffer matrix(DType dtype, Device d, std::int64_t rows, std::int64_t cols, std::int64_t pad = 0,
+              std::int64_t lead = 0) {
+  return Buffer(dtype, d, {rows, cols}, {cols + pad, 1}, lead);
 }
 
 Buffer workspace_for(std::size_t bytes, Device d) {
@@ -139,10 +141,12 @@ struct ForwardCase {
   std::int64_t m = 1, n = 1, k = 1;
   bool bias = true, pre = false;
   std::int64_t pad = 0;  // extra elements per row of x, W, y, pre
+  std::int64_t lead = 0;  // elements before every tensor's first: pointers off 16-byte alignment
   std::string str() const {
     return std::string("forward ") + dtype_name(dtype) + " " + activation_name(act) + " (M, N, K) = (" +
            std::to_string(m) + ", " + std::to_string(n) + ", " + std::to_string(k) + ")" +
-           (bias ? " +bias" : "") + (pre ? " +pre" : "") + (pad ? " pad " + std::to_string(pad) : "");
+           (bias ? " +bias" : "") + (pre ? " +pre" : "") + (pad ? " pad " + std::to_string(pad) : "") +
+           (lead ? " lead " + std::to_string(lead) : "");
   }
 };
 
@@ -152,8 +156,8 @@ ForwardPath check_forward(const ForwardCase& c, std::uint64_t salt) {
   SCOPED_TRACE(c.str());
   auto rng = testing::make_rng(salt);
   const Device gpu = Device::cuda(0);
-  Buffer x = matrix(c.dtype, gpu, c.m, c.k, c.pad), w = matrix(c.dtype, gpu, c.n, c.k, c.pad);
-  Buffer y = matrix(c.dtype, gpu, c.m, c.n, c.pad);
+  Buffer x = matrix(c.dtype, gpu, c.m, c.k, c.pad, c.lead), w = matrix(c.dtype, gpu, c.n, c.k, c.pad, c.lead);
+  Buffer y = matrix(c.dtype, gpu, c.m, c.n, c.pad, c.lead);
   std::optional<Buffer> bias, pre;
   const auto xv = normal_values(rng, c.m * c.k, 0.0, 1.0, c.dtype);
   // Weights scaled so that x W^T is O(1): every activation's interesting region is exercised.
@@ -163,10 +167,10 @@ ForwardPath check_forward(const ForwardCase& c, std::uint64_t salt) {
   w.set_values(wv);
   if (c.bias) {
     bv = normal_values(rng, c.n, 0.0, 0.5, c.dtype);
-    bias.emplace(c.dtype, gpu, std::vector<std::int64_t>{c.n});
+    bias.emplace(c.dtype, gpu, std::vector<std::int64_t>{c.n}, std::vector<std::int64_t>{}, c.lead);
     bias->set_values(bv);
   }
-  if (c.pre) pre.emplace(matrix(c.dtype, gpu, c.m, c.n, c.pad));
+  if (c.pre) pre.emplace(matrix(c.dtype, gpu, c.m, c.n, c.pad, c.lead));
   Buffer ws = workspace_for(linear_forward_workspace_size(c.m, c.n, c.k, c.dtype, c.act, gpu), gpu);
 
   y.poison();
@@ -179,6 +183,8 @@ ForwardPath check_forward(const ForwardCase& c, std::uint64_t salt) {
   const lb::ForwardBaseline base = lb::forward_baseline(xv, wv, bv, c.m, c.n, c.k, c.act, c.dtype);
   EXPECT_TRUE(passes(lb::judge(y.values(), ref.y, base.y, c.dtype, "y")));
   if (pre) EXPECT_TRUE(passes(lb::judge(pre->values(), ref.pre, base.pre, c.dtype, "pre_activation")));
+  EXPECT_TRUE(y.lead_untouched());
+  if (pre) EXPECT_TRUE(pre->lead_untouched());
   return path;
 }
 
@@ -188,11 +194,12 @@ struct BackwardCase {
   std::int64_t m = 1, n = 1, k = 1;
   bool dx = true, dw = true, dbias = true;
   std::int64_t pad = 0;
+  std::int64_t lead = 0;  // elements before every tensor's first: pointers off 16-byte alignment
   std::string str() const {
     return std::string("backward ") + dtype_name(dtype) + " " + activation_name(act) +
            " (M, N, K) = (" + std::to_string(m) + ", " + std::to_string(n) + ", " +
            std::to_string(k) + ")" + (dx ? " dx" : "") + (dw ? " dW" : "") + (dbias ? " dbias" : "") +
-           (pad ? " pad " + std::to_string(pad) : "");
+           (pad ? " pad " + std::to_string(pad) : "") + (lead ? " lead " + std::to_string(lead) : "");
   }
 };
 
@@ -202,8 +209,8 @@ linear::BackwardPath check_backward(const BackwardCase& c, std::uint64_t salt) {
   SCOPED_TRACE(c.str());
   auto rng = testing::make_rng(salt);
   const Device gpu = Device::cuda(0);
-  Buffer dout = matrix(c.dtype, gpu, c.m, c.n, c.pad), pre = matrix(c.dtype, gpu, c.m, c.n, c.pad);
-  Buffer x = matrix(c.dtype, gpu, c.m, c.k, c.pad), w = matrix(c.dtype, gpu, c.n, c.k, c.pad);
+  Buffer dout = matrix(c.dtype, gpu, c.m, c.n, c.pad, c.lead), pre = matrix(c.dtype, gpu, c.m, c.n, c.pad, c.lead);
+  Buffer x = matrix(c.dtype, gpu, c.m, c.k, c.pad, c.lead), w = matrix(c.dtype, gpu, c.n, c.k, c.pad, c.lead);
   const auto gv = normal_values(rng, c.m * c.n, 0.0, 1.0, c.dtype);
   const auto pv = normal_values(rng, c.m * c.n, 0.0, 1.5, c.dtype);
   const auto xv = normal_values(rng, c.m * c.k, 0.0, 1.0, c.dtype);
@@ -213,9 +220,9 @@ linear::BackwardPath check_backward(const BackwardCase& c, std::uint64_t salt) {
   x.set_values(xv);
   w.set_values(wv);
   std::optional<Buffer> dx, dw, db;
-  if (c.dx) dx.emplace(matrix(c.dtype, gpu, c.m, c.k, c.pad));
-  if (c.dw) dw.emplace(matrix(c.dtype, gpu, c.n, c.k, c.pad));
-  if (c.dbias) db.emplace(c.dtype, gpu, std::vector<std::int64_t>{c.n});
+  if (c.dx) dx.emplace(matrix(c.dtype, gpu, c.m, c.k, c.pad, c.lead));
+  if (c.dw) dw.emplace(matrix(c.dtype, gpu, c.n, c.k, c.pad, c.lead));
+  if (c.dbias) db.emplace(c.dtype, gpu, std::vector<std::int64_t>{c.n}, std::vector<std::int64_t>{}, c.lead);
   Buffer ws = workspace_for(linear_backward_workspace_size(c.m, c.n, c.k, c.dtype, c.act, gpu), gpu);
   const OptionalTensor pre_view = c.act == Activation::none ? std::nullopt : OptionalTensor(pre.view());
   for (std::optional<Buffer>* out : {&dx, &dw, &db})
@@ -230,6 +237,8 @@ linear::BackwardPath check_backward(const BackwardCase& c, std::uint64_t salt) {
   if (dx) EXPECT_TRUE(passes(lb::judge(dx->values(), ref.dx, base.dx, c.dtype, "dx", dz_values)));
   if (dw) EXPECT_TRUE(passes(lb::judge(dw->values(), ref.dw, base.dw, c.dtype, "dW", dz_values)));
   if (db) EXPECT_TRUE(passes(lb::judge(db->values(), ref.dbias, base.dbias, c.dtype, "dbias", dz_values)));
+  for (const std::optional<Buffer>* out : {&dx, &dw, &db})
+    if (*out) EXPECT_TRUE((*out)->lead_untouched());
   return path;
 }
 
@@ -1006,6 +1015,31 @@ TEST(LinearGpu, RunsAreBitwiseReproducible) {
         {&y, &pre, &dx, &dw, &db}))
         << activation_name(act);
   }
+}
+
+// Pointers aligned to their element but not to 16 bytes, with odd row strides: the paths that
+// take them (cuBLASLt at a smaller alignment, the separate dz pass) must match the reference and
+// write nothing before a tensor.
+TEST(LinearGpu, UnalignedPointersAndOddRowStrides) {
+  FUSEKIT_REQUIRE_GPU();
+  struct Shape {
+    std::int64_t m, n, k, pad;
+  };
+  const Shape shapes[] = {{64, 96, 72, 1}, {200, 130, 256, 3}, {33, 1000, 520, 5}};
+  int salt = 0;
+  for (const Shape& s : shapes)
+    for (DType dtype : {DType::bf16, DType::f16, DType::f32})
+      for (std::int64_t lead : {1, 3}) {
+        const Activation act = salt % 2 ? Activation::gelu_tanh : Activation::relu;
+        ForwardCase f{dtype, act, s.m, s.n, s.k, true, true, s.pad};
+        f.lead = lead;
+        check_forward(f, 8300 + salt);
+        BackwardCase b{dtype, act, s.m, s.n, s.k, true, true, true, s.pad};
+        b.lead = lead;
+        check_backward(b, 8400 + salt);
+        ++salt;
+      }
+  EXPECT_EQ(salt, 18);
 }
 
 TEST(LinearGpu, WorkspaceErrors) {

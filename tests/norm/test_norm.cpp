@@ -32,10 +32,12 @@ struct Case {
   std::int64_t rows = 1, cols = 1;
   bool weight = true, bias = true;
   std::int64_t row_pad = 0;  // extra elements between rows (row stride = cols + row_pad)
+  std::int64_t lead = 0;     // elements before every tensor's first: pointers off 16-byte alignment
   std::string str() const {
     return std::string(kind_name(kind)) + " " + dtype_name(dtype) + "/w:" + dtype_name(weight_dtype) +
            " (" + std::to_string(rows) + ", " + std::to_string(cols) + ")" + (weight ? " +w" : "") +
-           (bias ? " +b" : "") + (row_pad ? " pad " + std::to_string(row_pad) : "");
+           (bias ? " +b" : "") + (row_pad ? " pad " + std::to_string(row_pad) : "") +
+           (lead ? " lead " + std::to_string(lead) : "");
   }
 };
 
@@ -50,18 +52,19 @@ struct Problem {
 
   Problem(const Case& c_, Device d)
       : c(c_), device(d),
-        x(c.dtype, d, {c.rows, c.cols}, {c.cols + c.row_pad, 1}),
-        y(c.dtype, d, {c.rows, c.cols}, {c.cols + c.row_pad, 1}),
-        dy(c.dtype, d, {c.rows, c.cols}),
-        dx(c.dtype, d, {c.rows, c.cols}, {c.cols + c.row_pad, 1}),
+        x(c.dtype, d, {c.rows, c.cols}, {c.cols + c.row_pad, 1}, c.lead),
+        y(c.dtype, d, {c.rows, c.cols}, {c.cols + c.row_pad, 1}, c.lead),
+        dy(c.dtype, d, {c.rows, c.cols}, {}, c.lead),
+        dx(c.dtype, d, {c.rows, c.cols}, {c.cols + c.row_pad, 1}, c.lead),
         mean(DType::f32, d, {c.rows}), rstd(DType::f32, d, {c.rows}) {
+    const std::vector<std::int64_t> row{c.cols};
     if (c.weight) {
-      weight.emplace(c.weight_dtype, d, std::vector<std::int64_t>{c.cols});
-      dweight.emplace(c.weight_dtype, d, std::vector<std::int64_t>{c.cols});
+      weight.emplace(c.weight_dtype, d, row, std::vector<std::int64_t>{}, c.lead);
+      dweight.emplace(c.weight_dtype, d, row, std::vector<std::int64_t>{}, c.lead);
     }
     if (c.bias && c.kind == Kind::layer) {
-      bias.emplace(c.weight_dtype, d, std::vector<std::int64_t>{c.cols});
-      dbias.emplace(c.weight_dtype, d, std::vector<std::int64_t>{c.cols});
+      bias.emplace(c.weight_dtype, d, row, std::vector<std::int64_t>{}, c.lead);
+      dbias.emplace(c.weight_dtype, d, row, std::vector<std::int64_t>{}, c.lead);
     }
     const std::size_t ws = norm_backward_workspace_size(c.rows, c.cols, c.dtype, d);
     if (ws > 0) workspace.emplace(DType::u8, d, std::vector<std::int64_t>{static_cast<std::int64_t>(ws)});
@@ -511,6 +514,37 @@ TEST(NormGpu, RowPaddingIsNeverWritten) {
   p.backward(false);
   for (const Buffer* b : {&p.y, &p.dx})
     EXPECT_EQ(testing::poisoned_padding(*b, c.rows, c.cols, c.row_pad), (c.rows - 1) * c.row_pad);
+}
+
+// Pointers off 16-byte alignment (every tensor starts `lead` elements past an aligned address)
+// with odd row strides: the vector kernels cannot take them, and what runs instead must still
+// match the reference and write nothing before a tensor or into its row padding.
+TEST(NormGpu, UnalignedPointersAndOddRowStrides) {
+  FUSEKIT_REQUIRE_GPU();
+  auto rng = testing::make_rng(9);
+  const std::int64_t shapes[][3] = {{64, 1000, 3}, {33, 4096, 1}, {17, 777, 5}, {9, 20000, 7}};
+  int cases = 0;
+  for (const auto& shape : shapes) {
+    for (DType dtype : {DType::bf16, DType::f16, DType::f32}) {
+      for (std::int64_t lead : {1, 3}) {
+        Case c{cases % 2 ? Kind::rms : Kind::layer, dtype, dtype, shape[0], shape[1], true, true, shape[2]};
+        c.lead = lead;
+        check_gpu_against_cpu(c, 9000 + cases, cases % 3 == 0);
+        Problem p(c, Device::cuda(0));
+        fill_inputs(p, rng);
+        p.poison_outputs();
+        p.forward(1e-5f);
+        p.backward(false);
+        for (const Buffer* b : {&p.y, &p.dx}) {
+          EXPECT_EQ(testing::poisoned_padding(*b, c.rows, c.cols, c.row_pad), (c.rows - 1) * c.row_pad) << c.str();
+          EXPECT_TRUE(b->lead_untouched()) << c.str();
+        }
+        if (p.dweight) EXPECT_TRUE(p.dweight->lead_untouched()) << c.str();
+        ++cases;
+      }
+    }
+  }
+  EXPECT_EQ(cases, 24);
 }
 
 TEST(NormGpu, WorkspaceTooSmallIsAnError) {
