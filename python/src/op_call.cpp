@@ -346,9 +346,15 @@ void* OpCall::allocate(const void* exchange_api, Device device, DType dtype, int
   dl::ManagedTensorVersioned* out = nullptr;
   if (api->managed_tensor_allocator(&prototype, &out, &error, record_allocator_error) != 0 || !out) {
     PyErr_Clear();  // an allocator may also have set a Python error: the message is in `error`
+    // The bytes asked for, as the caller needs them to size a retry (saturating: the shape was
+    // checked above, its product may still be absurd).
+    std::int64_t bytes = static_cast<std::int64_t>(dtype_size(dtype));
+    bool overflow = false;
+    for (int d = 0; d < ndim; ++d) overflow = overflow || __builtin_mul_overflow(bytes, sizes[d], &bytes);
     throw Error(ErrorKind::cuda, op_,
-                std::string("could not allocate ") + what +
-                    " through the framework's allocator (" + error.text + ")");
+                std::string("could not allocate ") + what + " of " +
+                    (overflow ? std::string("more than 2^63") : std::to_string(bytes)) + " bytes on " +
+                    to_string(device) + " through the framework's allocator (" + error.text + ")");
   }
   return out;
 }
