@@ -14,7 +14,7 @@ constexpr Activation kActivations[] = {Activation::none,         Activation::rel
 
 }  // namespace
 
-Activation OpCall::activation(nb::handle value) const {
+Activation ScalarArgs::activation(nb::handle value) const {
   return option(value, "activation", "fusekit.Activation", kActivations, activation_name);
 }
 

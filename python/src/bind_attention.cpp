@@ -19,7 +19,7 @@ constexpr AttentionMask kMasks[] = {AttentionMask::none, AttentionMask::causal_t
 
 // The config from its flattened keyword arguments; the bindings convert it before the arrays, so
 // that a mistyped scalar is reported first, as PyTorch's argument parser checks every type first.
-AttentionConfig make_config(const OpCall& c, nb::handle scale, nb::handle mask,
+AttentionConfig make_config(const ScalarArgs& c, nb::handle scale, nb::handle mask,
                             nb::handle window_left, nb::handle window_right, nb::handle dropout_p,
                             nb::handle seed, nb::handle offset) {
   AttentionConfig config;
@@ -41,7 +41,7 @@ struct TupleConfig {
   std::int64_t max_seqlen_q, max_seqlen_k;
 };
 
-TupleConfig config_from_tuple(const OpCall& c, nb::handle cfg) {
+TupleConfig config_from_tuple(const ScalarArgs& c, nb::handle cfg) {
   if (!PyTuple_Check(cfg.ptr())) c.fail_type("cfg", "tuple", cfg);
   const Py_ssize_t size = PyTuple_GET_SIZE(cfg.ptr());
   if (size < 9) c.fail("cfg", "a tuple of at least 9 items", std::to_string(size) + " items");
@@ -93,7 +93,7 @@ AttentionShape make_shape(std::int64_t batch, std::int64_t seqlen_q, std::int64_
 
 // The problem sizes and dtype of a workspace-size query from its arguments, converted in order
 // (bias_gradient, a keyword argument, is left to the caller).
-AttentionShape shape_arg(const OpCall& c, nb::handle batch, nb::handle seqlen_q,
+AttentionShape shape_arg(const ScalarArgs& c, nb::handle batch, nb::handle seqlen_q,
                          nb::handle seqlen_k, nb::handle heads_q, nb::handle heads_kv,
                          nb::handle head_dim, nb::handle head_dim_v, nb::handle dtype) {
   const std::int64_t b = c.i64(batch, "batch"), sq = c.i64(seqlen_q, "seqlen_q"),
@@ -201,7 +201,7 @@ void bind_attention(nb::module_& m) {
       [](nb::handle batch, nb::handle seqlen_q, nb::handle seqlen_k, nb::handle heads_q,
          nb::handle heads_kv, nb::handle head_dim, nb::handle head_dim_v, nb::handle dtype,
          nb::handle device, nb::handle bias_gradient) {
-        const OpCall c("attention_forward_workspace_size");
+        const ScalarArgs c("attention_forward_workspace_size");
         AttentionShape shape = shape_arg(c, batch, seqlen_q, seqlen_k, heads_q, heads_kv,
                                          head_dim, head_dim_v, dtype);
         const Device d = c.device(device, "device");
@@ -219,7 +219,7 @@ void bind_attention(nb::module_& m) {
       [](nb::handle batch, nb::handle seqlen_q, nb::handle seqlen_k, nb::handle heads_q,
          nb::handle heads_kv, nb::handle head_dim, nb::handle head_dim_v, nb::handle dtype,
          nb::handle device, nb::handle deterministic, nb::handle bias_gradient) {
-        const OpCall c("attention_backward_workspace_size");
+        const ScalarArgs c("attention_backward_workspace_size");
         AttentionShape shape = shape_arg(c, batch, seqlen_q, seqlen_k, heads_q, heads_kv,
                                          head_dim, head_dim_v, dtype);
         const Device d = c.device(device, "device");

@@ -13,7 +13,7 @@ namespace {
 
 // The config from its flattened arguments; the bindings convert it before the arrays, so that a
 // mistyped scalar is reported first, as PyTorch's argument parser checks every type first.
-BiasActDropoutConfig make_config(const OpCall& c, nb::handle activation, nb::handle p,
+BiasActDropoutConfig make_config(const ScalarArgs& c, nb::handle activation, nb::handle p,
                                  nb::handle seed, nb::handle offset, nb::handle slope) {
   BiasActDropoutConfig config;
   config.activation = c.activation(activation);
@@ -54,7 +54,7 @@ void bind_bias_act_dropout(nb::module_& m) {
   m.def(
       "bias_act_dropout_backward_workspace_size",
       [](nb::handle rows, nb::handle cols, nb::handle dtype, nb::handle device) {
-        const OpCall c("bias_act_dropout_backward_workspace_size");
+        const ScalarArgs c("bias_act_dropout_backward_workspace_size");
         const std::int64_t r = c.i64(rows, "rows"), n = c.i64(cols, "cols");
         const DType t = c.dtype(dtype, "dtype");
         return bias_act_dropout_backward_workspace_size(r, n, t, c.device(device, "device"));

@@ -28,7 +28,7 @@ void def_workspace_size(nb::module_& m, const char* op, SizeFn size, const char*
   m.def(
       op,
       [op, size](nb::handle rows, nb::handle cols, nb::handle device) {
-        const OpCall c(op);
+        const ScalarArgs c(op);
         const std::int64_t r = c.i64(rows, "rows"), n = c.i64(cols, "cols");
         return size(r, n, c.device(device, "device"));
       },

@@ -32,7 +32,7 @@ void def_workspace_size(nb::module_& m, const char* op, SizeFn size, const char*
       op,
       [op, size](nb::handle m_arg, nb::handle n_arg, nb::handle k_arg, nb::handle dtype,
                  nb::handle activation, nb::handle device) {
-        const OpCall c(op);
+        const ScalarArgs c(op);
         const std::int64_t m_rows = c.i64(m_arg, "m"), n = c.i64(n_arg, "n"), k = c.i64(k_arg, "k");
         const DType t = c.dtype(dtype, "dtype");
         const Activation act = c.activation(activation);

@@ -156,7 +156,7 @@ void bind_norm(nb::module_& m) {
   m.def(
       "norm_backward_workspace_size",
       [](nb::handle rows, nb::handle cols, nb::handle dtype, nb::handle device) {
-        const OpCall c("norm_backward_workspace_size");
+        const ScalarArgs c("norm_backward_workspace_size");
         const std::int64_t r = c.i64(rows, "rows"), n = c.i64(cols, "cols");
         const DType t = c.dtype(dtype, "dtype");
         return norm_backward_workspace_size(r, n, t, c.device(device, "device"));

@@ -5,8 +5,9 @@
 // `void bind_<family>(nb::module_&)`, declare it below and call it from module.cpp (one line).
 // Each binding mirrors the C++ entry point: arrays and scalars come in as nb::handle (marked
 // .none(), so that None reaches the conversion and gets its named error), pass through an OpCall
-// (which names the op and the argument in every conversion error: c.tensor(), c.f32(), ...), and
-// the op runs inside OpCall::run. See bind_norm.cpp.
+// (which names the op and the argument in every conversion error: c.tensor(), c.f32(), ...; the
+// workspace-size queries, without arrays, use its base ScalarArgs), and the op runs inside
+// OpCall::run. See bind_norm.cpp.
 //
 // Private bindings (fusekit.torch's calls) are named `_<C++ entry point>_alloc`: the same op with
 // fusekit._C allocating through the caller's framework (OpCall::new_arrays, new_f32_capsule,
@@ -54,37 +55,19 @@ class ArgumentTypeError : public std::exception {
 // Whether the op only reads an argument (read-only arrays such as JAX's are accepted) or writes it.
 enum class Access { read, write };
 
-// Converts the array arguments of one op call and keeps what the conversion made alive until the
-// call returns. Accepted: any object the framework exports through the DLPack C exchange table
-// (PyTorch >= 2.10: no Python-level work per tensor), through __dlpack__() or the buffer protocol
-// (NumPy, CuPy, JAX, older PyTorch), and NumPy arrays of ml_dtypes' bfloat16 / float8 types.
-class OpCall {
+// The scalar arguments of one call of `op` (scalar_args.cpp), and its errors. Each conversion
+// takes one Python value to the C++ parameter's type and names the op and `name` in its errors:
+// a value of the wrong Python type raises ArgumentTypeError; one of the right type that the C++
+// type cannot hold raises InvalidArgumentError (expected, got). What the op itself checks (eps >=
+// 0, p in [0, 1), a finite scale, ...) is left to it. As PyTorch's parser: NumPy scalars are
+// accepted, an int where a float is expected too; unlike it, a bool where a number is expected is
+// refused (as an int for a bool is by both). Bindings without arrays (the workspace-size
+// queries) use it alone; OpCall adds the arrays.
+class ScalarArgs {
  public:
-  explicit OpCall(const char* op) : op_(op) {}
-  ~OpCall();
-  OpCall(const OpCall&) = delete;
-  OpCall& operator=(const OpCall&) = delete;
-
+  explicit ScalarArgs(const char* op) : op_(op) {}
   const char* op() const { return op_; }
 
-  // A required array; None or a non-array raises InvalidArgumentError naming `name`.
-  TensorView tensor(nb::handle obj, const char* name, Access access);
-  // None gives an empty OptionalTensor.
-  OptionalTensor optional(nb::handle obj, const char* name, Access access);
-
-  // tensor() for fusekit.torch's calls, which take any layout: an array that is not
-  // contiguous is replaced by its `.contiguous()` (kept alive until the call returns), which the
-  // Python side would otherwise call on every argument of every call.
-  TensorView contiguous(nb::handle obj, const char* name);
-  OptionalTensor optional_contiguous(nb::handle obj, const char* name);
-
-  // Scalar arguments (scalar_args.cpp). Each converts one Python value to the C++ parameter's type
-  // and names the op and `name` in its errors: a value of the wrong Python type raises
-  // ArgumentTypeError; one of the right type that the C++ type cannot hold raises
-  // InvalidArgumentError (expected, got). What the op itself checks (eps >= 0, p in [0, 1), a
-  // finite scale, ...) is left to it. As PyTorch's parser: NumPy scalars are accepted, an int
-  // where a float is expected too; unlike it, a bool where a number is expected is refused (as an
-  // int for a bool is by both).
   // float32: a real number (float, int, anything with __index__ or __float__ but a bool or a
   // complex number) whose magnitude float32 can hold (inf and NaN pass as they are).
   float f32(nb::handle value, const char* name) const;
@@ -113,6 +96,45 @@ class OpCall {
     for (std::size_t i = 0; i < N; ++i) names[i] = name_of(values[i]);
     return values[option_index(value, name, type_name, names, static_cast<int>(N))];
   }
+
+  [[noreturn]] void fail(const char* name, const std::string& expected, const std::string& got) const;
+  // Raises ArgumentTypeError: `name` must be `expected` (a type), not the type of `value`.
+  [[noreturn]] void fail_type(const char* name, const char* expected, nb::handle value) const;
+
+ protected:
+  // The unsigned 64-bit value of an integral `value` (`type` in a type error, range text `range`).
+  std::uint64_t unsigned_integer(nb::handle value, const char* name, const char* type,
+                                 const char* range) const;
+
+  const char* op_;
+
+ private:
+  // The index in `names` of `value`, a str; raises for another name or another type.
+  int option_index(nb::handle value, const char* name, const char* type_name,
+                   const char* const* names, int count) const;
+};
+
+// Converts the array arguments of one op call and keeps what the conversion made alive until the
+// call returns. Accepted: any object the framework exports through the DLPack C exchange table
+// (PyTorch >= 2.10: no Python-level work per tensor), through __dlpack__() or the buffer protocol
+// (NumPy, CuPy, JAX, older PyTorch), and NumPy arrays of ml_dtypes' bfloat16 / float8 types.
+class OpCall : public ScalarArgs {
+ public:
+  explicit OpCall(const char* op) : ScalarArgs(op) {}
+  ~OpCall();
+  OpCall(const OpCall&) = delete;
+  OpCall& operator=(const OpCall&) = delete;
+
+  // A required array; None or a non-array raises InvalidArgumentError naming `name`.
+  TensorView tensor(nb::handle obj, const char* name, Access access);
+  // None gives an empty OptionalTensor.
+  OptionalTensor optional(nb::handle obj, const char* name, Access access);
+
+  // tensor() for fusekit.torch's calls, which take any layout: an array that is not
+  // contiguous is replaced by its `.contiguous()` (kept alive until the call returns), which the
+  // Python side would otherwise call on every argument of every call.
+  TensorView contiguous(nb::handle obj, const char* name);
+  OptionalTensor optional_contiguous(nb::handle obj, const char* name);
 
   // A `workspace` argument: an array, None, or the string 'auto'. 'auto' asks `size()` (the op's
   // *_workspace_size query, from the converted arrays) and takes that many bytes from the
@@ -194,10 +216,6 @@ class OpCall {
   // bindings that allocate before they run; run() converts it.
   void check_stream(nb::handle stream) const;
 
-  [[noreturn]] void fail(const char* name, const std::string& expected, const std::string& got) const;
-  // Raises ArgumentTypeError: `name` must be `expected` (a type), not the type of `value`.
-  [[noreturn]] void fail_type(const char* name, const char* expected, nb::handle value) const;
-
  private:
   // Makes `device` current for the call when it is not already (kernels launch on the current
   // device, and a stream belongs to one device); restores the previous device afterwards.
@@ -212,12 +230,6 @@ class OpCall {
     int previous_ = -1;
   };
 
-  // The index in `names` of `value`, a str; raises for another name or another type.
-  int option_index(nb::handle value, const char* name, const char* type_name,
-                   const char* const* names, int count) const;
-  // The unsigned 64-bit value of an integral `value` (range text `range` in the error).
-  std::uint64_t unsigned_integer(nb::handle value, const char* name, const char* type,
-                                 const char* range) const;
   // Raises for an object with a NumPy-like dtype that could not be imported: a dtype error where
   // the dtype is the reason (another byte order, object / string / structured dtypes), else one
   // saying that the export failed. Returns for anything without a dtype.
@@ -239,7 +251,6 @@ class OpCall {
   void note_device(const TensorView& t, const void* exchange_api);
 
   static constexpr int kMaxImports = 16;
-  const char* op_;
   int cuda_device_ = -1;                  // the first CUDA tensor's device, -1 when none
   const void* stream_source_ = nullptr;   // exchange table of the first CUDA tensor, if any
   const void* first_api_ = nullptr;       // exchange table of the first array, if any
@@ -266,7 +277,7 @@ struct KeepMaskArgs {
   std::uint64_t seed, offset;
   float p;
 };
-KeepMaskArgs keep_mask_args(const OpCall& c, nb::handle seed, nb::handle offset, nb::handle p);
+KeepMaskArgs keep_mask_args(const ScalarArgs& c, nb::handle seed, nb::handle offset, nb::handle p);
 
 // Family registration (one line each in module.cpp).
 void bind_norm(nb::module_& m);

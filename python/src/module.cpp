@@ -105,7 +105,7 @@ void bind_runtime(nb::module_& m) {
   m.def(
       "describe_cuda_device",
       [](nb::handle device_index) {
-        OpCall c("describe_cuda_device");
+        const ScalarArgs c("describe_cuda_device");
         const int index = c.i32(device_index, "device_index");
         const int count = cuda_device_count();
         if (index < 0 || index >= count)
@@ -120,7 +120,7 @@ void bind_runtime(nb::module_& m) {
   m.def(
       "cuda_device_supported",
       [](nb::handle device_index) {
-        OpCall c("cuda_device_supported");
+        const ScalarArgs c("cuda_device_supported");
         return cuda_device_supported(c.i32(device_index, "device_index"));
       },
       nb::arg("device_index").none(),
@@ -128,7 +128,7 @@ void bind_runtime(nb::module_& m) {
   m.def(
       "supports_compute_capability",
       [](nb::handle major, nb::handle minor) {
-        OpCall c("supports_compute_capability");
+        const ScalarArgs c("supports_compute_capability");
         const int major_value = c.i32(major, "major"), minor_value = c.i32(minor, "minor");
         return supports_compute_capability(major_value, minor_value);
       },

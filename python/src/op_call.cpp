@@ -113,7 +113,7 @@ constexpr ExtensionDtype kExtensionDtypes[] = {
 
 }  // namespace
 
-void OpCall::fail(const char* name, const std::string& expected, const std::string& got) const {
+void ScalarArgs::fail(const char* name, const std::string& expected, const std::string& got) const {
   throw Error(ErrorKind::invalid_argument, op_, name, expected, got);
 }
 

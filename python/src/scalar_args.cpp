@@ -1,4 +1,4 @@
-// OpCall's scalar conversions (see bindings.h): Python scalars to the C++ parameter types, with
+// ScalarArgs: the conversions of scalar arguments (see bindings.h): Python scalars to the C++ parameter types, with
 // errors that name the op and the argument. The common case (an exact float, int or bool) is one
 // CPython type check and one conversion, as nanobind's own casts; NumPy scalars and every error
 // take the slower path.
@@ -112,7 +112,7 @@ std::string float_text(double v) {
 // float32 from a real number: a float, an int (anything with __index__: NumPy integer scalars)
 // or anything else with __float__ (NumPy floating scalars, 0-d arrays and tensors), but not a bool
 // or a complex number; `type` names what the argument takes in a type error.
-float to_f32(const OpCall& c, nb::handle value, const char* name, const char* type) {
+float to_f32(const ScalarArgs& c, nb::handle value, const char* name, const char* type) {
   constexpr const char* kRange = "a number float32 can hold (magnitude at most 3.4028235e38)";
   PyObject* o = value.ptr();
   double v;
@@ -153,20 +153,20 @@ ArgumentTypeError::ArgumentTypeError(std::string op, std::string argument, std::
       message_("fusekit." + op_ + ": argument '" + argument_ + "' must be " + expected_ + ", not " +
                got_) {}
 
-void OpCall::fail_type(const char* name, const char* expected, nb::handle value) const {
+void ScalarArgs::fail_type(const char* name, const char* expected, nb::handle value) const {
   throw ArgumentTypeError(op_, name, expected, type_name_of(value));
 }
 
-float OpCall::f32(nb::handle value, const char* name) const {
+float ScalarArgs::f32(nb::handle value, const char* name) const {
   return to_f32(*this, value, name, "float");
 }
 
-std::optional<float> OpCall::optional_f32(nb::handle value, const char* name) const {
+std::optional<float> ScalarArgs::optional_f32(nb::handle value, const char* name) const {
   if (value.is_none()) return std::nullopt;
   return to_f32(*this, value, name, "float or None");
 }
 
-std::int64_t OpCall::i64(nb::handle value, const char* name) const {
+std::int64_t ScalarArgs::i64(nb::handle value, const char* name) const {
   nb::object i;
   PyObject* o = value.ptr();
   if (!PyLong_CheckExact(o)) {
@@ -179,7 +179,7 @@ std::int64_t OpCall::i64(nb::handle value, const char* name) const {
   return v;
 }
 
-int OpCall::i32(nb::handle value, const char* name) const {
+int ScalarArgs::i32(nb::handle value, const char* name) const {
   nb::object i;
   PyObject* o = value.ptr();
   if (!PyLong_CheckExact(o)) {
@@ -193,7 +193,7 @@ int OpCall::i32(nb::handle value, const char* name) const {
   return static_cast<int>(v);
 }
 
-std::uint64_t OpCall::unsigned_integer(nb::handle value, const char* name, const char* type,
+std::uint64_t ScalarArgs::unsigned_integer(nb::handle value, const char* name, const char* type,
                                        const char* range) const {
   nb::object i;
   PyObject* o = value.ptr();
@@ -209,11 +209,11 @@ std::uint64_t OpCall::unsigned_integer(nb::handle value, const char* name, const
   return static_cast<std::uint64_t>(v);
 }
 
-std::uint64_t OpCall::u64(nb::handle value, const char* name) const {
+std::uint64_t ScalarArgs::u64(nb::handle value, const char* name) const {
   return unsigned_integer(value, name, "int", "an int in [0, 2^64)");
 }
 
-bool OpCall::flag(nb::handle value, const char* name) const {
+bool ScalarArgs::flag(nb::handle value, const char* name) const {
   PyObject* o = value.ptr();
   if (o == Py_True) return true;
   if (o == Py_False) return false;
@@ -225,13 +225,13 @@ bool OpCall::flag(nb::handle value, const char* name) const {
   fail_type(name, "bool", value);
 }
 
-DType OpCall::dtype(nb::handle value, const char* name) const {
+DType ScalarArgs::dtype(nb::handle value, const char* name) const {
   DType parsed;
   if (nb::try_cast<DType>(value, parsed, /*convert=*/false)) return parsed;
   fail_type(name, "fusekit.DType", value);
 }
 
-Device OpCall::device(nb::handle value, const char* name) const {
+Device ScalarArgs::device(nb::handle value, const char* name) const {
   if (!PyUnicode_Check(value.ptr())) fail_type(name, "str", value);
   Py_ssize_t size = 0;
   const char* utf8 = PyUnicode_AsUTF8AndSize(value.ptr(), &size);
@@ -253,7 +253,7 @@ Device OpCall::device(nb::handle value, const char* name) const {
   return Device::cuda(static_cast<int>(index));
 }
 
-int OpCall::option_index(nb::handle value, const char* name, const char* type_name,
+int ScalarArgs::option_index(nb::handle value, const char* name, const char* type_name,
                          const char* const* names, int count) const {
   if (!PyUnicode_Check(value.ptr())) {
     const std::string expected = std::string(type_name) + " or str";
@@ -266,7 +266,7 @@ int OpCall::option_index(nb::handle value, const char* name, const char* type_na
   fail(name, expected, repr_text(value));
 }
 
-KeepMaskArgs keep_mask_args(const OpCall& c, nb::handle seed, nb::handle offset, nb::handle p) {
+KeepMaskArgs keep_mask_args(const ScalarArgs& c, nb::handle seed, nb::handle offset, nb::handle p) {
   const KeepMaskArgs args{c.u64(seed, "seed"), c.u64(offset, "offset"), c.f32(p, "p")};
   if (!(args.p >= 0.0f && args.p < 1.0f)) c.fail("p", "a drop probability in [0, 1)", float_text(args.p));
   return args;
