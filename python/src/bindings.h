@@ -109,6 +109,9 @@ class ScalarArgs {
   const char* op_;
 
  private:
+  // The value of an integral `value` in [lo, hi] (range text `range` in the error).
+  std::int64_t signed_integer(nb::handle value, const char* name, std::int64_t lo, std::int64_t hi,
+                              const char* range) const;
   // The index in `names` of `value`, a str; raises for another name or another type.
   int option_index(nb::handle value, const char* name, const char* type_name,
                    const char* const* names, int count) const;

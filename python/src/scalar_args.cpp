@@ -1,7 +1,6 @@
-// ScalarArgs: the conversions of scalar arguments (see bindings.h): Python scalars to the C++ parameter types, with
-// errors that name the op and the argument. The common case (an exact float, int or bool) is one
-// CPython type check and one conversion, as nanobind's own casts; NumPy scalars and every error
-// take the slower path.
+// ScalarArgs (see bindings.h): Python scalars to the C++ parameter types, with errors that name
+// the op and the argument. The common case (an exact float, int or bool) is one CPython type check
+// and one conversion, as nanobind's own casts; NumPy scalars and every error take a slower path.
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -116,25 +115,24 @@ float to_f32(const ScalarArgs& c, nb::handle value, const char* name, const char
   constexpr const char* kRange = "a number float32 can hold (magnitude at most 3.4028235e38)";
   PyObject* o = value.ptr();
   double v;
+  nb::object i;
   if (PyFloat_CheckExact(o)) {
     v = PyFloat_AS_DOUBLE(o);
+  } else if (PyLong_CheckExact(o) || integral(value, &i)) {
+    PyObject* as_int = i.is_valid() ? i.ptr() : o;
+    v = PyLong_AsDouble(as_int);
+    if (v == -1.0 && PyErr_Occurred()) {  // beyond double's range
+      PyErr_Clear();
+      c.fail(name, kRange, int_text(as_int));
+    }
   } else {
-    if (PyBool_Check(o) || is_numpy_bool(o) || is_numpy_complex(o)) c.fail_type(name, type, value);
-    nb::object i;
-    if (integral(value, &i)) {
-      v = PyLong_AsDouble(i.ptr());
-      if (v == -1.0 && PyErr_Occurred()) {  // beyond double's range
-        PyErr_Clear();
-        c.fail(name, kRange, int_text(i.ptr()));
-      }
-    } else {
-      const PyNumberMethods* number = Py_TYPE(o)->tp_as_number;
-      if (!number || !number->nb_float) c.fail_type(name, type, value);
-      v = PyFloat_AsDouble(o);
-      if (v == -1.0 && PyErr_Occurred()) {  // e.g. an array of several elements
-        PyErr_Clear();
-        c.fail_type(name, type, value);
-      }
+    const PyNumberMethods* number = Py_TYPE(o)->tp_as_number;
+    if (!number || !number->nb_float || PyBool_Check(o) || is_numpy_bool(o) || is_numpy_complex(o))
+      c.fail_type(name, type, value);
+    v = PyFloat_AsDouble(o);
+    if (v == -1.0 && PyErr_Occurred()) {  // e.g. an array of several elements
+      PyErr_Clear();
+      c.fail_type(name, type, value);
     }
   }
   const float f = static_cast<float>(v);
@@ -167,19 +165,17 @@ std::optional<float> ScalarArgs::optional_f32(nb::handle value, const char* name
 }
 
 std::int64_t ScalarArgs::i64(nb::handle value, const char* name) const {
-  nb::object i;
-  PyObject* o = value.ptr();
-  if (!PyLong_CheckExact(o)) {
-    if (!integral(value, &i)) fail_type(name, "int", value);
-    o = i.ptr();
-  }
-  int overflow = 0;
-  const long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
-  if (overflow != 0) fail(name, "an int in [-2^63, 2^63)", int_text(o));
-  return v;
+  return signed_integer(value, name, std::numeric_limits<std::int64_t>::min(),
+                        std::numeric_limits<std::int64_t>::max(), "an int in [-2^63, 2^63)");
 }
 
 int ScalarArgs::i32(nb::handle value, const char* name) const {
+  return static_cast<int>(signed_integer(value, name, std::numeric_limits<int>::min(),
+                                         std::numeric_limits<int>::max(), "an int in [-2^31, 2^31)"));
+}
+
+std::int64_t ScalarArgs::signed_integer(nb::handle value, const char* name, std::int64_t lo,
+                                        std::int64_t hi, const char* range) const {
   nb::object i;
   PyObject* o = value.ptr();
   if (!PyLong_CheckExact(o)) {
@@ -188,13 +184,12 @@ int ScalarArgs::i32(nb::handle value, const char* name) const {
   }
   int overflow = 0;
   const long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
-  if (overflow != 0 || v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max())
-    fail(name, "an int in [-2^31, 2^31)", int_text(o));
-  return static_cast<int>(v);
+  if (overflow != 0 || v < lo || v > hi) fail(name, range, int_text(o));
+  return v;
 }
 
 std::uint64_t ScalarArgs::unsigned_integer(nb::handle value, const char* name, const char* type,
-                                       const char* range) const {
+                                           const char* range) const {
   nb::object i;
   PyObject* o = value.ptr();
   if (!PyLong_CheckExact(o)) {
@@ -254,7 +249,7 @@ Device ScalarArgs::device(nb::handle value, const char* name) const {
 }
 
 int ScalarArgs::option_index(nb::handle value, const char* name, const char* type_name,
-                         const char* const* names, int count) const {
+                             const char* const* names, int count) const {
   if (!PyUnicode_Check(value.ptr())) {
     const std::string expected = std::string(type_name) + " or str";
     fail_type(name, expected.c_str(), value);
@@ -268,7 +263,8 @@ int ScalarArgs::option_index(nb::handle value, const char* name, const char* typ
 
 KeepMaskArgs keep_mask_args(const ScalarArgs& c, nb::handle seed, nb::handle offset, nb::handle p) {
   const KeepMaskArgs args{c.u64(seed, "seed"), c.u64(offset, "offset"), c.f32(p, "p")};
-  if (!(args.p >= 0.0f && args.p < 1.0f)) c.fail("p", "a drop probability in [0, 1)", float_text(args.p));
+  if (!(args.p >= 0.0f && args.p < 1.0f))
+    c.fail("p", "a drop probability in [0, 1)", float_text(args.p));
   return args;
 }
 
