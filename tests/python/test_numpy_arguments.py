@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import fusekit
-from fk_entry_points import (ARRAY, BY_NAME, CFG, CFG_ITEMS, DEVICE, ENTRY_POINTS, PROBES,
+from fk_entry_points import (ARRAY, BY_NAME, CFG, CFG_ITEMS, DEVICE, DTYPE, ENTRY_POINTS, PROBES,
                              SCALAR_KINDS, module_entry_points, outcome, signature_arguments,
                              summary, with_value)
 
@@ -121,8 +121,10 @@ def test_value_the_type_cannot_hold_raises_invalid_argument(name, argument, seed
         lambda: entry.function(**with_value(entry, seed, argument, value)), entry, argument))
 
 
-@pytest.mark.parametrize("name,argument", _arguments(set(SCALAR_KINDS) - {CFG}),
-                         ids=[f"{n}-{a}" for n, a in _arguments(set(SCALAR_KINDS) - {CFG})])
+_HAVE_EQUIVALENTS = _arguments(set(SCALAR_KINDS) - {CFG, DTYPE, DEVICE})
+
+
+@pytest.mark.parametrize("name,argument", _HAVE_EQUIVALENTS, ids=[f"{n}-{a}" for n, a in _HAVE_EQUIVALENTS])
 def test_numpy_scalars_and_ints_behave_as_the_python_value(name, argument, seed):
     entry = BY_NAME[name]
     valid = entry.make(np.random.default_rng(seed))[argument]
