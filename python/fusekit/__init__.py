@@ -14,7 +14,16 @@ Two layers:
 
 Errors are ``fusekit.Error`` subclasses carrying the C++ message and its parts (``op``,
 ``argument``, ``expected``, ``got``): ``InvalidArgumentError`` (also a ``ValueError``),
-``UnsupportedError`` and ``CudaError`` (also ``RuntimeError``s).
+``UnsupportedError`` and ``CudaError`` (also ``RuntimeError``s). Every argument is named in its
+error, scalars included, as PyTorch's argument parser does: a value of the wrong Python type
+(``None``, a ``str``, a float where an int goes, a bool where a number goes, an int where a bool
+goes) raises ``ArgumentTypeError``, a ``TypeError`` and an ``InvalidArgumentError``:
+``fusekit.layer_norm_forward: argument 'eps' must be float, not NoneType`` (``expected`` holds the
+type taken, ``got`` the type given). A value of the right type that the C++ parameter cannot hold
+(an int past int64 or int32, a negative seed, a float beyond float32's range, an unknown option
+name) raises ``InvalidArgumentError``: ``argument 'seed': expected an int in [0, 2^64), got -1``.
+NumPy scalars (``np.float32``, ``np.int64``, ``np.bool_``, ...) are accepted as the Python numbers
+they hold, and an int where a float goes.
 """
 from . import _C
 

@@ -3,8 +3,6 @@
 // window_left, window_right, dropout_p, seed, offset) and AttentionVarlen into cu_seqlens_q,
 // cu_seqlens_k, max_seqlen_q, max_seqlen_k (variable lengths when the cumulative lengths are
 // given); outputs and workspace are arrays the caller allocates.
-#include <nanobind/stl/string.h>
-
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -19,76 +17,40 @@ namespace {
 constexpr AttentionMask kMasks[] = {AttentionMask::none, AttentionMask::causal_top_left,
                                     AttentionMask::causal_bottom_right};
 
-std::string mask_names() {
-  std::string names;
-  for (AttentionMask m : kMasks) {
-    if (!names.empty()) names += ", ";
-    names += std::string("'") + attention_mask_name(m) + "'";
-  }
-  return names;
-}
-
-std::string python_type(nb::handle value) { return std::string(nb::type_name(value.type()).c_str()); }
-
-// A `mask` argument: a fusekit.AttentionMask or its name.
-AttentionMask mask_arg(nb::handle value, const char* op) {
-  AttentionMask parsed;
-  if (nb::try_cast<AttentionMask>(value, parsed, false)) return parsed;
-  const std::string expected = "fusekit.AttentionMask or one of " + mask_names();
-  if (nb::isinstance<nb::str>(value)) {
-    const std::string name = nb::cast<std::string>(value);
-    for (AttentionMask m : kMasks)
-      if (name == attention_mask_name(m)) return m;
-    throw Error(ErrorKind::invalid_argument, op, "mask", expected, "'" + name + "'");
-  }
-  throw Error(ErrorKind::invalid_argument, op, "mask", expected, python_type(value));
-}
-
-// `scale`: None (1 / sqrt(D)) or a real number; the op itself checks that it is finite.
-std::optional<float> scale_arg(nb::handle value, const char* op) {
-  if (!value.is_valid() || value.is_none()) return std::nullopt;
-  const char* expected = "None (1/sqrt(D)) or a real number";
-  if (PyBool_Check(value.ptr()) || nb::isinstance<nb::str>(value))
-    throw Error(ErrorKind::invalid_argument, op, "scale", expected, python_type(value));
-  const double v = PyFloat_AsDouble(value.ptr());
-  if (v == -1.0 && PyErr_Occurred()) {
-    PyErr_Clear();
-    throw Error(ErrorKind::invalid_argument, op, "scale", expected, python_type(value));
-  }
-  return static_cast<float>(v);
-}
-
-AttentionConfig make_config(nb::handle scale, nb::handle mask, std::int64_t window_left,
-                            std::int64_t window_right, float dropout_p, nb::handle seed,
-                            nb::handle offset, const char* op) {
+// The config from its flattened keyword arguments; the bindings convert it before the arrays, so
+// that a mistyped scalar is reported first, as PyTorch's argument parser checks every type first.
+AttentionConfig make_config(const ScalarArgs& c, nb::handle scale, nb::handle mask,
+                            nb::handle window_left, nb::handle window_right, nb::handle dropout_p,
+                            nb::handle seed, nb::handle offset) {
   AttentionConfig config;
-  config.scale = scale_arg(scale, op);
-  config.mask = mask_arg(mask, op);
-  config.window_left = window_left;
-  config.window_right = window_right;
-  config.dropout_p = dropout_p;
-  config.seed = u64_arg(seed, op, "seed");
-  config.offset = u64_arg(offset, op, "offset");
+  config.scale = c.optional_f32(scale, "scale");  // None: 1 / sqrt(D)
+  config.mask = c.option(mask, "mask", "fusekit.AttentionMask", kMasks, attention_mask_name);
+  config.window_left = c.i64(window_left, "window_left");
+  config.window_right = c.i64(window_right, "window_right");
+  config.dropout_p = c.f32(dropout_p, "dropout_p");
+  config.seed = c.u64(seed, "seed");
+  config.offset = c.u64(offset, "offset");
   return config;
 }
 
 // The config tuple of fusekit.torch's calls: (scale, mask, window_left, window_right,
-// dropout_p, seed, offset, max_seqlen_q, max_seqlen_k[, ...]).
-AttentionConfig config_from_tuple(const nb::tuple& cfg, const char* op) {
-  if (cfg.size() < 9)
-    throw Error(ErrorKind::invalid_argument, op, "cfg", "a tuple of at least 9 items",
-                std::to_string(cfg.size()) + " items");
-  auto integer = [&](std::size_t i, const char* name) {
-    std::int64_t value = 0;
-    if (!nb::try_cast<std::int64_t>(cfg[i], value, false))
-      throw Error(ErrorKind::invalid_argument, op, name, "an int", python_type(cfg[i]));
-    return value;
-  };
-  float dropout_p = 0.0f;
-  if (!nb::try_cast<float>(cfg[4], dropout_p, true))
-    throw Error(ErrorKind::invalid_argument, op, "dropout_p", "a real number", python_type(cfg[4]));
-  return make_config(cfg[0], cfg[1], integer(2, "window_left"), integer(3, "window_right"),
-                     dropout_p, cfg[5], cfg[6], op);
+// dropout_p, seed, offset, max_seqlen_q, max_seqlen_k[, ...]), its items converted as the
+// keyword arguments of the public bindings are.
+struct TupleConfig {
+  AttentionConfig config;
+  std::int64_t max_seqlen_q, max_seqlen_k;
+};
+
+TupleConfig config_from_tuple(const ScalarArgs& c, nb::handle cfg) {
+  if (!PyTuple_Check(cfg.ptr())) c.fail_type("cfg", "tuple", cfg);
+  const Py_ssize_t size = PyTuple_GET_SIZE(cfg.ptr());
+  if (size < 9) c.fail("cfg", "a tuple of at least 9 items", std::to_string(size) + " items");
+  auto item = [&](Py_ssize_t i) { return nb::handle(PyTuple_GET_ITEM(cfg.ptr(), i)); };
+  TupleConfig t;
+  t.config = make_config(c, item(0), item(1), item(2), item(3), item(4), item(5), item(6));
+  t.max_seqlen_q = c.i64(item(7), "max_seqlen_q");
+  t.max_seqlen_k = c.i64(item(8), "max_seqlen_k");
+  return t;
 }
 
 // Variable lengths when cu_seqlens_q and cu_seqlens_k are given (both or neither).
@@ -127,6 +89,19 @@ AttentionShape make_shape(std::int64_t batch, std::int64_t seqlen_q, std::int64_
   s.dtype = dtype;
   s.bias_gradient = bias_gradient;
   return s;
+}
+
+// The problem sizes and dtype of a workspace-size query from its arguments, converted in order
+// (bias_gradient, a keyword argument, is left to the caller).
+AttentionShape shape_arg(const ScalarArgs& c, nb::handle batch, nb::handle seqlen_q,
+                         nb::handle seqlen_k, nb::handle heads_q, nb::handle heads_kv,
+                         nb::handle head_dim, nb::handle head_dim_v, nb::handle dtype) {
+  const std::int64_t b = c.i64(batch, "batch"), sq = c.i64(seqlen_q, "seqlen_q"),
+                     sk = c.i64(seqlen_k, "seqlen_k"), hq = c.i64(heads_q, "heads_q"),
+                     hkv = c.i64(heads_kv, "heads_kv"), d = c.i64(head_dim, "head_dim"),
+                     dv = c.i64(head_dim_v, "head_dim_v");
+  const DType t = c.dtype(dtype, "dtype");
+  return make_shape(b, sq, sk, hq, hkv, d, dv, t, false);
 }
 
 // The problem sizes of the workspace queries from the arrays (for workspace='auto'); false when
@@ -223,48 +198,54 @@ void bind_attention(nb::module_& m) {
 
   m.def(
       "attention_forward_workspace_size",
-      [](std::int64_t batch, std::int64_t seqlen_q, std::int64_t seqlen_k, std::int64_t heads_q,
-         std::int64_t heads_kv, std::int64_t head_dim, std::int64_t head_dim_v, DType dtype,
-         const std::string& device, bool bias_gradient) {
-        const char* op = "attention_forward_workspace_size";
-        return attention_forward_workspace_size(
-            make_shape(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, head_dim_v, dtype,
-                       bias_gradient),
-            AttentionConfig{}, device_arg(device, op));
+      [](nb::handle batch, nb::handle seqlen_q, nb::handle seqlen_k, nb::handle heads_q,
+         nb::handle heads_kv, nb::handle head_dim, nb::handle head_dim_v, nb::handle dtype,
+         nb::handle device, nb::handle bias_gradient) {
+        const ScalarArgs c("attention_forward_workspace_size");
+        AttentionShape shape = shape_arg(c, batch, seqlen_q, seqlen_k, heads_q, heads_kv,
+                                         head_dim, head_dim_v, dtype);
+        const Device d = c.device(device, "device");
+        shape.bias_gradient = c.flag(bias_gradient, "bias_gradient");
+        return attention_forward_workspace_size(shape, AttentionConfig{}, d);
       },
-      arg("batch"), arg("seqlen_q"), arg("seqlen_k"), arg("heads_q"), arg("heads_kv"),
-      arg("head_dim"), arg("head_dim_v"), arg("dtype"), arg("device"), nb::kw_only(),
-      arg("bias_gradient") = false,
+      arg("batch").none(), arg("seqlen_q").none(), arg("seqlen_k").none(), arg("heads_q").none(),
+      arg("heads_kv").none(), arg("head_dim").none(), arg("head_dim_v").none(),
+      arg("dtype").none(), arg("device").none(), nb::kw_only(), arg("bias_gradient").none() = false,
       "Bytes of u8 scratch memory attention_forward needs (0 on the CPU). Sequence lengths are "
       "the max lengths with variable lengths. device: 'cpu', 'cuda', 'cuda:N'.");
 
   m.def(
       "attention_backward_workspace_size",
-      [](std::int64_t batch, std::int64_t seqlen_q, std::int64_t seqlen_k, std::int64_t heads_q,
-         std::int64_t heads_kv, std::int64_t head_dim, std::int64_t head_dim_v, DType dtype,
-         const std::string& device, bool deterministic, bool bias_gradient) {
-        const char* op = "attention_backward_workspace_size";
-        return attention_backward_workspace_size(
-            make_shape(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, head_dim_v, dtype,
-                       bias_gradient),
-            AttentionConfig{}, deterministic, device_arg(device, op));
+      [](nb::handle batch, nb::handle seqlen_q, nb::handle seqlen_k, nb::handle heads_q,
+         nb::handle heads_kv, nb::handle head_dim, nb::handle head_dim_v, nb::handle dtype,
+         nb::handle device, nb::handle deterministic, nb::handle bias_gradient) {
+        const ScalarArgs c("attention_backward_workspace_size");
+        AttentionShape shape = shape_arg(c, batch, seqlen_q, seqlen_k, heads_q, heads_kv,
+                                         head_dim, head_dim_v, dtype);
+        const Device d = c.device(device, "device");
+        const bool det = c.flag(deterministic, "deterministic");
+        shape.bias_gradient = c.flag(bias_gradient, "bias_gradient");
+        return attention_backward_workspace_size(shape, AttentionConfig{}, det, d);
       },
-      arg("batch"), arg("seqlen_q"), arg("seqlen_k"), arg("heads_q"), arg("heads_kv"),
-      arg("head_dim"), arg("head_dim_v"), arg("dtype"), arg("device"), nb::kw_only(),
-      arg("deterministic") = false, arg("bias_gradient") = false,
+      arg("batch").none(), arg("seqlen_q").none(), arg("seqlen_k").none(), arg("heads_q").none(),
+      arg("heads_kv").none(), arg("head_dim").none(), arg("head_dim_v").none(),
+      arg("dtype").none(), arg("device").none(), nb::kw_only(),
+      arg("deterministic").none() = false, arg("bias_gradient").none() = false,
       "Bytes of u8 scratch memory attention_backward needs (0 on the CPU; on the GPU the float32 "
       "row sums, plus the float32 dq accumulator unless deterministic).");
 
   m.def(
       "attention_forward",
       [](nb::handle q, nb::handle k, nb::handle v, nb::handle bias, nb::handle out,
-         nb::handle lse, nb::handle scale, nb::handle mask, std::int64_t window_left,
-         std::int64_t window_right, float dropout_p, nb::handle seed, nb::handle offset,
-         nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, std::int64_t max_seqlen_q,
-         std::int64_t max_seqlen_k, nb::handle workspace, nb::handle stream) {
+         nb::handle lse, nb::handle scale, nb::handle mask, nb::handle window_left,
+         nb::handle window_right, nb::handle dropout_p, nb::handle seed, nb::handle offset,
+         nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, nb::handle max_seqlen_q_arg,
+         nb::handle max_seqlen_k_arg, nb::handle workspace, nb::handle stream) {
         OpCall c("attention_forward");
-        const AttentionConfig config = make_config(scale, mask, window_left, window_right,
-                                                   dropout_p, seed, offset, c.op());
+        const AttentionConfig config =
+            make_config(c, scale, mask, window_left, window_right, dropout_p, seed, offset);
+        const std::int64_t max_seqlen_q = c.i64(max_seqlen_q_arg, "max_seqlen_q");
+        const std::int64_t max_seqlen_k = c.i64(max_seqlen_k_arg, "max_seqlen_k");
         const TensorView qv = c.tensor(q, "q", Access::read);
         const TensorView kv = c.tensor(k, "k", Access::read);
         const TensorView vv = c.tensor(v, "v", Access::read);
@@ -281,9 +262,10 @@ void bind_attention(nb::module_& m) {
       },
       arg("q").none(), arg("k").none(), arg("v").none(), arg("bias").none(), arg("out").none(),
       arg("lse").none(), nb::kw_only(), arg("scale").none() = none, arg("mask").none() = "none",
-      arg("window_left") = -1, arg("window_right") = -1, arg("dropout_p") = 0.0f,
-      arg("seed") = 0, arg("offset") = 0, arg("cu_seqlens_q").none() = none,
-      arg("cu_seqlens_k").none() = none, arg("max_seqlen_q") = 0, arg("max_seqlen_k") = 0,
+      arg("window_left").none() = -1, arg("window_right").none() = -1,
+      arg("dropout_p").none() = 0.0f, arg("seed").none() = 0, arg("offset").none() = 0,
+      arg("cu_seqlens_q").none() = none, arg("cu_seqlens_k").none() = none,
+      arg("max_seqlen_q").none() = 0, arg("max_seqlen_k").none() = 0,
       arg("workspace").none() = none, arg("stream").none() = none,
       "out = softmax(q k^T scale + bias) v per (batch, query head), with the float32 log-sum-exp "
       "saved into lse for the backward. q (B, Sq, Hq, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv), "
@@ -297,25 +279,30 @@ void bind_attention(nb::module_& m) {
       "attention_backward",
       [](nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::handle out,
          nb::handle lse, nb::handle bias, nb::handle dq, nb::handle dk, nb::handle dv,
-         nb::handle dbias, nb::handle scale, nb::handle mask, std::int64_t window_left,
-         std::int64_t window_right, float dropout_p, nb::handle seed, nb::handle offset,
-         nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, std::int64_t max_seqlen_q,
-         std::int64_t max_seqlen_k, bool deterministic, nb::handle workspace, nb::handle stream) {
+         nb::handle dbias, nb::handle scale, nb::handle mask, nb::handle window_left,
+         nb::handle window_right, nb::handle dropout_p, nb::handle seed, nb::handle offset,
+         nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, nb::handle max_seqlen_q,
+         nb::handle max_seqlen_k, nb::handle deterministic, nb::handle workspace,
+         nb::handle stream) {
         OpCall c("attention_backward");
-        const AttentionConfig config = make_config(scale, mask, window_left, window_right,
-                                                   dropout_p, seed, offset, c.op());
+        const AttentionConfig config =
+            make_config(c, scale, mask, window_left, window_right, dropout_p, seed, offset);
+        const std::int64_t max_q = c.i64(max_seqlen_q, "max_seqlen_q");
+        const std::int64_t max_k = c.i64(max_seqlen_k, "max_seqlen_k");
+        const bool det = c.flag(deterministic, "deterministic");
         run_backward(c, config,
                      {dout, q, k, v, out, lse, bias, dq, dk, dv, dbias, cu_seqlens_q, cu_seqlens_k,
-                      max_seqlen_q, max_seqlen_k, deterministic},
+                      max_q, max_k, det},
                      workspace, stream);
       },
       arg("dout").none(), arg("q").none(), arg("k").none(), arg("v").none(), arg("out").none(),
       arg("lse").none(), arg("bias").none(), arg("dq").none() = none, arg("dk").none() = none,
       arg("dv").none() = none, arg("dbias").none() = none, nb::kw_only(),
-      arg("scale").none() = none, arg("mask").none() = "none", arg("window_left") = -1,
-      arg("window_right") = -1, arg("dropout_p") = 0.0f, arg("seed") = 0, arg("offset") = 0,
-      arg("cu_seqlens_q").none() = none, arg("cu_seqlens_k").none() = none,
-      arg("max_seqlen_q") = 0, arg("max_seqlen_k") = 0, arg("deterministic") = false,
+      arg("scale").none() = none, arg("mask").none() = "none", arg("window_left").none() = -1,
+      arg("window_right").none() = -1, arg("dropout_p").none() = 0.0f, arg("seed").none() = 0,
+      arg("offset").none() = 0, arg("cu_seqlens_q").none() = none,
+      arg("cu_seqlens_k").none() = none, arg("max_seqlen_q").none() = 0,
+      arg("max_seqlen_k").none() = 0, arg("deterministic").none() = false,
       arg("workspace").none() = none, arg("stream").none() = none,
       "Any subset of dq, dk, dv, dbias from the forward's out and lse, with the same bias, "
       "config and variable lengths as the forward. dk/dv are summed over the query heads of their "
@@ -331,15 +318,16 @@ void bind_attention(nb::module_& m) {
   m.def(
       "_attention_forward_alloc",
       [](nb::handle q, nb::handle k, nb::handle v, nb::handle bias, nb::handle out,
-         nb::tuple cfg, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k) -> nb::object {
+         nb::handle cfg, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k) -> nb::object {
         OpCall c("attention_forward");
-        const AttentionConfig config = config_from_tuple(cfg, c.op());
+        const TupleConfig tc = config_from_tuple(c, cfg);
+        const AttentionConfig& config = tc.config;
         const TensorView qv = c.tensor(q, "q", Access::read);
         const TensorView kv = c.tensor(k, "k", Access::read);
         const TensorView vv = c.tensor(v, "v", Access::read);
         const OptionalTensor bv = c.optional(bias, "bias", Access::read);
-        const std::optional<AttentionVarlen> vl = varlen_arg(
-            c, cu_seqlens_q, cu_seqlens_k, nb::cast<std::int64_t>(cfg[7]), nb::cast<std::int64_t>(cfg[8]));
+        const std::optional<AttentionVarlen> vl =
+            varlen_arg(c, cu_seqlens_q, cu_seqlens_k, tc.max_seqlen_q, tc.max_seqlen_k);
         const int dims = vl ? 3 : 4;
         const std::int64_t keys = vl ? vl->max_seqlen_k : (kv.ndim == 4 ? kv.shape[1] : 0);
         if (!operand_ready(qv, dims) || !operand_ready(kv, dims) || !operand_ready(vv, dims) ||
@@ -357,8 +345,8 @@ void bind_attention(nb::module_& m) {
         });
         return lse;
       },
-      arg("q"), arg("k"), arg("v"), arg("bias").none(), arg("out"), arg("cfg"),
-      arg("cu_seqlens_q").none(), arg("cu_seqlens_k").none(),
+      arg("q").none(), arg("k").none(), arg("v").none(), arg("bias").none(), arg("out").none(),
+      arg("cfg").none(), arg("cu_seqlens_q").none(), arg("cu_seqlens_k").none(),
       "attention_forward allocating lse and the workspace through the framework of q (see the "
       "source).");
 
@@ -366,27 +354,29 @@ void bind_attention(nb::module_& m) {
       "_attention_backward_alloc",
       [](nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::handle out,
          nb::handle lse, nb::handle bias, nb::handle dq, nb::handle dk, nb::handle dv,
-         nb::handle dbias, nb::tuple cfg, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k,
-         bool deterministic) {
+         nb::handle dbias, nb::handle cfg, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k,
+         nb::handle deterministic) {
         OpCall c("attention_backward");
-        const AttentionConfig config = config_from_tuple(cfg, c.op());
-        run_backward(c, config,
+        const TupleConfig tc = config_from_tuple(c, cfg);
+        const bool det = c.flag(deterministic, "deterministic");
+        run_backward(c, tc.config,
                      {dout, q, k, v, out, lse, bias, dq, dk, dv, dbias, cu_seqlens_q, cu_seqlens_k,
-                      nb::cast<std::int64_t>(cfg[7]), nb::cast<std::int64_t>(cfg[8]), deterministic},
+                      tc.max_seqlen_q, tc.max_seqlen_k, det},
                      nb::str("auto"), nb::none());
       },
-      arg("dout"), arg("q"), arg("k"), arg("v"), arg("out"), arg("lse"), arg("bias").none(),
-      arg("dq").none(), arg("dk").none(), arg("dv").none(), arg("dbias").none(), arg("cfg"),
-      arg("cu_seqlens_q").none(), arg("cu_seqlens_k").none(), arg("deterministic"),
+      arg("dout").none(), arg("q").none(), arg("k").none(), arg("v").none(), arg("out").none(),
+      arg("lse").none(), arg("bias").none(), arg("dq").none(), arg("dk").none(), arg("dv").none(),
+      arg("dbias").none(), arg("cfg").none(), arg("cu_seqlens_q").none(),
+      arg("cu_seqlens_k").none(), arg("deterministic").none(),
       "attention_backward allocating the workspace through the framework of q (see "
       "_attention_forward_alloc).");
 
   // The documented dropout mask, for tests and for callers that want to inspect it.
   m.def(
       "attention_dropout_keep_mask",
-      [](nb::handle seed_arg, nb::handle offset_arg, float p, nb::handle mask) {
+      [](nb::handle seed_arg, nb::handle offset_arg, nb::handle p_arg, nb::handle mask) {
         OpCall c("attention_dropout_keep_mask");
-        const auto [seed, offset] = keep_mask_args(c, seed_arg, offset_arg, p);
+        const auto [seed, offset, p] = keep_mask_args(c, seed_arg, offset_arg, p_arg);
         if (offset >= (std::uint64_t{1} << 32))
           c.fail("offset", "a Philox offset below 2^32", std::to_string(offset));
         const TensorView mv = c.tensor(mask, "mask", Access::write);
@@ -412,7 +402,7 @@ void bind_attention(nb::module_& m) {
                                : 0;
         });
       },
-      arg("seed"), arg("offset"), arg("p"), arg("mask").none(),
+      arg("seed").none(), arg("offset").none(), arg("p").none(), arg("mask").none(),
       "Fills the contiguous u8 CPU array mask (batch, heads_q, seqlen_q, seqlen_k) with 1 where "
       "attention element (b, h, i, j) is kept under (seed, offset, p), 0 where dropped (i, j are "
       "positions within the sequence, also with variable lengths).");

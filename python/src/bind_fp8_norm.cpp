@@ -1,8 +1,6 @@
 // FP8 RMSNorm bindings (fusekit/fp8_norm.h): one Python function per C++ entry point, same
 // argument names and order; outputs and workspace are arrays the caller allocates. FP8 arrays come
 // from any framework's float8_e4m3fn / float8_e5m2 (NumPy: ml_dtypes).
-#include <nanobind/stl/string.h>
-
 #include <cstdint>
 #include <string>
 
@@ -29,10 +27,12 @@ void def_workspace_size(nb::module_& m, const char* op, SizeFn size, const char*
   using nb::arg;
   m.def(
       op,
-      [op, size](std::int64_t rows, std::int64_t cols, const std::string& device) {
-        return size(rows, cols, device_arg(device, op));
+      [op, size](nb::handle rows, nb::handle cols, nb::handle device) {
+        const ScalarArgs c(op);
+        const std::int64_t r = c.i64(rows, "rows"), n = c.i64(cols, "cols");
+        return size(r, n, c.device(device, "device"));
       },
-      arg("rows"), arg("cols"), arg("device"), doc);
+      arg("rows").none(), arg("cols").none(), arg("device").none(), doc);
 }
 
 }  // namespace
@@ -52,10 +52,12 @@ void bind_fp8_norm(nb::module_& m) {
 
   m.def(
       "fp8_rms_norm_forward",
-      [](nb::handle x, nb::handle x_scales, nb::handle weight, float eps, nb::handle qy,
+      [](nb::handle x, nb::handle x_scales, nb::handle weight, nb::handle eps_arg, nb::handle qy,
          nb::handle qy_t, nb::handle y_scale, nb::handle rstd, nb::handle y, nb::handle workspace,
-         int group_size, nb::handle stream) {
+         nb::handle group_size_arg, nb::handle stream) {
         OpCall c("fp8_rms_norm_forward");
+        const float eps = c.f32(eps_arg, "eps");
+        const int group_size = c.i32(group_size_arg, "group_size");
         const TensorView xv = c.tensor(x, "x", Access::read);
         const TensorView sv = c.tensor(x_scales, "x_scales", Access::read);
         const TensorView wv = c.tensor(weight, "weight", Access::read);
@@ -70,9 +72,10 @@ void bind_fp8_norm(nb::module_& m) {
           fp8_rms_norm_forward(xv, sv, wv, eps, qv, qtv, ysv, rv, yv, wsv, group_size, s);
         });
       },
-      arg("x").none(), arg("x_scales").none(), arg("weight").none(), arg("eps"), arg("qy").none(),
-      arg("qy_t").none(), arg("y_scale").none(), arg("rstd").none(), arg("y").none() = none,
-      arg("workspace").none() = none, arg("group_size") = kFp8NormDefaultGroupSize,
+      arg("x").none(), arg("x_scales").none(), arg("weight").none(), arg("eps").none(),
+      arg("qy").none(), arg("qy_t").none(), arg("y_scale").none(), arg("rstd").none(),
+      arg("y").none() = none, arg("workspace").none() = none,
+      arg("group_size").none() = kFp8NormDefaultGroupSize,
       arg("stream").none() = none,
       "RMSNorm of the group-scaled FP8 input x into the per-tensor-scaled FP8 qy, its transpose "
       "qy_t, the scale y_scale, the float32 rstd and optionally the bf16 y.");
@@ -82,9 +85,13 @@ void bind_fp8_norm(nb::module_& m) {
   // (cheaper; fp8_rms_norm_backward and _fp8_rms_norm_backward_alloc accept either).
   m.def(
       "_fp8_rms_norm_forward_alloc",
-      [](nb::handle x, nb::handle x_scales, nb::handle weight, float eps, int group_size,
-         DType qy_dtype, bool rstd_tensor) {
+      [](nb::handle x, nb::handle x_scales, nb::handle weight, nb::handle eps_arg,
+         nb::handle group_size_arg, nb::handle qy_dtype_arg, nb::handle rstd_tensor_arg) {
         OpCall c("fp8_rms_norm_forward");
+        const float eps = c.f32(eps_arg, "eps");
+        const int group_size = c.i32(group_size_arg, "group_size");
+        const DType qy_dtype = c.dtype(qy_dtype_arg, "qy_dtype");
+        const bool rstd_tensor = c.flag(rstd_tensor_arg, "rstd_tensor");
         const TensorView xv = c.tensor(x, "x", Access::read);
         const TensorView sv = c.tensor(x_scales, "x_scales", Access::read);
         const TensorView wv = c.contiguous(weight, "weight");
@@ -114,8 +121,8 @@ void bind_fp8_norm(nb::module_& m) {
         });
         return nb::make_tuple(outs[0], outs[1], outs[2], small[0], small[1]);
       },
-      arg("x").none(), arg("x_scales").none(), arg("weight").none(), arg("eps"),
-      arg("group_size"), arg("qy_dtype"), arg("rstd_tensor") = false,
+      arg("x").none(), arg("x_scales").none(), arg("weight").none(), arg("eps").none(),
+      arg("group_size").none(), arg("qy_dtype").none(), arg("rstd_tensor").none() = false,
       "fp8_rms_norm_forward allocating every output and the workspace through the framework of x "
       "(PyTorch >= 2.10); returns (y, qy, qy_t, y_scale, rstd).");
 
@@ -124,8 +131,11 @@ void bind_fp8_norm(nb::module_& m) {
   m.def(
       "_fp8_rms_norm_backward_alloc",
       [](nb::handle dy, nb::handle x, nb::handle x_scales, nb::handle weight, nb::handle rstd,
-         int group_size, bool need_dx, bool need_dweight) {
+         nb::handle group_size_arg, nb::handle need_dx_arg, nb::handle need_dweight_arg) {
         OpCall c("fp8_rms_norm_backward");
+        const int group_size = c.i32(group_size_arg, "group_size");
+        const bool need_dx = c.flag(need_dx_arg, "need_dx");
+        const bool need_dweight = c.flag(need_dweight_arg, "need_dweight");
         const TensorView dyv = c.contiguous(dy, "dy");
         const TensorView xv = c.tensor(x, "x", Access::read);
         const TensorView sv = c.tensor(x_scales, "x_scales", Access::read);
@@ -144,16 +154,18 @@ void bind_fp8_norm(nb::module_& m) {
         return nb::make_tuple(dx, dweight);
       },
       arg("dy").none(), arg("x").none(), arg("x_scales").none(), arg("weight").none(),
-      arg("rstd").none(), arg("group_size"), arg("need_dx"), arg("need_dweight"),
+      arg("rstd").none(), arg("group_size").none(), arg("need_dx").none(),
+      arg("need_dweight").none(),
       "fp8_rms_norm_backward allocating the gradients asked for and the workspace through the "
       "framework of x; returns (dx, dweight), None where not asked for.");
 
   m.def(
       "fp8_rms_norm_backward",
       [](nb::handle dy, nb::handle x, nb::handle x_scales, nb::handle weight, nb::handle rstd,
-         nb::handle dx, nb::handle dweight, nb::handle workspace, int group_size,
+         nb::handle dx, nb::handle dweight, nb::handle workspace, nb::handle group_size_arg,
          nb::handle stream) {
         OpCall c("fp8_rms_norm_backward");
+        const int group_size = c.i32(group_size_arg, "group_size");
         const TensorView dyv = c.tensor(dy, "dy", Access::read);
         const TensorView xv = c.tensor(x, "x", Access::read);
         const TensorView sv = c.tensor(x_scales, "x_scales", Access::read);
@@ -169,7 +181,7 @@ void bind_fp8_norm(nb::module_& m) {
       },
       arg("dy").none(), arg("x").none(), arg("x_scales").none(), arg("weight").none(),
       arg("rstd").none(), arg("dx").none() = none, arg("dweight").none() = none,
-      arg("workspace").none() = none, arg("group_size") = kFp8NormDefaultGroupSize,
+      arg("workspace").none() = none, arg("group_size").none() = kFp8NormDefaultGroupSize,
       arg("stream").none() = none,
       "Any subset of the bf16 dx and dweight (weight's dtype) from the saved rstd.");
 }

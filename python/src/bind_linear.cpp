@@ -1,9 +1,6 @@
 // Linear + bias + activation bindings (fusekit/linear.h): one Python function per C++ entry point,
 // same argument names and order; outputs and workspace are arrays the caller allocates.
-#include <nanobind/stl/string.h>
-
 #include <cstdint>
-#include <string>
 
 #include "bindings.h"
 #include "fusekit/linear.h"
@@ -33,11 +30,16 @@ void def_workspace_size(nb::module_& m, const char* op, SizeFn size, const char*
   using nb::arg;
   m.def(
       op,
-      [op, size](std::int64_t m_rows, std::int64_t n, std::int64_t k, DType dtype,
-                 nb::handle activation, const std::string& device) {
-        return size(m_rows, n, k, dtype, activation_arg(activation, op), device_arg(device, op));
+      [op, size](nb::handle m_arg, nb::handle n_arg, nb::handle k_arg, nb::handle dtype,
+                 nb::handle activation, nb::handle device) {
+        const ScalarArgs c(op);
+        const std::int64_t m_rows = c.i64(m_arg, "m"), n = c.i64(n_arg, "n"), k = c.i64(k_arg, "k");
+        const DType t = c.dtype(dtype, "dtype");
+        const Activation act = c.activation(activation);
+        return size(m_rows, n, k, t, act, c.device(device, "device"));
       },
-      arg("m"), arg("n"), arg("k"), arg("dtype"), arg("activation").none(), arg("device"), doc);
+      arg("m").none(), arg("n").none(), arg("k").none(), arg("dtype").none(),
+      arg("activation").none(), arg("device").none(), doc);
 }
 
 }  // namespace
@@ -57,7 +59,7 @@ void bind_linear(nb::module_& m) {
       [](nb::handle x, nb::handle weight, nb::handle bias, nb::handle activation, nb::handle y,
          nb::handle pre_activation, nb::handle workspace, nb::handle stream) {
         OpCall c("linear_forward");
-        const Activation act = activation_arg(activation, c.op());
+        const Activation act = c.activation(activation);
         const TensorView xv = c.tensor(x, "x", Access::read);
         const TensorView wv = c.tensor(weight, "weight", Access::read);
         const OptionalTensor bv = c.optional(bias, "bias", Access::read);
@@ -78,9 +80,10 @@ void bind_linear(nb::module_& m) {
   m.def(
       "_linear_forward_alloc",
       [](nb::handle x, nb::handle weight, nb::handle bias, nb::handle activation,
-         bool save_pre_activation) {
+         nb::handle save_pre_activation_arg) {
         OpCall c("linear_forward");
-        const Activation act = activation_arg(activation, c.op());
+        const Activation act = c.activation(activation);
+        const bool save_pre_activation = c.flag(save_pre_activation_arg, "save_pre_activation");
         const TensorView xv = c.contiguous(x, "x");
         const TensorView wv = c.contiguous(weight, "weight");
         const OptionalTensor bv = c.optional_contiguous(bias, "bias");
@@ -96,7 +99,7 @@ void bind_linear(nb::module_& m) {
         return nb::make_tuple(y, pre);
       },
       arg("x").none(), arg("weight").none(), arg("bias").none(), arg("activation").none(),
-      arg("save_pre_activation"),
+      arg("save_pre_activation").none(),
       "linear_forward allocating its outputs and workspace through the framework of x (PyTorch "
       ">= 2.10); returns (y, pre_activation or None).");
 
@@ -104,9 +107,13 @@ void bind_linear(nb::module_& m) {
   m.def(
       "_linear_backward_alloc",
       [](nb::handle dout, nb::handle x, nb::handle weight, nb::handle pre_activation,
-         nb::handle activation, bool need_dx, bool need_dweight, bool need_dbias) {
+         nb::handle activation, nb::handle need_dx_arg, nb::handle need_dweight_arg,
+         nb::handle need_dbias_arg) {
         OpCall c("linear_backward");
-        const Activation act = activation_arg(activation, c.op());
+        const Activation act = c.activation(activation);
+        const bool need_dx = c.flag(need_dx_arg, "need_dx");
+        const bool need_dweight = c.flag(need_dweight_arg, "need_dweight");
+        const bool need_dbias = c.flag(need_dbias_arg, "need_dbias");
         const TensorView dov = c.contiguous(dout, "dout");
         const TensorView xv = c.contiguous(x, "x");
         const TensorView wv = c.contiguous(weight, "weight");
@@ -126,7 +133,8 @@ void bind_linear(nb::module_& m) {
         return nb::make_tuple(dx, dweight, dbias);
       },
       arg("dout").none(), arg("x").none(), arg("weight").none(), arg("pre_activation").none(),
-      arg("activation").none(), arg("need_dx"), arg("need_dweight"), arg("need_dbias"),
+      arg("activation").none(), arg("need_dx").none(), arg("need_dweight").none(),
+      arg("need_dbias").none(),
       "linear_backward allocating the gradients asked for and the workspace through the framework "
       "of x; returns (dx, dweight, dbias), None where not asked for.");
 
@@ -136,7 +144,7 @@ void bind_linear(nb::module_& m) {
          nb::handle activation, nb::handle dx, nb::handle dweight, nb::handle dbias,
          nb::handle workspace, nb::handle stream) {
         OpCall c("linear_backward");
-        const Activation act = activation_arg(activation, c.op());
+        const Activation act = c.activation(activation);
         const TensorView dov = c.tensor(dout, "dout", Access::read);
         const TensorView xv = c.tensor(x, "x", Access::read);
         const TensorView wv = c.tensor(weight, "weight", Access::read);

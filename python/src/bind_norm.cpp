@@ -1,9 +1,5 @@
 // LayerNorm / RMSNorm bindings: one Python function per C++ entry point of fusekit/norm.h, same
 // argument names and order; outputs and workspace are arrays the caller allocates.
-#include <nanobind/stl/string.h>
-
-#include <string>
-
 #include "bindings.h"
 #include "fusekit/norm.h"
 
@@ -82,25 +78,28 @@ void bind_norm(nb::module_& m) {
 
   m.def(
       "layer_norm_forward",
-      [](nb::handle x, nb::handle weight, nb::handle bias, float eps, nb::handle y,
+      [](nb::handle x, nb::handle weight, nb::handle bias, nb::handle eps_arg, nb::handle y,
          nb::handle mean, nb::handle rstd, nb::handle stream) {
         OpCall c("layer_norm_forward");
+        const float eps = c.f32(eps_arg, "eps");
         const LayerNormForwardArrays a = layer_norm_forward_arrays(c, x, weight, bias, y);
         const OptionalTensor mv = c.optional(mean, "mean", Access::write);
         const OptionalTensor rv = c.optional(rstd, "rstd", Access::write);
         c.run(stream,
               [&](Stream s) { layer_norm_forward(a.x, a.weight, a.bias, eps, a.y, mv, rv, s); });
       },
-      arg("x").none(), arg("weight").none(), arg("bias").none(), arg("eps"), arg("y").none(),
+      arg("x").none(), arg("weight").none(), arg("bias").none(), arg("eps").none(), arg("y").none(),
       arg("mean").none() = none, arg("rstd").none() = none, arg("stream").none() = none,
       "y = (x - mean) * rstd * weight + bias over the last dimension; optionally saves the "
       "float32 row statistics mean and rstd for the backward.");
 
   m.def(
       "_layer_norm_forward_alloc",
-      [](nb::handle x, nb::handle weight, nb::handle bias, float eps, nb::handle y,
+      [](nb::handle x, nb::handle weight, nb::handle bias, nb::handle eps_arg, nb::handle y,
          nb::handle stream) {
         OpCall c("layer_norm_forward");
+        const float eps = c.f32(eps_arg, "eps");
+        c.check_stream(stream);
         const LayerNormForwardArrays a = layer_norm_forward_arrays(c, x, weight, bias, y);
         const std::int64_t rows = rows_cols(a.x).first;
         // One allocation for both statistics: they live and die together.
@@ -114,15 +113,17 @@ void bind_norm(nb::module_& m) {
         });
         return nb::make_tuple(stats[0], stats[1]);
       },
-      arg("x").none(), arg("weight").none(), arg("bias").none(), arg("eps"), arg("y").none(),
+      arg("x").none(), arg("weight").none(), arg("bias").none(), arg("eps").none(), arg("y").none(),
       arg("stream").none() = none,
       "layer_norm_forward allocating mean and rstd through the framework of x (PyTorch >= 2.10); "
       "returns (mean, rstd) as opaque capsules that layer_norm_backward accepts.");
 
   m.def(
       "_rms_norm_forward_alloc",
-      [](nb::handle x, nb::handle weight, float eps, nb::handle y, nb::handle stream) {
+      [](nb::handle x, nb::handle weight, nb::handle eps_arg, nb::handle y, nb::handle stream) {
         OpCall c("rms_norm_forward");
+        const float eps = c.f32(eps_arg, "eps");
+        c.check_stream(stream);
         const TensorView xv = c.tensor(x, "x", Access::read);
         const OptionalTensor wv = c.optional(weight, "weight", Access::read);
         const TensorView yv = c.tensor(y, "y", Access::write);
@@ -131,33 +132,36 @@ void bind_norm(nb::module_& m) {
         c.run(stream, [&](Stream s) { rms_norm_forward(xv, wv, eps, yv, rv, s); });
         return made;
       },
-      arg("x").none(), arg("weight").none(), arg("eps"), arg("y").none(),
+      arg("x").none(), arg("weight").none(), arg("eps").none(), arg("y").none(),
       arg("stream").none() = none,
       "rms_norm_forward allocating rstd through the framework of x (PyTorch >= 2.10); returns it "
       "as an opaque capsule that rms_norm_backward accepts.");
 
   m.def(
       "rms_norm_forward",
-      [](nb::handle x, nb::handle weight, float eps, nb::handle y, nb::handle rstd,
+      [](nb::handle x, nb::handle weight, nb::handle eps_arg, nb::handle y, nb::handle rstd,
          nb::handle stream) {
         OpCall c("rms_norm_forward");
+        const float eps = c.f32(eps_arg, "eps");
         const TensorView xv = c.tensor(x, "x", Access::read);
         const OptionalTensor wv = c.optional(weight, "weight", Access::read);
         const TensorView yv = c.tensor(y, "y", Access::write);
         const OptionalTensor rv = c.optional(rstd, "rstd", Access::write);
         c.run(stream, [&](Stream s) { rms_norm_forward(xv, wv, eps, yv, rv, s); });
       },
-      arg("x").none(), arg("weight").none(), arg("eps"), arg("y").none(), arg("rstd").none() = none,
+      arg("x").none(), arg("weight").none(), arg("eps").none(), arg("y").none(), arg("rstd").none() = none,
       arg("stream").none() = none,
       "y = x * rstd * weight over the last dimension; optionally saves the float32 rstd.");
 
   m.def(
       "norm_backward_workspace_size",
-      [](std::int64_t rows, std::int64_t cols, DType dtype, const std::string& device) {
-        return norm_backward_workspace_size(rows, cols, dtype,
-                                            device_arg(device, "norm_backward_workspace_size"));
+      [](nb::handle rows, nb::handle cols, nb::handle dtype, nb::handle device) {
+        const ScalarArgs c("norm_backward_workspace_size");
+        const std::int64_t r = c.i64(rows, "rows"), n = c.i64(cols, "cols");
+        const DType t = c.dtype(dtype, "dtype");
+        return norm_backward_workspace_size(r, n, t, c.device(device, "device"));
       },
-      arg("rows"), arg("cols"), arg("dtype"), arg("device"),
+      arg("rows").none(), arg("cols").none(), arg("dtype").none(), arg("device").none(),
       "Bytes of u8 scratch memory the backward needs (0 on the CPU). device: 'cpu', 'cuda', "
       "'cuda:N'.");
 

@@ -3,8 +3,10 @@
 //
 // Adding an op family's bindings: write python/src/bind_<family>.cpp defining
 // `void bind_<family>(nb::module_&)`, declare it below and call it from module.cpp (one line).
-// Each binding mirrors the C++ entry point: arrays come in as nb::handle, pass through an
-// OpCall (which names the op and the argument in every conversion error), and the op runs inside
+// Each binding mirrors the C++ entry point: arrays and scalars come in as nb::handle (marked
+// .none(), so that None reaches the conversion and gets its named error), pass through an OpCall
+// (which names the op and the argument in every conversion error: c.tensor(), c.f32(), ...; the
+// workspace-size queries, without arrays, use its base ScalarArgs), and the op runs inside
 // OpCall::run. See bind_norm.cpp.
 //
 // Private bindings (fusekit.torch's calls) are named `_<C++ entry point>_alloc`: the same op with
@@ -14,11 +16,14 @@
 
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>  // every file casts with std::string alike (ODR)
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -30,21 +35,98 @@ namespace fusekit::python {
 
 namespace nb = nanobind;
 
+// A scalar or option argument of the wrong Python type, worded as PyTorch's argument parser words
+// it: "fusekit.<op>: argument '<argument>' must be <expected>, not <got>". module.cpp raises it as
+// fusekit.ArgumentTypeError, a TypeError and also an InvalidArgumentError (like every other bad
+// argument), with the parts as attributes.
+class ArgumentTypeError : public std::exception {
+ public:
+  ArgumentTypeError(std::string op, std::string argument, std::string expected, std::string got);
+  const char* what() const noexcept override { return message_.c_str(); }
+  const std::string& op() const { return op_; }
+  const std::string& argument() const { return argument_; }
+  const std::string& expected() const { return expected_; }
+  const std::string& got() const { return got_; }
+
+ private:
+  std::string op_, argument_, expected_, got_, message_;
+};
+
 // Whether the op only reads an argument (read-only arrays such as JAX's are accepted) or writes it.
 enum class Access { read, write };
+
+// The scalar arguments of one call of `op` (scalar_args.cpp), and its errors. Each conversion
+// takes one Python value to the C++ parameter's type and names the op and `name` in its errors:
+// a value of the wrong Python type raises ArgumentTypeError; one of the right type that the C++
+// type cannot hold raises InvalidArgumentError (expected, got). What the op itself checks (eps >=
+// 0, p in [0, 1), a finite scale, ...) is left to it. As PyTorch's parser: NumPy scalars are
+// accepted, an int where a float is expected too; unlike it, a bool where a number is expected is
+// refused (as an int for a bool is by both). Bindings without arrays (the workspace-size
+// queries) use it alone; OpCall adds the arrays.
+class ScalarArgs {
+ public:
+  explicit ScalarArgs(const char* op) : op_(op) {}
+  const char* op() const { return op_; }
+
+  // float32: a real number (float, int, anything with __index__ or __float__ but a bool or a
+  // complex number) whose magnitude float32 can hold (inf and NaN pass as they are).
+  float f32(nb::handle value, const char* name) const;
+  // f32, or None.
+  std::optional<float> optional_f32(nb::handle value, const char* name) const;
+  // An int (anything with __index__ but a bool: NumPy integer scalars) in the C++ type's range.
+  std::int64_t i64(nb::handle value, const char* name) const;
+  int i32(nb::handle value, const char* name) const;
+  std::uint64_t u64(nb::handle value, const char* name) const;
+  // A bool or numpy.bool_.
+  bool flag(nb::handle value, const char* name) const;
+  // A fusekit.DType.
+  DType dtype(nb::handle value, const char* name) const;
+  // A device name: 'cpu', 'cuda' (device 0) or 'cuda:N'.
+  Device device(nb::handle value, const char* name) const;
+  // A fusekit.Activation or its name (bind_activation.cpp).
+  Activation activation(nb::handle value) const;
+  // An option: a member of the bound enum `Enum` (its Python type named `type_name`) or the name
+  // of one of `values` (`name_of` gives the names).
+  template <typename Enum, std::size_t N>
+  Enum option(nb::handle value, const char* name, const char* type_name, const Enum (&values)[N],
+              const char* (*name_of)(Enum)) const {
+    Enum parsed;
+    if (nb::try_cast<Enum>(value, parsed, /*convert=*/false)) return parsed;
+    const char* names[N];
+    for (std::size_t i = 0; i < N; ++i) names[i] = name_of(values[i]);
+    return values[option_index(value, name, type_name, names, static_cast<int>(N))];
+  }
+
+  [[noreturn]] void fail(const char* name, const std::string& expected, const std::string& got) const;
+  // Raises ArgumentTypeError: `name` must be `expected` (a type), not the type of `value`.
+  [[noreturn]] void fail_type(const char* name, const char* expected, nb::handle value) const;
+
+ protected:
+  // The unsigned 64-bit value of an integral `value` (`type` in a type error, range text `range`).
+  std::uint64_t unsigned_integer(nb::handle value, const char* name, const char* type,
+                                 const char* range) const;
+
+  const char* op_;
+
+ private:
+  // The value of an integral `value` in [lo, hi] (range text `range` in the error).
+  std::int64_t signed_integer(nb::handle value, const char* name, std::int64_t lo, std::int64_t hi,
+                              const char* range) const;
+  // The index in `names` of `value`, a str; raises for another name or another type.
+  int option_index(nb::handle value, const char* name, const char* type_name,
+                   const char* const* names, int count) const;
+};
 
 // Converts the array arguments of one op call and keeps what the conversion made alive until the
 // call returns. Accepted: any object the framework exports through the DLPack C exchange table
 // (PyTorch >= 2.10: no Python-level work per tensor), through __dlpack__() or the buffer protocol
 // (NumPy, CuPy, JAX, older PyTorch), and NumPy arrays of ml_dtypes' bfloat16 / float8 types.
-class OpCall {
+class OpCall : public ScalarArgs {
  public:
-  explicit OpCall(const char* op) : op_(op) {}
+  explicit OpCall(const char* op) : ScalarArgs(op) {}
   ~OpCall();
   OpCall(const OpCall&) = delete;
   OpCall& operator=(const OpCall&) = delete;
-
-  const char* op() const { return op_; }
 
   // A required array; None or a non-array raises InvalidArgumentError naming `name`.
   TensorView tensor(nb::handle obj, const char* name, Access access);
@@ -133,7 +215,9 @@ class OpCall {
     std::forward<Op>(op)(s);
   }
 
-  [[noreturn]] void fail(const char* name, const std::string& expected, const std::string& got) const;
+  // Checks the type and range of a `stream` argument (None or a cudaStream_t as an int) now, for
+  // bindings that allocate before they run; run() converts it.
+  void check_stream(nb::handle stream) const;
 
  private:
   // Makes `device` current for the call when it is not already (kernels launch on the current
@@ -149,6 +233,10 @@ class OpCall {
     int previous_ = -1;
   };
 
+  // Raises for an object with a NumPy-like dtype that could not be imported: a dtype error where
+  // the dtype is the reason (another byte order, object / string / structured dtypes), else one
+  // saying that the export failed. Returns for anything without a dtype.
+  void fail_unexported_dtype(nb::handle obj, const char* name) const;
   static bool is_auto(nb::handle obj);
   static bool capsule_view(nb::handle obj, TensorView* out);
   TensorView framework_scratch(std::size_t bytes);
@@ -166,7 +254,6 @@ class OpCall {
   void note_device(const TensorView& t, const void* exchange_api);
 
   static constexpr int kMaxImports = 16;
-  const char* op_;
   int cuda_device_ = -1;                  // the first CUDA tensor's device, -1 when none
   const void* stream_source_ = nullptr;   // exchange table of the first CUDA tensor, if any
   const void* first_api_ = nullptr;       // exchange table of the first array, if any
@@ -187,20 +274,13 @@ inline std::pair<std::int64_t, std::int64_t> rows_cols(const TensorView& t) {
   return {cols > 0 ? t.numel() / cols : 0, cols};
 }
 
-// An `activation` argument: a fusekit.Activation or its name as a string (bind_activation.cpp).
-// Anything else raises InvalidArgumentError naming `op` and 'activation'.
-Activation activation_arg(nb::handle value, const char* op);
-// An unsigned 64-bit argument (a Philox seed or offset): a Python int in [0, 2^64).
-std::uint64_t u64_arg(nb::handle value, const char* op, const char* name);
 // The (seed, offset, p) arguments of the dropout-mask helpers (dropout_keep_mask,
-// attention_dropout_keep_mask): seed and offset as u64_arg, after checking that p is a drop
-// probability in [0, 1).
-struct PhiloxArgs {
+// attention_dropout_keep_mask): seed and offset unsigned 64-bit, p a drop probability in [0, 1).
+struct KeepMaskArgs {
   std::uint64_t seed, offset;
+  float p;
 };
-PhiloxArgs keep_mask_args(OpCall& c, nb::handle seed, nb::handle offset, float p);
-// A `device` argument of the workspace-size queries: 'cpu', 'cuda' or 'cuda:N'.
-Device device_arg(const std::string& device, const char* op);
+KeepMaskArgs keep_mask_args(const ScalarArgs& c, nb::handle seed, nb::handle offset, nb::handle p);
 
 // Family registration (one line each in module.cpp).
 void bind_norm(nb::module_& m);

@@ -1,7 +1,5 @@
 // fusekit._C: the framework-agnostic bindings. Exceptions, dtypes, runtime queries, and one
 // bind_<family>() call per op family.
-#include <nanobind/stl/string.h>
-
 #include <string>
 
 #include "bindings.h"
@@ -11,10 +9,12 @@ namespace fusekit::python {
 namespace {
 
 // Python exception classes, created once at import. Error is the base; InvalidArgumentError is
-// also a ValueError, the others also RuntimeErrors, so generic handlers keep working.
+// also a ValueError, ArgumentTypeError an InvalidArgumentError and a TypeError, the others also
+// RuntimeErrors, so generic handlers keep working.
 struct ExceptionTypes {
   PyObject* base = nullptr;
   PyObject* invalid_argument = nullptr;
+  PyObject* argument_type = nullptr;
   PyObject* unsupported = nullptr;
   PyObject* cuda = nullptr;
 };
@@ -39,6 +39,14 @@ void create_exceptions(nb::module_& m) {
   g_exceptions.invalid_argument = new_exception(
       m, "InvalidArgumentError", value_bases.ptr(),
       "A bad argument: shape, dtype, strides, alignment, device, missing data or a size limit.");
+  nb::object type_bases =
+      nb::make_tuple(nb::handle(g_exceptions.invalid_argument), nb::handle(PyExc_TypeError));
+  g_exceptions.argument_type = new_exception(
+      m, "ArgumentTypeError", type_bases.ptr(),
+      "A scalar or option argument of the wrong Python type (None, a str where a number goes, a "
+      "float where an int goes, ...): a TypeError, as PyTorch raises, and an "
+      "InvalidArgumentError. The message reads \"fusekit.<op>: argument '<name>' must be <type>, "
+      "not <type>\"; expected holds the type the argument takes, got the type that came.");
   g_exceptions.unsupported = new_exception(
       m, "UnsupportedError", runtime_bases.ptr(),
       "A valid request that this build or this GPU cannot serve.");
@@ -55,20 +63,27 @@ const char* kind_name(ErrorKind kind) {
   return "unknown";
 }
 
+// Raises `type` with `message` and the parts of the error as attributes.
+void raise_with_parts(PyObject* type, const char* message, const std::string& op,
+                      const std::string& argument, const std::string& expected,
+                      const std::string& got, const char* kind) {
+  nb::object instance = nb::steal(PyObject_CallOneArg(type, nb::str(message).ptr()));
+  if (!instance.is_valid()) return;  // the failed call left its own exception set
+  instance.attr("op") = nb::str(op.c_str());
+  instance.attr("argument") = nb::str(argument.c_str());
+  instance.attr("expected") = nb::str(expected.c_str());
+  instance.attr("got") = nb::str(got.c_str());
+  instance.attr("kind") = nb::str(kind);
+  PyErr_SetObject(type, instance.ptr());
+}
+
 // Raises the Python exception for a fusekit::Error with the C++ message unchanged and its parts
 // as attributes.
 void raise_error(const Error& e) {
   PyObject* type = e.kind() == ErrorKind::invalid_argument ? g_exceptions.invalid_argument
                    : e.kind() == ErrorKind::unsupported    ? g_exceptions.unsupported
                                                            : g_exceptions.cuda;
-  nb::object instance = nb::steal(PyObject_CallOneArg(type, nb::str(e.what()).ptr()));
-  if (!instance.is_valid()) return;  // the failed call left its own exception set
-  instance.attr("op") = nb::str(e.op().c_str());
-  instance.attr("argument") = nb::str(e.argument().c_str());
-  instance.attr("expected") = nb::str(e.expected().c_str());
-  instance.attr("got") = nb::str(e.got().c_str());
-  instance.attr("kind") = nb::str(kind_name(e.kind()));
-  PyErr_SetObject(type, instance.ptr());
+  raise_with_parts(type, e.what(), e.op(), e.argument(), e.expected(), e.got(), kind_name(e.kind()));
 }
 
 void bind_runtime(nb::module_& m) {
@@ -87,12 +102,38 @@ void bind_runtime(nb::module_& m) {
         "Number of usable CUDA devices (0 without a driver or GPU).");
   m.def("built_cuda_architectures", &built_cuda_architectures,
         "CUDA architectures the kernels were compiled for, e.g. '90a'.");
-  m.def("describe_cuda_device", &describe_cuda_device, nb::arg("device_index"),
-        "One line describing a CUDA device.");
-  m.def("cuda_device_supported", &cuda_device_supported, nb::arg("device_index"),
-        "Whether CUDA device `device_index` exists and this build has kernels for it.");
-  m.def("supports_compute_capability", &supports_compute_capability, nb::arg("major"), nb::arg("minor"),
-        "Whether this build has kernels for GPUs of compute capability major.minor.");
+  m.def(
+      "describe_cuda_device",
+      [](nb::handle device_index) {
+        const ScalarArgs c("describe_cuda_device");
+        const int index = c.i32(device_index, "device_index");
+        const int count = cuda_device_count();
+        if (index < 0 || index >= count)
+          c.fail("device_index",
+                 count == 0 ? std::string("the index of a CUDA device present on this machine (it "
+                                          "has none: no GPU or no CUDA driver)")
+                            : "a CUDA device index below " + std::to_string(count),
+                 std::to_string(index));
+        return describe_cuda_device(index);
+      },
+      nb::arg("device_index").none(), "One line describing a CUDA device.");
+  m.def(
+      "cuda_device_supported",
+      [](nb::handle device_index) {
+        const ScalarArgs c("cuda_device_supported");
+        return cuda_device_supported(c.i32(device_index, "device_index"));
+      },
+      nb::arg("device_index").none(),
+      "Whether CUDA device `device_index` exists and this build has kernels for it.");
+  m.def(
+      "supports_compute_capability",
+      [](nb::handle major, nb::handle minor) {
+        const ScalarArgs c("supports_compute_capability");
+        const int major_value = c.i32(major, "major"), minor_value = c.i32(minor, "minor");
+        return supports_compute_capability(major_value, minor_value);
+      },
+      nb::arg("major").none(), nb::arg("minor").none(),
+      "Whether this build has kernels for GPUs of compute capability major.minor.");
   m.def("version", &version, "fusekit's version, e.g. '0.1.0'.");
 
   // How fusekit sees an array: what every op receives after conversion. For tests and debugging.
@@ -126,6 +167,9 @@ NB_MODULE(_C, m) {
           std::rethrow_exception(p);
         } catch (const fusekit::Error& e) {
           raise_error(e);
+        } catch (const ArgumentTypeError& e) {
+          raise_with_parts(g_exceptions.argument_type, e.what(), e.op(), e.argument(),
+                           e.expected(), e.got(), "invalid_argument");
         }
       },
       nullptr);

@@ -1,8 +1,8 @@
 // Array arguments -> TensorView, and the stream/device of a call (see bindings.h).
 #include <cuda_runtime.h>
-#include <nanobind/stl/string.h>
 
 #include <atomic>
+#include <bit>
 #include <string>
 
 #include "bindings.h"
@@ -113,7 +113,7 @@ constexpr ExtensionDtype kExtensionDtypes[] = {
 
 }  // namespace
 
-void OpCall::fail(const char* name, const std::string& expected, const std::string& got) const {
+void ScalarArgs::fail(const char* name, const std::string& expected, const std::string& got) const {
   throw Error(ErrorKind::invalid_argument, op_, name, expected, got);
 }
 
@@ -241,7 +241,44 @@ TensorView OpCall::tensor(nb::handle obj, const char* name, Access access) {
     if (readable)
       fail(name, "a writable array (this argument is an output)", "a read-only " + python_type_name(obj));
   }
+  fail_unexported_dtype(obj, name);
   fail(name, kExpected, python_type_name(obj));
+}
+
+void OpCall::fail_unexported_dtype(nb::handle obj, const char* name) const {
+  // NumPy exports neither through DLPack nor through the buffer protocol as nanobind reads it an
+  // array of another byte order or of a dtype without a DLPack equivalent; say which dtype it is.
+  nb::object dtype = nb::getattr(obj, "dtype", nb::none());
+  if (dtype.is_none() || !nb::hasattr(dtype, "byteorder") || !nb::hasattr(dtype, "kind") ||
+      !nb::hasattr(dtype, "itemsize"))
+    return;
+  std::string byteorder, kind, text, numpy_name;
+  long itemsize = 0;
+  try {
+    numpy_name = nb::cast<std::string>(nb::str(nb::getattr(dtype, "name", nb::str(""))));
+    byteorder = nb::cast<std::string>(nb::str(dtype.attr("byteorder")));
+    kind = nb::cast<std::string>(nb::str(dtype.attr("kind")));
+    itemsize = nb::cast<long>(dtype.attr("itemsize"));
+    text = nb::cast<std::string>(nb::str(dtype));
+  } catch (const std::exception&) {
+    PyErr_Clear();
+    return;  // not a NumPy-like dtype
+  }
+  for (const ExtensionDtype& ext : kExtensionDtypes)
+    if (numpy_name == ext.numpy_name) return;  // a supported dtype: not the reason
+  const std::string expected = std::string("an array of dtype ") + kAcceptedDtypes;
+  constexpr bool kLittleEndian = std::endian::native == std::endian::little;
+  const char foreign = kLittleEndian ? '>' : '<';
+  if (byteorder.size() == 1 && byteorder[0] == foreign)
+    fail(name, expected + " in the machine's byte order (" + (kLittleEndian ? "little" : "big") + "-endian)",
+         text + (kLittleEndian ? " (big-endian)" : " (little-endian)"));
+  const bool supported = (kind == "f" && (itemsize == 2 || itemsize == 4 || itemsize == 8)) ||
+                         (kind == "i" && (itemsize == 4 || itemsize == 8)) ||
+                         (kind == "u" && itemsize == 1);
+  if (!supported) fail(name, expected, text);
+  fail(name, "an array NumPy can export through DLPack or the buffer protocol",
+       python_type_name(obj) + " of dtype " + text + " that it could not export (strides that are "
+       "not whole elements?)");
 }
 
 TensorView OpCall::contiguous(nb::handle obj, const char* name) {
@@ -554,6 +591,16 @@ TensorView OpCall::framework_scratch(std::size_t bytes) {
                                  Device::cuda(cuda_device_), 1, shape, nullptr);
 }
 
+namespace {
+constexpr const char* kStreamRange =
+    "None or a non-negative int holding a cudaStream_t (0 = legacy default stream)";
+}  // namespace
+
+void OpCall::check_stream(nb::handle stream) const {
+  if (stream.is_valid() && !stream.is_none())
+    unsigned_integer(stream, "stream", "int or None", kStreamRange);
+}
+
 Stream OpCall::resolve_stream(nb::handle stream) const {
   if (stream.is_valid() && !stream.is_none()) {
     // The framework ties the workspace it allocated to its current stream; another stream could
@@ -561,14 +608,7 @@ Stream OpCall::resolve_stream(nb::handle stream) const {
     if (auto_workspace_)
       fail("stream", "None with workspace='auto' (the workspace belongs to the framework's current "
            "stream)", "an explicit stream");
-    if (!PyLong_Check(stream.ptr()))
-      fail("stream", "None or an int holding a cudaStream_t (0 = legacy default stream)",
-           python_type_name(stream));
-    const unsigned long long value = PyLong_AsUnsignedLongLong(stream.ptr());
-    if (PyErr_Occurred()) {
-      PyErr_Clear();
-      fail("stream", "a non-negative int holding a cudaStream_t", nb::cast<std::string>(nb::repr(stream)));
-    }
+    const std::uint64_t value = unsigned_integer(stream, "stream", "int or None", kStreamRange);
     return reinterpret_cast<Stream>(static_cast<std::uintptr_t>(value));
   }
   if (cuda_device_ < 0 || !stream_source_) return nullptr;

@@ -37,10 +37,12 @@ const DeviceInfo& device_info(const char* op, int device_index) {
   constexpr int kMaxDevices = 64;
   static std::array<DeviceInfo, kMaxDevices> cache{};
   static std::array<std::once_flag, kMaxDevices> once;
-  if (device_index < 0 || device_index >= kMaxDevices || device_index >= cuda_device_count()) {
-    throw Error(ErrorKind::invalid_argument, op, "device",
-                "a CUDA device index below " + std::to_string(cuda_device_count()),
-                "cuda:" + std::to_string(device_index));
+  const int count = cuda_device_count();
+  if (device_index < 0 || device_index >= kMaxDevices || device_index >= count) {
+    const std::string expected =
+        count == 0 ? "a CUDA device present on this machine (it has none: no GPU or no CUDA driver)"
+                   : "a CUDA device index below " + std::to_string(count);
+    throw Error(ErrorKind::invalid_argument, op, "device", expected, "cuda:" + std::to_string(device_index));
   }
   std::call_once(once[device_index], [&] {
     cudaDeviceProp prop{};

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/convert.h"
+#include "core/device_info.h"
 #include "core/validate.h"
 #include "fusekit/norm.h"
 #include "fusekit/runtime.h"
@@ -217,6 +218,8 @@ std::size_t norm_backward_workspace_size(std::int64_t rows, std::int64_t cols, D
   check.size_in(cols, "cols", 0, kNormMaxCols);
   check.dtype_arg_in(dtype, "dtype", kFloatDtypes);
   if (!device.is_cuda() || rows == 0 || cols == 0) return 0;
+  // A device that is not there is the caller's error: say so before any CUDA call fails on it.
+  detail::device_info("norm_backward_workspace_size", device.index);
   return norm::backward_workspace_cuda(rows, cols, dtype, device.index);
 }
 

@@ -1,10 +1,13 @@
 #include <gtest/gtest.h>
 
+#include <string>
 #include <utility>
 
 #include "fusekit/error.h"
+#include "fusekit/norm.h"
 #include "fusekit/runtime.h"
 #include "fusekit/tensor.h"
+#include "tests/harness/error_testing.h"
 
 namespace fusekit {
 namespace {
@@ -62,6 +65,16 @@ TEST(Runtime, DeviceQueriesDoNotThrowWithoutGpu) {
   EXPECT_FALSE(cuda_device_supported(-1));
   EXPECT_FALSE(cuda_device_supported(n));
   EXPECT_STRNE(version(), "unknown");
+}
+
+TEST(Runtime, AMissingDeviceIsNamedWithTheDevicesPresent) {
+  // The first index past the devices present (0 without a GPU): an error about 'device' that says
+  // what is there, also from a workspace-size query, before any CUDA call fails on the device.
+  const int n = cuda_device_count();
+  const std::string says = n == 0 ? "it has none: no GPU or no CUDA driver" : "below " + std::to_string(n);
+  testing::expect_error([&] { require_supported_gpu("test", n); }, ErrorKind::invalid_argument, "device", says);
+  testing::expect_error([&] { norm_backward_workspace_size(4, 8, DType::f32, Device::cuda(n)); },
+                        ErrorKind::invalid_argument, "device", says);
 }
 
 TEST(Runtime, KernelsExistForHopperOnly) {

@@ -50,7 +50,8 @@ def check_close(name, got, ref, dtype_name, rounding, baseline=0.0):
 
 def check_invalid_argument(call, argument, words):
     """call() raises fusekit.InvalidArgumentError with the C++ message and its parts: naming
-    `argument` (None: any) and containing `words` where given."""
+    `argument` (None: any) and containing `words` where given. A value of the wrong Python type
+    raises its subclass ArgumentTypeError (also a TypeError), worded "must be <type>, not <type>"."""
     with pytest.raises(fusekit.InvalidArgumentError) as info:
         call()
     e = info.value
@@ -60,7 +61,11 @@ def check_invalid_argument(call, argument, words):
     if argument is not None:
         assert f"argument '{argument}'" in message and e.argument == argument, message
     assert e.kind == "invalid_argument" and e.op in message
-    assert e.expected and e.got and f"expected {e.expected}, got {e.got}" in message
+    if isinstance(e, fusekit.ArgumentTypeError):
+        assert isinstance(e, TypeError)
+        assert e.expected and e.got and f"must be {e.expected}, not {e.got}" in message
+    else:
+        assert e.expected and e.got and f"expected {e.expected}, got {e.got}" in message
     if words:
         assert words in message, message
 

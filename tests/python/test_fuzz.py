@@ -5,7 +5,11 @@ The contract under test, whatever the arguments: a call either raises a clean fu
 argument it is about) or returns a result equal, within the dtype's rounding, to an independent
 float64 NumPy reference. Never a crash, never a silent wrong answer. Each example is a valid
 problem, optionally with one argument broken (wrong shape, dtype, layout or value); a broken one
-must be refused, naming that argument.
+must be refused, naming that argument. Scalars of any Python type go into every scalar argument of
+every entry point too (test_mistyped_scalars_contract): a wrong type is refused with an
+ArgumentTypeError (an InvalidArgumentError and a TypeError) naming the argument, a value its C++
+type cannot hold with an InvalidArgumentError naming it, and anything else does exactly what the
+same value as a plain Python float / int / bool does.
 
 Time budget: a fixed number of examples per test and no per-example deadline, so that the file
 runs in well under two minutes on two cores.
@@ -20,6 +24,9 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import fusekit  # noqa: E402
+from fk_entry_points import (ACTIVATION, BOOL, BY_NAME, CFG, DEVICE, DTYPE, ENTRY_POINTS,  # noqa: E402
+                             FLOAT, INT32, INT64, MASK, OPT_FLOAT, STREAM, UINT64, float32_holds,
+                             outcome, summary, with_value)
 
 try:
     import ml_dtypes
@@ -553,3 +560,74 @@ def test_dropout_mask_helpers_contract(seed, offset, p, attention):
         raise
     if ok:
         assert set(np.unique(mask)) <= {0, 1}
+
+
+# ---- mistyped scalars ----------------------------------------------------------------------------
+SCALAR_ARGUMENTS = [(e.name, a) for e in ENTRY_POINTS if e.available() for a in e.scalars()
+                    if e.kinds[a] != CFG]
+ANY_SCALAR = st.one_of(
+    st.none(), st.booleans(), st.booleans().map(np.bool_), st.integers(-2**70, 2**70),
+    st.sampled_from([0, 1, -1, 4, 2**31, 2**32, 2**63, 2**64, -2**63 - 1, 2**1024]),
+    st.integers(-2**63, INT64_MAX).map(np.int64), st.integers(0, 2**64 - 1).map(np.uint64),
+    st.integers(-128, 127).map(np.int8), st.floats(), st.floats(width=32).map(np.float32),
+    st.floats(width=16).map(np.float16), st.sampled_from([1e-5, 0.5, 1e39, -3.5e38, math.inf, math.nan]),
+    st.text(max_size=4), st.sampled_from(ACTIVATIONS + ["causal_top_left", "cpu", "cuda:x", "f32"]),
+    st.sampled_from(list(fusekit.Activation) + list(fusekit.AttentionMask) + list(fusekit.DType)),
+    st.complex_numbers(max_magnitude=4), st.lists(st.integers(0, 3), max_size=2), st.binary(max_size=2))
+
+
+def _integer(value):
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _real(value):
+    return _integer(value) or isinstance(value, (float, np.floating))
+
+
+def scalar_model(kind, value):
+    """What fusekit must do with `value` for an argument of `kind`: 'type' (ArgumentTypeError),
+    'range' (InvalidArgumentError: the C++ type cannot hold it) or ('same as', the plain Python
+    value it must behave exactly like)."""
+    if kind in (FLOAT, OPT_FLOAT):
+        if value is None and kind == OPT_FLOAT:
+            return ("same as", None)
+        if not _real(value):
+            return "type"
+        return ("same as", float(value)) if float32_holds(value) else "range"
+    if kind in (INT64, INT32, UINT64) or (kind == STREAM and value is not None):
+        if not _integer(value):
+            return "type"
+        lo, hi = {INT64: (-2**63, 2**63), INT32: (-2**31, 2**31)}.get(kind, (0, 2**64))
+        return ("same as", int(value)) if lo <= int(value) < hi else "range"
+    if kind == STREAM:
+        return ("same as", None)
+    if kind == BOOL:
+        return ("same as", bool(value)) if isinstance(value, (bool, np.bool_)) else "type"
+    if kind == DTYPE:
+        return ("same as", value) if isinstance(value, fusekit.DType) else "type"
+    if kind == DEVICE:
+        return ("same as", value) if isinstance(value, str) else "type"
+    names = {ACTIVATION: fusekit.Activation, MASK: fusekit.AttentionMask}[kind]
+    return ("same as", value) if isinstance(value, (str, names)) else "type"
+
+
+@FUZZ
+@given(which=st.sampled_from(SCALAR_ARGUMENTS), value=ANY_SCALAR, seed=st.integers(0, 2**32 - 1))
+def test_mistyped_scalars_contract(which, value, seed):
+    name, argument = which
+    entry = BY_NAME[name]
+    model = scalar_model(entry.kinds[argument], value)
+    got = outcome(entry, with_value(entry, seed, argument, value))
+    if model in ("type", "range"):
+        assert got[0] == "error", f"{value!r} for '{argument}' was accepted"
+        cls, message = got[1], got[2]
+        assert cls == ("ArgumentTypeError" if model == "type" else "InvalidArgumentError"), message
+        assert message.startswith(f"fusekit.{entry.op}: argument '{argument}'"), message
+        return
+    # A value of an accepted type: exactly what the plain Python value does (a result, or the same
+    # clean error, e.g. a probability outside [0, 1) or an unknown activation name).
+    want = outcome(entry, with_value(entry, seed, argument, model[1]))
+    assert got == want, f"{value!r} gave {summary(got)}, {model[1]!r} gave {summary(want)}"
+    if got[0] == "error":
+        assert got[1] in ("InvalidArgumentError", "UnsupportedError"), got
+        assert got[2].startswith(f"fusekit.{entry.op}:"), got

@@ -566,7 +566,7 @@ BAD_CALLS = [
     ("cu_seqlens_max", lambda: _fwd(q=_a(3, 4, 8), k=_a(5, 2, 8), v=_a(5, 2, 8), out=_a(3, 4, 8),
                                     lse=_a(4, 3), cu_seqlens_q=CU, cu_seqlens_k=np.array([0, 5], np.int32),
                                     max_seqlen_q=2, max_seqlen_k=5), "cu_seqlens_q", "max_seqlen_q"),
-    ("stream_str", lambda: _fwd(stream="s"), "stream", "got str"),
+    ("stream_str", lambda: _fwd(stream="s"), "stream", "not str"),
     ("dout_shape", lambda: _bwd(dout=_a(2, 3, 4, 4)), "dout", None),
     ("dq_dtype", lambda: _bwd(dq=_a(2, 3, 4, 8, dtype=np.float64)), "dq", "f64"),
     ("dk_shape", lambda: _bwd(dk=_a(2, 5, 4, 8)), "dk", "(2, 5, 2, 8)"),

@@ -254,7 +254,7 @@ BAD_CALLS = [
     ("rstd_count", lambda: fusekit.rms_norm_forward(_f32(2, 4), None, EPS, _f32(2, 4), _f32(3)), "rstd", None),
     ("eps_negative", lambda: fusekit.rms_norm_forward(_f32(2, 4), None, -1.0, _f32(2, 4)), "eps", "non-negative"),
     ("eps_nan", lambda: fusekit.rms_norm_forward(_f32(2, 4), None, float("nan"), _f32(2, 4)), "eps", None),
-    ("stream_str", lambda: fusekit.rms_norm_forward(_f32(2, 4), None, EPS, _f32(2, 4), stream="s"), "stream", "got str"),
+    ("stream_str", lambda: fusekit.rms_norm_forward(_f32(2, 4), None, EPS, _f32(2, 4), stream="s"), "stream", "not str"),
     ("stream_negative", lambda: fusekit.rms_norm_forward(_f32(2, 4), None, EPS, _f32(2, 4), stream=-1), "stream", "-1"),
     ("dy_none", lambda: fusekit.rms_norm_backward(None, _f32(2, 4), None, _f32(2), _f32(2, 4)), "dy", "got None"),
     ("dx_shape", lambda: fusekit.rms_norm_backward(_f32(2, 4), _f32(2, 4), None, _f32(2), _f32(4, 2)), "dx", None),

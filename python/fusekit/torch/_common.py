@@ -79,6 +79,16 @@ def invalid_argument(op: str, argument: str, expected: str, got: str) -> _C.Inva
     return e
 
 
+def argument_type_error(op: str, argument: str, expected: str, value) -> _C.ArgumentTypeError:
+    """An ArgumentTypeError worded like fusekit._C's: `argument` must be `expected`, not the type of
+    `value`."""
+    got = type(value).__name__ if type(value).__module__ == "builtins" else \
+        f"{type(value).__module__}.{type(value).__qualname__}"
+    e = _C.ArgumentTypeError(f"fusekit.{op}: argument '{argument}' must be {expected}, not {got}")
+    e.op, e.argument, e.expected, e.got, e.kind = op, argument, expected, got, "invalid_argument"
+    return e
+
+
 def activation_name(op: str, activation) -> str:
     """A fusekit.Activation or its name -> the name (custom-op schemas carry it as a str); `op`
     names the function in the error for anything else."""
@@ -88,8 +98,7 @@ def activation_name(op: str, activation) -> str:
         return activation.name
     if isinstance(activation, str):
         return activation
-    raise invalid_argument(op, "activation", "fusekit.Activation or an activation name",
-                           type(activation).__name__)
+    raise argument_type_error(op, "activation", "fusekit.Activation or str", activation)
 
 
 #: Philox seeds and offsets go to fusekit._C as `value & U64_MASK`: unsigned 64-bit integers.

@@ -39,14 +39,13 @@ from ._common import (
     NAMESPACE,
     RECORD,
     U64_MASK,
+    argument_type_error,
     eager_mode,
     empty_output,
     function_apply,
     invalid_argument,
     or_empty,
 )
-
-_MASKS = ("none", "causal_top_left", "causal_bottom_right")
 
 
 def _mask_name(op: str, mask) -> str:
@@ -55,8 +54,7 @@ def _mask_name(op: str, mask) -> str:
         return mask.name
     if isinstance(mask, str):
         return mask  # an unknown name is reported by the C++ op
-    raise invalid_argument(op, "mask", "fusekit.AttentionMask or one of " + ", ".join(_MASKS),
-                           type(mask).__name__)
+    raise argument_type_error(op, "mask", "fusekit.AttentionMask or str", mask)
 
 
 # ---- the alignment rule of fusekit/attention.h --------------------------------------------------
