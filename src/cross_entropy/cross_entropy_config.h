@@ -28,7 +28,7 @@
 namespace fusekit::cross_entropy {
 
 inline constexpr int kVectorBytes = 16;
-inline constexpr int kVectorsPerThread = 4;  // 16-byte loads each thread has in flight per sweep
+inline constexpr int kVectorsPerThread = 8;  // 16-byte loads each thread has in flight per sweep
 inline constexpr int kMinThreads = 64;
 inline constexpr int kMaxThreads = 256;
 inline constexpr int kMinBlocksPerSm = 4;  // the occupancy the kernels are built for (launch bounds)

@@ -113,8 +113,7 @@ struct Stats {
 
 __device__ __forceinline__ Stats empty_stats() { return {negative_infinity(), 0.0f, 0.0f}; }
 
-// The statistics of the union of a's and b's columns. Symmetric in a and b bit for bit (each
-// term is formed alike and float addition commutes), so a butterfly leaves every lane the same.
+// The statistics of the union of a's and b's columns.
 __device__ __forceinline__ Stats combine(const Stats& a, const Stats& b) {
   Stats c;
   c.max = fmaxf(a.max, b.max);
@@ -127,19 +126,13 @@ __device__ __forceinline__ Stats combine(const Stats& a, const Stats& b) {
   return c;
 }
 
-// Adds N values (missing ones given as -inf, which add nothing to max and sum) to `st`.
-template <int N>
-__device__ __forceinline__ void accumulate(Stats& st, const float (&x)[N]) {
-  float batch_max = x[0];
-#pragma unroll
-  for (int i = 1; i < N; ++i) batch_max = fmaxf(batch_max, x[i]);
-  const float m = fmaxf(st.max, batch_max);
+// Adds one value to `st` (the scalar head and tail).
+__device__ __forceinline__ void accumulate_one(Stats& st, float x, bool sum_logits) {
+  if (sum_logits) st.logits += x;
+  const float m = fmaxf(st.max, x);
   if (m == negative_infinity()) return;  // nothing but -inf so far: no terms
-  float part = 0.0f;
-#pragma unroll
-  for (int i = 0; i < N; ++i) part += exp2f((x[i] - m) * kLog2e);
   const float rescale = st.max == m ? 1.0f : exp2f((st.max - m) * kLog2e);
-  st.sum = fmaf(st.sum, rescale, part);
+  st.sum = fmaf(st.sum, rescale, exp2f((x - m) * kLog2e));
   st.max = m;
 }
 
@@ -148,8 +141,9 @@ __device__ __forceinline__ Stats shuffle_xor(const Stats& v, int mask) {
           __shfl_xor_sync(0xffffffffu, v.logits, mask)};
 }
 
-// The block's statistics in every thread: a butterfly in each warp, then the warps' results in
-// warp order (each thread combines them alike). `slots` holds one Stats per warp. Call once per
+// The block's statistics in every thread: a butterfly in each warp (lane 0's result stands for
+// the warp), then the warps' results in warp order, combined alike by every thread. A fixed order
+// throughout: the same inputs give the same bits. `slots` holds one Stats per warp. Call once per
 // block (the slots are not reused).
 __device__ __forceinline__ Stats block_stats(Stats v, Stats* slots) {
 #pragma unroll
@@ -162,44 +156,56 @@ __device__ __forceinline__ Stats block_stats(Stats v, Stats* slots) {
   return total;
 }
 
-// Sweep 1 over this block's part of a row: its scalars, then its vectors U at a time.
+// Sweep 1 over this block's part of a row: its scalars, then its vectors U at a time. The U loads
+// of a thread go out together; the values are unpacked from them again for each use (for 16-bit
+// types a shift or a mask per element) rather than held as floats, which keeps U = 8 loads in
+// flight per thread within the registers of four blocks per SM.
 template <typename T>
 __device__ __forceinline__ Stats slice_stats(const T* __restrict__ x, const RowSpan& span, Range scalars,
                                              Range vectors, bool sum_logits) {
   constexpr int VEC = kVectorBytes / sizeof(T), U = kVectorsPerThread;
   const int threads = blockDim.x;
   Stats st = empty_stats();
-  for (int i = scalars.begin + static_cast<int>(threadIdx.x); i < scalars.end; i += threads) {
-    const float v[1] = {to_float(x[span.scalar_column(i, VEC)])};
-    accumulate(st, v);
-    if (sum_logits) st.logits += v[0];
-  }
+  for (int i = scalars.begin + static_cast<int>(threadIdx.x); i < scalars.end; i += threads)
+    accumulate_one(st, to_float(x[span.scalar_column(i, VEC)]), sum_logits);
   const uint4* __restrict__ body = reinterpret_cast<const uint4*>(x + span.head);
   for (int base = vectors.begin + static_cast<int>(threadIdx.x); base < vectors.end; base += U * threads) {
     uint4 raw[U];
 #pragma unroll
     for (int u = 0; u < U; ++u)
       if (base + u * threads < vectors.end) raw[u] = body[base + u * threads];
-    float v[U * VEC];
+    float batch_max = negative_infinity();
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      float part[VEC];
-      if (base + u * threads < vectors.end) {
-        unpack16<T>(raw[u], part);
-      } else {
+      if (base + u * threads >= vectors.end) continue;
+      float v[VEC];
+      unpack16<T>(raw[u], v);
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) part[i] = negative_infinity();
-      }
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) v[u * VEC + i] = part[i];
+      for (int i = 0; i < VEC; ++i) batch_max = fmaxf(batch_max, v[i]);
     }
-    accumulate(st, v);
+    const float m = fmaxf(st.max, batch_max);
+    if (m != negative_infinity()) {
+      float part = 0.0f;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (base + u * threads >= vectors.end) continue;
+        float v[VEC];
+        unpack16<T>(raw[u], v);
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) part += exp2f((v[i] - m) * kLog2e);
+      }
+      const float rescale = st.max == m ? 1.0f : exp2f((st.max - m) * kLog2e);
+      st.sum = fmaf(st.sum, rescale, part);
+      st.max = m;
+    }
     if (sum_logits) {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         if (base + u * threads >= vectors.end) continue;
+        float v[VEC];
+        unpack16<T>(raw[u], v);
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) st.logits += v[u * VEC + i];
+        for (int i = 0; i < VEC; ++i) st.logits += v[i];
       }
     }
   }
