@@ -259,8 +259,12 @@ __device__ __forceinline__ void write_gradient(const KernelParams& p, std::int64
     const int col = span.scalar_column(i, VEC);
     dx[col] = from_float<T>(terms.at(to_float(x[col]), col));
   }
+  // The sweeps in reverse: the fused kernel's second pass then reads first what its first pass read
+  // last, which L2 is likeliest still to hold when a slice does not fit entirely.
   const uint4* __restrict__ body = reinterpret_cast<const uint4*>(x + span.head);
-  for (int base = vectors.begin + static_cast<int>(threadIdx.x); base < vectors.end; base += U * threads) {
+  const int sweep = U * threads;
+  for (int k = (vectors.end - vectors.begin + sweep - 1) / sweep - 1; k >= 0; --k) {
+    const int base = vectors.begin + k * sweep + static_cast<int>(threadIdx.x);
     uint4 raw[U];
 #pragma unroll
     for (int u = 0; u < U; ++u)
