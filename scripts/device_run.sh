@@ -40,7 +40,8 @@ if has test; then
   # One run per op family (the first: every suite of no family), each with its own log and time
   # limit, so that a slow or hung family cannot hide the others' results. The runs share the GPU
   # concurrently (most of their time is the float64 CPU references), the cores split between them.
-  suites=(${TEST_SUITES:-"-Norm*:BiasActDropout*:Linear*:Fp8Norm*:Attention*" "Norm*" "BiasActDropout*" "Linear*" "Fp8Norm*" "Attention*"})
+  suites=(${TEST_SUITES:-"-Norm*:BiasActDropout*:Linear*:Fp8Norm*:Attention*:CrossEntropy*:GatedAct*:Rope*"
+              "Norm*" "BiasActDropout*" "Linear*" "Fp8Norm*" "Attention*" "CrossEntropy*" "GatedAct*" "Rope*"})
   threads=$(( $(nproc) / ${#suites[@]} )); [ $threads -ge 1 ] || threads=1
   start=$(date +%s)
   for i in "${!suites[@]}"; do
@@ -104,7 +105,7 @@ fi
 
 if has torch; then
   PYTHONPATH="$PWD/build-python/site${PYTHONPATH:+:$PYTHONPATH}" \
-  PYTHONUNBUFFERED=1 python3 scripts/torch_bench.py --out "$OUT/torch_bench.json" ${TORCH_OPS:-norm dropout linear fp8_norm attention} >"$OUT/torch.log" 2>&1
+  PYTHONUNBUFFERED=1 python3 scripts/torch_bench.py --out "$OUT/torch_bench.json" ${TORCH_OPS:-norm dropout linear fp8_norm attention cross_entropy} >"$OUT/torch.log" 2>&1
   log "torch bench rc=$?"
   tail -5 "$OUT/torch.log"
 fi

@@ -29,11 +29,11 @@ SCHEMA = 1
 
 FAMILY_OF_OP = {"layer_norm": "norm", "rms_norm": "norm", "norm": "norm",
                 "bias_act_dropout": "bias_act_dropout", "fp8_rms_norm": "fp8_norm",
-                "linear": "linear", "attention": "attention"}
-FAMILIES = ["norm", "bias_act_dropout", "fp8_norm", "linear", "attention"]
+                "linear": "linear", "attention": "attention", "cross_entropy": "cross_entropy"}
+FAMILIES = ["norm", "bias_act_dropout", "fp8_norm", "linear", "attention", "cross_entropy"]
 FAMILY_TITLE = {"norm": "LayerNorm / RMSNorm (bf16)", "bias_act_dropout": "Bias + activation + dropout (bf16)",
                 "fp8_norm": "FP8 RMSNorm (e4m3 in and out)", "linear": "Linear + bias + activation (bf16)",
-                "attention": "Attention (bf16)"}
+                "attention": "Attention (bf16)", "cross_entropy": "Cross-entropy (bf16 logits)"}
 MATRIX_FAMILIES = {"linear", "attention"}
 # Implementation names as the records store them; older runs' names on the left.
 IMPL_ALIASES = {"torch": "torch_eager", "compile": "torch_compile", "fusekit_py": "fusekit_torch"}
@@ -278,7 +278,7 @@ def attention_table(newest, main):
 
 
 TABLES = {"norm": memory_table, "bias_act_dropout": memory_table, "fp8_norm": memory_table,
-          "linear": linear_table, "attention": attention_table}
+          "linear": linear_table, "attention": attention_table, "cross_entropy": memory_table}
 
 HEADER = """# fusekit performance
 

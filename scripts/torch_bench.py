@@ -135,6 +135,48 @@ def dropout_rows(rows):
         del x, b, dy
 
 
+# ---- cross-entropy (fusekit op "cross_entropy") ------------------------------------------------
+# (tokens, vocabulary): the shapes and shape strings of bench/cross_entropy.
+CROSS_ENTROPY_SHAPES = [(t, v) for t in (8192, 16384) for v in (32000, 50257, 128256, 151936, 262144)]
+
+
+def cross_entropy_rows(rows):
+    """loss = cross_entropy(logits, targets), mean, bf16 logits, int64 targets, as `fusekit bench
+    cross_entropy` counts it: fwd (the loss alone: logits read, targets read, 4 bytes a row for
+    lse) and fwd+bwd (a training step's loss and dlogits: logits read once, dlogits written once).
+    fusekit.torch's drop-in is timed beside PyTorch's where it is importable."""
+    fk = fusekit_torch()
+    for (t, v) in CROSS_ENTROPY_SHAPES:
+        x = torch.randn(t, v, device="cuda", dtype=torch.bfloat16).mul_(2)
+        targets = torch.randint(0, v, (t,), device="cuda")
+        elems = t * v
+        fwd_bytes, step_bytes = 2.0 * elems + 12.0 * t, 4.0 * elems + 12.0 * t
+        shape = f"({t}, {v})"
+
+        def f(logits):
+            return F.cross_entropy(logits, targets)
+
+        impls = [("torch_eager", f), ("torch_compile", torch.compile(f))]
+        if fk is not None:
+            impls.append(("fusekit_torch", lambda logits: fk.cross_entropy(logits, targets)))
+        xg = x.detach().requires_grad_(True)
+        for impl, fn in impls:
+            with torch.no_grad():
+                tf = bench(lambda: fn(x))
+            rows.append(dict(op="cross_entropy", direction="fwd", shape=shape, impl=impl, time_us=tf,
+                             bytes=fwd_bytes, gbps=fwd_bytes / tf / 1e3))
+
+            def step():
+                xg.grad = None
+                fn(xg).backward()
+            ts = bench(step)
+            rows.append(dict(op="cross_entropy", direction="fwd+bwd", shape=shape, impl=impl, time_us=ts,
+                             bytes=step_bytes, gbps=step_bytes / ts / 1e3))
+            print(rows[-2], rows[-1], flush=True)
+        del x, xg, targets
+        torch.cuda.empty_cache()
+
+
 # ---- linear + bias + activation (fusekit op "linear") -------------------------------------------
 # (M, K, N): x (M, K), W (N, K), y (M, N); the same shapes and shape strings as bench/linear.
 LINEAR_SHAPES = [(8192, 4096, 16384), (16384, 8192, 8192), (8192, 16384, 4096), (8191, 4096, 12296)]
@@ -393,6 +435,8 @@ def main():
         errors.update(fp8_norm_rows(rows))
     if "attention" in args.ops:
         errors.update(attention_rows(rows))
+    if "cross_entropy" in args.ops:
+        cross_entropy_rows(rows)
     json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
                    copy_gbps=2 * a.numel() * 2 / copy_us / 1e3, rows=rows, torch_errors=errors),
               open(args.out, "w"), indent=1)

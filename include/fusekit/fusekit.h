@@ -4,6 +4,7 @@
 #include "fusekit/activation.h"
 #include "fusekit/attention.h"
 #include "fusekit/bias_act_dropout.h"
+#include "fusekit/cross_entropy.h"
 #include "fusekit/dropout.h"
 #include "fusekit/error.h"
 #include "fusekit/fp8_norm.h"

@@ -286,6 +286,7 @@ KeepMaskArgs keep_mask_args(const ScalarArgs& c, nb::handle seed, nb::handle off
 void bind_norm(nb::module_& m);
 void bind_activation(nb::module_& m);  // the Activation enum (before the families that use it)
 void bind_bias_act_dropout(nb::module_& m);
+void bind_cross_entropy(nb::module_& m);
 void bind_linear(nb::module_& m);
 void bind_fp8_norm(nb::module_& m);
 void bind_attention(nb::module_& m);

@@ -30,6 +30,10 @@ const std::vector<OverrideKey> kOverrideKeys = {
      "how the backward forms dz: one elementwise pass, or inside the dx GEMM where it can"},
     {"linear.backward.dz_first_rows", "0..2147483647",
      "rows the in_dgrad route forms with the elementwise pass before its kernel (multiple of 128)"},
+    // cross_entropy (src/cross_entropy/cross_entropy_config.h): the launch table's sweep dimensions
+    {"cross_entropy.threads", "64|128|256", "threads per block of the cross-entropy kernels"},
+    {"cross_entropy.cluster", "1|2|4|8", "blocks per row (one cluster) of the forward and fused kernel"},
+    {"cross_entropy.backward.chunks", "1..1024", "blocks per row of the backward kernel"},
     // attention
     {"attention.path", "auto|sm90|mma",
      "attention kernels: the Hopper ones where they serve the call (auto), always them (sm90), or mma.sync"},

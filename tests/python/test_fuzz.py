@@ -362,6 +362,100 @@ def test_linear_workspace_queries_contract(m, n, k, small, backward, activation)
         assert fn(m, n, k, fusekit.DType.f16, activation, "cpu") == 0
 
 
+# ---- cross-entropy -------------------------------------------------------------------------------
+REDUCTIONS = ["none", "mean", "sum"]
+
+
+def cross_entropy_reference(x, t, reduction, ignore_index, s, z):
+    """(loss, lse, the loss's own gradient) in float64."""
+    n = x.shape[-1]
+    x = x.astype(np.float64).reshape(-1, n)
+    t = t.reshape(-1).astype(np.int64)
+    m = x.max(1, keepdims=True)
+    lse = (m + np.log(np.exp(x - m).sum(1, keepdims=True)))[:, 0]
+    ignored = t == ignore_index
+    safe = np.where(ignored, 0, t)
+    s, z = float(np.float32(s)), float(np.float32(z))
+    rows = lse - (1 - s) * x[np.arange(len(t)), safe] - s / n * x.sum(1) + z * lse * lse
+    rows[ignored] = 0.0
+    counted = int((~ignored).sum())
+    grad = np.exp(x - lse[:, None]) * (1 + 2 * z * lse[:, None]) - s / n
+    grad[np.arange(len(t)), safe] -= 1 - s
+    grad[ignored] = 0.0
+    if reduction == "none":
+        return rows, lse, grad
+    if reduction == "sum":
+        return rows.sum(), lse, grad
+    scale = 1.0 / counted if counted else 0.0
+    return rows.sum() * scale, lse, grad * scale
+
+
+@FUZZ
+@given(lead=lead_shapes(), n=st.integers(1, 40), reduction=st.sampled_from(REDUCTIONS),
+       target_dtype=st.sampled_from([np.int32, np.int64]), smoothing=st.sampled_from([0.0, 0.1, 0.9]),
+       z=st.sampled_from([0.0, 1e-3]), ignore_index=st.sampled_from([-100, 0, 2]), in_place=st.booleans(),
+       broken=st.sampled_from([None, None, "loss", "lse", "dlogits", "dlogits_expanded", "targets",
+                               "label_smoothing", "z_loss"]),
+       seed=st.integers(0, 2**32 - 1))
+def test_cross_entropy_contract(lead, n, reduction, target_dtype, smoothing, z, ignore_index, in_place, broken,
+                                seed):
+    rng = np.random.default_rng(seed)
+    lead = tuple(lead)
+    x = (rng.standard_normal(lead + (n,)) * 2).astype(np.float32)
+    t = rng.integers(0, n, lead).astype(target_dtype)
+    t[rng.random(lead) < 0.3] = ignore_index
+    loss_shape = lead if reduction == "none" else ()
+    loss, loss2 = np.zeros(loss_shape, np.float32), np.zeros(loss_shape, np.float32)
+    lse = np.zeros(lead, np.float32)
+    dx = np.zeros_like(x)
+    arg = broken
+    if broken == "loss":
+        loss = np.zeros(math.prod(loss_shape) + 1, np.float32)
+        loss2 = loss
+    elif broken == "lse":
+        lse = np.zeros(math.prod(lead) + 1, np.float32)
+    elif broken == "dlogits":
+        dx = break_output("shape", dx)
+    elif broken == "dlogits_expanded":
+        dx, arg = expanded_argument(dx, lead, "dlogits")
+    elif broken == "targets":
+        t = t.copy()
+        t.reshape(-1)[rng.integers(0, t.size)] = n + 5  # neither a class nor ignore_index
+    elif broken == "label_smoothing":
+        smoothing = float(rng.choice([1.0, -0.5, math.nan]))
+    elif broken == "z_loss":
+        z = float(rng.choice([-1.0, math.inf, math.nan]))
+    kw = dict(ignore_index=ignore_index, label_smoothing=smoothing, z_loss=z)
+    x_in = x.copy()
+    fwd_broken = arg if arg in ("loss", "lse", "targets", "label_smoothing", "z_loss") else None
+    fwd_ok = expect_contract(lambda: fusekit.cross_entropy_forward(x, t, reduction, loss, lse, **kw), fwd_broken)
+    out = x if in_place and arg not in ("dlogits", "dlogits_expanded") else dx
+    fused_broken = arg if arg != "lse" else None
+    fused_ok = expect_contract(lambda: fusekit.cross_entropy_forward_backward(x, t, reduction, loss2, out, **kw),
+                               fused_broken)
+    if not (fwd_ok or fused_ok):
+        return
+    ref_loss, ref_lse, ref_grad = cross_entropy_reference(x_in, t, reduction, ignore_index, smoothing, z)
+    if fwd_ok:
+        assert_close("loss", loss.reshape(-1), np.reshape(ref_loss, -1), 1e-5)
+        assert_close("lse", lse.reshape(-1), ref_lse, 1e-6)
+    if fused_ok:
+        assert_close("fused loss", loss2.reshape(-1), np.reshape(ref_loss, -1), 1e-5)
+        assert_close("dlogits", out.reshape(-1, n), ref_grad, 1e-5)
+
+
+@FUZZ
+@given(rows=st.integers(-2**63, INT64_MAX), classes=st.integers(-2**63, INT64_MAX), small=st.booleans(),
+       reduction=st.sampled_from(REDUCTIONS))
+def test_cross_entropy_workspace_query_contract(rows, classes, small, reduction):
+    if small:
+        rows, classes = abs(rows) % 5000, abs(classes) % 300000
+    broken = "rows" if not 0 <= rows <= 2**31 - 1 else "classes" if not 1 <= classes <= 262144 else None
+    call = lambda: fusekit.cross_entropy_workspace_size(rows, classes, reduction, "cpu")  # noqa: E731
+    if expect_contract(call, broken):
+        assert call() == 0
+
+
 # ---- FP8 RMSNorm ---------------------------------------------------------------------------------
 @pytest.mark.skipif(ml_dtypes is None, reason="ml_dtypes is not installed (NumPy has no FP8 types)")
 @FUZZ

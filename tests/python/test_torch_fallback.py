@@ -35,6 +35,7 @@ def _calls(device, dtype=torch.bfloat16):
     w = torch.randn(256, device=device, dtype=dtype, generator=g)
     b = torch.randn(256, device=device, dtype=dtype, generator=g)
     lw = torch.randn(128, 256, device=device, dtype=dtype, generator=g) * 0.05
+    t = torch.randint(0, 256, (64,), device=device, generator=g)
     q = torch.randn(2, 96, 4, 64, device=device, dtype=dtype, generator=g)
     k = torch.randn(2, 80, 2, 64, device=device, dtype=dtype, generator=g)
     v = torch.randn(2, 80, 2, 64, device=device, dtype=dtype, generator=g)
@@ -63,6 +64,8 @@ def _calls(device, dtype=torch.bfloat16):
          lambda: F.gelu(F.linear(x, lw), approximate="tanh")),
         ("bias_act_dropout", lambda: fk.bias_act_dropout(x, b, "silu", 0.0),
          lambda: F.silu(x + b)),
+        ("cross_entropy", lambda: fk.cross_entropy(x, t, label_smoothing=0.1),
+         lambda: F.cross_entropy(x.float(), t, label_smoothing=0.1)),
         ("attention", lambda: fk.attention(q, k, v), lambda: sdpa_ref(False)),
         ("attention causal", lambda: fk.attention(q, k, v, mask="causal_bottom_right"),
          lambda: sdpa_ref(True)),

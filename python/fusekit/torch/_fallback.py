@@ -155,3 +155,24 @@ def attention(q, k, v, bias, scale, mask, window, dropout_p, cu_seqlens_q, cu_se
     seen = torch.isfinite(additive.float()).any(-1, keepdim=True)
     out = torch.where(seen, out, torch.zeros((), dtype=out.dtype, device=out.device))
     return out.transpose(1, 2)
+
+
+def cross_entropy(input, target, ignore_index, label_smoothing, z_loss, reduction):
+    """fusekit.torch.cross_entropy's function: PyTorch's row losses in float32 plus z * lse^2 for
+    the rows not ignored, reduced as fusekit does (the mean of an all-ignored batch is 0)."""
+    F = torch.nn.functional
+    logits = input.float()
+    loss = F.cross_entropy(logits, target, ignore_index=ignore_index, reduction="none",
+                           label_smoothing=label_smoothing)
+    counted = target != ignore_index
+    if z_loss:
+        lse = torch.logsumexp(logits, dim=1 if logits.dim() > 1 else 0)
+        loss = loss + z_loss * lse.square() * counted
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    if reduction == "mean":
+        return loss.sum() / counted.sum().clamp_min(1)
+    raise _C.InvalidArgumentError(f"fusekit.cross_entropy: argument 'reduction': expected one of "
+                                  f"'none', 'mean', 'sum', got {reduction!r}")

@@ -1,0 +1,417 @@
+// Cross-entropy CUDA kernels.
+//
+//  * row_kernel<T, Index, GRADIENT>: the forward (GRADIENT = false) and the fused forward +
+//    backward. One row per `parts` blocks (a thread-block cluster when parts > 1), each block a
+//    slice of the row. Sweep 1 reads the slice once, keeping per thread a running max, the sum of
+//    exp(x - max) and (label smoothing) the sum of the logits; the block combines its threads'
+//    statistics in a fixed order, the cluster its blocks' in rank order through distributed
+//    shared memory, so every block holds the row's statistics bitwise alike. Block 0 writes the
+//    row's loss and lse. The fused kernel then sweeps its slice again (from L2: it was just read)
+//    and writes the gradient.
+//  * backward_kernel<T, Index>: the gradient from the saved lse; a row's columns split over
+//    independent blocks (grid.y).
+//  * mean_scale_kernel: the mean's gradient scale dloss / N, N the rows not ignored (one block,
+//    before the row or backward kernel, which waits for it only before it reads the scale:
+//    programmatic dependent launch).
+//  * reduce_losses_kernel: the mean or sum of the row losses (one block, fixed order).
+//
+// A row is accessed as a scalar head up to the first 16-byte boundary, aligned 16-byte vectors,
+// and a scalar tail, so that any V and any row stride take the vector path (dlogits' rows sit at
+// the same offset from a 16-byte boundary as the logits' rows, or every element is a scalar).
+// Math is float32; exp through exp2f with the log2(e) scaling.
+#pragma once
+
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "core/device_vector.cuh"
+#include "cross_entropy/cross_entropy_config.h"
+
+namespace fusekit::cross_entropy::kernels {
+
+using detail::device::allow_dependent_launch;
+using detail::device::from_float;
+using detail::device::pack16;
+using detail::device::to_float;
+using detail::device::unpack16;
+using detail::device::wait_for_prerequisite_grid;
+
+inline constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ __forceinline__ float negative_infinity() { return __int_as_float(0xff800000); }
+__device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fc00000); }
+
+// Everything the kernels read besides the template arguments, filled by the launcher.
+struct KernelParams {
+  const void* logits = nullptr;
+  std::int64_t logits_row_stride = 0;
+  void* dlogits = nullptr;  // row kernel: null in the forward
+  std::int64_t dlogits_row_stride = 0;
+  const void* targets = nullptr;
+  float* row_loss = nullptr;  // row kernel: each row's loss (the output for none, else the workspace)
+  float* lse = nullptr;       // row kernel: written where non-null; backward kernel: read
+  // The gradient's scale of row r: grad_scale[r * grad_scale_stride], or 1 where null.
+  const float* grad_scale = nullptr;
+  std::int64_t grad_scale_stride = 0;
+  std::int64_t rows = 0;
+  int cols = 0;
+  std::int64_t ignore_index = -100;
+  float one_minus_smoothing = 1.0f;  // 1 - s
+  float smoothing_per_class = 0.0f;  // s / V
+  float z_loss = 0.0f;
+  bool sum_logits = false;  // s > 0: the loss needs the sum of the logits
+  bool vector_ok = true;    // 16-byte accesses (else every element is a scalar)
+  int parts = 1;            // blocks per row
+};
+
+// ---- a row's layout ------------------------------------------------------------------------
+
+// `head` scalars, `vectors` aligned 16-byte vectors, then the tail: `scalars` = head + tail.
+struct RowSpan {
+  int head = 0, vectors = 0, scalars = 0;
+  // The column of scalar i (head first, then tail); VEC elements per vector.
+  __device__ __forceinline__ int scalar_column(int i, int vec) const {
+    return i < head ? i : head + vectors * vec + (i - head);
+  }
+};
+
+template <typename T>
+__device__ __forceinline__ RowSpan row_span(const T* row, int cols, bool vector_ok) {
+  constexpr int VEC = kVectorBytes / sizeof(T);
+  RowSpan s;
+  if (!vector_ok) {
+    s.head = cols;
+    s.scalars = cols;
+    return s;
+  }
+  const int misaligned = static_cast<int>((reinterpret_cast<std::uintptr_t>(row) % kVectorBytes) / sizeof(T));
+  s.head = min(cols, misaligned == 0 ? 0 : VEC - misaligned);
+  s.vectors = (cols - s.head) / VEC;
+  s.scalars = cols - s.vectors * VEC;
+  return s;
+}
+
+// Part k of [0, n) split over `parts`.
+struct Range {
+  int begin, end;
+};
+__device__ __forceinline__ Range part_of(int n, int k, int parts) {
+  return {static_cast<int>(std::int64_t(n) * k / parts), static_cast<int>(std::int64_t(n) * (k + 1) / parts)};
+}
+
+// ---- row statistics --------------------------------------------------------------------------
+
+// A running max, the sum of exp(x - max) and the sum of the logits over some of a row's columns.
+struct Stats {
+  float max;
+  float sum;
+  float logits;
+};
+
+__device__ __forceinline__ Stats empty_stats() { return {negative_infinity(), 0.0f, 0.0f}; }
+
+// The statistics of the union of a's and b's columns.
+__device__ __forceinline__ Stats combine(const Stats& a, const Stats& b) {
+  Stats c;
+  c.max = fmaxf(a.max, b.max);
+  if (c.max == negative_infinity()) {
+    c.sum = a.sum + b.sum;  // both empty (or all -inf): 0
+  } else {
+    c.sum = a.sum * exp2f((a.max - c.max) * kLog2e) + b.sum * exp2f((b.max - c.max) * kLog2e);
+  }
+  c.logits = a.logits + b.logits;
+  return c;
+}
+
+// Adds one value to `st` (the scalar head and tail).
+__device__ __forceinline__ void accumulate_one(Stats& st, float x, bool sum_logits) {
+  if (sum_logits) st.logits += x;
+  const float m = fmaxf(st.max, x);
+  if (m == negative_infinity()) return;  // nothing but -inf so far: no terms
+  const float rescale = st.max == m ? 1.0f : exp2f((st.max - m) * kLog2e);
+  st.sum = fmaf(st.sum, rescale, exp2f((x - m) * kLog2e));
+  st.max = m;
+}
+
+__device__ __forceinline__ Stats shuffle_xor(const Stats& v, int mask) {
+  return {__shfl_xor_sync(0xffffffffu, v.max, mask), __shfl_xor_sync(0xffffffffu, v.sum, mask),
+          __shfl_xor_sync(0xffffffffu, v.logits, mask)};
+}
+
+// The block's statistics in every thread: a butterfly in each warp (lane 0's result stands for
+// the warp), then the warps' results in warp order, combined alike by every thread. A fixed order
+// throughout: the same inputs give the same bits. `slots` holds one Stats per warp. Call once per
+// block (the slots are not reused).
+__device__ __forceinline__ Stats block_stats(Stats v, Stats* slots) {
+#pragma unroll
+  for (int mask = 16; mask > 0; mask /= 2) v = combine(v, shuffle_xor(v, mask));
+  const int warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  if (threadIdx.x % 32 == 0) slots[warp] = v;
+  __syncthreads();
+  Stats total = slots[0];
+  for (int w = 1; w < warps; ++w) total = combine(total, slots[w]);
+  return total;
+}
+
+// Sweep 1 over this block's part of a row: its scalars, then its vectors U at a time. The U loads
+// of a thread go out together; the values are unpacked from them again for each use (for 16-bit
+// types a shift or a mask per element) rather than held as floats, which keeps U = 8 loads in
+// flight per thread within the registers of four blocks per SM.
+template <typename T>
+__device__ __forceinline__ Stats slice_stats(const T* __restrict__ x, const RowSpan& span, Range scalars,
+                                             Range vectors, bool sum_logits) {
+  constexpr int VEC = kVectorBytes / sizeof(T), U = kVectorsPerThread;
+  const int threads = blockDim.x;
+  Stats st = empty_stats();
+  for (int i = scalars.begin + static_cast<int>(threadIdx.x); i < scalars.end; i += threads)
+    accumulate_one(st, to_float(x[span.scalar_column(i, VEC)]), sum_logits);
+  const uint4* __restrict__ body = reinterpret_cast<const uint4*>(x + span.head);
+  for (int base = vectors.begin + static_cast<int>(threadIdx.x); base < vectors.end; base += U * threads) {
+    uint4 raw[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (base + u * threads < vectors.end) raw[u] = body[base + u * threads];
+    float batch_max = negative_infinity();
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (base + u * threads >= vectors.end) continue;
+      float v[VEC];
+      unpack16<T>(raw[u], v);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) batch_max = fmaxf(batch_max, v[i]);
+    }
+    const float m = fmaxf(st.max, batch_max);
+    if (m != negative_infinity()) {
+      float part = 0.0f;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (base + u * threads >= vectors.end) continue;
+        float v[VEC];
+        unpack16<T>(raw[u], v);
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) part += exp2f((v[i] - m) * kLog2e);
+      }
+      const float rescale = st.max == m ? 1.0f : exp2f((st.max - m) * kLog2e);
+      st.sum = fmaf(st.sum, rescale, part);
+      st.max = m;
+    }
+    if (sum_logits) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (base + u * threads >= vectors.end) continue;
+        float v[VEC];
+        unpack16<T>(raw[u], v);
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) st.logits += v[i];
+      }
+    }
+  }
+  return st;
+}
+
+// ---- the gradient ----------------------------------------------------------------------------
+
+// d = g (softmax (1 + 2 z lse) - s / V) - g (1 - s) [col == target], softmax = exp(x - lse).
+struct GradientTerms {
+  float a;  // g (1 + 2 z lse)
+  float b;  // g s / V
+  float c;  // g (1 - s), subtracted at the target
+  float lse;
+  std::int64_t target;
+  __device__ __forceinline__ float at(float x, std::int64_t col) const {
+    const float d = fmaf(a, exp2f((x - lse) * kLog2e), -b);
+    return col == target ? d - c : d;
+  }
+};
+
+// Writes this block's part of a row's gradient. An ignored row gets zeros without a read (`lse`
+// is then not used). Otherwise the row's scale is read, after the kernel that produced it (if
+// any) has completed. The loads are the logits' last use (evict-first); the stores stream.
+template <typename T>
+__device__ __forceinline__ void write_gradient(const KernelParams& p, std::int64_t row, const T* __restrict__ x,
+                                               const RowSpan& span, Range scalars, Range vectors,
+                                               std::int64_t target, bool ignored, bool in_range, float lse) {
+  constexpr int VEC = kVectorBytes / sizeof(T), U = kVectorsPerThread;
+  const int threads = blockDim.x;
+  T* __restrict__ dx = static_cast<T*>(p.dlogits) + row * p.dlogits_row_stride;
+  uint4* __restrict__ dx_body = reinterpret_cast<uint4*>(dx + span.head);
+  if (ignored) {
+    for (int i = scalars.begin + static_cast<int>(threadIdx.x); i < scalars.end; i += threads)
+      dx[span.scalar_column(i, VEC)] = from_float<T>(0.0f);
+    for (int j = vectors.begin + static_cast<int>(threadIdx.x); j < vectors.end; j += threads)
+      __stcs(dx_body + j, make_uint4(0u, 0u, 0u, 0u));
+    return;
+  }
+  wait_for_prerequisite_grid();  // the scale may come from mean_scale_kernel (a no-op otherwise)
+  float g = p.grad_scale ? p.grad_scale[row * p.grad_scale_stride] : 1.0f;
+  if (!in_range) g = quiet_nan();  // an invalid target: the row's gradient is NaN
+  GradientTerms terms;
+  terms.a = g * fmaf(2.0f * p.z_loss, lse, 1.0f);
+  terms.b = g * p.smoothing_per_class;
+  terms.c = g * p.one_minus_smoothing;
+  terms.lse = lse;
+  terms.target = target;
+
+  for (int i = scalars.begin + static_cast<int>(threadIdx.x); i < scalars.end; i += threads) {
+    const int col = span.scalar_column(i, VEC);
+    dx[col] = from_float<T>(terms.at(to_float(x[col]), col));
+  }
+  // The sweeps in reverse: the fused kernel's second pass then reads first what its first pass read
+  // last, which L2 is likeliest still to hold when a slice does not fit entirely.
+  const uint4* __restrict__ body = reinterpret_cast<const uint4*>(x + span.head);
+  const int sweep = U * threads;
+  for (int k = (vectors.end - vectors.begin + sweep - 1) / sweep - 1; k >= 0; --k) {
+    const int base = vectors.begin + k * sweep + static_cast<int>(threadIdx.x);
+    uint4 raw[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (base + u * threads < vectors.end) raw[u] = __ldcs(body + base + u * threads);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int j = base + u * threads;
+      if (j >= vectors.end) continue;
+      float v[VEC];
+      unpack16<T>(raw[u], v);
+      const std::int64_t col0 = span.head + std::int64_t(j) * VEC;
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) v[i] = terms.at(v[i], col0 + i);
+      __stcs(dx_body + j, pack16<T>(v));
+    }
+  }
+}
+
+// ---- kernels ---------------------------------------------------------------------------------
+
+template <typename Index>
+__device__ __forceinline__ std::int64_t target_of(const KernelParams& p, std::int64_t row) {
+  return static_cast<std::int64_t>(static_cast<const Index*>(p.targets)[row]);
+}
+
+// Forward (GRADIENT = false) and fused forward + backward; grid.x = rows x parts, clusters of
+// `parts` blocks along x when parts > 1 (block rank = blockIdx.x % parts).
+template <typename T, typename Index, bool GRADIENT>
+__global__ void __launch_bounds__(kMaxThreads, kMinBlocksPerSm) row_kernel(const KernelParams p) {
+  namespace cg = cooperative_groups;
+  __shared__ Stats warp_slots[kMaxThreads / 32];
+  __shared__ Stats block_total;  // this block's statistics, read by the cluster's blocks
+
+  const int parts = p.parts;
+  const std::int64_t row = blockIdx.x / parts;
+  const int rank = static_cast<int>(blockIdx.x - row * parts);
+  const T* __restrict__ x = static_cast<const T*>(p.logits) + row * p.logits_row_stride;
+  const std::int64_t target = target_of<Index>(p, row);
+  const bool ignored = target == p.ignore_index;
+  const bool in_range = target >= 0 && target < p.cols;
+  // Read before this block reaches the cluster barrier, so before any block of the row writes its
+  // gradient (in place, dlogits is the logits).
+  float x_target = 0.0f;
+  if (rank == 0 && threadIdx.x == 0 && !ignored && in_range) x_target = to_float(x[target]);
+
+  const RowSpan span = row_span(x, p.cols, p.vector_ok);
+  const Range scalars = part_of(span.scalars, rank, parts), vectors = part_of(span.vectors, rank, parts);
+  Stats st = block_stats(slice_stats(x, span, scalars, vectors, p.sum_logits), warp_slots);
+  if (parts > 1) {
+    cg::cluster_group cluster = cg::this_cluster();
+    if (threadIdx.x == 0) block_total = st;
+    cluster.sync();  // releases each block's total to the cluster
+    st = *cluster.map_shared_rank(&block_total, 0);
+    for (int k = 1; k < parts; ++k) st = combine(st, *cluster.map_shared_rank(&block_total, k));
+    cluster.barrier_arrive();  // done reading the other blocks' shared memory (waited for at the end)
+  }
+  const float lse = st.max + logf(st.sum);
+  if (rank == 0 && threadIdx.x == 0) {
+    float loss = 0.0f;
+    if (!ignored) {
+      loss = in_range ? lse - p.one_minus_smoothing * x_target - p.smoothing_per_class * st.logits +
+                            p.z_loss * lse * lse
+                      : quiet_nan();
+    }
+    p.row_loss[row] = loss;
+    if (p.lse) p.lse[row] = lse;
+  }
+  if constexpr (GRADIENT) write_gradient(p, row, x, span, scalars, vectors, target, ignored, in_range, lse);
+  // No block leaves (freeing its shared memory) while another may still read its statistics.
+  if (parts > 1) cg::this_cluster().barrier_wait();
+}
+
+// The gradient from the saved lse; grid (rows, chunks), chunk blockIdx.y a part of the columns.
+template <typename T, typename Index>
+__global__ void __launch_bounds__(kMaxThreads, kMinBlocksPerSm) backward_kernel(const KernelParams p) {
+  const std::int64_t row = blockIdx.x;
+  const T* __restrict__ x = static_cast<const T*>(p.logits) + row * p.logits_row_stride;
+  const std::int64_t target = target_of<Index>(p, row);
+  const bool ignored = target == p.ignore_index;
+  const bool in_range = target >= 0 && target < p.cols;
+  const RowSpan span = row_span(x, p.cols, p.vector_ok);
+  const int part = blockIdx.y, parts = gridDim.y;
+  const float lse = ignored ? 0.0f : p.lse[row];
+  write_gradient(p, row, x, span, part_of(span.scalars, part, parts), part_of(span.vectors, part, parts), target,
+                 ignored, in_range, lse);
+}
+
+// ---- one-block reductions over the rows ------------------------------------------------------
+
+// A float and a count summed over the block in a fixed order: butterflies in the warps, then the
+// warps in order. Thread 0's result is the block's.
+struct SumAndCount {
+  float sum;
+  unsigned long long count;
+};
+
+__device__ __forceinline__ SumAndCount block_sum_and_count(SumAndCount v) {
+  __shared__ SumAndCount slots[kReduceThreads / 32];
+#pragma unroll
+  for (int mask = 16; mask > 0; mask /= 2) {
+    v.sum += __shfl_xor_sync(0xffffffffu, v.sum, mask);
+    v.count += __shfl_xor_sync(0xffffffffu, v.count, mask);
+  }
+  if (threadIdx.x % 32 == 0) slots[threadIdx.x / 32] = v;
+  __syncthreads();
+  SumAndCount total = slots[0];
+  for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) {
+    total.sum += slots[w].sum;
+    total.count += slots[w].count;
+  }
+  return total;
+}
+
+// scale = dloss / N (dloss null: 1 / N), 0 when every row is ignored.
+template <typename Index>
+__global__ void __launch_bounds__(kReduceThreads)
+    mean_scale_kernel(const Index* __restrict__ targets, std::int64_t rows, std::int64_t ignore_index,
+                      const float* __restrict__ dloss, float* __restrict__ scale) {
+  allow_dependent_launch();  // the next kernel waits for this grid before it reads the scale
+  SumAndCount v{0.0f, 0ull};
+  for (std::int64_t r = threadIdx.x; r < rows; r += blockDim.x)
+    v.count += static_cast<std::int64_t>(targets[r]) != ignore_index;
+  v = block_sum_and_count(v);
+  if (threadIdx.x == 0) {
+    const float g = dloss ? dloss[0] : 1.0f;
+    *scale = v.count > 0 ? g / static_cast<float>(v.count) : 0.0f;
+  }
+}
+
+// loss = the sum of the row losses, divided by N for the mean (0 when every row is ignored).
+template <typename Index>
+__global__ void __launch_bounds__(kReduceThreads)
+    reduce_losses_kernel(const float* __restrict__ row_loss, const Index* __restrict__ targets, std::int64_t rows,
+                         std::int64_t ignore_index, bool mean, float* __restrict__ loss) {
+  wait_for_prerequisite_grid();  // the row kernel's losses
+  SumAndCount v{0.0f, 0ull};
+#pragma unroll 4
+  for (std::int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
+    v.sum += row_loss[r];
+    if (mean) v.count += static_cast<std::int64_t>(targets[r]) != ignore_index;
+  }
+  v = block_sum_and_count(v);
+  if (threadIdx.x == 0) {
+    float out = v.sum;
+    if (mean) out = v.count > 0 ? v.sum / static_cast<float>(v.count) : 0.0f;
+    *loss = out;
+  }
+}
+
+}  // namespace fusekit::cross_entropy::kernels

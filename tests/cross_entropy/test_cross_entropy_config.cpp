@@ -1,0 +1,136 @@
+// The launch choices of cross-entropy (cross_entropy_config.h), on the CPU: what the benchmark
+// shapes get on H100- and H200-like devices, and properties over a grid of shapes.
+#include <gtest/gtest.h>
+
+#include <climits>
+#include <cstdint>
+#include <string>
+
+#include "core/overrides.h"
+#include "cross_entropy/cross_entropy_config.h"
+#include "tests/harness/devices.h"
+
+namespace fusekit {
+namespace {
+
+using namespace cross_entropy;
+
+Problem problem(std::int64_t rows, std::int64_t cols, int element_bytes, Pass pass) {
+  Problem p;
+  p.rows = rows;
+  p.cols = cols;
+  p.element_bytes = element_bytes;
+  p.pass = pass;
+  return p;
+}
+
+constexpr Pass kPasses[] = {Pass::forward, Pass::backward, Pass::forward_backward};
+
+TEST(CrossEntropyConfig, BenchmarkShapes) {
+  for (const detail::DeviceInfo& d : {testing::h100_device(), testing::h200_device()}) {
+    for (std::int64_t rows : {8192, 16384}) {
+      // The fused kernel splits a row into clusters of <= 32 KB slices (8 blocks at most).
+      struct Expected {
+        std::int64_t cols;
+        int cluster, chunks;
+      };
+      for (const Expected& e : {Expected{32000, 2, 2}, Expected{50257, 4, 4}, Expected{128256, 8, 8},
+                                Expected{151936, 8, 10}, Expected{262144, 8, 16}}) {
+        SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(e.cols));
+        const Launch fused = choose_launch(problem(rows, e.cols, 2, Pass::forward_backward), d);
+        EXPECT_EQ(fused.cluster, e.cluster);
+        EXPECT_EQ(fused.threads, kMaxThreads);
+        EXPECT_EQ(fused.blocks, rows * e.cluster);
+        // The forward has no second sweep: one block per row is enough rows in flight.
+        const Launch forward = choose_launch(problem(rows, e.cols, 2, Pass::forward), d);
+        EXPECT_EQ(forward.cluster, 1);
+        EXPECT_EQ(forward.threads, kMaxThreads);
+        EXPECT_EQ(forward.blocks, rows);
+        const Launch backward = choose_launch(problem(rows, e.cols, 2, Pass::backward), d);
+        EXPECT_EQ(backward.chunks, e.chunks);
+        EXPECT_EQ(backward.blocks, rows);
+      }
+    }
+  }
+}
+
+TEST(CrossEntropyConfig, SmallBatchesSpreadRowsOverMoreBlocks) {
+  const detail::DeviceInfo d = testing::h100_device();
+  // 16 rows of 128256 bf16: the forward splits each row over 8 blocks (clusters), the backward
+  // over more chunks than the 8 of its table.
+  EXPECT_EQ(choose_launch(problem(16, 128256, 2, Pass::forward), d).cluster, 8);
+  EXPECT_GT(choose_launch(problem(16, 128256, 2, Pass::backward), d).chunks, 8);
+  // Short rows stay whole (slices under 8 KB are not split further) and take narrow blocks.
+  const Launch small = choose_launch(problem(4, 1000, 2, Pass::forward_backward), d);
+  EXPECT_EQ(small.cluster, 1);
+  EXPECT_EQ(small.threads, kMinThreads);
+}
+
+TEST(CrossEntropyConfig, OverridesReplaceTheTable) {
+  const detail::DeviceInfo d = testing::h200_device();
+  LaunchOverrides o;
+  o.threads = 64;
+  o.cluster = 4;
+  o.chunks = 3;
+  const Launch fused = choose_launch(problem(100, 32000, 2, Pass::forward_backward), d, o);
+  EXPECT_EQ(fused.threads, 64);
+  EXPECT_EQ(fused.cluster, 4);
+  EXPECT_EQ(fused.blocks, 400);
+  EXPECT_EQ(choose_launch(problem(100, 32000, 2, Pass::backward), d, o).chunks, 3);
+  // Through the override keys.
+  detail::set_override("cross_entropy.cluster", "2");
+  detail::set_override("cross_entropy.threads", "128");
+  detail::set_override("cross_entropy.backward.chunks", "5");
+  const LaunchOverrides keys = read_launch_overrides();
+  EXPECT_EQ(keys.cluster, 2);
+  EXPECT_EQ(keys.threads, 128);
+  EXPECT_EQ(keys.chunks, 5);
+  detail::set_override("cross_entropy.cluster", "3");
+  EXPECT_THROW(read_launch_overrides(), Error);
+  detail::clear_overrides();
+  const LaunchOverrides none = read_launch_overrides();
+  EXPECT_EQ(none.cluster + none.threads + none.chunks, 0);
+}
+
+TEST(CrossEntropyConfig, EveryLaunchCoversTheProblem) {
+  const std::int64_t rows_set[] = {1, 2, 7, 100, 8192, 16384, 300000, INT_MAX};
+  const std::int64_t cols_set[] = {1, 7, 8, 1000, 1001, 4096, 32000, 50257, 128256, 151936, 262144};
+  int checked = 0;
+  for (int sms : {1, 78, 114, 132})
+    for (std::int64_t rows : rows_set)
+      for (std::int64_t cols : cols_set)
+        for (int bytes : {2, 4})
+          for (Pass pass : kPasses) {
+            detail::DeviceInfo d = testing::h100_device();
+            d.sm_count = sms;
+            const Problem p = problem(rows, cols, bytes, pass);
+            SCOPED_TRACE("(" + std::to_string(rows) + ", " + std::to_string(cols) + ") x" + std::to_string(bytes) +
+                         " pass " + std::to_string(static_cast<int>(pass)) + " sms " + std::to_string(sms));
+            const Launch l = choose_launch(p, d);
+            ASSERT_TRUE(l.threads == 64 || l.threads == 128 || l.threads == 256);
+            ASSERT_GE(l.threads, kMinThreads);
+            ASSERT_LE(l.threads, kMaxThreads);
+            if (pass == Pass::backward) {
+              ASSERT_EQ(l.cluster, 1);
+              ASSERT_GE(l.chunks, 1);
+              ASSERT_LE(l.chunks, kMaxChunks);
+              ASSERT_LE(l.chunks, 65535);  // grid.y
+              ASSERT_EQ(l.blocks, rows);
+            } else {
+              ASSERT_EQ(l.chunks, 1);
+              ASSERT_TRUE(l.cluster == 1 || l.cluster == 2 || l.cluster == 4 || l.cluster == 8);
+              ASSERT_EQ(l.blocks, rows * l.cluster);
+              ASSERT_LE(l.blocks, INT_MAX);  // grid.x
+            }
+            // The fused kernel's slices stay within what L2 serves back, unless the cluster is at
+            // its largest (or grid.x cannot hold more blocks).
+            if (pass == Pass::forward_backward && l.cluster < kMaxCluster && rows <= INT_MAX / kMaxCluster) {
+              ASSERT_LE(slice_bytes(p, l), kFusedSliceBytes);
+            }
+            ++checked;
+          }
+  EXPECT_EQ(checked, 4 * 8 * 11 * 2 * 3);
+}
+
+}  // namespace
+}  // namespace fusekit
