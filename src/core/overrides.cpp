@@ -30,6 +30,9 @@ const std::vector<OverrideKey> kOverrideKeys = {
      "how the backward forms dz: one elementwise pass, or inside the dx GEMM where it can"},
     {"linear.backward.dz_first_rows", "0..2147483647",
      "rows the in_dgrad route forms with the elementwise pass before its kernel (multiple of 128)"},
+    // gated_act (src/gated_act/gated_act_config.h): the rows-per-thread sweep of the vector path.
+    {"gated_act.forward.rows", "1|2|4", "rows each thread of the vector forward loads together"},
+    {"gated_act.backward.rows", "1|2|4", "rows each thread of the vector backward loads together"},
     // attention
     {"attention.path", "auto|sm90|mma",
      "attention kernels: the Hopper ones where they serve the call (auto), always them (sm90), or mma.sync"},
