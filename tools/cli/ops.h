@@ -40,6 +40,7 @@ std::vector<double> finite_difference_gradient(testing::Buffer& param, const tes
 // One per op family, defined in tools/cli/ops_<family>.cpp and called by registry().
 void add_norm_ops(std::vector<OpEntry>& ops);
 void add_bias_act_dropout_ops(std::vector<OpEntry>& ops);
+void add_gated_act_ops(std::vector<OpEntry>& ops);
 void add_linear_ops(std::vector<OpEntry>& ops);
 void add_fp8_norm_ops(std::vector<OpEntry>& ops);
 void add_attention_ops(std::vector<OpEntry>& ops);
