@@ -28,10 +28,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCHEMA = 1
 
 FAMILY_OF_OP = {"layer_norm": "norm", "rms_norm": "norm", "norm": "norm",
-                "bias_act_dropout": "bias_act_dropout", "fp8_rms_norm": "fp8_norm",
+                "bias_act_dropout": "bias_act_dropout", "gated_act": "gated_act", "fp8_rms_norm": "fp8_norm",
                 "linear": "linear", "attention": "attention", "cross_entropy": "cross_entropy"}
-FAMILIES = ["norm", "bias_act_dropout", "fp8_norm", "linear", "attention", "cross_entropy"]
+FAMILIES = ["norm", "bias_act_dropout", "gated_act", "fp8_norm", "linear", "attention", "cross_entropy"]
 FAMILY_TITLE = {"norm": "LayerNorm / RMSNorm (bf16)", "bias_act_dropout": "Bias + activation + dropout (bf16)",
+                "gated_act": "Gated activations: SwiGLU, GeGLU (bf16)",
                 "fp8_norm": "FP8 RMSNorm (e4m3 in and out)", "linear": "Linear + bias + activation (bf16)",
                 "attention": "Attention (bf16)", "cross_entropy": "Cross-entropy (bf16 logits)"}
 MATRIX_FAMILIES = {"linear", "attention"}
@@ -277,8 +278,9 @@ def attention_table(newest, main):
     return out
 
 
-TABLES = {"norm": memory_table, "bias_act_dropout": memory_table, "fp8_norm": memory_table,
-          "linear": linear_table, "attention": attention_table, "cross_entropy": memory_table}
+TABLES = {"norm": memory_table, "bias_act_dropout": memory_table, "gated_act": memory_table,
+          "fp8_norm": memory_table, "linear": linear_table, "attention": attention_table,
+          "cross_entropy": memory_table}
 
 HEADER = """# fusekit performance
 

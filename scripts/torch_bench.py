@@ -175,6 +175,51 @@ def cross_entropy_rows(rows):
             print(rows[-2], rows[-1], flush=True)
         del x, xg, targets
         torch.cuda.empty_cache()
+# ---- gated activations (fusekit op "gated_act") ----------------------------------------------------
+# (M, F), the same shapes and shape strings as bench/gated_act.
+GATED_SHAPES = [(16384, 5632), (16384, 8192), (16384, 11008), (16384, 14336), (2048, 5632), (4096, 2816),
+                (16384, 1024)]
+
+
+def gated_act_rows(rows):
+    """act(gate) * up, bf16, as `fusekit bench gated_act` times it (same shapes, shape strings and
+    byte counts: gate, up, y forward; dy, gate, up, dgate, dup backward): gate and up from one
+    (M, 2F) tensor (halves by chunk, interleaved by strided slices) or two tensors."""
+    dev = "cuda"
+    acts = {"silu": F.silu, "gelu_tanh": lambda h: F.gelu(h, approximate="tanh"), "gelu_erf": F.gelu}
+    cases = [("silu", "halves"), ("silu", "interleaved"), ("silu", "separate"), ("gelu_tanh", "halves"),
+             ("gelu_erf", "halves")]
+    for (m, f) in GATED_SHAPES:
+        gate_up = torch.randn(m, 2 * f, device=dev).to(torch.bfloat16).requires_grad_(True)
+        gate = torch.randn(m, f, device=dev).to(torch.bfloat16).requires_grad_(True)
+        up = torch.randn(m, f, device=dev).to(torch.bfloat16).requires_grad_(True)
+        dy = torch.randn(m, f, device=dev, dtype=torch.bfloat16)
+        elems = m * f
+        fwd_bytes, bwd_bytes = 6.0 * elems, 10.0 * elems
+        for name, form in cases:
+            act = acts[name]
+            if form == "separate":
+                def f_(g, u, act=act):
+                    return act(g) * u
+                inputs = (gate, up)
+            else:
+                def f_(t, act=act, form=form):
+                    g, u = t.chunk(2, dim=-1) if form == "halves" else (t[:, 0::2], t[:, 1::2])
+                    return act(g) * u
+                inputs = (gate_up,)
+            compiled = torch.compile(f_)
+            shape = f"({m}, {f}) {name} {form}"
+            for impl, fn in (("torch_eager", f_), ("torch_compile", compiled)):
+                t = bench(lambda: fn(*inputs))
+                rows.append(dict(op="gated_act", direction="fwd", shape=shape, impl=impl,
+                                 time_us=t, bytes=fwd_bytes, gbps=fwd_bytes / t / 1e3))
+                y = fn(*inputs)
+                t = bench(lambda: torch.autograd.grad(y, inputs, dy, retain_graph=True))
+                rows.append(dict(op="gated_act", direction="bwd", shape=shape, impl=impl,
+                                 time_us=t, bytes=bwd_bytes, gbps=bwd_bytes / t / 1e3))
+                print(rows[-2], rows[-1], flush=True)
+                del y
+        del gate_up, gate, up, dy
 
 
 # ---- linear + bias + activation (fusekit op "linear") -------------------------------------------
@@ -431,6 +476,8 @@ def main():
         errors.update(linear_rows(rows))
     if "dropout" in args.ops or "bias_act_dropout" in args.ops:
         dropout_rows(rows)
+    if "gated_act" in args.ops:
+        gated_act_rows(rows)
     if "fp8_norm" in args.ops or "fp8_rms_norm" in args.ops:
         errors.update(fp8_norm_rows(rows))
     if "attention" in args.ops:

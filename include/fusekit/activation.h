@@ -1,4 +1,5 @@
-// The activation functions fused into fusekit's ops (bias+activation+dropout, linear).
+// The activation functions fused into fusekit's ops (bias+activation+dropout, gated activations,
+// linear).
 #pragma once
 
 #include <cstdint>

@@ -8,6 +8,7 @@
 #include "fusekit/dropout.h"
 #include "fusekit/error.h"
 #include "fusekit/fp8_norm.h"
+#include "fusekit/gated_act.h"
 #include "fusekit/linear.h"
 #include "fusekit/norm.h"
 #include "fusekit/philox.h"

@@ -110,6 +110,26 @@ def dropout_cases(dev, dtype, rows, cols):
         lambda x, b: F.dropout(F.gelu(x + b, approximate="tanh"), p), (x, b), grads + [dy])]
 
 
+def gated_act_cases(dev, dtype, rows, cols):
+    gate_up = torch.randn(rows, 2 * cols, device=dev, dtype=dtype)
+    gate, up = torch.randn(rows, cols, device=dev, dtype=dtype), torch.randn(rows, cols, device=dev, dtype=dtype)
+    dy = torch.randn(rows, cols, device=dev, dtype=dtype)
+    y, dgate_up = torch.empty_like(dy), torch.empty_like(gate_up)
+    dgate, dup = torch.empty_like(gate), torch.empty_like(up)
+    return [
+        Case("gated_act", lambda: fusekit.gated_act_forward(gate_up, "silu", y),
+             lambda: fusekit.gated_act_backward(dy, gate_up, "silu", dgate_up),
+             lambda t: fk.gated_act(t, "silu"),
+             lambda t: F.silu(t[:, :cols]) * t[:, cols:], (gate_up,),
+             [gate_up.clone().requires_grad_(True), dy]),
+        Case("gated_act_separate", lambda: fusekit.gated_act_forward_separate(gate, up, "silu", y),
+             lambda: fusekit.gated_act_backward_separate(dy, gate, up, "silu", dgate, dup),
+             lambda g, u: fk.gated_act_separate(g, u, "silu"),
+             lambda g, u: F.silu(g) * u, (gate, up),
+             [gate.clone().requires_grad_(True), up.clone().requires_grad_(True), dy]),
+    ]
+
+
 def linear_cases(dev, dtype, rows, k, n):
     x = torch.randn(rows, k, device=dev, dtype=dtype)
     w = torch.randn(n, k, device=dev, dtype=dtype) / math.sqrt(k)
@@ -183,8 +203,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default="bf16", choices=sorted(_DTYPES))
-    ap.add_argument("--ops", default="norm,dropout,linear,attention,fp8_norm",
-                    help="comma-separated families: norm, dropout, linear, attention, fp8_norm")
+    ap.add_argument("--ops", default="norm,dropout,gated_act,linear,attention,fp8_norm",
+                    help="comma-separated families: norm, dropout, gated_act, linear, attention, fp8_norm")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--run-seconds", type=float, default=0.02,
                     help="about this long per run (short: the GPU must keep up with the host)")
@@ -203,6 +223,8 @@ def main():
         cases += norm_cases(dev, dtype, 4, 256)
     if "dropout" in ops:
         cases += dropout_cases(dev, dtype, 4, 256)
+    if "gated_act" in ops:
+        cases += gated_act_cases(dev, dtype, 4, 256)
     if "linear" in ops:
         cases += linear_cases(dev, dtype, 4, 256, 256)
     if "attention" in ops:

@@ -5,8 +5,8 @@ import sys
 from . import _C
 from ._policy import decide
 
-_FAMILIES = ("layer_norm / rms_norm", "bias_act_dropout", "linear", "fp8_rms_norm", "attention",
-             "cross_entropy")
+_FAMILIES = ("layer_norm / rms_norm", "bias_act_dropout", "gated_act", "linear", "fp8_rms_norm",
+             "attention", "cross_entropy")
 
 
 def report() -> str:

@@ -287,6 +287,7 @@ void bind_norm(nb::module_& m);
 void bind_activation(nb::module_& m);  // the Activation enum (before the families that use it)
 void bind_bias_act_dropout(nb::module_& m);
 void bind_cross_entropy(nb::module_& m);
+void bind_gated_act(nb::module_& m);
 void bind_linear(nb::module_& m);
 void bind_fp8_norm(nb::module_& m);
 void bind_attention(nb::module_& m);

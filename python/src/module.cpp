@@ -179,6 +179,7 @@ NB_MODULE(_C, m) {
   bind_norm(m);
   bind_activation(m);
   bind_bias_act_dropout(m);
+  bind_gated_act(m);
   bind_linear(m);
   bind_fp8_norm(m);
   bind_attention(m);

@@ -102,6 +102,18 @@ struct ActivationMath {
     constexpr float k1 = static_cast<float>(-2.0 * kLog2e * kSqrt2OverPi * 0.044715);
     return x * fmaf(x2, k1, k0);
   }
+  // gelu_tanh's derivative from s = sigmoid(2z) and 1 - s: s + x s (1 - s) 2 dz/dx, with
+  // 2 dz/dx = 2 sqrt(2/pi) (1 + 3 * 0.044715 x^2).
+  static __device__ __forceinline__ float gelu_tanh_derivative(float x, float x2, float s, float one_minus_s) {
+    constexpr float d0 = static_cast<float>(2.0 * kSqrt2OverPi);
+    constexpr float d1 = static_cast<float>(2.0 * kSqrt2OverPi * 3.0 * 0.044715);
+    return fmaf(x * fmaf(x2, d1, d0) * one_minus_s, s, s);
+  }
+  // gelu_erf's derivative Phi(x) + x phi(x), given Phi(x) and -x^2 / 2.
+  static __device__ __forceinline__ float gelu_erf_derivative(float x, float minus_half_x2, float cdf) {
+    const float gaussian = ex2_approx(minus_half_x2 * static_cast<float>(kLog2e));
+    return fmaf(x * static_cast<float>(kInvSqrt2Pi), gaussian, cdf);
+  }
 #endif
 
   // act(x); `slope` is used by leaky_relu only.
@@ -148,8 +160,7 @@ struct ActivationMath {
 #if defined(__CUDA_ARCH__)
         if constexpr (std::is_same_v<R, float> && kGeluErf != GeluErfMath::exact) {
           const float minus_half_x2 = -0.5f * x * x;
-          const float gaussian = ex2_approx(minus_half_x2 * static_cast<float>(kLog2e));
-          return fmaf(x * static_cast<float>(kInvSqrt2Pi), gaussian, normal_cdf(x, minus_half_x2));
+          return gelu_erf_derivative(x, minus_half_x2, normal_cdf(x, minus_half_x2));
         }
 #endif
         return R(0.5) * (R(1) + erf(x * R(kInvSqrt2))) + x * R(kInvSqrt2Pi) * exp(R(-0.5) * x * x);
@@ -157,13 +168,10 @@ struct ActivationMath {
       case Activation::gelu_tanh: {
 #if defined(__CUDA_ARCH__)
         if constexpr (std::is_same_v<R, float>) {
-          // s + x s (1 - s) 2 dz/dx, 2 dz/dx = 2 sqrt(2/pi) (1 + 3 * 0.044715 x^2)
-          constexpr float d0 = static_cast<float>(2.0 * kSqrt2OverPi);
-          constexpr float d1 = static_cast<float>(2.0 * kSqrt2OverPi * 3.0 * 0.044715);
           const float x2 = x * x;
           float one_minus_s;
           const float s = sigmoid_parts(gelu_tanh_exponent(x, x2), &one_minus_s);
-          return fmaf(x * fmaf(x2, d1, d0) * one_minus_s, s, s);
+          return gelu_tanh_derivative(x, x2, s, one_minus_s);
         }
 #endif
         const R inner = R(kSqrt2OverPi) * (x + R(0.044715) * x * x * x);
@@ -188,6 +196,45 @@ struct ActivationMath {
       }
     }
     return R(1);
+  }
+
+  // act(x) and act'(x) together, each the value forward() and derivative() give (the same
+  // expressions), sharing their exponential and reciprocal: for ops that need both of one input
+  // (the gated activations' backward).
+  static FUSEKIT_HOST_DEVICE void forward_and_derivative(Activation a, R x, R slope, R* act, R* deriv) {
+#if defined(__CUDA_ARCH__)
+    if constexpr (std::is_same_v<R, float>) {
+      switch (a) {
+        case Activation::silu: {
+          float one_minus_s;
+          const float s = sigmoid_parts(x * static_cast<float>(-kLog2e), &one_minus_s);
+          *act = x * s;
+          *deriv = fmaf(x * one_minus_s, s, s);
+          return;
+        }
+        case Activation::gelu_tanh: {
+          const float x2 = x * x;
+          float one_minus_s;
+          const float s = sigmoid_parts(gelu_tanh_exponent(x, x2), &one_minus_s);
+          *act = x * s;
+          *deriv = gelu_tanh_derivative(x, x2, s, one_minus_s);
+          return;
+        }
+        case Activation::gelu_erf:
+          if constexpr (kGeluErf != GeluErfMath::exact) {
+            const float minus_half_x2 = -0.5f * x * x;
+            const float cdf = normal_cdf(x, minus_half_x2);
+            *act = x * cdf;
+            *deriv = gelu_erf_derivative(x, minus_half_x2, cdf);
+            return;
+          }
+          break;
+        default: break;
+      }
+    }
+#endif
+    *act = forward(a, x, slope);
+    *deriv = derivative(a, x, slope);
   }
 };
 

@@ -34,6 +34,9 @@ const std::vector<OverrideKey> kOverrideKeys = {
     {"cross_entropy.threads", "64|128|256", "threads per block of the cross-entropy kernels"},
     {"cross_entropy.cluster", "1|2|4|8", "blocks per row (one cluster) of the forward and fused kernel"},
     {"cross_entropy.backward.chunks", "1..1024", "blocks per row of the backward kernel"},
+    // gated_act (src/gated_act/gated_act_config.h): the rows-per-thread sweep of the vector path.
+    {"gated_act.forward.rows", "1|2|4", "rows each thread of the vector forward loads together"},
+    {"gated_act.backward.rows", "1|2|4", "rows each thread of the vector backward loads together"},
     // attention
     {"attention.path", "auto|sm90|mma",
      "attention kernels: the Hopper ones where they serve the call (auto), always them (sm90), or mma.sync"},

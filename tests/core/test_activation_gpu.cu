@@ -102,5 +102,62 @@ TEST(ActivationGpu, GeluErfFitsWithinTheirStatedBounds) {
   EXPECT_LT(half_outputs.derivative, 5e-6) << "at x = " << half_outputs.derivative_x;
 }
 
+// forward_and_derivative is forward() and derivative() evaluated together: the same bits, for every
+// activation and gelu_erf path, over gelu_erf_inputs() and values far out in both tails (where the
+// exponent caps and the reciprocal's limits apply).
+template <detail::GeluErfMath kPath>
+__global__ void both_kernel(Activation a, const float* x, float* separate, float* together, int count) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= count) return;
+  using Math = detail::ActivationMath<float, kPath>;
+  separate[2 * i] = Math::forward(a, x[i], 0.05f);
+  separate[2 * i + 1] = Math::derivative(a, x[i], 0.05f);
+  Math::forward_and_derivative(a, x[i], 0.05f, &together[2 * i], &together[2 * i + 1]);
+}
+
+template <detail::GeluErfMath kPath>
+::testing::AssertionResult same_bits_together(Activation a, const std::vector<float>& xs) {
+  const int count = static_cast<int>(xs.size());
+  float *d_x = nullptr, *d_s = nullptr, *d_t = nullptr;
+  bool ok = cudaMalloc(&d_x, count * sizeof(float)) == cudaSuccess &&
+            cudaMalloc(&d_s, 2 * count * sizeof(float)) == cudaSuccess &&
+            cudaMalloc(&d_t, 2 * count * sizeof(float)) == cudaSuccess;
+  std::vector<float> s(2 * count), t(2 * count);
+  ok = ok && cudaMemcpy(d_x, xs.data(), count * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess &&
+       cudaMemset(d_s, 0xff, 2 * count * sizeof(float)) == cudaSuccess &&
+       cudaMemset(d_t, 0xff, 2 * count * sizeof(float)) == cudaSuccess;
+  if (ok) {
+    both_kernel<kPath><<<(count + 255) / 256, 256>>>(a, d_x, d_s, d_t, count);
+    ok = cudaGetLastError() == cudaSuccess &&
+         cudaMemcpy(s.data(), d_s, 2 * count * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess &&
+         cudaMemcpy(t.data(), d_t, 2 * count * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess;
+  }
+  cudaFree(d_x);
+  cudaFree(d_s);
+  cudaFree(d_t);
+  if (!ok) return ::testing::AssertionFailure() << "CUDA call failed";
+  if (std::memcmp(s.data(), t.data(), s.size() * sizeof(float)) != 0) {
+    for (int i = 0; i < 2 * count; ++i)
+      if (std::memcmp(&s[i], &t[i], sizeof(float)) != 0)
+        return ::testing::AssertionFailure() << activation_name(a) << (i % 2 ? " derivative" : " forward")
+                                             << " at x = " << xs[i / 2] << ": separately " << s[i] << ", together "
+                                             << t[i];
+  }
+  return ::testing::AssertionSuccess();
+}
+
+TEST(ActivationGpu, ForwardAndDerivativeTogetherGiveTheSeparateBits) {
+  FUSEKIT_REQUIRE_GPU();
+  std::vector<float> xs = gelu_erf_inputs();
+  for (float far : {-1e30f, -200.0f, -90.0f, -40.0f, -12.5f, 12.5f, 40.0f, 90.0f, 200.0f, 1e30f, 0.0f, -0.0f})
+    xs.push_back(far);
+  for (Activation a : {Activation::none, Activation::relu, Activation::gelu_erf, Activation::gelu_tanh,
+                       Activation::squared_relu, Activation::leaky_relu, Activation::silu}) {
+    EXPECT_TRUE(same_bits_together<detail::GeluErfMath::fit_f32>(a, xs));
+    EXPECT_TRUE(same_bits_together<detail::GeluErfMath::fit_16bit>(a, xs));
+    EXPECT_TRUE(same_bits_together<detail::GeluErfMath::exact>(a, xs));
+  }
+}
+
 }  // namespace
 }  // namespace fusekit

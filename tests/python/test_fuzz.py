@@ -299,6 +299,85 @@ def test_bias_act_dropout_contract(lead, n, activation, with_bias, p, seed, offs
         assert_close("dbias", dbias, ref_dx.reshape(-1, n).sum(0), 1e-4)
 
 
+# ---- gated activations ---------------------------------------------------------------------------
+GATES = ["silu", "gelu_tanh", "gelu_erf", "relu"]
+
+
+@FUZZ
+@given(lead=lead_shapes(), n=st.integers(1, 24), activation=st.sampled_from(GATES),
+       form=st.sampled_from(["halves", "interleaved", "separate"]), in_place=st.booleans(),
+       broken=st.sampled_from([None, None, "y", "y_expanded", "activation", "gate_up", "up", "dgate_up", "dgate"]),
+       seed=st.integers(0, 2**32 - 1))
+def test_gated_act_contract(lead, n, activation, form, in_place, broken, seed):
+    rng = np.random.default_rng(seed)
+    shape = tuple(lead) + (n,)
+    gate = (rng.standard_normal(shape) * 1.5).astype(np.float32)
+    up = rng.standard_normal(shape).astype(np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    g0, u0 = gate.astype(np.float64), up.astype(np.float64)  # the reference's inputs (in place overwrites)
+    y = np.zeros_like(gate)
+    fused = form != "separate"
+    if fused:
+        gate_up = np.empty(shape[:-1] + (2 * n,), np.float32)
+        if form == "halves":
+            gate_up[..., :n], gate_up[..., n:] = gate, up
+        else:
+            gate_up[..., 0::2], gate_up[..., 1::2] = gate, up
+        dgate_up = gate_up if in_place else np.zeros_like(gate_up)
+    else:
+        dgate, dup = (gate, up) if in_place else (np.zeros_like(gate), np.zeros_like(up))
+    arg = broken
+    if broken == "y":
+        y = break_output("shape", y)
+    elif broken == "y_expanded":
+        y, arg = expanded_argument(y, lead, "y")
+    elif broken == "activation":
+        activation = str(rng.choice(["none", "squared_relu", "leaky_relu"]))
+    elif broken == "gate_up":
+        if fused:
+            gate_up = np.zeros(shape[:-1] + (2 * n + 1,), np.float32)
+        else:
+            arg = None
+    elif broken == "up":
+        if fused:
+            arg = None
+        else:
+            up = np.zeros(shape[:-1] + (n + 1,), np.float32)
+    elif broken == "dgate_up":
+        if fused:
+            dgate_up = break_output("shape", dgate_up)
+        else:
+            arg = None
+    elif broken == "dgate":
+        if fused:
+            arg = None
+        else:
+            dgate = up  # over another input: refused with or without in_place_backward
+    if fused:
+        fwd = lambda: fusekit.gated_act_forward(gate_up, activation, y, layout=form)  # noqa: E731
+        bwd = lambda: fusekit.gated_act_backward(dy, gate_up, activation, dgate_up, layout=form,  # noqa: E731
+                                                 in_place_backward=in_place)
+    else:
+        fwd = lambda: fusekit.gated_act_forward_separate(gate, up, activation, y)  # noqa: E731
+        bwd = lambda: fusekit.gated_act_backward_separate(dy, gate, up, activation, dgate, dup,  # noqa: E731
+                                                          in_place_backward=in_place)
+    fwd_broken = arg if arg in ("y", "activation", "gate_up", "up") else None
+    bwd_broken = arg if arg in ("activation", "gate_up", "up", "dgate_up", "dgate") else None
+    fwd_ok = expect_contract(fwd, fwd_broken)
+    a, da = act_reference(activation, g0)
+    if fwd_ok:
+        assert_close("y", y, a * u0, 1e-5)
+    if expect_contract(bwd, bwd_broken):
+        d = dy.astype(np.float64)
+        if fused:
+            got_dg, got_du = (dgate_up[..., :n], dgate_up[..., n:]) if form == "halves" else \
+                (dgate_up[..., 0::2], dgate_up[..., 1::2])
+        else:
+            got_dg, got_du = dgate, dup
+        assert_close("dgate", got_dg, d * u0 * da, 1e-5)
+        assert_close("dup", got_du, d * a, 1e-5)
+
+
 # ---- linear --------------------------------------------------------------------------------------
 @FUZZ
 @given(lead=lead_shapes(), n=st.integers(1, 12), k=st.integers(0, 12),

@@ -41,6 +41,7 @@ std::vector<double> finite_difference_gradient(testing::Buffer& param, const tes
 void add_norm_ops(std::vector<OpEntry>& ops);
 void add_bias_act_dropout_ops(std::vector<OpEntry>& ops);
 void add_cross_entropy_ops(std::vector<OpEntry>& ops);
+void add_gated_act_ops(std::vector<OpEntry>& ops);
 void add_linear_ops(std::vector<OpEntry>& ops);
 void add_fp8_norm_ops(std::vector<OpEntry>& ops);
 void add_attention_ops(std::vector<OpEntry>& ops);

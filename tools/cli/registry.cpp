@@ -8,6 +8,7 @@ const std::vector<OpEntry>& registry() {
     std::vector<OpEntry> v;
     add_norm_ops(v);
     add_bias_act_dropout_ops(v);
+    add_gated_act_ops(v);
     add_linear_ops(v);
     add_fp8_norm_ops(v);
     add_attention_ops(v);

@@ -7,8 +7,9 @@ drop-ins.
     fk.swap_modules(model)   # or retarget every nn.LayerNorm / nn.RMSNorm of a model in place
 
 Ops (functional form / module): layer_norm, rms_norm / LayerNorm, RMSNorm (drop-ins);
-bias_act_dropout / BiasActDropout, Dropout (as torch.nn.Dropout); linear / Linear (torch.nn.Linear
-plus a fused activation); attention (fusekit's layout, variable lengths) and
+bias_act_dropout / BiasActDropout, Dropout (as torch.nn.Dropout); gated_act, gated_act_separate /
+GatedMLP (SwiGLU, GeGLU, ReGLU: HF LlamaMLP's act_fn(gate_proj(x)) * up_proj(x) and its module);
+linear / Linear (torch.nn.Linear plus a fused activation); attention (fusekit's layout, variable lengths) and
 scaled_dot_product_attention (torch.nn.functional's signature plus fusekit's extras);
 fp8_rms_norm / FP8RMSNorm (torch.nn.RMSNorm's constructor, FP8 in and out), fp8_quantize;
 cross_entropy / CrossEntropyLoss (drop-ins, plus a z-loss; the gradient computed with the loss).
@@ -28,6 +29,7 @@ from ._fallback import get_fallback, set_fallback  # noqa: F401
 from .norm import LayerNorm, RMSNorm, layer_norm, rms_norm  # noqa: F401
 from .bias_act_dropout import BiasActDropout, Dropout, bias_act_dropout  # noqa: F401
 from .cross_entropy import CrossEntropyLoss, cross_entropy  # noqa: F401
+from .gated_act import GatedMLP, gated_act, gated_act_separate  # noqa: F401
 from .linear import Linear, linear  # noqa: F401
 from .attention import attention, scaled_dot_product_attention  # noqa: F401
 from .fp8_norm import FP8RMSNorm, Fp8RMSNormOutput, fp8_quantize, fp8_rms_norm  # noqa: F401
