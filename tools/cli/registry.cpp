@@ -11,6 +11,7 @@ const std::vector<OpEntry>& registry() {
     add_linear_ops(v);
     add_fp8_norm_ops(v);
     add_attention_ops(v);
+    add_rope_ops(v);
     return v;
   }();
   return ops;
