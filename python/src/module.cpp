@@ -138,4 +138,5 @@ NB_MODULE(_C, m) {
   bind_linear(m);
   bind_fp8_norm(m);
   bind_attention(m);
+  bind_rope(m);
 }

@@ -10,7 +10,9 @@ Ops (functional form / module): layer_norm, rms_norm / LayerNorm, RMSNorm (drop-
 bias_act_dropout / BiasActDropout, Dropout (as torch.nn.Dropout); linear / Linear (torch.nn.Linear
 plus a fused activation); attention (fusekit's layout, variable lengths) and
 scaled_dot_product_attention (torch.nn.functional's signature plus fusekit's extras);
-fp8_rms_norm / FP8RMSNorm (torch.nn.RMSNorm's constructor, FP8 in and out), fp8_quantize.
+fp8_rms_norm / FP8RMSNorm (torch.nn.RMSNorm's constructor, FP8 in and out), fp8_quantize;
+rope (rotary embeddings of q and k in one launch) and apply_rotary_pos_emb (Hugging Face's
+signature).
 
 On a GPU fusekit has no kernels for (anything but Hopper), each op runs PyTorch's implementation
 of the same function with one warning; set_fallback('strict') makes that an UnsupportedError and
@@ -29,3 +31,4 @@ from .bias_act_dropout import BiasActDropout, Dropout, bias_act_dropout  # noqa:
 from .linear import Linear, linear  # noqa: F401
 from .attention import attention, scaled_dot_product_attention  # noqa: F401
 from .fp8_norm import FP8RMSNorm, Fp8RMSNormOutput, fp8_quantize, fp8_rms_norm  # noqa: F401
+from .rope import apply_rotary_pos_emb, rope  # noqa: F401
