@@ -39,7 +39,7 @@ if has test; then
   # One run per op family (the first: every suite of no family), line-buffered, each with its own
   # time limit, so that a slow or hung family cannot hide the others' results.
   : >"$OUT/tests.log"
-  for suite in ${TEST_SUITES:-"-Norm*:BiasActDropout*:Linear*:Fp8Norm*:Attention*" "Norm*" "BiasActDropout*" "Linear*" "Fp8Norm*" "Attention*"}; do
+  for suite in ${TEST_SUITES:-"-Norm*:BiasActDropout*:Linear*:Fp8Norm*:Attention*:Rope*" "Norm*" "BiasActDropout*" "Linear*" "Fp8Norm*" "Attention*" "Rope*"}; do
     start=$(date +%s)
     before=$(wc -l <"$OUT/tests.log")
     timeout "${TEST_TIMEOUT:-300}" stdbuf -oL "$BUILD/fusekit_tests" --gtest_filter="$suite" >>"$OUT/tests.log" 2>&1
@@ -98,7 +98,7 @@ fi
 
 if has torch; then
   PYTHONPATH="$PWD/build-python/site${PYTHONPATH:+:$PYTHONPATH}" \
-  PYTHONUNBUFFERED=1 python3 scripts/torch_bench.py --out "$OUT/torch_bench.json" ${TORCH_OPS:-norm dropout linear fp8_norm attention} >"$OUT/torch.log" 2>&1
+  PYTHONUNBUFFERED=1 python3 scripts/torch_bench.py --out "$OUT/torch_bench.json" ${TORCH_OPS:-norm dropout linear fp8_norm attention rope} >"$OUT/torch.log" 2>&1
   log "torch bench rc=$?"
   tail -5 "$OUT/torch.log"
 fi

@@ -29,11 +29,11 @@ SCHEMA = 1
 
 FAMILY_OF_OP = {"layer_norm": "norm", "rms_norm": "norm", "norm": "norm",
                 "bias_act_dropout": "bias_act_dropout", "fp8_rms_norm": "fp8_norm",
-                "linear": "linear", "attention": "attention"}
-FAMILIES = ["norm", "bias_act_dropout", "fp8_norm", "linear", "attention"]
+                "linear": "linear", "attention": "attention", "rope": "rope"}
+FAMILIES = ["norm", "bias_act_dropout", "fp8_norm", "linear", "attention", "rope"]
 FAMILY_TITLE = {"norm": "LayerNorm / RMSNorm (bf16)", "bias_act_dropout": "Bias + activation + dropout (bf16)",
                 "fp8_norm": "FP8 RMSNorm (e4m3 in and out)", "linear": "Linear + bias + activation (bf16)",
-                "attention": "Attention (bf16)"}
+                "attention": "Attention (bf16)", "rope": "Rotary embeddings of q and k (bf16)"}
 MATRIX_FAMILIES = {"linear", "attention"}
 # Implementation names as the records store them; older runs' names on the left.
 IMPL_ALIASES = {"torch": "torch_eager", "compile": "torch_compile", "fusekit_py": "fusekit_torch"}
@@ -278,7 +278,7 @@ def attention_table(newest, main):
 
 
 TABLES = {"norm": memory_table, "bias_act_dropout": memory_table, "fp8_norm": memory_table,
-          "linear": linear_table, "attention": attention_table}
+          "linear": linear_table, "attention": attention_table, "rope": memory_table}
 
 HEADER = """# fusekit performance
 
@@ -299,7 +299,7 @@ FOOTER = """## Regenerating
 On the GPU machine (`bash scripts/device_run.sh` runs both and keeps the JSON in `$OUT`):
 
     build/fusekit bench --json out/fusekit_bench.json          # optionally: ops, --shapes, --override k=v
-    python3 scripts/torch_bench.py --out out/torch_bench.json norm dropout linear fp8_norm attention
+    python3 scripts/torch_bench.py --out out/torch_bench.json norm dropout linear fp8_norm attention rope
 
 Then, in the repository:
 
