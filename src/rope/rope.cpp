@@ -215,9 +215,13 @@ rope::Params check_call(const ArgCheck& check, const char* lead_name, const Tens
     check.dtype_is(*k, k_name, lead.dtype, (std::string("as '") + lead_name + "'").c_str());
     const Dims kd = dims_of(check, *k, k_name);
     if (k->ndim != lead.ndim || kd.b != qd.b || kd.s != qd.s || kd.d != qd.d) {
-      const std::string want = lead.ndim == 4 ? "(" + str(qd.b) + ", " + str(qd.s) + ", Hk, " + str(qd.d) + ")"
-                                              : "(" + str(qd.s) + ", Hk, " + str(qd.d) + ")";
-      check.fail(k_name, "shape " + want + " (" + lead_name + "'s batch, sequence and head dim)", k->shape_string());
+      // Built by appending: GCC 12 warns falsely (-Wrestrict) on chains that start "(" + std::string.
+      std::string want = "shape (";
+      if (lead.ndim == 4) want += str(qd.b) + ", ";
+      want += str(qd.s) + ", Hk, " + str(qd.d) + ") (";
+      want += lead_name;
+      want += "'s batch, sequence and head dim)";
+      check.fail(k_name, want, k->shape_string());
     }
     p.heads_k = kd.h;
     p.k_in = operand_of(check, *k, k_name);
