@@ -628,6 +628,8 @@ def test_rope_contract(packed, B, S, Hq, Hk, D, rotary, style, positions, source
     elif broken == "cos":
         tables = dict(cos=np.ones((table_rows, half + 1), np.float32), sin=np.ones((table_rows, half + 1), np.float32))
     op = fusekit.rope_backward if backward else fusekit.rope_forward
+    if backward:  # the backward's names of the outputs
+        arg = {"q_out": "dq", "k_out": "dk"}.get(arg, arg)
     if not expect_contract(lambda: op(q, k, ids, q_out, k_out, **kw, **tables), arg):
         return
     pos = ids if ids is not None else (np.arange(S) if packed else np.arange(S)[None, :])
