@@ -105,7 +105,7 @@ fi
 
 if has torch; then
   PYTHONPATH="$PWD/build-python/site${PYTHONPATH:+:$PYTHONPATH}" \
-  PYTHONUNBUFFERED=1 python3 scripts/torch_bench.py --out "$OUT/torch_bench.json" ${TORCH_OPS:-norm dropout linear fp8_norm attention cross_entropy gated_act} >"$OUT/torch.log" 2>&1
+  PYTHONUNBUFFERED=1 python3 scripts/torch_bench.py --out "$OUT/torch_bench.json" ${TORCH_OPS:-norm dropout linear fp8_norm attention cross_entropy gated_act rope} >"$OUT/torch.log" 2>&1
   log "torch bench rc=$?"
   tail -5 "$OUT/torch.log"
 fi

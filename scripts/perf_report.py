@@ -29,12 +29,13 @@ SCHEMA = 1
 
 FAMILY_OF_OP = {"layer_norm": "norm", "rms_norm": "norm", "norm": "norm",
                 "bias_act_dropout": "bias_act_dropout", "gated_act": "gated_act", "fp8_rms_norm": "fp8_norm",
-                "linear": "linear", "attention": "attention", "cross_entropy": "cross_entropy"}
-FAMILIES = ["norm", "bias_act_dropout", "gated_act", "fp8_norm", "linear", "attention", "cross_entropy"]
+                "linear": "linear", "attention": "attention", "cross_entropy": "cross_entropy", "rope": "rope"}
+FAMILIES = ["norm", "bias_act_dropout", "gated_act", "fp8_norm", "linear", "attention", "rope", "cross_entropy"]
 FAMILY_TITLE = {"norm": "LayerNorm / RMSNorm (bf16)", "bias_act_dropout": "Bias + activation + dropout (bf16)",
                 "gated_act": "Gated activations: SwiGLU, GeGLU (bf16)",
                 "fp8_norm": "FP8 RMSNorm (e4m3 in and out)", "linear": "Linear + bias + activation (bf16)",
-                "attention": "Attention (bf16)", "cross_entropy": "Cross-entropy (bf16 logits)"}
+                "attention": "Attention (bf16)", "cross_entropy": "Cross-entropy (bf16 logits)",
+                "rope": "Rotary embeddings of q and k (bf16)"}
 MATRIX_FAMILIES = {"linear", "attention"}
 # Implementation names as the records store them; older runs' names on the left.
 IMPL_ALIASES = {"torch": "torch_eager", "compile": "torch_compile", "fusekit_py": "fusekit_torch"}
@@ -280,7 +281,7 @@ def attention_table(newest, main):
 
 TABLES = {"norm": memory_table, "bias_act_dropout": memory_table, "gated_act": memory_table,
           "fp8_norm": memory_table, "linear": linear_table, "attention": attention_table,
-          "cross_entropy": memory_table}
+          "cross_entropy": memory_table, "rope": memory_table}
 
 HEADER = """# fusekit performance
 
@@ -301,7 +302,7 @@ FOOTER = """## Regenerating
 On the GPU machine (`bash scripts/device_run.sh` runs both and keeps the JSON in `$OUT`):
 
     build/fusekit bench --json out/fusekit_bench.json          # optionally: ops, --shapes, --override k=v
-    python3 scripts/torch_bench.py --out out/torch_bench.json norm dropout linear fp8_norm attention
+    python3 scripts/torch_bench.py --out out/torch_bench.json norm dropout linear fp8_norm attention rope
 
 Then, in the repository:
 

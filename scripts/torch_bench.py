@@ -459,6 +459,79 @@ def attention_rows(rows):
     return {}
 
 
+# ---- rotary embeddings (fusekit op "rope") -------------------------------------------------------
+# bench/rope's shapes and shape strings: bf16 q (B, S, Hq, D) and k (B, S, Hk, D), B * S = 16384,
+# Hq = 32, Hk = 8; cos / sin precomputed per token in bf16 as Hugging Face's rotary embedding
+# returns them (outside the timed call: a model computes them once for all its layers). Bytes: q
+# and k read, q_out and k_out written.
+ROPE_CASES = [(128, 128, "rotate_half"), (64, 64, "rotate_half"), (128, 32, "rotate_half"),
+              (128, 128, "interleaved")]
+
+
+def rope_shape(d, r, style):
+    name = f"(B=4, S=4096, Hq=32, Hk=8, D={d})"
+    if r != d:
+        name += f" r={r}"
+    if style == "interleaved":
+        name += " interleaved"
+    return name
+
+
+def rope_expression(x, cos, sin, r, style):
+    """Hugging Face's expressions: q * cos + rotate_half(q) * sin on the first r dims (GPT-NeoX's
+    partial rotary), or GPT-J's rotate_every_two with interleaved cos / sin."""
+    rot, rest = x[..., :r], x[..., r:]
+    if style == "rotate_half":
+        x1, x2 = rot[..., : r // 2], rot[..., r // 2:]
+        rot = rot * cos + torch.cat((-x2, x1), -1) * sin
+    else:
+        x1, x2 = rot[..., 0::2], rot[..., 1::2]
+        rot = rot * cos + torch.stack((-x2, x1), -1).flatten(-2) * sin
+    return torch.cat((rot, rest), -1) if rest.shape[-1] else rot
+
+
+def rope_rows(rows):
+    dev = "cuda"
+    b, s, hq, hk = 4, 4096, 32, 8
+    positions = torch.arange(s, device=dev).float()
+    for d, r, style in ROPE_CASES:
+        inv_freq = 1.0 / (500000.0 ** (torch.arange(0, r, 2, device=dev).float() / r))
+        freqs = positions[:, None] * inv_freq
+        emb = torch.cat((freqs, freqs), -1) if style == "rotate_half" else freqs.repeat_interleave(2, -1)
+        cos = emb.cos().to(torch.bfloat16)[None, :, None, :].expand(b, s, 1, r)
+        sin = emb.sin().to(torch.bfloat16)[None, :, None, :].expand(b, s, 1, r)
+        q = torch.randn(b, s, hq, d, device=dev, dtype=torch.bfloat16, requires_grad=True)
+        k = torch.randn(b, s, hk, d, device=dev, dtype=torch.bfloat16, requires_grad=True)
+        dq, dk = torch.randn_like(q), torch.randn_like(k)
+        moved = 2.0 * (q.numel() + k.numel()) * 2
+
+        def f(q, k, r=r, style=style):
+            return rope_expression(q, cos, sin, r, style), rope_expression(k, cos, sin, r, style)
+        compiled = torch.compile(f)
+        shape = rope_shape(d, r, style)
+        for impl, fn in (("torch_eager", f), ("torch_compile", compiled)):
+            t = bench(lambda: fn(q, k))
+            rows.append(dict(op="rope", direction="fwd", shape=shape, impl=impl, time_us=t, bytes=moved,
+                             gbps=moved / t / 1e3))
+            qo, ko = fn(q, k)
+            t = bench(lambda: torch.autograd.grad((qo, ko), (q, k), (dq, dk), retain_graph=True))
+            rows.append(dict(op="rope", direction="bwd", shape=shape, impl=impl, time_us=t, bytes=moved,
+                             gbps=moved / t / 1e3))
+            print(rows[-2], rows[-1], flush=True)
+            del qo, ko
+        del q, k, dq, dk
+    # PyTorch's own error in bf16 against float64 (the same bf16 cos / sin), on one shape.
+    d = r = 128
+    inv_freq = 1.0 / (500000.0 ** (torch.arange(0, r, 2, device=dev).float() / r))
+    emb = torch.arange(1024, device=dev).float()[:, None] * inv_freq
+    emb = torch.cat((emb, emb), -1)
+    cos, sin = emb.cos().to(torch.bfloat16)[None, :, None, :], emb.sin().to(torch.bfloat16)[None, :, None, :]
+    q = torch.randn(4, 1024, 32, d, device=dev, dtype=torch.bfloat16)
+    got = rope_expression(q, cos, sin, r, "rotate_half")
+    ref = rope_expression(q.double(), cos.double(), sin.double(), r, "rotate_half")
+    return {"rope": {"q_out": ((got.double() - ref).norm() / ref.norm()).item()}}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -484,6 +557,8 @@ def main():
         errors.update(attention_rows(rows))
     if "cross_entropy" in args.ops:
         cross_entropy_rows(rows)
+    if "rope" in args.ops:
+        errors.update(rope_rows(rows))
     json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
                    copy_gbps=2 * a.numel() * 2 / copy_us / 1e3, rows=rows, torch_errors=errors),
               open(args.out, "w"), indent=1)

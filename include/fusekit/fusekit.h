@@ -12,5 +12,6 @@
 #include "fusekit/linear.h"
 #include "fusekit/norm.h"
 #include "fusekit/philox.h"
+#include "fusekit/rope.h"
 #include "fusekit/runtime.h"
 #include "fusekit/tensor.h"

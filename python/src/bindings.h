@@ -291,5 +291,6 @@ void bind_gated_act(nb::module_& m);
 void bind_linear(nb::module_& m);
 void bind_fp8_norm(nb::module_& m);
 void bind_attention(nb::module_& m);
+void bind_rope(nb::module_& m);
 
 }  // namespace fusekit::python

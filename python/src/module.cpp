@@ -184,4 +184,5 @@ NB_MODULE(_C, m) {
   bind_fp8_norm(m);
   bind_attention(m);
   bind_cross_entropy(m);
+  bind_rope(m);
 }

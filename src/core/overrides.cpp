@@ -40,6 +40,10 @@ const std::vector<OverrideKey> kOverrideKeys = {
     // attention
     {"attention.path", "auto|sm90|mma",
      "attention kernels: the Hopper ones where they serve the call (auto), always them (sm90), or mma.sync"},
+    // rope (src/rope/rope_config.h): the tests' narrower accesses on aligned data, the tuning sweep
+    {"rope.max_access_bytes", "16|8|4|element",
+     "widest unit access of the rotary kernel (element: one element per access, any alignment)"},
+    {"rope.tokens_per_block", "1..16", "tokens per block of the rotary kernel"},
 };
 
 struct State {

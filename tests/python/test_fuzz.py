@@ -804,3 +804,87 @@ def test_mistyped_scalars_contract(which, value, seed):
     if got[0] == "error":
         assert got[1] in ("InvalidArgumentError", "UnsupportedError"), got
         assert got[2].startswith(f"fusekit.{entry.op}:"), got
+# ---- rotary embeddings -----------------------------------------------------------------------------
+def rope_reference(x, positions, style, r, inv_freq, cos, sin, m, backward):
+    """The documented definition (include/fusekit/rope.h) in float64 from the float32 angles; x
+    (..., H, D), positions (...)."""
+    if cos is not None:
+        c, s = cos.astype(np.float64)[positions], sin.astype(np.float64)[positions]
+    else:
+        angle = positions.astype(np.float32)[..., None] * inv_freq  # the float32 product
+        c, s = np.cos(angle.astype(np.float64)), np.sin(angle.astype(np.float64))
+    m = np.float64(np.float32(m))
+    c, s = m * c[..., None, :], (-m if backward else m) * s[..., None, :]
+    x = x.astype(np.float64)
+    out = x.copy()
+    half = r // 2
+    first = (slice(0, half), slice(half, r)) if style == "rotate_half" else (slice(0, r, 2), slice(1, r, 2))
+    a, b = x[..., first[0]], x[..., first[1]]
+    out[..., first[0]], out[..., first[1]] = a * c - b * s, b * c + a * s
+    return out
+
+
+@FUZZ
+@given(packed=st.booleans(), B=st.integers(1, 2), S=st.integers(1, 5), Hq=st.integers(1, 3), Hk=st.integers(0, 2),
+       D=st.sampled_from([2, 4, 6, 8, 10]), rotary=st.integers(0, 5),
+       style=st.sampled_from(["rotate_half", "interleaved"]), positions=st.sampled_from(["implicit", "ids", "shared"]),
+       source=st.sampled_from(["theta", "inv_freq", "cos_sin"]), with_k=st.booleans(), in_place=st.booleans(),
+       backward=st.booleans(), dtype=st.sampled_from([np.float32, np.float16]),
+       broken=st.sampled_from([None, None, "q_out", "k_out", "rotary_dim", "position_ids", "theta", "cos"]),
+       seed=st.integers(0, 2**32 - 1))
+def test_rope_contract(packed, B, S, Hq, Hk, D, rotary, style, positions, source, with_k, in_place, backward, dtype,
+                       broken, seed):
+    rng = np.random.default_rng(seed)
+    lead = (S,) if packed else (B, S)
+    r = 2 * rotary if 0 < 2 * rotary <= D else 0
+    half = (r or D) // 2
+    q = rng.standard_normal(lead + (Hq, D)).astype(dtype)
+    k = rng.standard_normal(lead + (Hk, D)).astype(dtype) if with_k else None
+    q_in, k_in = q.copy(), (k.copy() if with_k else None)
+    q_out = q if in_place else np.zeros_like(q)
+    k_out = (k if in_place else np.zeros_like(k)) if with_k else None
+    table_rows = S + 3
+    ids = None
+    if positions == "ids" or packed and positions != "implicit":
+        ids = rng.integers(0, table_rows, lead)
+    elif positions == "shared":
+        ids = rng.integers(0, table_rows, (1, S)).astype(np.int32)
+    kw = dict(style=style, rotary_dim=r, theta=float(rng.choice([10000.0, 500000.0])),
+              attention_scaling=float(rng.choice([1.0, 0.5])))
+    inv_freq = (np.float64(np.float32(kw["theta"])) ** (-2.0 * np.arange(half) / (2 * half))).astype(np.float32)
+    tables = {}
+    if source == "inv_freq":
+        inv_freq = rng.uniform(0, 1, half).astype(np.float32)
+        tables = dict(inv_freq=inv_freq)
+    elif source == "cos_sin":
+        angles = rng.uniform(-10, 10, (table_rows, half))
+        tables = dict(cos=np.cos(angles).astype(np.float32), sin=np.sin(angles).astype(np.float32))
+    arg = broken
+    if broken == "q_out":
+        q_out = np.zeros(q.shape[:-1] + (D + 2,), dtype)
+    elif broken == "k_out":
+        if with_k and k.size // D > 1:
+            k_out = np.lib.stride_tricks.as_strided(np.zeros_like(k), shape=k.shape,
+                                                    strides=(0,) * (k.ndim - 1) + (k.strides[-1],))
+        else:
+            arg = None
+    elif broken == "rotary_dim":
+        kw["rotary_dim"] = int(rng.choice([1, 3, D + 2]))
+    elif broken == "position_ids":
+        ids = np.zeros(lead[:-1] + (S + 1,), np.int64)
+    elif broken == "theta":
+        kw["theta"] = float(rng.choice([0.0, -1.0, math.inf, math.nan]))
+    elif broken == "cos":
+        tables = dict(cos=np.ones((table_rows, half + 1), np.float32), sin=np.ones((table_rows, half + 1), np.float32))
+    op = fusekit.rope_backward if backward else fusekit.rope_forward
+    if backward:  # the backward's names of the outputs
+        arg = {"q_out": "dq", "k_out": "dk"}.get(arg, arg)
+    if not expect_contract(lambda: op(q, k, ids, q_out, k_out, **kw, **tables), arg):
+        return
+    pos = ids if ids is not None else (np.arange(S) if packed else np.arange(S)[None, :])
+    pos = np.broadcast_to(pos, lead) if not packed else pos
+    ref = dict(style=style, r=r or D, inv_freq=inv_freq, cos=tables.get("cos"), sin=tables.get("sin"),
+               m=kw["attention_scaling"], backward=backward)
+    assert_close("q_out", q_out, rope_reference(q_in, pos, **ref), TOL[dtype])
+    if with_k:
+        assert_close("k_out", k_out, rope_reference(k_in, pos, **ref), TOL[dtype])

@@ -56,6 +56,14 @@ def _calls(device, dtype=torch.bfloat16):
                                                                                   device=device))
         return out
 
+    def rope_ref():  # Hugging Face's rotate_half form, theta 10000, positions 0 .. S - 1
+        inv_freq = 1.0 / (10000.0 ** (torch.arange(0, 64, 2, device=device).float() / 64))
+        angle = torch.arange(96, device=device).float()[:, None] * inv_freq
+        cos, sin = torch.cat((angle, angle), -1).cos()[:, None], torch.cat((angle, angle), -1).sin()[:, None]
+        qf = q.float()
+        rotated = torch.cat((-qf[..., 32:], qf[..., :32]), -1)
+        return (qf * cos + rotated * sin).to(dtype)
+
     return [
         ("layer_norm", lambda: fk.layer_norm(x, (256,), w, b, 1e-5),
          lambda: F.layer_norm(x, (256,), w, b, 1e-5)),
@@ -72,6 +80,7 @@ def _calls(device, dtype=torch.bfloat16):
         ("attention", lambda: fk.attention(q, k, v), lambda: sdpa_ref(False)),
         ("attention causal", lambda: fk.attention(q, k, v, mask="causal_bottom_right"),
          lambda: sdpa_ref(True)),
+        ("rope", lambda: fk.rope(q)[0], rope_ref),
     ]
 
 

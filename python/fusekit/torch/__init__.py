@@ -13,6 +13,8 @@ linear / Linear (torch.nn.Linear plus a fused activation); attention (fusekit's 
 scaled_dot_product_attention (torch.nn.functional's signature plus fusekit's extras);
 fp8_rms_norm / FP8RMSNorm (torch.nn.RMSNorm's constructor, FP8 in and out), fp8_quantize;
 cross_entropy / CrossEntropyLoss (drop-ins, plus a z-loss; the gradient computed with the loss).
+rope (rotary embeddings of q and k in one launch) and apply_rotary_pos_emb (Hugging Face's
+signature).
 
 On a GPU fusekit has no kernels for (anything but Hopper), each op runs PyTorch's implementation
 of the same function with one warning; set_fallback('strict') makes that an UnsupportedError and
@@ -33,3 +35,4 @@ from .gated_act import GatedMLP, gated_act, gated_act_separate  # noqa: F401
 from .linear import Linear, linear  # noqa: F401
 from .attention import attention, scaled_dot_product_attention  # noqa: F401
 from .fp8_norm import FP8RMSNorm, Fp8RMSNormOutput, fp8_quantize, fp8_rms_norm  # noqa: F401
+from .rope import apply_rotary_pos_emb, rope  # noqa: F401

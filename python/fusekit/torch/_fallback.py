@@ -176,3 +176,39 @@ def cross_entropy(input, target, ignore_index, label_smoothing, z_loss, reductio
         return loss.sum() / counted.sum().clamp_min(1)
     raise _C.InvalidArgumentError(f"fusekit.cross_entropy: argument 'reduction': expected one of "
                                   f"'none', 'mean', 'sum', got {reduction!r}")
+def rope(q, k, position_ids, inv_freq, cos, sin, style, rotary_dim, theta, linear_scaling,
+         attention_scaling):
+    """fusekit.torch.rope's function (include/fusekit/rope.h) in PyTorch operations: the float32
+    angles fl32(p) * inv_freq[i] (or the cos / sin tables' rows), the rotation in float32."""
+    d = q.shape[-1]
+    r = rotary_dim or d
+    half = r // 2
+    if position_ids is None:
+        position_ids = torch.arange(q.shape[-3], device=q.device)
+        if q.dim() == 4:
+            position_ids = position_ids[None, :]
+    if cos is not None:
+        c, s = cos[position_ids], sin[position_ids]
+    else:
+        if inv_freq is None:
+            theta32 = torch.tensor(theta, dtype=torch.float32).item()
+            scaling32 = torch.tensor(linear_scaling, dtype=torch.float32).item()
+            i = torch.arange(half, dtype=torch.float64, device=q.device)
+            inv_freq = (theta32 ** (-2.0 * i / r) / scaling32).float()
+        angle = position_ids.to(torch.float32)[..., None] * inv_freq
+        c, s = torch.cos(angle), torch.sin(angle)
+    c = (c * attention_scaling).unsqueeze(-2)  # shared by the heads
+    s = (s * attention_scaling).unsqueeze(-2)
+
+    def apply(x):
+        xf = x.float()
+        rot = xf[..., :r]
+        if style == "rotate_half":
+            x1, x2 = rot[..., :half], rot[..., half:]
+            out = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), -1)
+        else:
+            x1, x2 = rot[..., 0::2], rot[..., 1::2]
+            out = torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), -1).flatten(-2)
+        return torch.cat((out, xf[..., r:]), -1).to(x.dtype)
+
+    return apply(q), (apply(k) if k is not None else None)
