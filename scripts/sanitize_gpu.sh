@@ -55,7 +55,7 @@ run_one() {
   # their shared memory through TMA and mbarriers, which racecheck does not follow: it reports
   # hazards in every one of them. They are left out of racecheck; fusekit's own TMA kernels
   # (the CUTLASS GEMMs, attention, the norms) are checked.
-  [ "$tool" = racecheck ] && extra=(--exclude kns=nvjet)
+  [ "$tool" = racecheck ] && extra=(--kernel-name-exclude kns=nvjet)
   local start=$(date +%s)
   GTEST_TOTAL_SHARDS=$count GTEST_SHARD_INDEX=$shard OMP_NUM_THREADS=2 \
     timeout "${SANITIZE_TIMEOUT:-540}" compute-sanitizer --tool "$tool" \
