@@ -130,6 +130,22 @@ def gated_act_cases(dev, dtype, rows, cols):
     ]
 
 
+def cross_entropy_cases(dev, dtype, rows, classes):
+    x = torch.randn(rows, classes, device=dev, dtype=dtype)
+    t = torch.randint(0, classes, (rows,), device=dev)
+    loss, lse, dloss = torch.empty((), device=dev), torch.empty(rows, device=dev), torch.ones((), device=dev)
+    dx = torch.empty_like(x)
+    ws = workspace(fusekit.cross_entropy_workspace_size(rows, classes, "mean", device_name(dev)), dev)
+    fusekit.cross_entropy_forward(x, t, "mean", loss, lse, ws)
+    grads = [x.clone().requires_grad_(True)]
+    return [Case(
+        "cross_entropy",
+        lambda: fusekit.cross_entropy_forward_backward(x, t, "mean", loss, dx, None, ws),
+        lambda: fusekit.cross_entropy_backward(dloss, x, t, lse, "mean", dx, ws),
+        lambda x: fk.cross_entropy(x, t),
+        lambda x: F.cross_entropy(x, t), (x,), grads + [dloss])]
+
+
 def linear_cases(dev, dtype, rows, k, n):
     x = torch.randn(rows, k, device=dev, dtype=dtype)
     w = torch.randn(n, k, device=dev, dtype=dtype) / math.sqrt(k)
@@ -203,8 +219,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default="bf16", choices=sorted(_DTYPES))
-    ap.add_argument("--ops", default="norm,dropout,gated_act,linear,attention,fp8_norm",
-                    help="comma-separated families: norm, dropout, gated_act, linear, attention, fp8_norm")
+    ap.add_argument("--ops", default="norm,dropout,gated_act,linear,attention,fp8_norm,cross_entropy",
+                    help="comma-separated families: norm, dropout, gated_act, linear, attention, fp8_norm, "
+                         "cross_entropy")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--run-seconds", type=float, default=0.02,
                     help="about this long per run (short: the GPU must keep up with the host)")
@@ -231,6 +248,8 @@ def main():
         cases += attention_cases(dev, dtype, 1, 64 if dev.type == "cuda" else 2, 2, 64)
     if "fp8_norm" in ops:
         cases += fp8_norm_cases(dev, 32, 256) if dev.type == "cuda" else fp8_norm_cases(dev, 2, 32)
+    if "cross_entropy" in ops:
+        cases += cross_entropy_cases(dev, dtype, 4, 256)
 
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU backend"
     print(f"fusekit host overhead per call: {dev} ({name}), {args.dtype}, torch {torch.__version__}, "

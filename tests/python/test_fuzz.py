@@ -473,7 +473,7 @@ def cross_entropy_reference(x, t, reduction, ignore_index, s, z):
 @given(lead=lead_shapes(), n=st.integers(1, 40), reduction=st.sampled_from(REDUCTIONS),
        target_dtype=st.sampled_from([np.int32, np.int64]), smoothing=st.sampled_from([0.0, 0.1, 0.9]),
        z=st.sampled_from([0.0, 1e-3]), ignore_index=st.sampled_from([-100, 0, 2]), in_place=st.booleans(),
-       broken=st.sampled_from([None, None, "loss", "lse", "dlogits", "dlogits_expanded", "targets",
+       broken=st.sampled_from([None, None, "loss", "lse", "dloss", "dlogits", "dlogits_expanded", "targets",
                                "label_smoothing", "z_loss"]),
        seed=st.integers(0, 2**32 - 1))
 def test_cross_entropy_contract(lead, n, reduction, target_dtype, smoothing, z, ignore_index, in_place, broken,
@@ -486,6 +486,7 @@ def test_cross_entropy_contract(lead, n, reduction, target_dtype, smoothing, z, 
     loss_shape = lead if reduction == "none" else ()
     loss, loss2 = np.zeros(loss_shape, np.float32), np.zeros(loss_shape, np.float32)
     lse = np.zeros(lead, np.float32)
+    dloss = (rng.standard_normal(loss_shape) if reduction == "none" else np.array(rng.uniform(0.5, 2))).astype(np.float32)
     dx = np.zeros_like(x)
     arg = broken
     if broken == "loss":
@@ -493,6 +494,8 @@ def test_cross_entropy_contract(lead, n, reduction, target_dtype, smoothing, z, 
         loss2 = loss
     elif broken == "lse":
         lse = np.zeros(math.prod(lead) + 1, np.float32)
+    elif broken == "dloss":
+        dloss = np.zeros(math.prod(loss_shape) + 1, np.float32)
     elif broken == "dlogits":
         dx = break_output("shape", dx)
     elif broken == "dlogits_expanded":
@@ -505,22 +508,37 @@ def test_cross_entropy_contract(lead, n, reduction, target_dtype, smoothing, z, 
     elif broken == "z_loss":
         z = float(rng.choice([-1.0, math.inf, math.nan]))
     kw = dict(ignore_index=ignore_index, label_smoothing=smoothing, z_loss=z)
-    x_in = x.copy()
-    fwd_broken = arg if arg in ("loss", "lse", "targets", "label_smoothing", "z_loss") else None
-    fwd_ok = expect_contract(lambda: fusekit.cross_entropy_forward(x, t, reduction, loss, lse, **kw), fwd_broken)
-    out = x if in_place and arg not in ("dlogits", "dlogits_expanded") else dx
-    fused_broken = arg if arg != "lse" else None
-    fused_ok = expect_contract(lambda: fusekit.cross_entropy_forward_backward(x, t, reduction, loss2, out, **kw),
-                               fused_broken)
-    if not (fwd_ok or fused_ok):
-        return
-    ref_loss, ref_lse, ref_grad = cross_entropy_reference(x_in, t, reduction, ignore_index, smoothing, z)
+    options = ("targets", "label_smoothing", "z_loss")
+    if arg == "targets":  # refused before any value is used
+        valid_lse = np.zeros(lead, np.float32)
+    else:
+        ref_loss, ref_lse, ref_grad = cross_entropy_reference(x, t, reduction, ignore_index, smoothing, z)
+        valid_lse = ref_lse.astype(np.float32).reshape(lead)
+
+    def output_for(logits):  # dlogits: the logits themselves in place, unless dlogits is the broken one
+        return logits if in_place and arg != "dlogits" else dx
+
+    fwd_ok = expect_contract(lambda: fusekit.cross_entropy_forward(x, t, reduction, loss, lse, **kw),
+                             arg if arg in ("loss", "lse") + options else None)
+    logits_b = x.copy()
+    bwd_ok = expect_contract(
+        lambda: fusekit.cross_entropy_backward(dloss, logits_b, t, lse if arg == "lse" else valid_lse, reduction,
+                                               output_for(logits_b), **kw),
+        arg if arg in ("lse", "dloss", "dlogits") + options else None)
+    grad_b = output_for(logits_b).copy()
+    logits_f = x.copy()
+    fused_ok = expect_contract(
+        lambda: fusekit.cross_entropy_forward_backward(logits_f, t, reduction, loss2, output_for(logits_f), **kw),
+        arg if arg in ("loss", "dlogits") + options else None)
     if fwd_ok:
         assert_close("loss", loss.reshape(-1), np.reshape(ref_loss, -1), 1e-5)
         assert_close("lse", lse.reshape(-1), ref_lse, 1e-6)
+    if bwd_ok:
+        g = dloss.astype(np.float64).reshape(-1, 1) if reduction == "none" else float(dloss)
+        assert_close("dlogits (backward)", grad_b.reshape(-1, n), ref_grad * g, 1e-5)
     if fused_ok:
         assert_close("fused loss", loss2.reshape(-1), np.reshape(ref_loss, -1), 1e-5)
-        assert_close("dlogits", out.reshape(-1, n), ref_grad, 1e-5)
+        assert_close("dlogits (fused)", output_for(logits_f).reshape(-1, n), ref_grad, 1e-5)
 
 
 @FUZZ

@@ -151,9 +151,8 @@ cross_entropy_fwd_bwd.register_autograd(_fused_backward, setup_context=_fused_se
 
 
 class _CrossEntropyFunction(torch.autograd.Function):
-    """The eager path with gradients: the fused call in the forward; the backward scales the
-    saved gradient in place (it is this Function's own buffer), so no second buffer of the logits'
-    size is allocated. It can run once (as PyTorch's graphs without retain_graph)."""
+    """The eager path with gradients: the fused call in the forward, its gradient scaled in the
+    backward (a new tensor, so that a graph kept with retain_graph=True runs its backward again)."""
 
     @staticmethod
     def forward(ctx, logits, targets, ignore_index, label_smoothing, z_loss, reduction):
@@ -166,11 +165,7 @@ class _CrossEntropyFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dloss):
         dlogits = ctx.dlogits
-        if dlogits is None:
-            raise RuntimeError("fusekit.cross_entropy: the backward ran already; its saved gradient "
-                               "was scaled in place (retain_graph=True is not supported)")
-        ctx.dlogits = None
-        return dlogits.mul_(_scale(dlogits, dloss, ctx.reduction)), None, None, None, None, None
+        return dlogits * _scale(dlogits, dloss, ctx.reduction), None, None, None, None, None
 
 
 _apply = function_apply(_CrossEntropyFunction)
