@@ -3,7 +3,7 @@
 // For row r with logits x (V classes) and target t:
 //   lse    = log(sum_j exp(x_j))
 //   loss_r = lse - (1 - s) x_t - (s / V) sum_j x_j + z lse^2
-//   dloss_r/dx_j = softmax_j (1 + 2 z lse) - s / V - (1 - s) [j == t]
+//   d loss_r / d x_j = softmax_j (1 + 2 z lse) - s / V - (1 - s) [j == t]
 // s is the label smoothing (PyTorch's definition: the target distribution is (1 - s) one_hot(t) +
 // s / V), z the z-loss coefficient (PaLM's auxiliary z * log(Z)^2; 0 turns it off).
 //
@@ -27,15 +27,15 @@
 //
 // Calls:
 //  * cross_entropy_forward: the loss, and optionally lse (what the backward needs).
-//  * cross_entropy_backward: dlogits = dloss_r * dloss_r/dlogits from logits, targets and the saved
-//    lse (softmax = exp(x - lse), no reduction over the row). dloss is read from device memory (no
-//    host synchronization): T values for reduction none (row r's gradient is scaled by dloss[r]),
-//    one for sum (every row by dloss), one for mean (every row by dloss / N, N counted on the device).
+//  * cross_entropy_backward: dlogits[r, j] = g_r * d loss_r / d x_j from logits, targets and the
+//    saved lse (softmax = exp(x - lse): no reduction over the row). g_r comes from dloss, read
+//    from device memory (no host synchronization): dloss[r] for reduction none (T values), dloss for
+//    sum, dloss / N for mean (one value; N counted on the device).
 //  * cross_entropy_forward_backward: the training step's usual case in one launch sequence: the
-//    loss and the gradient of the loss itself (dloss = 1 for sum and for each row of none, 1 / N
-//    for mean; N counted on the device), optionally lse. The kernel sweeps each row twice (its
-//    statistics, then its gradient) with the second sweep served by L2: the logits are read from
-//    memory once and dlogits written once.
+//    loss and its own gradient (g_r = 1 for sum and none, 1 / N for mean; N counted on the
+//    device), optionally lse. The kernel sweeps each row twice (its statistics, then its
+//    gradient), the second sweep right after the first, from L2: the logits are read from memory
+//    once and dlogits written once.
 // dlogits may be the logits themselves (the same data pointer and row stride: in place, the
 // gradient overwrites the logits) in the backward and in the fused call; any other overlap of an
 // output with an input is refused.
