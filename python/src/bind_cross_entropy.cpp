@@ -3,10 +3,7 @@
 // (ignore_index, label_smoothing, z_loss) after the outputs with the C++ defaults. `reduction` is
 // a fusekit.LossReduction or its name; outputs and workspace are arrays the caller allocates
 // (workspace='auto': through the framework of CUDA arrays).
-#include <nanobind/stl/string.h>
-
 #include <cstdint>
-#include <string>
 
 #include "bindings.h"
 #include "fusekit/cross_entropy.h"
@@ -16,28 +13,20 @@ namespace fusekit::python {
 namespace {
 
 constexpr LossReduction kReductions[] = {LossReduction::none, LossReduction::mean, LossReduction::sum};
-constexpr const char* kReductionNames = "fusekit.LossReduction or one of 'none', 'mean', 'sum'";
 
-LossReduction reduction_arg(nb::handle value, const char* op) {
-  LossReduction parsed;
-  if (nb::try_cast<LossReduction>(value, parsed, false)) return parsed;
-  if (nb::isinstance<nb::str>(value)) {
-    const std::string name = nb::cast<std::string>(value);
-    for (LossReduction r : kReductions)
-      if (name == loss_reduction_name(r)) return r;
-    throw Error(ErrorKind::invalid_argument, op, "reduction", kReductionNames, "'" + name + "'");
-  }
-  throw Error(ErrorKind::invalid_argument, op, "reduction", kReductionNames,
-              std::string(nb::type_name(value.type()).c_str()));
+LossReduction reduction_arg(const ScalarArgs& c, nb::handle value) {
+  return c.option(value, "reduction", "fusekit.LossReduction", kReductions, loss_reduction_name);
 }
 
-CrossEntropyConfig make_config(nb::handle reduction, std::int64_t ignore_index, float label_smoothing,
-                               float z_loss, const char* op) {
+// The config from its flattened arguments, converted before the arrays (a mistyped scalar is
+// reported first, as PyTorch's argument parser checks every type first).
+CrossEntropyConfig make_config(const ScalarArgs& c, nb::handle reduction, nb::handle ignore_index,
+                               nb::handle label_smoothing, nb::handle z_loss) {
   CrossEntropyConfig config;
-  config.reduction = reduction_arg(reduction, op);
-  config.ignore_index = ignore_index;
-  config.label_smoothing = label_smoothing;
-  config.z_loss = z_loss;
+  config.reduction = reduction_arg(c, reduction);
+  config.ignore_index = c.i64(ignore_index, "ignore_index");
+  config.label_smoothing = c.f32(label_smoothing, "label_smoothing");
+  config.z_loss = c.f32(z_loss, "z_loss");
   return config;
 }
 
@@ -61,21 +50,23 @@ void bind_cross_entropy(nb::module_& m) {
 
   m.def(
       "cross_entropy_workspace_size",
-      [](std::int64_t rows, std::int64_t classes, nb::handle reduction, const std::string& device) {
-        const char* op = "cross_entropy_workspace_size";
-        return cross_entropy_workspace_size(rows, classes, reduction_arg(reduction, op), device_arg(device, op));
+      [](nb::handle rows, nb::handle classes, nb::handle reduction, nb::handle device) {
+        const ScalarArgs c("cross_entropy_workspace_size");
+        const std::int64_t r = c.i64(rows, "rows"), n = c.i64(classes, "classes");
+        const LossReduction red = reduction_arg(c, reduction);
+        return cross_entropy_workspace_size(r, n, red, c.device(device, "device"));
       },
-      arg("rows"), arg("classes"), arg("reduction").none(), arg("device"),
+      arg("rows").none(), arg("classes").none(), arg("reduction").none(), arg("device").none(),
       "Bytes of u8 scratch memory any cross-entropy call needs (0 on the CPU and for reduction "
       "'none'). device: 'cpu', 'cuda', 'cuda:N'.");
 
   m.def(
       "cross_entropy_forward",
       [](nb::handle logits, nb::handle targets, nb::handle reduction, nb::handle loss, nb::handle lse,
-         nb::handle workspace, std::int64_t ignore_index, float label_smoothing, float z_loss,
+         nb::handle workspace, nb::handle ignore_index, nb::handle label_smoothing, nb::handle z_loss,
          nb::handle stream) {
         OpCall c("cross_entropy_forward");
-        const CrossEntropyConfig config = make_config(reduction, ignore_index, label_smoothing, z_loss, c.op());
+        const CrossEntropyConfig config = make_config(c, reduction, ignore_index, label_smoothing, z_loss);
         const TensorView lv = c.tensor(logits, "logits", Access::read);
         const TensorView tv = c.tensor(targets, "targets", Access::read);
         const TensorView loss_v = c.tensor(loss, "loss", Access::write);
@@ -84,8 +75,8 @@ void bind_cross_entropy(nb::module_& m) {
         c.run(stream, [&](Stream s) { cross_entropy_forward(lv, tv, config, loss_v, lse_v, ws, s); });
       },
       arg("logits").none(), arg("targets").none(), arg("reduction").none(), arg("loss").none(),
-      arg("lse").none() = none, arg("workspace").none() = none, arg("ignore_index") = -100,
-      arg("label_smoothing") = 0.0f, arg("z_loss") = 0.0f, arg("stream").none() = none,
+      arg("lse").none() = none, arg("workspace").none() = none, arg("ignore_index").none() = -100,
+      arg("label_smoothing").none() = 0.0f, arg("z_loss").none() = 0.0f, arg("stream").none() = none,
       "Softmax cross-entropy of logits (..., V) against class indices `targets` (int32 or int64): "
       "loss (float32; T values for 'none', one for 'mean' and 'sum') and optionally the float32 "
       "row logsumexp lse that the backward needs.");
@@ -93,10 +84,10 @@ void bind_cross_entropy(nb::module_& m) {
   m.def(
       "cross_entropy_backward",
       [](nb::handle dloss, nb::handle logits, nb::handle targets, nb::handle lse, nb::handle reduction,
-         nb::handle dlogits, nb::handle workspace, std::int64_t ignore_index, float label_smoothing,
-         float z_loss, nb::handle stream) {
+         nb::handle dlogits, nb::handle workspace, nb::handle ignore_index, nb::handle label_smoothing,
+         nb::handle z_loss, nb::handle stream) {
         OpCall c("cross_entropy_backward");
-        const CrossEntropyConfig config = make_config(reduction, ignore_index, label_smoothing, z_loss, c.op());
+        const CrossEntropyConfig config = make_config(c, reduction, ignore_index, label_smoothing, z_loss);
         const TensorView gv = c.tensor(dloss, "dloss", Access::read);
         const TensorView lv = c.tensor(logits, "logits", Access::read);
         const TensorView tv = c.tensor(targets, "targets", Access::read);
@@ -106,18 +97,18 @@ void bind_cross_entropy(nb::module_& m) {
         c.run(stream, [&](Stream s) { cross_entropy_backward(gv, lv, tv, sv, config, dv, ws, s); });
       },
       arg("dloss").none(), arg("logits").none(), arg("targets").none(), arg("lse").none(),
-      arg("reduction").none(), arg("dlogits").none(), arg("workspace").none() = none, arg("ignore_index") = -100,
-      arg("label_smoothing") = 0.0f, arg("z_loss") = 0.0f, arg("stream").none() = none,
+      arg("reduction").none(), arg("dlogits").none(), arg("workspace").none() = none, arg("ignore_index").none() = -100,
+      arg("label_smoothing").none() = 0.0f, arg("z_loss").none() = 0.0f, arg("stream").none() = none,
       "dlogits = dloss * d loss / d logits from the forward's lse (dloss: float32, T values for "
       "'none', one otherwise). dlogits may be the logits array itself (in place).");
 
   m.def(
       "cross_entropy_forward_backward",
       [](nb::handle logits, nb::handle targets, nb::handle reduction, nb::handle loss, nb::handle dlogits,
-         nb::handle lse, nb::handle workspace, std::int64_t ignore_index, float label_smoothing, float z_loss,
+         nb::handle lse, nb::handle workspace, nb::handle ignore_index, nb::handle label_smoothing, nb::handle z_loss,
          nb::handle stream) {
         OpCall c("cross_entropy_forward_backward");
-        const CrossEntropyConfig config = make_config(reduction, ignore_index, label_smoothing, z_loss, c.op());
+        const CrossEntropyConfig config = make_config(c, reduction, ignore_index, label_smoothing, z_loss);
         const TensorView lv = c.tensor(logits, "logits", Access::read);
         const TensorView tv = c.tensor(targets, "targets", Access::read);
         const TensorView loss_v = c.tensor(loss, "loss", Access::write);
@@ -127,8 +118,8 @@ void bind_cross_entropy(nb::module_& m) {
         c.run(stream, [&](Stream s) { cross_entropy_forward_backward(lv, tv, config, loss_v, dv, lse_v, ws, s); });
       },
       arg("logits").none(), arg("targets").none(), arg("reduction").none(), arg("loss").none(),
-      arg("dlogits").none(), arg("lse").none() = none, arg("workspace").none() = none, arg("ignore_index") = -100,
-      arg("label_smoothing") = 0.0f, arg("z_loss") = 0.0f, arg("stream").none() = none,
+      arg("dlogits").none(), arg("lse").none() = none, arg("workspace").none() = none, arg("ignore_index").none() = -100,
+      arg("label_smoothing").none() = 0.0f, arg("z_loss").none() = 0.0f, arg("stream").none() = none,
       "The loss and its gradient d loss / d logits in one call (1 for 'sum' and each row of "
       "'none', 1 / N for 'mean', N the rows not ignored). dlogits may be the logits array itself "
       "(in place).");

@@ -2,10 +2,7 @@
 // activation in the C++ argument position, layout and in_place_backward (which have defaults) after
 // the outputs; outputs are arrays the caller allocates. The private *_alloc bindings are
 // fusekit.torch's: they allocate the outputs through the caller's framework (bindings.h).
-#include <nanobind/stl/string.h>
-
 #include <cstdint>
-#include <string>
 
 #include "bindings.h"
 #include "fusekit/gated_act.h"
@@ -16,33 +13,20 @@ namespace {
 
 constexpr GatedLayout kLayouts[] = {GatedLayout::halves, GatedLayout::interleaved};
 
-// A `layout` argument: a fusekit.GatedLayout or its name.
-GatedLayout layout_arg(nb::handle value, const char* op) {
-  GatedLayout parsed;
-  if (nb::try_cast<GatedLayout>(value, parsed, false)) return parsed;
-  const char* expected = "fusekit.GatedLayout or one of 'halves', 'interleaved'";
-  if (nb::isinstance<nb::str>(value)) {
-    const std::string name = nb::cast<std::string>(value);
-    for (GatedLayout l : kLayouts)
-      if (name == gated_layout_name(l)) return l;
-    throw Error(ErrorKind::invalid_argument, op, "layout", expected, "'" + name + "'");
-  }
-  throw Error(ErrorKind::invalid_argument, op, "layout", expected, std::string(nb::type_name(value.type()).c_str()));
-}
-
-GatedActConfig make_config(nb::handle activation, nb::handle layout, bool in_place_backward, const char* op) {
+// The configs from their flattened arguments, converted before the arrays (a mistyped scalar is
+// reported first, as PyTorch's argument parser checks every type first). `layout` is a
+// fusekit.GatedLayout or its name.
+GatedActConfig make_config(const ScalarArgs& c, nb::handle activation, nb::handle layout) {
   GatedActConfig config;
-  config.activation = activation_arg(activation, op);
-  config.layout = layout_arg(layout, op);
-  config.in_place_backward = in_place_backward;
+  config.activation = c.activation(activation);
+  config.layout = c.option(layout, "layout", "fusekit.GatedLayout", kLayouts, gated_layout_name);
   return config;
 }
 
 // The two-tensor form's config (no layout).
-GatedActConfig separate_config(nb::handle activation, bool in_place_backward, const char* op) {
+GatedActConfig separate_config(const ScalarArgs& c, nb::handle activation) {
   GatedActConfig config;
-  config.activation = activation_arg(activation, op);
-  config.in_place_backward = in_place_backward;
+  config.activation = c.activation(activation);
   return config;
 }
 
@@ -82,7 +66,7 @@ void bind_gated_act(nb::module_& m) {
       "gated_act_forward",
       [](nb::handle gate_up, nb::handle activation, nb::handle y, nb::handle layout, nb::handle stream) {
         OpCall c("gated_act_forward");
-        const GatedActConfig config = make_config(activation, layout, false, c.op());
+        const GatedActConfig config = make_config(c, activation, layout);
         const TensorView gv = c.tensor(gate_up, "gate_up", Access::read);
         const TensorView yv = c.tensor(y, "y", Access::write);
         c.run(stream, [&](Stream s) { gated_act_forward(gv, config, yv, s); });
@@ -96,16 +80,17 @@ void bind_gated_act(nb::module_& m) {
   m.def(
       "gated_act_backward",
       [](nb::handle dy, nb::handle gate_up, nb::handle activation, nb::handle dgate_up, nb::handle layout,
-         bool in_place_backward, nb::handle stream) {
+         nb::handle in_place_backward, nb::handle stream) {
         OpCall c("gated_act_backward");
-        const GatedActConfig config = make_config(activation, layout, in_place_backward, c.op());
+        GatedActConfig config = make_config(c, activation, layout);
+        config.in_place_backward = c.flag(in_place_backward, "in_place_backward");
         const TensorView dyv = c.tensor(dy, "dy", Access::read);
         const TensorView gv = c.tensor(gate_up, "gate_up", Access::read);
         const TensorView dgv = c.tensor(dgate_up, "dgate_up", Access::write);
         c.run(stream, [&](Stream s) { gated_act_backward(dyv, gv, config, dgv, s); });
       },
       arg("dy").none(), arg("gate_up").none(), arg("activation").none(), arg("dgate_up").none(),
-      arg("layout").none() = halves, arg("in_place_backward") = false, arg("stream").none() = none,
+      arg("layout").none() = halves, arg("in_place_backward").none() = false, arg("stream").none() = none,
       "dgate_up = [dy * up * act'(gate), dy * act(gate)] in gate_up's layout. "
       "in_place_backward=True lets dgate_up be gate_up itself.");
 
@@ -113,7 +98,7 @@ void bind_gated_act(nb::module_& m) {
       "gated_act_forward_separate",
       [](nb::handle gate, nb::handle up, nb::handle activation, nb::handle y, nb::handle stream) {
         OpCall c("gated_act_forward_separate");
-        const GatedActConfig config = separate_config(activation, false, c.op());
+        const GatedActConfig config = separate_config(c, activation);
         const TensorView gv = c.tensor(gate, "gate", Access::read);
         const TensorView uv = c.tensor(up, "up", Access::read);
         const TensorView yv = c.tensor(y, "y", Access::write);
@@ -125,9 +110,10 @@ void bind_gated_act(nb::module_& m) {
   m.def(
       "gated_act_backward_separate",
       [](nb::handle dy, nb::handle gate, nb::handle up, nb::handle activation, nb::handle dgate, nb::handle dup,
-         bool in_place_backward, nb::handle stream) {
+         nb::handle in_place_backward, nb::handle stream) {
         OpCall c("gated_act_backward_separate");
-        const GatedActConfig config = separate_config(activation, in_place_backward, c.op());
+        GatedActConfig config = separate_config(c, activation);
+        config.in_place_backward = c.flag(in_place_backward, "in_place_backward");
         const TensorView dyv = c.tensor(dy, "dy", Access::read);
         const TensorView gv = c.tensor(gate, "gate", Access::read);
         const TensorView uv = c.tensor(up, "up", Access::read);
@@ -136,7 +122,7 @@ void bind_gated_act(nb::module_& m) {
         c.run(stream, [&](Stream s) { gated_act_backward_separate(dyv, gv, uv, config, dgv, duv, s); });
       },
       arg("dy").none(), arg("gate").none(), arg("up").none(), arg("activation").none(),
-      arg("dgate").none() = none, arg("dup").none() = none, arg("in_place_backward") = false,
+      arg("dgate").none() = none, arg("dup").none() = none, arg("in_place_backward").none() = false,
       arg("stream").none() = none,
       "dgate = dy * up * act'(gate), dup = dy * act(gate) (each optional). in_place_backward=True "
       "lets dgate be gate itself and dup be up itself.");
@@ -146,7 +132,7 @@ void bind_gated_act(nb::module_& m) {
       "_gated_act_forward_alloc",
       [](nb::handle gate_up, nb::handle activation, nb::handle layout) {
         OpCall c("gated_act_forward");
-        const GatedActConfig config = make_config(activation, layout, false, c.op());
+        const GatedActConfig config = make_config(c, activation, layout);
         const TensorView gv = rows_input(c, gate_up, "gate_up");
         TensorView yv;
         nb::object y = c.new_array(OpCall::spec_like(gv, gv.dtype, rows_cols(gv).second / 2), &yv);
@@ -160,7 +146,7 @@ void bind_gated_act(nb::module_& m) {
       "_gated_act_backward_alloc",
       [](nb::handle dy, nb::handle gate_up, nb::handle activation, nb::handle layout) {
         OpCall c("gated_act_backward");
-        const GatedActConfig config = make_config(activation, layout, false, c.op());
+        const GatedActConfig config = make_config(c, activation, layout);
         const TensorView dyv = rows_input(c, dy, "dy");
         const TensorView gv = rows_input(c, gate_up, "gate_up");
         TensorView dgv;
@@ -175,7 +161,7 @@ void bind_gated_act(nb::module_& m) {
       "_gated_act_forward_separate_alloc",
       [](nb::handle gate, nb::handle up, nb::handle activation) {
         OpCall c("gated_act_forward_separate");
-        const GatedActConfig config = separate_config(activation, false, c.op());
+        const GatedActConfig config = separate_config(c, activation);
         const TensorView gv = rows_input(c, gate, "gate");
         const TensorView uv = rows_input(c, up, "up");
         TensorView yv;
@@ -188,9 +174,12 @@ void bind_gated_act(nb::module_& m) {
 
   m.def(
       "_gated_act_backward_separate_alloc",
-      [](nb::handle dy, nb::handle gate, nb::handle up, nb::handle activation, bool need_dgate, bool need_dup) {
+      [](nb::handle dy, nb::handle gate, nb::handle up, nb::handle activation, nb::handle need_dgate_arg,
+         nb::handle need_dup_arg) {
         OpCall c("gated_act_backward_separate");
-        const GatedActConfig config = separate_config(activation, false, c.op());
+        const GatedActConfig config = separate_config(c, activation);
+        const bool need_dgate = c.flag(need_dgate_arg, "need_dgate");
+        const bool need_dup = c.flag(need_dup_arg, "need_dup");
         const TensorView dyv = rows_input(c, dy, "dy");
         const TensorView gv = rows_input(c, gate, "gate");
         const TensorView uv = rows_input(c, up, "up");
@@ -201,8 +190,8 @@ void bind_gated_act(nb::module_& m) {
         c.run(nb::none(), [&](Stream s) { gated_act_backward_separate(dyv, gv, uv, config, dgv, duv, s); });
         return nb::make_tuple(dgate, dup);
       },
-      arg("dy").none(), arg("gate").none(), arg("up").none(), arg("activation").none(), arg("need_dgate"),
-      arg("need_dup"),
+      arg("dy").none(), arg("gate").none(), arg("up").none(), arg("activation").none(), arg("need_dgate").none(),
+      arg("need_dup").none(),
       "gated_act_backward_separate allocating dgate and dup (each when asked for, else None) through "
       "gate's framework (PyTorch >= 2.10).");
 }

@@ -2,10 +2,7 @@
 // and argument order. RopeConfig is flattened into keyword-only arguments (style, rotary_dim,
 // theta, linear_scaling, attention_scaling) and RopeTables into inv_freq, cos and sin; outputs are
 // arrays the caller allocates, and may be the inputs themselves (in place).
-#include <nanobind/stl/string.h>
-
 #include <cstdint>
-#include <string>
 
 #include "bindings.h"
 #include "fusekit/rope.h"
@@ -16,29 +13,17 @@ namespace {
 
 constexpr RopeStyle kStyles[] = {RopeStyle::rotate_half, RopeStyle::interleaved};
 
-// A `style` argument: a fusekit.RopeStyle or its name.
-RopeStyle style_arg(nb::handle value, const char* op) {
-  RopeStyle parsed;
-  if (nb::try_cast<RopeStyle>(value, parsed, false)) return parsed;
-  const std::string expected = "fusekit.RopeStyle or one of 'rotate_half', 'interleaved'";
-  if (nb::isinstance<nb::str>(value)) {
-    const std::string name = nb::cast<std::string>(value);
-    for (RopeStyle s : kStyles)
-      if (name == rope_style_name(s)) return s;
-    throw Error(ErrorKind::invalid_argument, op, "style", expected, "'" + name + "'");
-  }
-  throw Error(ErrorKind::invalid_argument, op, "style", expected,
-              std::string(nb::type_name(value.type()).c_str()));
-}
-
-RopeConfig make_config(nb::handle style, std::int64_t rotary_dim, float theta, float linear_scaling,
-                       float attention_scaling, const char* op) {
+// The config from its flattened keyword arguments, converted before the arrays (a mistyped scalar
+// is reported first, as PyTorch's argument parser checks every type first). `style` is a
+// fusekit.RopeStyle or its name.
+RopeConfig make_config(const ScalarArgs& c, nb::handle style, nb::handle rotary_dim, nb::handle theta,
+                       nb::handle linear_scaling, nb::handle attention_scaling) {
   RopeConfig config;
-  config.style = style_arg(style, op);
-  config.rotary_dim = rotary_dim;
-  config.theta = theta;
-  config.linear_scaling = linear_scaling;
-  config.attention_scaling = attention_scaling;
+  config.style = c.option(style, "style", "fusekit.RopeStyle", kStyles, rope_style_name);
+  config.rotary_dim = c.i64(rotary_dim, "rotary_dim");
+  config.theta = c.f32(theta, "theta");
+  config.linear_scaling = c.f32(linear_scaling, "linear_scaling");
+  config.attention_scaling = c.f32(attention_scaling, "attention_scaling");
   return config;
 }
 
@@ -85,10 +70,10 @@ void bind_rope(nb::module_& m) {
   m.def(
       "rope_forward",
       [](nb::handle q, nb::handle k, nb::handle position_ids, nb::handle q_out, nb::handle k_out, nb::handle style,
-         std::int64_t rotary_dim, float theta, float linear_scaling, float attention_scaling, nb::handle inv_freq,
+         nb::handle rotary_dim, nb::handle theta, nb::handle linear_scaling, nb::handle attention_scaling, nb::handle inv_freq,
          nb::handle cos, nb::handle sin, nb::handle stream) {
         OpCall c("rope_forward");
-        const RopeConfig config = make_config(style, rotary_dim, theta, linear_scaling, attention_scaling, c.op());
+        const RopeConfig config = make_config(c, style, rotary_dim, theta, linear_scaling, attention_scaling);
         static constexpr const char* kNames[4] = {"q", "k", "q_out", "k_out"};
         const Arrays a = convert(c, kNames, q, k, position_ids, q_out, k_out, inv_freq, cos, sin);
         c.run(stream, [&](Stream s) {
@@ -96,8 +81,9 @@ void bind_rope(nb::module_& m) {
         });
       },
       arg("q").none(), arg("k").none(), arg("position_ids").none(), arg("q_out").none(), arg("k_out").none(),
-      nb::kw_only(), arg("style").none() = "rotate_half", arg("rotary_dim") = 0, arg("theta") = 10000.0f,
-      arg("linear_scaling") = 1.0f, arg("attention_scaling") = 1.0f, arg("inv_freq").none() = none,
+      nb::kw_only(), arg("style").none() = "rotate_half", arg("rotary_dim").none() = 0,
+      arg("theta").none() = 10000.0f, arg("linear_scaling").none() = 1.0f,
+      arg("attention_scaling").none() = 1.0f, arg("inv_freq").none() = none,
       arg("cos").none() = none, arg("sin").none() = none, arg("stream").none() = none,
       "q_out = rope(q), k_out = rope(k) in one pass. q (B, S, Hq, D) with any strides whose head dim is "
       "contiguous (a (B, H, S, D) array through .transpose(1, 2)), or packed (T, Hq, D); k likewise with its own "
@@ -111,10 +97,10 @@ void bind_rope(nb::module_& m) {
   m.def(
       "rope_backward",
       [](nb::handle dq_out, nb::handle dk_out, nb::handle position_ids, nb::handle dq, nb::handle dk,
-         nb::handle style, std::int64_t rotary_dim, float theta, float linear_scaling, float attention_scaling,
+         nb::handle style, nb::handle rotary_dim, nb::handle theta, nb::handle linear_scaling, nb::handle attention_scaling,
          nb::handle inv_freq, nb::handle cos, nb::handle sin, nb::handle stream) {
         OpCall c("rope_backward");
-        const RopeConfig config = make_config(style, rotary_dim, theta, linear_scaling, attention_scaling, c.op());
+        const RopeConfig config = make_config(c, style, rotary_dim, theta, linear_scaling, attention_scaling);
         static constexpr const char* kNames[4] = {"dq_out", "dk_out", "dq", "dk"};
         const Arrays a = convert(c, kNames, dq_out, dk_out, position_ids, dq, dk, inv_freq, cos, sin);
         c.run(stream, [&](Stream s) {
@@ -122,8 +108,9 @@ void bind_rope(nb::module_& m) {
         });
       },
       arg("dq_out").none(), arg("dk_out").none(), arg("position_ids").none(), arg("dq").none(), arg("dk").none(),
-      nb::kw_only(), arg("style").none() = "rotate_half", arg("rotary_dim") = 0, arg("theta") = 10000.0f,
-      arg("linear_scaling") = 1.0f, arg("attention_scaling") = 1.0f, arg("inv_freq").none() = none,
+      nb::kw_only(), arg("style").none() = "rotate_half", arg("rotary_dim").none() = 0,
+      arg("theta").none() = 10000.0f, arg("linear_scaling").none() = 1.0f,
+      arg("attention_scaling").none() = 1.0f, arg("inv_freq").none() = none,
       arg("cos").none() = none, arg("sin").none() = none, arg("stream").none() = none,
       "dq = rope^T(dq_out), dk = rope^T(dk_out): the rotation by the negated angles, with the forward's "
       "positions, config and tables. dq may be dq_out itself (in place), dk dk_out.");

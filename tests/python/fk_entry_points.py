@@ -35,11 +35,17 @@ DTYPE = "dtype"          # fusekit.DType
 DEVICE = "device"        # 'cpu', 'cuda', 'cuda:N'
 ACTIVATION = "activation"  # fusekit.Activation or its name
 MASK = "mask"            # fusekit.AttentionMask or its name
+REDUCTION = "reduction"  # fusekit.LossReduction or its name
+LAYOUT = "layout"        # fusekit.GatedLayout or its name
+STYLE = "style"          # fusekit.RopeStyle or its name
 STREAM = "stream"        # None or an int holding a cudaStream_t
 CFG = "cfg"              # fusekit.torch's attention config tuple
 
 SCALAR_KINDS = (FLOAT, OPT_FLOAT, INT64, INT32, UINT64, BOOL, DTYPE, DEVICE, ACTIVATION, MASK,
-                STREAM, CFG)
+                REDUCTION, LAYOUT, STYLE, STREAM, CFG)
+#: The option kinds: argument kind -> the fusekit enum whose members (or their names) it takes.
+OPTIONS = {ACTIVATION: fusekit.Activation, MASK: fusekit.AttentionMask, REDUCTION: fusekit.LossReduction,
+           LAYOUT: fusekit.GatedLayout, STYLE: fusekit.RopeStyle}
 
 
 class EntryPoint:
@@ -207,6 +213,69 @@ def _attention_backward(rng):
                 workspace=None, stream=None)
 
 
+def _xent_inputs(rng):
+    targets = rng.integers(0, 6, 4)
+    targets[1] = -100  # one ignored row
+    return dict(logits=f32(rng, 4, 6), targets=targets)
+
+
+def _xent_config():
+    return dict(ignore_index=-100, label_smoothing=0.1, z_loss=1e-3)
+
+
+def _xent_forward(rng):
+    return dict(_xent_inputs(rng), reduction="mean", loss=out(1), lse=out(4), workspace=None,
+                **_xent_config(), stream=None)
+
+
+def _xent_backward(rng):
+    a = _xent_inputs(rng)
+    return dict(dloss=f32(rng, 4), **a, lse=rng.uniform(1, 2, 4).astype(np.float32), reduction="none",
+                dlogits=out(4, 6), workspace=None, **_xent_config(), stream=None)
+
+
+def _xent_forward_backward(rng):
+    return dict(_xent_inputs(rng), reduction="sum", loss=out(1), dlogits=out(4, 6), lse=out(4),
+                workspace=None, **_xent_config(), stream=None)
+
+
+def _gated_forward(rng):
+    return dict(gate_up=f32(rng, 2, 8), activation="silu", y=out(2, 4), layout="interleaved", stream=None)
+
+
+def _gated_backward(rng):
+    return dict(dy=f32(rng, 2, 4), gate_up=f32(rng, 2, 8), activation="gelu_tanh", dgate_up=out(2, 8),
+                layout="halves", in_place_backward=False, stream=None)
+
+
+def _gated_separate(rng):
+    return dict(gate=f32(rng, 2, 4), up=f32(rng, 2, 4))
+
+
+def _gated_forward_separate(rng):
+    return dict(_gated_separate(rng), activation="relu", y=out(2, 4), stream=None)
+
+
+def _gated_backward_separate(rng):
+    return dict(dy=f32(rng, 2, 4), **_gated_separate(rng), activation="silu", dgate=out(2, 4),
+                dup=out(2, 4), in_place_backward=False, stream=None)
+
+
+def _rope_config():
+    return dict(style="interleaved", rotary_dim=4, theta=500000.0, linear_scaling=2.0,
+                attention_scaling=0.5, inv_freq=None, cos=None, sin=None, stream=None)
+
+
+def _rope_forward(rng):
+    return dict(q=f32(rng, 1, 3, 2, 8), k=f32(rng, 1, 3, 1, 8), position_ids=rng.integers(0, 9, (1, 3)),
+                q_out=out(1, 3, 2, 8), k_out=out(1, 3, 1, 8), **_rope_config())
+
+
+def _rope_backward(rng):
+    return dict(dq_out=f32(rng, 1, 3, 2, 8), dk_out=f32(rng, 1, 3, 1, 8), position_ids=None,
+                dq=out(1, 3, 2, 8), dk=out(1, 3, 1, 8), **_rope_config())
+
+
 def _sizes():
     return dict(batch=1, seqlen_q=3, seqlen_k=5, heads_q=2, heads_kv=1, head_dim=8, head_dim_v=8)
 
@@ -216,6 +285,9 @@ SIZES = {name: INT64 for name in _sizes()}
 CONFIG = dict(scale=OPT_FLOAT, mask=MASK, window_left=INT64, window_right=INT64, dropout_p=FLOAT,
               seed=UINT64, offset=UINT64, cu_seqlens_q=ARRAY, cu_seqlens_k=ARRAY, max_seqlen_q=INT64,
               max_seqlen_k=INT64)
+XENT_CONFIG = dict(ignore_index=INT64, label_smoothing=FLOAT, z_loss=FLOAT)
+ROPE_CONFIG = dict(style=STYLE, rotary_dim=INT64, theta=FLOAT, linear_scaling=FLOAT, attention_scaling=FLOAT,
+                   inv_freq=ARRAY, cos=ARRAY, sin=ARRAY)
 UNSUPPORTED = "UnsupportedError"  # expect: the private bindings allocate through PyTorch only
 
 
@@ -355,6 +427,53 @@ ENTRY_POINTS = [
                                 cu_seqlens_k=None, deterministic=False)),
     EntryPoint("attention_dropout_keep_mask", _kinds(seed=UINT64, offset=UINT64, p=FLOAT, mask=ARRAY),
                lambda rng: dict(seed=3, offset=5, p=0.25, mask=out(1, 2, 3, 5, dtype=np.uint8))),
+    # cross-entropy
+    EntryPoint("cross_entropy_workspace_size",
+               _kinds(rows=INT64, classes=INT64, reduction=REDUCTION, device=DEVICE),
+               lambda rng: dict(rows=4, classes=6, reduction="mean", device="cpu")),
+    EntryPoint("cross_entropy_forward",
+               dict(_kinds(logits=ARRAY, targets=ARRAY, reduction=REDUCTION, loss=ARRAY, lse=ARRAY,
+                           workspace=ARRAY), **XENT_CONFIG, stream=STREAM), _xent_forward),
+    EntryPoint("cross_entropy_backward",
+               dict(_kinds(dloss=ARRAY, logits=ARRAY, targets=ARRAY, lse=ARRAY, reduction=REDUCTION,
+                           dlogits=ARRAY, workspace=ARRAY), **XENT_CONFIG, stream=STREAM), _xent_backward),
+    EntryPoint("cross_entropy_forward_backward",
+               dict(_kinds(logits=ARRAY, targets=ARRAY, reduction=REDUCTION, loss=ARRAY, dlogits=ARRAY,
+                           lse=ARRAY, workspace=ARRAY), **XENT_CONFIG, stream=STREAM),
+               _xent_forward_backward),
+    # gated activations
+    EntryPoint("gated_act_forward",
+               _kinds(gate_up=ARRAY, activation=ACTIVATION, y=ARRAY, layout=LAYOUT, stream=STREAM),
+               _gated_forward),
+    EntryPoint("gated_act_backward",
+               _kinds(dy=ARRAY, gate_up=ARRAY, activation=ACTIVATION, dgate_up=ARRAY, layout=LAYOUT,
+                      in_place_backward=BOOL, stream=STREAM), _gated_backward),
+    EntryPoint("gated_act_forward_separate",
+               _kinds(gate=ARRAY, up=ARRAY, activation=ACTIVATION, y=ARRAY, stream=STREAM),
+               _gated_forward_separate),
+    EntryPoint("gated_act_backward_separate",
+               _kinds(dy=ARRAY, gate=ARRAY, up=ARRAY, activation=ACTIVATION, dgate=ARRAY, dup=ARRAY,
+                      in_place_backward=BOOL, stream=STREAM), _gated_backward_separate),
+    EntryPoint("_gated_act_forward_alloc", _kinds(gate_up=ARRAY, activation=ACTIVATION, layout=LAYOUT),
+               lambda rng: dict(gate_up=f32(rng, 2, 8), activation="silu", layout="halves"),
+               expect=UNSUPPORTED),
+    EntryPoint("_gated_act_backward_alloc",
+               _kinds(dy=ARRAY, gate_up=ARRAY, activation=ACTIVATION, layout=LAYOUT),
+               lambda rng: dict(dy=f32(rng, 2, 4), gate_up=f32(rng, 2, 8), activation="silu",
+                                layout="interleaved"), expect=UNSUPPORTED),
+    EntryPoint("_gated_act_forward_separate_alloc", _kinds(gate=ARRAY, up=ARRAY, activation=ACTIVATION),
+               lambda rng: dict(_gated_separate(rng), activation="gelu_erf"), expect=UNSUPPORTED),
+    EntryPoint("_gated_act_backward_separate_alloc",
+               _kinds(dy=ARRAY, gate=ARRAY, up=ARRAY, activation=ACTIVATION, need_dgate=BOOL, need_dup=BOOL),
+               lambda rng: dict(dy=f32(rng, 2, 4), **_gated_separate(rng), activation="silu", need_dgate=True,
+                                need_dup=False), expect=UNSUPPORTED),
+    # rotary embeddings
+    EntryPoint("rope_forward",
+               dict(_kinds(q=ARRAY, k=ARRAY, position_ids=ARRAY, q_out=ARRAY, k_out=ARRAY), **ROPE_CONFIG,
+                    stream=STREAM), _rope_forward),
+    EntryPoint("rope_backward",
+               dict(_kinds(dq_out=ARRAY, dk_out=ARRAY, position_ids=ARRAY, dq=ARRAY, dk=ARRAY), **ROPE_CONFIG,
+                    stream=STREAM), _rope_backward),
 ]
 BY_NAME = {e.name: e for e in ENTRY_POINTS}
 
@@ -409,6 +528,12 @@ PROBES = {
                        lambda valid: [(getattr(fusekit.Activation, valid), valid)]),
     MASK: Probes([None, 0, 0.0, True, fusekit.Activation.none, b"none"], ["causal", ""],
                  lambda valid: [(getattr(fusekit.AttentionMask, valid), valid)]),
+    REDUCTION: Probes([None, 0, 1.0, True, fusekit.Activation.none, b"mean"], ["avg", "", "Mean"],
+                      lambda valid: [(getattr(fusekit.LossReduction, valid), valid)]),
+    LAYOUT: Probes([None, 0, True, fusekit.RopeStyle.interleaved, b"halves"], ["split", "", "Halves"],
+                   lambda valid: [(getattr(fusekit.GatedLayout, valid), valid)]),
+    STYLE: Probes([None, 1, True, fusekit.GatedLayout.interleaved, b"rotate_half"], ["neox", "", "gptj"],
+                  lambda valid: [(getattr(fusekit.RopeStyle, valid), valid)]),
     STREAM: Probes(["s", 1.0, True, [0], b"0"], [-1, 2**64],
                    lambda valid: [(np.uint64(0), 0), (0, None)]),
     CFG: Probes([None, list(_cfg_tuple()), "cfg", 0], [_cfg_tuple()[:8], ()]),

@@ -24,9 +24,9 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import fusekit  # noqa: E402
-from fk_entry_points import (ACTIVATION, BOOL, BY_NAME, CFG, DEVICE, DTYPE, ENTRY_POINTS,  # noqa: E402
-                             FLOAT, INT32, INT64, MASK, OPT_FLOAT, STREAM, UINT64, float32_holds,
-                             outcome, summary, with_value)
+from fk_entry_points import (BOOL, BY_NAME, CFG, DEVICE, DTYPE, ENTRY_POINTS, FLOAT,  # noqa: E402
+                             INT32, INT64, OPT_FLOAT, OPTIONS, STREAM, UINT64, float32_holds, outcome,
+                             summary, with_value)
 
 try:
     import ml_dtypes
@@ -762,8 +762,10 @@ ANY_SCALAR = st.one_of(
     st.integers(-2**63, INT64_MAX).map(np.int64), st.integers(0, 2**64 - 1).map(np.uint64),
     st.integers(-128, 127).map(np.int8), st.floats(), st.floats(width=32).map(np.float32),
     st.floats(width=16).map(np.float16), st.sampled_from([1e-5, 0.5, 1e39, -3.5e38, math.inf, math.nan]),
-    st.text(max_size=4), st.sampled_from(ACTIVATIONS + ["causal_top_left", "cpu", "cuda:x", "f32"]),
-    st.sampled_from(list(fusekit.Activation) + list(fusekit.AttentionMask) + list(fusekit.DType)),
+    st.text(max_size=4),
+    st.sampled_from(ACTIVATIONS + ["causal_top_left", "cpu", "cuda:x", "f32", "mean", "sum", "halves",
+                                   "interleaved", "rotate_half"]),
+    st.sampled_from([m for e in OPTIONS.values() for m in e] + list(fusekit.DType)),
     st.complex_numbers(max_magnitude=4), st.lists(st.integers(0, 3), max_size=2), st.binary(max_size=2))
 
 
@@ -798,8 +800,7 @@ def scalar_model(kind, value):
         return ("same as", value) if isinstance(value, fusekit.DType) else "type"
     if kind == DEVICE:
         return ("same as", value) if isinstance(value, str) else "type"
-    names = {ACTIVATION: fusekit.Activation, MASK: fusekit.AttentionMask}[kind]
-    return ("same as", value) if isinstance(value, (str, names)) else "type"
+    return ("same as", value) if isinstance(value, (str, OPTIONS[kind])) else "type"
 
 
 @FUZZ

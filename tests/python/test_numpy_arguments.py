@@ -148,6 +148,13 @@ def test_messages_read_as_pytorchs():
         fusekit.norm_backward_workspace_size(4.0, 8, fusekit.DType.f32, "cpu")
     with pytest.raises(TypeError, match=r"argument 'dtype' must be fusekit.DType, not bool$"):
         fusekit.norm_backward_workspace_size(4, 8, True, "cpu")
+    with pytest.raises(TypeError, match=r"^fusekit\.cross_entropy_workspace_size: argument 'reduction' must be "
+                                        r"fusekit\.LossReduction or str, not NoneType$"):
+        fusekit.cross_entropy_workspace_size(4, 6, None, "cpu")
+    with pytest.raises(fusekit.InvalidArgumentError,
+                       match=r"argument 'style': expected fusekit\.RopeStyle or one of 'rotate_half', "
+                             r"'interleaved', got 'neox'$"):
+        fusekit.rope_forward(x[None, :, None], None, None, np.empty_like(x[None, :, None]), None, style="neox")
     with pytest.raises(TypeError, match=r"argument 'seed' must be int, not str$"):
         fusekit.dropout_keep_mask("1", 0, 0.5, np.zeros(4, np.uint8))
     with pytest.raises(fusekit.InvalidArgumentError,

@@ -193,6 +193,9 @@ def test_errors_surface_as_exceptions(device, path):
         fk.cross_entropy(x, t, label_smoothing=1.0)
     with pytest.raises(fusekit.InvalidArgumentError, match="argument 'reduction'"):
         fk.cross_entropy(x, t, reduction="avg")
+    with pytest.raises(fusekit.ArgumentTypeError,
+                       match="argument 'reduction' must be fusekit.LossReduction or str, not NoneType"):
+        fk.cross_entropy(x, t, reduction=None)
     with pytest.raises(fusekit.InvalidArgumentError, match="argument 'logits'"):
         fk.cross_entropy(x.double(), t)
     if device == "cpu":  # the GPU marks such a row NaN instead (no synchronization to check)

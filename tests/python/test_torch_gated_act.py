@@ -194,6 +194,8 @@ def test_errors_surface_as_exceptions(device, path):
         fk.gated_act(x, "none")
     with pytest.raises(fusekit.InvalidArgumentError, match="argument 'layout'"):
         fk.gated_act(x, "silu", "split")
+    with pytest.raises(fusekit.ArgumentTypeError, match="argument 'layout' must be fusekit.GatedLayout or str, not int"):
+        fk.gated_act(x, "silu", 0)
     with pytest.raises(fusekit.InvalidArgumentError, match="argument 'gate_up'"):
         fk.gated_act(torch.randn(2, 15, device=device), "silu")
     with pytest.raises(fusekit.InvalidArgumentError, match="argument 'up'"):

@@ -199,6 +199,8 @@ def test_errors_surface_as_exceptions(device, path):
         fk.rope(q, None, rotary_dim=5)
     with pytest.raises(fusekit.InvalidArgumentError, match="argument 'style'"):
         fk.rope(q, None, style="neox")
+    with pytest.raises(fusekit.ArgumentTypeError, match="argument 'style' must be fusekit.RopeStyle or str, not int"):
+        fk.rope(q, None, style=1)
     with pytest.raises(fusekit.InvalidArgumentError, match="argument 'position_ids'"):
         fk.rope(q, None, torch.zeros(3, 2, dtype=torch.int64, device=device))
     cos = torch.rand(5, 4, device=device, requires_grad=True)

@@ -26,7 +26,16 @@ from torch import Tensor
 
 from .. import _C
 from . import _fallback
-from ._common import NAMESPACE, NO_GRAD, RECORD, eager_mode, function_apply, invalid_argument, register_drop_in
+from ._common import (
+    NAMESPACE,
+    NO_GRAD,
+    RECORD,
+    argument_type_error,
+    eager_mode,
+    function_apply,
+    invalid_argument,
+    register_drop_in,
+)
 
 F = torch.nn.functional
 
@@ -175,6 +184,19 @@ _apply = function_apply(_CrossEntropyFunction)
 _REDUCTIONS = ("none", "mean", "sum")
 
 
+def _reduction_name(reduction) -> str:
+    """A reduction name or fusekit.LossReduction -> the name (custom-op schemas carry it as a str),
+    checked before any path runs (PyTorch's implementation would word its error differently)."""
+    if isinstance(reduction, _C.LossReduction):
+        return reduction.name
+    if not isinstance(reduction, str):
+        raise argument_type_error("cross_entropy", "reduction", "fusekit.LossReduction or str", reduction)
+    if reduction not in _REDUCTIONS:
+        raise invalid_argument("cross_entropy", "reduction",
+                               "fusekit.LossReduction or one of 'none', 'mean', 'sum'", repr(reduction))
+    return reduction
+
+
 def cross_entropy(input: Tensor, target: Tensor, weight: Optional[Tensor] = None,
                   size_average=None, ignore_index: int = -100, reduce=None,
                   reduction: str = "mean", label_smoothing: float = 0.0,
@@ -192,6 +214,7 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Optional[Tensor] = None
     """
     if size_average is not None or reduce is not None:
         reduction = torch.nn._reduction.legacy_get_string(size_average, reduce)
+    reduction = _reduction_name(reduction)
     if weight is not None or target.is_floating_point():
         if z_loss:
             raise invalid_argument("cross_entropy", "z_loss",
@@ -201,9 +224,6 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Optional[Tensor] = None
     if not _fallback.all_fusekit and _fallback.use_pytorch("cross_entropy", input):
         return _fallback.cross_entropy(input, target, int(ignore_index), float(label_smoothing),
                                        float(z_loss), reduction)
-    if reduction not in _REDUCTIONS:
-        raise invalid_argument("cross_entropy", "reduction", "one of 'none', 'mean', 'sum'",
-                               repr(reduction))
     logits, targets = input, target
     if input.dim() == 1:
         logits, targets = input.unsqueeze(0), target.reshape(1)

@@ -31,6 +31,7 @@ from ._common import (
     NO_GRAD,
     RECORD,
     activation_name,
+    argument_type_error,
     eager_mode,
     empty_output,
     function_apply,
@@ -48,8 +49,7 @@ def _layout_name(op: str, layout) -> str:
         return layout
     if isinstance(layout, _C.GatedLayout):
         return layout.name
-    raise invalid_argument(op, "layout", "fusekit.GatedLayout or one of 'halves', 'interleaved'",
-                           type(layout).__name__)
+    raise argument_type_error(op, "layout", "fusekit.GatedLayout or str", layout)
 
 
 # ---- implementations shared by the custom ops and the eager path -------------------------------
@@ -203,7 +203,8 @@ def _split(gate_up: Tensor, layout: str) -> Tuple[Tensor, Tensor]:
         return gate_up.chunk(2, dim=-1)
     if layout == "interleaved":
         return gate_up[..., 0::2], gate_up[..., 1::2]
-    raise invalid_argument("gated_act_forward", "layout", "halves or interleaved", repr(layout))
+    raise invalid_argument("gated_act_forward", "layout",
+                           "fusekit.GatedLayout or one of 'halves', 'interleaved'", repr(layout))
 
 
 # ---- functional forms ------------------------------------------------------------------------------

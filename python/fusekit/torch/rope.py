@@ -29,6 +29,7 @@ from ._common import (
     NAMESPACE,
     NO_GRAD,
     RECORD,
+    argument_type_error,
     eager_mode,
     empty_output,
     function_apply,
@@ -43,10 +44,12 @@ def _style_name(style) -> str:
     """A fusekit.RopeStyle or its name -> the name (custom-op schemas carry it as a str)."""
     if isinstance(style, _C.RopeStyle):
         return style.name
-    if isinstance(style, str):
-        return style  # an unknown name is reported by the C++ op
-    raise invalid_argument("rope", "style", "fusekit.RopeStyle or one of " + ", ".join(_STYLES),
-                           type(style).__name__)
+    if not isinstance(style, str):
+        raise argument_type_error("rope", "style", "fusekit.RopeStyle or str", style)
+    if style not in _STYLES:  # checked here: PyTorch's implementation would take any other name
+        raise invalid_argument("rope", "style", "fusekit.RopeStyle or one of 'rotate_half', 'interleaved'",
+                               repr(style))
+    return style
 
 
 def _readable(t: Tensor) -> Tensor:
