@@ -262,7 +262,7 @@ def _gated_backward_separate(rng):
 
 
 def _rope_config():
-    return dict(style="interleaved", rotary_dim=4, theta=500000.0, linear_scaling=2.0,
+    return dict(style="interleaved", rotary_dim=4, theta=10000.0, linear_scaling=2.0,
                 attention_scaling=0.5, inv_freq=None, cos=None, sin=None, stream=None)
 
 
