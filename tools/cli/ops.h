@@ -31,6 +31,11 @@ struct OpEntry {
 
 const std::vector<OpEntry>& registry();
 
+// One compared output: got against the float64 reference under the tests' tolerance rule
+// (tests/harness/harness.h), reported for `op` on `device`.
+CheckLine compared_line(const std::string& op, Device device, const std::string& what,
+                        const std::vector<double>& got, const std::vector<double>& ref, DType dtype);
+
 // The CPU checks' reference gradient: d/dparam of sum(y * dy) by central differences of step h,
 // `forward` recomputing y from the parameters (param is restored afterwards).
 std::vector<double> finite_difference_gradient(testing::Buffer& param, const testing::Buffer& y,

@@ -20,9 +20,7 @@ constexpr const char* kOp = "gated_act";
 
 CheckLine line(Device device, const std::string& what, const std::vector<double>& got,
                const std::vector<double>& ref, DType dtype) {
-  const testing::ErrorStats s = testing::compare(got, ref);
-  const double tol = testing::tolerance(dtype, ref);
-  return {kOp, device.is_cuda() ? "cuda" : "cpu", what, s.rel_l2, tol, s.non_finite == 0 && s.rel_l2 <= tol};
+  return compared_line(kOp, device, what, got, ref, dtype);
 }
 
 // The CPU reference's gradients against central differences of sum(y * dy).

@@ -16,10 +16,7 @@ using testing::Buffer;
 
 CheckLine line(const std::string& op, Device device, const std::string& what,
                const std::vector<double>& got, const std::vector<double>& ref, DType dtype) {
-  const testing::ErrorStats s = testing::compare(got, ref);
-  const double tol = testing::tolerance(dtype, ref);
-  return {op, device.is_cuda() ? "cuda" : "cpu", what, s.rel_l2, tol,
-          s.non_finite == 0 && s.rel_l2 <= tol};
+  return compared_line(op, device, what, got, ref, dtype);
 }
 
 // Norm on `device` vs the CPU reference (bf16 and f32, LayerNorm and RMSNorm). On the CPU the

@@ -19,9 +19,7 @@ using testing::Buffer;
 constexpr const char* kOp = "rope";
 
 CheckLine line(const std::string& what, const std::vector<double>& got, const std::vector<double>& ref, DType dtype) {
-  const testing::ErrorStats s = testing::compare(got, ref);
-  const double tol = testing::tolerance(dtype, ref);
-  return {kOp, "cuda", what, s.rel_l2, tol, s.non_finite == 0 && s.rel_l2 <= tol};
+  return compared_line(kOp, Device::cuda(0), what, got, ref, dtype);
 }
 
 // dq of the reference against central differences of sum(q_out * dy), partial rotary, given

@@ -36,4 +36,11 @@ std::vector<double> finite_difference_gradient(testing::Buffer& param, const tes
   return fd;
 }
 
+CheckLine compared_line(const std::string& op, Device device, const std::string& what,
+                        const std::vector<double>& got, const std::vector<double>& ref, DType dtype) {
+  const testing::ErrorStats s = testing::compare(got, ref);
+  const double tol = testing::tolerance(dtype, ref);
+  return {op, device.is_cuda() ? "cuda" : "cpu", what, s.rel_l2, tol, s.non_finite == 0 && s.rel_l2 <= tol};
+}
+
 }  // namespace fusekit::cli
