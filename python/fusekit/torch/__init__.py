@@ -24,7 +24,7 @@ Adding an op family: write fusekit/torch/<family>.py (custom ops with register_f
 register_autograd, functional forms, drop-ins decorated with @register_drop_in) and import its
 public names below (one line).
 """
-from ._common import DROP_INS, register_drop_in, swap_modules  # noqa: F401
+from ._common import DROP_INS, OutOfMemoryError, register_drop_in, swap_modules  # noqa: F401
 from ._fallback import get_fallback, set_fallback  # noqa: F401
 
 # One line per op family.

@@ -2,7 +2,9 @@
 custom op and the eager path, and the registry of nn.Module drop-ins."""
 from __future__ import annotations
 
+import functools
 import math
+import re
 from typing import Dict, Optional, Sequence, Type
 
 import torch
@@ -77,6 +79,40 @@ def invalid_argument(op: str, argument: str, expected: str, got: str) -> _C.Inva
     e = _C.InvalidArgumentError(f"fusekit.{op}: argument '{argument}': expected {expected}, got {got}")
     e.op, e.argument, e.expected, e.got, e.kind = op, argument, expected, got, "invalid_argument"
     return e
+
+
+class OutOfMemoryError(torch.OutOfMemoryError):
+    """PyTorch's allocator could not serve an output or scratch tensor a fusekit op allocates on
+    the Python side. A torch.OutOfMemoryError (code that catches PyTorch's keeps working) whose
+    message names the op and the size PyTorch was asked for; `op` holds the op's name. The
+    failed allocation leaves nothing behind: the process stays usable (free memory, then retry)."""
+
+    op: str = ""
+
+
+def names_allocation_failure(op: str):
+    """Decorates an op's implementation so that an allocation PyTorch cannot serve raises
+    OutOfMemoryError naming `op` (fusekit._C's own allocations already name theirs)."""
+
+    def decorate(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except OutOfMemoryError:
+                raise
+            except torch.OutOfMemoryError as e:
+                detail = str(e)
+                asked = re.search(r"Tried to allocate ([0-9.]+ [KMGTP]?i?B)", detail)
+                err = OutOfMemoryError(
+                    f"fusekit.{op}: could not allocate its outputs through PyTorch's allocator"
+                    + (f" ({asked.group(1)} asked for)" if asked else "") + f": {detail}")
+                err.op = op
+                raise err from e
+
+        return wrapper
+
+    return decorate
 
 
 def argument_type_error(op: str, argument: str, expected: str, value) -> _C.ArgumentTypeError:

@@ -35,6 +35,7 @@ from torch import Tensor
 from .. import _C
 from . import _fallback
 from ._common import (
+    names_allocation_failure,
     CUSTOM_OP,
     NAMESPACE,
     RECORD,
@@ -160,6 +161,7 @@ def _grad_for(t: Tensor) -> Tensor:
     return torch.empty_like(t) if t.is_contiguous() else _grad_like(t)
 
 
+@names_allocation_failure("attention_forward")
 def _forward_fast(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], cfg: tuple,
                   cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor]):
     """(out, lse), or None when the operands need fix-ups."""
@@ -171,6 +173,7 @@ def _forward_fast(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], cfg: 
     return None if lse is None else (out, lse)
 
 
+@names_allocation_failure("attention_backward")
 def _backward_fast(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse,
                    bias: Optional[Tensor], cfg: tuple, cu_seqlens_q: Optional[Tensor],
                    cu_seqlens_k: Optional[Tensor], need_dq: bool, need_dk: bool, need_dv: bool,
@@ -227,6 +230,7 @@ def _new_out(q: Tensor, v: Tensor) -> Tensor:
 
 # ---- implementations shared by the custom ops and the eager path -------------------------------
 # workspace='auto': fusekit._C queries and allocates it through PyTorch's allocator.
+@names_allocation_failure("attention_forward")
 def _forward(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], scale: Optional[float],
              mask: str, window_left: int, window_right: int, dropout_p: float, seed: int,
              offset: int, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
@@ -243,6 +247,7 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], scale: Opt
     return out, lse
 
 
+@names_allocation_failure("attention_backward")
 def _backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
               bias: Optional[Tensor], scale: Optional[float], mask: str, window_left: int,
               window_right: int, dropout_p: float, seed: int, offset: int,

@@ -19,6 +19,7 @@ from torch import Tensor
 from .. import _C
 from . import _fallback
 from ._common import (
+    names_allocation_failure,
     NAMESPACE,
     NO_GRAD,
     RECORD,
@@ -33,6 +34,7 @@ from ._common import (
 
 
 # ---- implementations shared by the custom ops and the eager path -------------------------------
+@names_allocation_failure("bias_act_dropout_forward")
 def _forward(x: Tensor, bias: Optional[Tensor], activation: str, p: float, seed: int, offset: int,
              slope: float) -> Tensor:
     x = x.contiguous()
@@ -44,6 +46,7 @@ def _forward(x: Tensor, bias: Optional[Tensor], activation: str, p: float, seed:
     return y
 
 
+@names_allocation_failure("bias_act_dropout_backward")
 def _backward(dy: Tensor, x: Tensor, bias: Optional[Tensor], activation: str, p: float, seed: int,
               offset: int, slope: float, need_dx: bool,
               need_dbias: bool) -> Tuple[Optional[Tensor], Optional[Tensor]]:

@@ -27,6 +27,7 @@ from torch import Tensor
 from .. import _C
 from . import _fallback
 from ._common import (
+    names_allocation_failure,
     NAMESPACE,
     NO_GRAD,
     RECORD,
@@ -54,6 +55,7 @@ def _loss_like(logits: Tensor, targets: Tensor, reduction: str) -> Tensor:
 
 
 # workspace='auto': fusekit._C queries and allocates it through PyTorch's allocator.
+@names_allocation_failure("cross_entropy_forward")
 def _forward(logits: Tensor, targets: Tensor, ignore_index: int, label_smoothing: float,
              z_loss: float, reduction: str, want_lse: bool) -> Tuple[Tensor, Optional[Tensor]]:
     targets = targets.contiguous()
@@ -64,6 +66,7 @@ def _forward(logits: Tensor, targets: Tensor, ignore_index: int, label_smoothing
     return loss, lse
 
 
+@names_allocation_failure("cross_entropy_backward")
 def _backward(dloss: Tensor, logits: Tensor, targets: Tensor, lse: Tensor, ignore_index: int,
               label_smoothing: float, z_loss: float, reduction: str) -> Tensor:
     dlogits = torch.empty_like(logits, memory_format=torch.contiguous_format)
@@ -73,6 +76,7 @@ def _backward(dloss: Tensor, logits: Tensor, targets: Tensor, lse: Tensor, ignor
     return dlogits
 
 
+@names_allocation_failure("cross_entropy_forward_backward")
 def _forward_backward(logits: Tensor, targets: Tensor, ignore_index: int, label_smoothing: float,
                       z_loss: float, reduction: str) -> Tuple[Tensor, Tensor]:
     targets = targets.contiguous()

@@ -32,6 +32,7 @@ from torch import Tensor
 from .. import _C
 from . import _fallback
 from ._common import (
+    names_allocation_failure,
     CUSTOM_OP,
     NAMESPACE,
     RECORD,
@@ -108,6 +109,7 @@ def _ones_weight(xq: Tensor) -> Tensor:
 # ---- implementations (real tensors) -------------------------------------------------------------
 # fusekit._C allocates every output, gradient and the workspace through PyTorch's allocator in the
 # same call: one Python-level allocation per output would cost more host time than the op.
+@names_allocation_failure("fp8_rms_norm_forward")
 def _forward(xq: Tensor, xs: Tensor, weight: Optional[Tensor], eps: float, group_size: int,
              fp8_dtype: torch.dtype, rstd_tensor: bool = False):
     """(y, qy, qy_t, y_scale, rstd) with rstd a tensor when rstd_tensor, else an opaque capsule."""
@@ -117,6 +119,7 @@ def _forward(xq: Tensor, xs: Tensor, weight: Optional[Tensor], eps: float, group
                                           rstd_tensor)
 
 
+@names_allocation_failure("fp8_rms_norm_backward")
 def _backward(dy: Tensor, xq: Tensor, xs: Tensor, weight: Optional[Tensor], rstd, group_size: int,
               need_dx: bool, need_dweight: bool):
     """(dx, dweight), None where not asked for (dweight always None without a weight)."""

@@ -27,6 +27,7 @@ from torch import Tensor
 from .. import _C
 from . import _fallback
 from ._common import (
+    names_allocation_failure,
     NAMESPACE,
     NO_GRAD,
     RECORD,
@@ -55,18 +56,22 @@ def _layout_name(op: str, layout) -> str:
 # ---- implementations shared by the custom ops and the eager path -------------------------------
 # fusekit._C allocates the outputs through PyTorch's allocator, and makes contiguous only the
 # inputs whose layout the ops do not take (the halves of a gate_up.chunk(2, -1) go as they are).
+@names_allocation_failure("gated_act_forward")
 def _forward(gate_up: Tensor, activation: str, layout: str) -> Tensor:
     return _C._gated_act_forward_alloc(gate_up, activation, layout)
 
 
+@names_allocation_failure("gated_act_backward")
 def _backward(dy: Tensor, gate_up: Tensor, activation: str, layout: str) -> Tensor:
     return _C._gated_act_backward_alloc(dy, gate_up, activation, layout)
 
 
+@names_allocation_failure("gated_act_forward_separate")
 def _forward_separate(gate: Tensor, up: Tensor, activation: str) -> Tensor:
     return _C._gated_act_forward_separate_alloc(gate, up, activation)
 
 
+@names_allocation_failure("gated_act_backward_separate")
 def _backward_separate(dy: Tensor, gate: Tensor, up: Tensor, activation: str, need_dgate: bool,
                        need_dup: bool) -> Tuple[Optional[Tensor], Optional[Tensor]]:
     if not (need_dgate or need_dup):

@@ -20,6 +20,7 @@ from torch import Tensor
 from .. import _C
 from . import _fallback
 from ._common import (
+    names_allocation_failure,
     NAMESPACE,
     NO_GRAD,
     RECORD,
@@ -34,11 +35,13 @@ from ._common import (
 # ---- implementations shared by the custom ops and the eager path -------------------------------
 # fusekit._C allocates the outputs, gradients and workspace through PyTorch's allocator and makes
 # arguments of any layout contiguous, in the same call.
+@names_allocation_failure("linear_forward")
 def _forward(x: Tensor, weight: Tensor, bias: Optional[Tensor], activation: str,
              save_pre: bool) -> Tuple[Tensor, Optional[Tensor]]:
     return _C._linear_forward_alloc(x, weight, bias, activation, save_pre)
 
 
+@names_allocation_failure("linear_backward")
 def _backward(dout: Tensor, x: Tensor, weight: Tensor, pre: Optional[Tensor], activation: str,
               need_dx: bool, need_dweight: bool, need_dbias: bool):
     """(dx, dweight, dbias), None where not asked for."""

@@ -22,6 +22,7 @@ from torch import Tensor
 from .. import _C
 from . import _fallback
 from ._common import (
+    names_allocation_failure,
     NAMESPACE,
     NO_GRAD,
     RECORD,
@@ -53,6 +54,7 @@ def _params_f32(x: Tensor, params: Optional[Tensor]) -> bool:
 # ---- implementations of the custom ops (real tensors) ------------------------------------------
 # x, dy: contiguous. mean/rstd: preallocated float32 outputs or None. workspace='auto': fusekit._C
 # queries and allocates it through PyTorch's allocator.
+@names_allocation_failure("layer_norm_forward")
 def _layer_norm_forward(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps: float,
                         mean: Optional[Tensor], rstd: Optional[Tensor]) -> Tensor:
     y = torch.empty_like(x)
@@ -60,6 +62,7 @@ def _layer_norm_forward(x: Tensor, weight: Optional[Tensor], bias: Optional[Tens
     return y
 
 
+@names_allocation_failure("rms_norm_forward")
 def _rms_norm_forward(x: Tensor, weight: Optional[Tensor], eps: float,
                       rstd: Optional[Tensor]) -> Tensor:
     y = torch.empty_like(x)
@@ -67,6 +70,7 @@ def _rms_norm_forward(x: Tensor, weight: Optional[Tensor], eps: float,
     return y
 
 
+@names_allocation_failure("norm_backward")
 def _norm_backward(kind: str, dy: Tensor, x: Tensor, weight: Optional[Tensor],
                    mean: Optional[Tensor], rstd: Tensor, params_f32: bool, need_dx: bool,
                    need_dweight: bool, need_dbias: bool):

@@ -26,6 +26,7 @@ from torch import Tensor
 from .. import _C
 from . import _fallback
 from ._common import (
+    names_allocation_failure,
     NAMESPACE,
     NO_GRAD,
     RECORD,
@@ -63,6 +64,7 @@ def _new_like(t: Tensor) -> Tensor:
 
 
 # ---- implementations shared by the custom ops and the eager path -------------------------------
+@names_allocation_failure("rope")
 def _run(backward: bool, lead: Tensor, lead_k: Optional[Tensor], position_ids: Optional[Tensor],
          inv_freq: Optional[Tensor], cos: Optional[Tensor], sin: Optional[Tensor], style: str,
          rotary_dim: int, theta: float, linear_scaling: float,
