@@ -92,6 +92,10 @@ struct ActivationMath {
       return 0.5f * t * ex2_approx((minus_half_x2 + p) * static_cast<float>(kLog2e));
     }
   }
+  // -x^2 / 2 rounded on its own: never contracted into the fit's next add, which the compiler
+  // does only where the value has one use; forward(), derivative() and forward_and_derivative()
+  // then give the same bits (ActivationGpu.ForwardAndDerivativeTogetherGiveTheSeparateBits).
+  static __device__ __forceinline__ float minus_half_square(float x) { return __fmul_rn(-0.5f * x, x); }
   static __device__ __forceinline__ float normal_cdf(float x, float minus_half_x2) {
     const float h = half_erfc_abs(x, minus_half_x2);
     return x >= 0.0f ? 1.0f - h : h;
@@ -123,7 +127,7 @@ struct ActivationMath {
       case Activation::relu: return x > R(0) ? x : R(0);
       case Activation::gelu_erf:
 #if defined(__CUDA_ARCH__)
-        if constexpr (std::is_same_v<R, float> && kGeluErf != GeluErfMath::exact) return x * normal_cdf(x, -0.5f * x * x);
+        if constexpr (std::is_same_v<R, float> && kGeluErf != GeluErfMath::exact) return x * normal_cdf(x, minus_half_square(x));
 #endif
         return R(0.5) * x * (R(1) + erf(x * R(kInvSqrt2)));
       case Activation::gelu_tanh: {
@@ -159,7 +163,7 @@ struct ActivationMath {
       case Activation::gelu_erf: {
 #if defined(__CUDA_ARCH__)
         if constexpr (std::is_same_v<R, float> && kGeluErf != GeluErfMath::exact) {
-          const float minus_half_x2 = -0.5f * x * x;
+          const float minus_half_x2 = minus_half_square(x);
           return gelu_erf_derivative(x, minus_half_x2, normal_cdf(x, minus_half_x2));
         }
 #endif
@@ -222,7 +226,7 @@ struct ActivationMath {
         }
         case Activation::gelu_erf:
           if constexpr (kGeluErf != GeluErfMath::exact) {
-            const float minus_half_x2 = -0.5f * x * x;
+            const float minus_half_x2 = minus_half_square(x);
             const float cdf = normal_cdf(x, minus_half_x2);
             *act = x * cdf;
             *deriv = gelu_erf_derivative(x, minus_half_x2, cdf);

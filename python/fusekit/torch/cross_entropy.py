@@ -11,11 +11,12 @@ Ops (all return fresh tensors; nothing is mutated):
       -> (loss, dlogits)
 logits is (..., V) in float32, float16 or bfloat16, targets the class indices (int64 or int32) with
 logits' leading shape; loss is float32, targets' shape for reduction 'none', 0-d otherwise; lse is
-float32 with targets' shape. cross_entropy_fwd_bwd is what runs when autograd needs the gradient:
-its forward computes the gradient of the loss itself (dloss = 1) in the same kernel as the loss and
-saves it, and its backward scales it by the incoming gradient, so the logits are not read again.
-cross_entropy_fwd's autograd formula (cross_entropy_bwd from the saved logits and lse) serves
-callers of the op itself.
+float32 with targets' shape. cross_entropy() runs cross_entropy_fwd, whose autograd formula is
+cross_entropy_bwd from the saved logits and lse: the incoming gradient enters the float32 math
+before dlogits is rounded once. cross_entropy_fwd_bwd computes the gradient of the loss itself
+(dloss = 1) in the same kernel as the loss, for callers that know their upstream gradient is 1;
+its autograd formula scales that saved gradient by the incoming one (a second rounding unless the
+factor is a power of two).
 """
 from __future__ import annotations
 
@@ -164,21 +165,22 @@ cross_entropy_fwd_bwd.register_autograd(_fused_backward, setup_context=_fused_se
 
 
 class _CrossEntropyFunction(torch.autograd.Function):
-    """The eager path with gradients: the fused call in the forward, its gradient scaled in the
-    backward (a new tensor, so that a graph kept with retain_graph=True runs its backward again)."""
+    """The eager path with gradients: the loss and lse in the forward, dlogits from the saved
+    logits and lse in the backward with the incoming gradient applied in float32 before the one
+    rounding to the logits' dtype (scaling a saved dloss = 1 gradient instead would round twice:
+    up to about twice PyTorch's error for an upstream gradient such as 1 / accumulation steps)."""
 
     @staticmethod
     def forward(ctx, logits, targets, ignore_index, label_smoothing, z_loss, reduction):
-        loss, dlogits = _forward_backward(logits, targets, ignore_index, label_smoothing, z_loss,
-                                          reduction)
-        ctx.dlogits = dlogits  # an intermediate, not an input or output: a plain attribute
-        ctx.reduction = reduction
+        loss, lse = _forward(logits, targets, ignore_index, label_smoothing, z_loss, reduction, True)
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.config = (ignore_index, label_smoothing, z_loss, reduction)
         return loss
 
     @staticmethod
     def backward(ctx, dloss):
-        dlogits = ctx.dlogits
-        return dlogits * _scale(dlogits, dloss, ctx.reduction), None, None, None, None, None
+        logits, targets, lse = ctx.saved_tensors
+        return _backward(dloss, logits, targets, lse, *ctx.config), None, None, None, None, None
 
 
 _apply = function_apply(_CrossEntropyFunction)
@@ -239,8 +241,6 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Optional[Tensor] = None
         loss = _apply(logits, targets, *args)
     elif mode == NO_GRAD:
         loss, _ = _forward(logits, targets, *args, False)
-    elif torch.is_grad_enabled() and logits.requires_grad:
-        loss, _ = cross_entropy_fwd_bwd(logits, targets, *args)
     else:
         loss, _ = cross_entropy_fwd(logits, targets, *args)
     if input.dim() == 1 and reduction == "none":
