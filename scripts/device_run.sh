@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one script for the GPU machine: build with all cores, run the whole test suite, the CLI
 # check, the benchmarks and the PyTorch side-by-side timings, and leave logs + JSON in $OUT.
-#   device tool: run(command="bash scripts/device_run.sh", carry=[".deps"])
+#   device tool: run(command="bash scripts/device_run.sh", carry=[".deps", ".whl"])
 # Stages can be narrowed: STAGES="build test bench torch sanitize" (default: all;
 # sanitize: scripts/sanitize_gpu.sh, every GPU test family under each compute-sanitizer tool).
 # python: the Python package built and its whole pytest suite run against CUDA PyTorch, plus the
@@ -104,6 +104,13 @@ if has python || has overhead || { has torch && [[ " ${TORCH_OPS:-linear} " == *
 fi
 
 if has torch; then
+  # Peers that the machine lacks travel as wheels in .whl/ (Liger-Kernel: pure Python on Triton).
+  if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/fusekit-peers .whl/*.whl >"$OUT/peers.log" 2>&1 &&
+      export PYTHONPATH="/tmp/fusekit-peers${PYTHONPATH:+:$PYTHONPATH}"
+    log "peer wheels (.whl): $(ls .whl | tr '\n' ' ')"
+  fi
   PYTHONPATH="$PWD/build-python/site${PYTHONPATH:+:$PYTHONPATH}" \
   PYTHONUNBUFFERED=1 python3 scripts/torch_bench.py --out "$OUT/torch_bench.json" ${TORCH_OPS:-norm dropout linear fp8_norm attention cross_entropy gated_act rope} >"$OUT/torch.log" 2>&1
   log "torch bench rc=$?"

@@ -42,7 +42,7 @@ IMPL_ALIASES = {"torch": "torch_eager", "compile": "torch_compile", "fusekit_py"
 IMPL_LABEL = {"fusekit": "fusekit", "torch_eager": "torch eager", "torch_compile": "torch.compile",
               "flash": "SDPA flash", "efficient": "SDPA efficient", "cudnn": "SDPA cuDNN",
               "fusekit_torch": "fusekit (torch op)", "torch_mm": "torch.mm", "cublas_plain": "cuBLAS plain",
-              "copy": "same-size copy"}
+              "copy": "same-size copy", "liger": "Liger-Kernel"}
 
 
 # ---- records ---------------------------------------------------------------------------------
@@ -220,14 +220,15 @@ def provenance(main):
 
 def memory_table(newest, main):
     out = ["| op | dir | shape | fusekit us | GB/s | % of copy | same-size copy % | torch eager us | "
-           "torch.compile us | x eager | x compile |",
-           "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "torch.compile us | Liger us | x eager | x compile | x Liger |",
+           "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     copies = {}
     for (fam, op, d, shape, dt, impl), (r, rec) in newest.items():
         if impl == "copy":
             copies[shape] = (r, rec)
     for r, rec in main:
         te, tc = lookup(newest, r, "torch_eager"), lookup(newest, r, "torch_compile")
+        lg = lookup(newest, r, "liger")
         same = copies.get(r["shape"]) or copies.get(r["shape"].split(")")[0] + ")")
         copy_pct = "-"
         if same and same[0].get("gbps"):
@@ -235,7 +236,7 @@ def memory_table(newest, main):
         pct = f"{r['percent_of_ceiling']:.1f}%" if r.get("percent_of_ceiling") is not None else "-"
         gbps = f"{r['gbps']:.0f}" if r.get("gbps") else "-"
         out.append(f"| {r['op']} | {r['direction']} | {r['shape']} | {us(r)} | {gbps} | {pct} | {copy_pct} | "
-                   f"{us(te)} | {us(tc)} | {speedup(te, r)} | {speedup(tc, r)} |")
+                   f"{us(te)} | {us(tc)} | {us(lg)} | {speedup(te, r)} | {speedup(tc, r)} | {speedup(lg, r)} |")
     return out
 
 

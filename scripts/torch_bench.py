@@ -73,7 +73,13 @@ def norm_rows(rows):
             compiled = torch.compile(f)
             shape = f"({m}, {n})"
             elems = m * n
-            for impl, fn in (("torch_eager", f), ("torch_compile", compiled)):
+            impls = [("torch_eager", f), ("torch_compile", compiled)]
+            lf = liger_functional()
+            if lf is not None and op == "layer_norm":
+                impls.append(("liger", lambda x, w, b: lf.liger_layer_norm(x, w, b, 1e-5)))
+            elif lf is not None:
+                impls.append(("liger", lambda x, w, b: lf.liger_rms_norm(x, w, 1e-5, in_place=False)))
+            for impl, fn in impls:
                 with torch.no_grad():
                     t = bench(lambda: fn(x, w, b))
                 rows.append(dict(op=op, direction="fwd", shape=shape, impl=impl, time_us=t,
@@ -159,6 +165,9 @@ def cross_entropy_rows(rows):
         impls = [("torch_eager", f), ("torch_compile", torch.compile(f))]
         if fk is not None:
             impls.append(("fusekit_torch", lambda logits: fk.cross_entropy(logits, targets)))
+        lf = liger_functional()
+        if lf is not None:  # writes dlogits into the logits it is given; the time does not depend on them
+            impls.append(("liger", lambda logits: lf.liger_cross_entropy(logits, targets)))
         xg = x.detach().requires_grad_(True)
         for impl, fn in impls:
             with torch.no_grad():
@@ -209,7 +218,13 @@ def gated_act_rows(rows):
                 inputs = (gate_up,)
             compiled = torch.compile(f_)
             shape = f"({m}, {f}) {name} {form}"
-            for impl, fn in (("torch_eager", f_), ("torch_compile", compiled)):
+            impls = [("torch_eager", f_), ("torch_compile", compiled)]
+            lf = liger_functional()
+            # Liger's SwiGLU and GeGLU (tanh) take gate and up as two contiguous tensors.
+            liger_op = {"silu": "liger_swiglu", "gelu_tanh": "liger_geglu"}.get(name)
+            if lf is not None and liger_op is not None and form == "separate":
+                impls.append(("liger", getattr(lf, liger_op)))
+            for impl, fn in impls:
                 t = bench(lambda: fn(*inputs))
                 rows.append(dict(op="gated_act", direction="fwd", shape=shape, impl=impl,
                                  time_us=t, bytes=fwd_bytes, gbps=fwd_bytes / t / 1e3))
@@ -233,6 +248,19 @@ LINEAR_ACTIVATIONS = {
     "squared_relu": lambda z: torch.square(F.relu(z)),
     "silu": F.silu,
 }
+
+
+def liger_functional():
+    """Liger-Kernel's functional ops (liger_kernel.transformers.functional, pure Python on Triton)
+    when the package is importable (device_run.sh installs the carried wheel), else None: its
+    norms, SwiGLU / GeGLU, RoPE, cross-entropy and fused linear cross-entropy are timed beside
+    PyTorch's (impl "liger")."""
+    try:
+        import liger_kernel.transformers.functional as lf
+    except Exception as e:  # not installed, or an incompatible Triton / PyTorch
+        print(f"liger-kernel not importable: {e}", flush=True)
+        return None
+    return lf
 
 
 def fusekit_torch():
@@ -509,7 +537,17 @@ def rope_rows(rows):
             return rope_expression(q, cos, sin, r, style), rope_expression(k, cos, sin, r, style)
         compiled = torch.compile(f)
         shape = rope_shape(d, r, style)
-        for impl, fn in (("torch_eager", f), ("torch_compile", compiled)):
+        impls = [("torch_eager", f), ("torch_compile", compiled)]
+        lf = liger_functional()
+        if lf is not None and style == "rotate_half" and r == d:
+            # Liger takes (B, H, S, D) views and (1, S, D) tables: the same memory as here.
+            cos3, sin3 = cos[:, :, 0, :], sin[:, :, 0, :]
+
+            def liger_rope(q, k):
+                qo, ko = lf.liger_rope(q.transpose(1, 2), k.transpose(1, 2), cos3, sin3)
+                return qo.transpose(1, 2), ko.transpose(1, 2)
+            impls.append(("liger", liger_rope))
+        for impl, fn in impls:
             t = bench(lambda: fn(q, k))
             rows.append(dict(op="rope", direction="fwd", shape=shape, impl=impl, time_us=t, bytes=moved,
                              gbps=moved / t / 1e3))
