@@ -6,6 +6,7 @@
 #include "fusekit/bias_act_dropout.h"
 #include "fusekit/cross_entropy.h"
 #include "fusekit/dropout.h"
+#include "fusekit/embedding.h"
 #include "fusekit/error.h"
 #include "fusekit/fp8_norm.h"
 #include "fusekit/gated_act.h"
