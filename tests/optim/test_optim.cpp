@@ -31,10 +31,17 @@ using testing::expect_error;
 
 struct Hyper {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  // The values the op receives: AdamWConfig holds float32.
+  Hyper as_f32() const {
+    auto f = [](double x) { return static_cast<double>(static_cast<float>(x)); };
+    return {f(lr), f(beta1), f(beta2), f(eps), f(weight_decay)};
+  }
 };
 
-// torch.optim.AdamW's single-tensor step on one element (step is 1-based).
-void pytorch_adamw(double& p, double& m, double& v, double g, const Hyper& h, std::int64_t step) {
+// torch.optim.AdamW's single-tensor step on one element (step is 1-based), with the
+// hyperparameters as the op receives them (float32).
+void pytorch_adamw(double& p, double& m, double& v, double g, const Hyper& hyper, std::int64_t step) {
+  const Hyper h = hyper.as_f32();
   p *= 1.0 - h.lr * h.weight_decay;
   m += (g - m) * (1.0 - h.beta1);  // exp_avg.lerp_(grad, 1 - beta1)
   v = v * h.beta2 + (1.0 - h.beta2) * g * g;
@@ -69,7 +76,7 @@ TEST(OptimCpu, FirstStepIsTheSignStepOfTheClosedForm) {
   // Step 1 from zero moments: m_hat = g and v_hat = g^2, so p1 = p0 (1 - lr wd) - lr g / (|g| + eps).
   std::vector<float> p = {0.5f, -1.25f, 2.0f, 0.0f}, g = {0.1f, -0.3f, 0.05f, 1e-3f};
   std::vector<float> m(4, 0.0f), v(4, 0.0f);
-  const Hyper h{1e-2, 0.9, 0.999, 1e-8, 0.1};
+  const Hyper h = Hyper{1e-2, 0.9, 0.999, 1e-8, 0.1}.as_f32();
   const std::vector<float> p0 = p;
   TensorView pv = cpu_view(p), gv = cpu_view(g), mv = cpu_view(m), vv = cpu_view(v);
   adamw_step({&pv, 1}, {&gv, 1}, {&mv, 1}, {&vv, 1}, {}, config_of(h, 1), std::nullopt);
