@@ -47,6 +47,8 @@
 //
 // On a GPU the tensors go in one kernel launch per group of up to a few dozen tensors of one
 // dtype combination (their addresses travel in the launch's parameters); no workspace is needed.
+//
+// Limits (both ops): each tensor at most 2^44 elements; any number of tensors.
 #pragma once
 
 #include <cstddef>

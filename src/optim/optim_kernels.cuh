@@ -135,6 +135,8 @@ __global__ void __launch_bounds__(kThreads) norm_partial_kernel(const NormTable<
   int scalar_from = 0;
   if (table.vector_ok[t]) {
     const int vector_end = n / kVector * kVector;
+    // Nothing is stored in the loop: unrolled, several loads per thread are in flight at once.
+#pragma unroll 4
     for (int i = threadIdx.x * kVector; i < vector_end; i += kThreads * kVector) {
       float v[kVector];
       load_vec(x + i, v);
