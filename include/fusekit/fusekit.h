@@ -12,6 +12,7 @@
 #include "fusekit/gated_act.h"
 #include "fusekit/linear.h"
 #include "fusekit/norm.h"
+#include "fusekit/optim.h"
 #include "fusekit/philox.h"
 #include "fusekit/rope.h"
 #include "fusekit/runtime.h"
