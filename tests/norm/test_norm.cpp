@@ -152,8 +152,8 @@ void copy_inputs(const Problem& from, Problem& to) {
   to.dy.set_values(from.dy.values());
   if (from.weight) to.weight->set_values(from.weight->values());
   if (from.bias) to.bias->set_values(from.bias->values());
-  if (from.residual) to.residual->set_values(from.residual->values());
-  if (from.dsum) to.dsum->set_values(from.dsum->values());
+  if (from.residual && to.residual) to.residual->set_values(from.residual->values());
+  if (from.dsum && to.dsum) to.dsum->set_values(from.dsum->values());
 }
 
 void fill_inputs(Problem& p, std::mt19937_64& rng) {
@@ -401,10 +401,15 @@ TEST(NormErrors, EachBadArgumentIsNamed) {
 
 // A residual problem and the plain problem of its rounded sum (x = the residual problem's sum),
 // on the CPU, with the same weight, bias, dy.
+Case with_residual(Case c, bool residual) {
+  c.residual = residual;
+  return c;
+}
+
 struct ResidualAndPlain {
   Problem res, plain;
-  ResidualAndPlain(Case c, std::mt19937_64& rng, float eps)
-      : res((c.residual = true, c), Device::cpu()), plain((c.residual = false, c), Device::cpu()) {
+  ResidualAndPlain(const Case& c, std::mt19937_64& rng, float eps)
+      : res(with_residual(c, true), Device::cpu()), plain(with_residual(c, false), Device::cpu()) {
     fill_inputs(res, rng);
     copy_inputs(res, plain);
     res.forward(eps);
