@@ -50,7 +50,7 @@ std::vector<CheckLine> check_norm(Device device, bool rms, bool residual) {
     for (Buffer* param : residual ? std::vector<Buffer*>{&x, &res} : std::vector<Buffer*>{&x}) {
       const std::vector<double> fd = finite_difference_gradient(*param, y, dy, 1e-2, fwd);
       const testing::ErrorStats s = testing::compare(dx.values(), fd);
-      const std::string what = param == &x ? "dx vs finite differences" : "dx vs finite differences in residual";
+      const std::string what = param == &x ? "dx vs finite differences" : "dresidual vs finite differences";
       out.push_back({op, "cpu", what, s.rel_l2, 1e-3, s.rel_l2 <= 1e-3});
     }
     return out;
