@@ -20,7 +20,8 @@
 //   bias     (V), optional, contiguous
 //   targets  T class indices (any shape with T elements, contiguous), i32 or i64
 //   loss     float32, contiguous: one value for mean and sum, T for none
-//   dh       like h (its own row stride); dweight (V, H) (its own row stride); dbias (V) contiguous
+//   dh       like h (its own row stride); dweight (V, H) (its own row stride); dbias (V) contiguous,
+//            only with a bias
 // H: 1 .. 2^31 - 1, V: 1 .. kCrossEntropyMaxClasses, T: 0 .. 2^31 - 1.
 //
 // Dtypes: h, weight and bias share one dtype. On a GPU: bf16 or f16 (tensor-core GEMMs
