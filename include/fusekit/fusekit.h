@@ -11,6 +11,7 @@
 #include "fusekit/fp8_norm.h"
 #include "fusekit/gated_act.h"
 #include "fusekit/linear.h"
+#include "fusekit/linear_cross_entropy.h"
 #include "fusekit/norm.h"
 #include "fusekit/optim.h"
 #include "fusekit/philox.h"
