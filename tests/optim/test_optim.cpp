@@ -505,10 +505,10 @@ TEST(OptimGpu, AdamWMatchesCpuReferenceOverSteps) {
 
 TEST(OptimGpu, ListsLongerThanOneLaunchMatchCpuReference) {
   FUSEKIT_REQUIRE_GPU();
+  // Two dtype combinations of 100 tensors each: each group takes two launches (52 tensors at most).
   std::vector<Spec> specs;
-  const DType grads[] = {DType::f32, DType::bf16, DType::f16};
-  for (int i = 0; i < 150; ++i)
-    specs.push_back({{1 + (i * 7919) % 40000}, grads[i % 3], i % 2 ? DType::bf16 : DType::f16, i % 5 == 0 ? 1 : 0});
+  for (int i = 0; i < 200; ++i)
+    specs.push_back({{1 + (i * 7919) % 20000}, i % 2 ? DType::bf16 : DType::f32, DType::bf16, i % 5 == 0 ? 1 : 0});
   Hyper h;
   h.lr = 1e-2;
   h.beta1 = 0.0;  // edge of the range: no momentum
@@ -519,8 +519,9 @@ TEST(OptimGpu, ListsLongerThanOneLaunchMatchCpuReference) {
 TEST(OptimGpu, GlobalNormMatchesCpuAndIsBitwiseDeterministic) {
   FUSEKIT_REQUIRE_GPU();
   auto rng = testing::make_rng(300);
+  // Past one launch's 112 tensors per dtype: 150 more of each of bf16 and f32.
   std::vector<Spec> specs = odd_sizes();
-  for (int i = 0; i < 130; ++i) specs.push_back({{1 + (i * 104729) % 70000}, i % 2 ? DType::bf16 : DType::f32});
+  for (int i = 0; i < 300; ++i) specs.push_back({{1 + (i * 104729) % 20000}, i % 2 ? DType::bf16 : DType::f32});
   State cpu(specs, false, Device::cpu()), gpu(specs, false, Device::cuda(0));
   randomize(rng, cpu, gpu);
   cpu.compute_norm();
