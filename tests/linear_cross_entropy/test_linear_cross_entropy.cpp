@@ -664,6 +664,31 @@ TEST(LinearCrossEntropyGpu, LossOnlyAndIgnoredBatches) {
   }
 }
 
+// The loss-only call and the call with gradients run the same logits GEMMs and row statistics:
+// their losses agree bitwise for every reduction and chunking.
+TEST(LinearCrossEntropyGpu, LossOnlyEqualsTheLossWithGradients) {
+  FUSEKIT_REQUIRE_GPU();
+  std::uint64_t salt = 350;
+  for (LossReduction reduction : kReductions)
+    for (std::int64_t chunk : {std::int64_t{0}, std::int64_t{64}}) {
+      Case c;
+      c.tokens = 200;
+      c.vocab = 777;
+      c.hidden = 32;
+      c.chunk = chunk;
+      c.config.reduction = reduction;
+      SCOPED_TRACE(c.str());
+      auto rng = testing::make_rng(salt++);
+      const Inputs in = random_inputs(c, rng);
+      const Outputs with_gradients = run_on(c, Device::cuda(0), c.dtype, in);
+      c.gradients = false;
+      const Outputs loss_only = run_on(c, Device::cuda(0), c.dtype, in);
+      ASSERT_EQ(loss_only.loss.size(), with_gradients.loss.size());
+      for (std::size_t i = 0; i < loss_only.loss.size(); ++i)
+        EXPECT_EQ(loss_only.loss[i], with_gradients.loss[i]) << "loss " << i;
+    }
+}
+
 // A target outside [0, V) that is not ignore_index: NaN in its row loss, so in the mean.
 TEST(LinearCrossEntropyGpu, InvalidTargetIsNaN) {
   FUSEKIT_REQUIRE_GPU();
