@@ -191,6 +191,7 @@ std::optional<BackwardPlan> plan_backward(const BackwardProblem& problem, const 
   // Full rows first, then kept g, each where compiled for the source.
   auto pick = [&](Source source) {
     BackwardVariant v{iters, source, problem.bias_grad};
+    v.dsum = problem.dsum;
     BackwardVariant refined = v;
     if (full) refined.full_rows = true;
     else if (keep_g) refined.keep_g = true;
@@ -221,7 +222,7 @@ std::optional<BackwardPlan> plan_backward(const BackwardProblem& problem, const 
   plan.geometry.stages = stages;
   plan.smem_bytes = arrays * column + stages * slot;
   if (iters == 4 && problem.bias_grad && problem.cols >= kClusterMinCols)
-    plan.cluster_variant = BackwardVariant{4, v.source, true, false, true};
+    plan.cluster_variant = BackwardVariant{4, v.source, true, false, true, false, problem.dsum};
   return plan;
 }
 
@@ -327,13 +328,16 @@ BackwardLaunch choose_backward_launch(const BackwardProblem& problem, const deta
 int backward_workspace_rows(std::int64_t rows, std::int64_t cols, int element_bytes, const detail::DeviceInfo& device,
                             const KernelOccupancy& occupancy, const LaunchOverrides& overrides) {
   int grid = backward_generic_grid(rows, device, occupancy);
-  for (bool from_output : {false, true}) {
+  // From x (with or without the residual backward's dsum) and from y.
+  for (int source = 0; source < 3; ++source) {
+    const bool from_output = source == 2;
     for (bool bias_grad : {false, true}) {
       BackwardProblem problem;
       problem.rows = rows;
       problem.cols = cols;
       problem.element_bytes = element_bytes;
       problem.from_output = from_output;
+      problem.dsum = source == 1;
       problem.bias_grad = bias_grad;
       problem.partials = true;
       const std::optional<BackwardPlan> plan = plan_backward(problem, device, occupancy, overrides);

@@ -55,10 +55,11 @@ struct BackwardVariant {
   bool full_rows = false;  // N = threads per row x vectors per thread x vector: no bounds tests
   bool cluster = false;    // launched in clusters whose blocks pre-sum their partial rows
   bool keep_g = false;     // g = dy * w stays in registers from the first pass to the second
+  bool dsum = false;       // the residual backward: dx += dsum (from x, i.e. the saved sum, only)
 
   constexpr int pack() const {
     return vectors_per_thread | static_cast<int>(source) << 3 | int(bias_grad) << 5 | int(full_rows) << 6 |
-           int(cluster) << 7 | int(keep_g) << 8;
+           int(cluster) << 7 | int(keep_g) << 8 | int(dsum) << 9;
   }
   static constexpr BackwardVariant unpack(int packed) {
     BackwardVariant v;
@@ -68,6 +69,7 @@ struct BackwardVariant {
     v.full_rows = (packed >> 6) & 1;
     v.cluster = (packed >> 7) & 1;
     v.keep_g = (packed >> 8) & 1;
+    v.dsum = (packed >> 9) & 1;
     return v;
   }
   constexpr bool operator==(const BackwardVariant& o) const { return pack() == o.pack(); }
@@ -91,6 +93,16 @@ inline constexpr BackwardVariant kBackwardVariants[] = {
     {3, Source::x, true, false, false, true},
     // Clusters pre-summing dweight and dbias.
     {4, Source::x, true, false, true}, {4, Source::y, true, false, true}, {4, Source::y_uncached, true, false, true},
+    // The residual backward (dx += dsum): every variant from x again, so that the plain kernels
+    // carry no dsum code (its registers).
+    {1, Source::x, false, false, false, false, true}, {2, Source::x, false, false, false, false, true},
+    {3, Source::x, false, false, false, false, true}, {4, Source::x, false, false, false, false, true},
+    {1, Source::x, true, false, false, false, true}, {2, Source::x, true, false, false, false, true},
+    {3, Source::x, true, false, false, false, true}, {4, Source::x, true, false, false, false, true},
+    {4, Source::x, false, true, false, false, true},
+    {4, Source::x, false, false, false, true, true}, {3, Source::x, false, false, false, true, true},
+    {3, Source::x, true, false, false, true, true},
+    {4, Source::x, true, false, true, false, true},
 };
 
 constexpr bool is_compiled(const BackwardVariant& v) {
@@ -144,6 +156,7 @@ struct BackwardProblem {
   bool from_output = false;  // x_hat from y
   bool bias_grad = false;    // dbias asked for
   bool partials = false;     // dweight or dbias asked for: partial rows go to the workspace
+  bool dsum = false;         // the residual backward's dx += dsum (from x only)
   bool aligned = true;
 };
 

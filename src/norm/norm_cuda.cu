@@ -234,6 +234,7 @@ void launch_backward(const BackwardParams& p, int device_index, cudaStream_t str
   problem.from_output = p.from_output;
   problem.bias_grad = p.dbias != nullptr;
   problem.partials = p.dweight != nullptr || p.dbias != nullptr;
+  problem.dsum = p.dsum != nullptr;
   problem.aligned = vector_aligned<T>({p.dy_row_stride, p.input_row_stride, p.dx_row_stride, p.dsum_row_stride},
                                       {p.dy, p.input, p.dx, p.weight, p.bias, p.dsum});
   const BackwardLaunch launch = choose_backward_launch(

@@ -393,6 +393,8 @@ __device__ __forceinline__ void cluster_sum_partials(float* block_sums, int cols
 //  cluster: launched in thread-block clusters whose blocks pre-sum their partial rows
 //    (cluster_sum_partials). A compile-time choice: the untaken cluster code alone slows the
 //    plain kernel (bench: layer_norm bwd (16384, 5120), H200).
+//  dsum: the residual backward, dx += dsum (a compile-time choice: the test alone costs the plain
+//    kernels registers).
 //  keep_g: g = dy * w stays in registers from the first pass to the second, which then reads only
 //    the input from the ring: no dy or weight loads, no unpack of dy and no multiply per element
 //    there, for one register per element held across the row reduction.
@@ -407,7 +409,7 @@ struct Backward {
   static constexpr int kIters = kVariant.vectors_per_thread;
   static constexpr Source kSource = kVariant.source;
   static constexpr bool kBiasGrad = kVariant.bias_grad, kFullRows = kVariant.full_rows, kCluster = kVariant.cluster,
-                        kKeepG = kVariant.keep_g;
+                        kKeepG = kVariant.keep_g, kDsum = kVariant.dsum;
   static constexpr int kMinBlocks = kIters == 2 && kSource == Source::x && !kBiasGrad && !kKeepG ? 2 : 1;
 };
 template <typename T, typename W, int VARIANT>
@@ -599,7 +601,8 @@ __global__ void __launch_bounds__(512, Backward<VARIANT>::kMinBlocks)
       T* __restrict__ dx = static_cast<T*>(p.dx) + row * p.dx_row_stride + col0;
       // The residual backward's skip-path gradient; may be dx itself: each element is read by the
       // thread that writes it, and the write depends on the read.
-      const T* dsum = p.dsum ? static_cast<const T*>(p.dsum) + row * p.dsum_row_stride + col0 : nullptr;
+      [[maybe_unused]] const T* dsum =
+          V::kDsum ? static_cast<const T*>(p.dsum) + row * p.dsum_row_stride + col0 : nullptr;
 #pragma unroll
       for (int it = 0; it < V::kIters; ++it) {
         if (!in_row(it)) continue;
@@ -624,7 +627,7 @@ __global__ void __launch_bounds__(512, Backward<VARIANT>::kMinBlocks)
 #pragma unroll
           for (int i = 0; i < kVec; ++i) out[i] = fmaf(d[i] * w[i], rstd, fmaf(v[i], a_x, c_x));
         }
-        if (dsum) {
+        if constexpr (V::kDsum) {
           float skip[kVec];
           unpack16<T>(*reinterpret_cast<const uint4*>(dsum + it * step), skip);
 #pragma unroll

@@ -32,7 +32,14 @@ class HopperOccupancy final : public KernelOccupancy {
     static const int by_vectors_and_rows[5][3] = {{0, 0, 0}, {48, 56, 40}, {55, 63, 64}, {56, 64, 64}, {64, 64, 64}};
     return by_vectors_and_rows[v.vectors_per_thread][static_cast<int>(v.rows)];
   }
-  static int registers(const BackwardVariant& v) {
+  static int registers(const BackwardVariant& variant) {
+    // The residual backward's variants (dx += dsum): a few registers more than the plain ones.
+    BackwardVariant v = variant;
+    v.dsum = false;
+    const int dsum_registers = variant.dsum ? std::min(8, 128 - plain_registers(v)) : 0;
+    return plain_registers(v) + dsum_registers;
+  }
+  static int plain_registers(const BackwardVariant& v) {
     struct Row {
       BackwardVariant v;
       int registers;
@@ -227,6 +234,34 @@ TEST(NormConfig, ResidualForwardTakesThePlainShapesOnResidualKernels) {
   misaligned.residual = true;
   misaligned.aligned = false;
   EXPECT_TRUE(forward_on(h100(), misaligned).generic);
+}
+
+// The residual backward (dx += dsum) takes the dsum twin of the variant the plain backward from
+// x takes, and the workspace query covers its grid.
+TEST(NormConfig, ResidualBackwardTakesTheDsumTwinOfThePlainVariant) {
+  for (const auto& device : {h100(), h200()}) {
+    for (Kind kind : {Kind::layer_norm, Kind::rms_norm}) {
+      for (auto [rows, cols] : {std::pair<std::int64_t, std::int64_t>{16384, 768}, {16384, 1024}, {32768, 2048},
+                                {8192, 5120}, {4096, 16384}, {300, 8}, {100, 1000}, {100, 1001}}) {
+        SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(cols));
+        const BackwardProblem plain_problem = backward_problem(kind, rows, cols);
+        BackwardProblem problem = plain_problem;
+        problem.dsum = true;
+        const BackwardLaunch plain = backward_on(device, plain_problem);
+        const BackwardLaunch l = backward_on(device, problem);
+        EXPECT_EQ(l.generic, plain.generic);
+        if (!l.generic) {
+          EXPECT_TRUE(l.variant.dsum);
+          EXPECT_TRUE(is_compiled(l.variant));
+          BackwardVariant twin = l.variant;
+          twin.dsum = false;
+          EXPECT_TRUE(twin == plain.variant);
+          EXPECT_EQ(l.geometry.threads_per_row, plain.geometry.threads_per_row);
+        }
+        EXPECT_LE(l.partial_rows, backward_workspace_rows(rows, cols, 2, device, HopperOccupancy(device)));
+      }
+    }
+  }
 }
 
 TEST(NormConfig, ForwardFallsBackToTheGenericKernel) {

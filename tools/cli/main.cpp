@@ -32,11 +32,11 @@ bool known_op(const char* command, const std::string& name) {
 }
 
 int cmd_ops() {
-  fmt::print("{:<12} {:<12} {:<38} {}\n", "op", "backends", "dtypes", "summary");
+  fmt::print("{:<20} {:<12} {:<38} {}\n", "op", "backends", "dtypes", "summary");
   for (const auto& op : registry()) {
     std::string backends;
     for (const auto& b : op.backends) backends += (backends.empty() ? "" : ",") + b;
-    fmt::print("{:<12} {:<12} {:<38} {}\n", op.name, backends, op.dtypes, op.summary);
+    fmt::print("{:<20} {:<12} {:<38} {}\n", op.name, backends, op.dtypes, op.summary);
   }
   return 0;
 }
@@ -52,11 +52,11 @@ int cmd_check(const std::string& only) {
     fmt::print("backend: cpu (no CUDA device; GPU kernels not checked)\n");
   }
   int passed = 0, failed = 0;
-  fmt::print("{:<12} {:<6} {:<34} {:>12} {:>12}  {}\n", "op", "device", "output", "rel_l2", "tolerance", "result");
+  fmt::print("{:<20} {:<6} {:<34} {:>12} {:>12}  {}\n", "op", "device", "output", "rel_l2", "tolerance", "result");
   for (const auto& op : registry()) {
     if (!only.empty() && op.name != only) continue;
     for (const auto& l : op.check(device)) {
-      fmt::print("{:<12} {:<6} {:<34} {:>12.3e} {:>12.3e}  {}\n", l.op, l.backend, l.what, l.error,
+      fmt::print("{:<20} {:<6} {:<34} {:>12.3e} {:>12.3e}  {}\n", l.op, l.backend, l.what, l.error,
                  l.tolerance, l.pass ? "PASS" : "FAIL");
       (l.pass ? passed : failed)++;
     }
