@@ -292,5 +292,6 @@ void bind_linear(nb::module_& m);
 void bind_fp8_norm(nb::module_& m);
 void bind_attention(nb::module_& m);
 void bind_rope(nb::module_& m);
+void bind_embedding(nb::module_& m);
 
 }  // namespace fusekit::python

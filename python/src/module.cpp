@@ -185,4 +185,5 @@ NB_MODULE(_C, m) {
   bind_attention(m);
   bind_cross_entropy(m);
   bind_rope(m);
+  bind_embedding(m);
 }

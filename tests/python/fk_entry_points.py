@@ -263,6 +263,16 @@ def _xent_forward_backward(rng):
                 workspace=None, **_xent_config(), stream=None)
 
 
+def _embedding_forward(rng):
+    return dict(tokens=rng.integers(0, 7, (2, 3)), weight=f32(rng, 7, 4), position_weight=f32(rng, 5, 4),
+                out=out(2, 3, 4), stream=None)
+
+
+def _embedding_backward(rng):
+    return dict(dout=f32(rng, 2, 3, 4), tokens=rng.integers(0, 7, (2, 3)).astype(np.int32), dweight=out(7, 4),
+                dposition_weight=out(5, 4), accumulate=False, workspace=None, stream=None)
+
+
 def _gated_forward(rng):
     return dict(gate_up=f32(rng, 2, 8), activation="silu", y=out(2, 4), layout="interleaved", stream=None)
 
@@ -481,6 +491,16 @@ ENTRY_POINTS = [
                dict(_kinds(logits=ARRAY, targets=ARRAY, reduction=REDUCTION, loss=ARRAY, dlogits=ARRAY,
                            lse=ARRAY, workspace=ARRAY), **XENT_CONFIG, stream=STREAM),
                _xent_forward_backward),
+    # embeddings
+    EntryPoint("embedding_backward_workspace_size",
+               _kinds(tokens=INT64, vocab=INT64, dim=INT64, device=DEVICE),
+               lambda rng: dict(tokens=6, vocab=7, dim=4, device="cpu")),
+    EntryPoint("embedding_forward",
+               _kinds(tokens=ARRAY, weight=ARRAY, position_weight=ARRAY, out=ARRAY, stream=STREAM),
+               _embedding_forward),
+    EntryPoint("embedding_backward",
+               _kinds(dout=ARRAY, tokens=ARRAY, dweight=ARRAY, dposition_weight=ARRAY, accumulate=BOOL,
+                      workspace=ARRAY, stream=STREAM), _embedding_backward),
     # gated activations
     EntryPoint("gated_act_forward",
                _kinds(gate_up=ARRAY, activation=ACTIVATION, y=ARRAY, layout=LAYOUT, stream=STREAM),

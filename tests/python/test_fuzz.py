@@ -618,6 +618,77 @@ def test_cross_entropy_workspace_query_contract(rows, classes, small, reduction)
         assert call() == 0
 
 
+# ---- embeddings ----------------------------------------------------------------------------------
+@FUZZ
+@given(lead=lead_shapes(), vocab=st.integers(1, 9), dim=st.integers(1, 12), extra=st.integers(0, 2),
+       token_dtype=st.sampled_from([np.int32, np.int64]), positions=st.booleans(), accumulate=st.booleans(),
+       broken=st.sampled_from([None, None, "tokens", "out", "position_weight", "dweight", "dposition_weight",
+                               "dout_expanded"]),
+       seed=st.integers(0, 2**32 - 1))
+def test_embedding_contract(lead, vocab, dim, extra, token_dtype, positions, accumulate, broken, seed):
+    rng = np.random.default_rng(seed)
+    lead = tuple(lead)
+    T = lead[-1]
+    tokens = rng.integers(0, vocab, lead).astype(token_dtype)
+    weight = rng.standard_normal((vocab, dim)).astype(np.float32)
+    pos = rng.standard_normal((T + extra, dim)).astype(np.float32)
+    dout = rng.standard_normal(lead + (dim,)).astype(np.float32)
+    out = np.zeros(lead + (dim,), np.float32)
+    dw_old = rng.standard_normal((vocab, dim)).astype(np.float32)
+    dp_old = rng.standard_normal((T + extra, dim)).astype(np.float32)
+    dw, dp = dw_old.copy(), dp_old.copy()
+    arg = broken
+    if broken == "tokens":
+        tokens.reshape(-1)[rng.integers(0, tokens.size)] = rng.choice([vocab, -1])
+    elif broken == "out":
+        out = break_output("shape", out)
+    elif broken == "position_weight":
+        positions, pos = True, np.zeros((T - 1, dim), np.float32) if T > 1 else np.zeros((1, dim + 1), np.float32)
+    elif broken == "dweight":
+        dw = np.zeros((vocab, dim + 1), np.float32)
+    elif broken == "dposition_weight":
+        positions, dp = True, np.zeros((max(T - 1, 1), dim + 1), np.float32)
+    elif broken == "dout_expanded":
+        dout, arg = expanded_argument(dout, lead, "dout")
+    p = pos if positions else None
+    fwd_ok = expect_contract(lambda: fusekit.embedding_forward(tokens, weight, p, out),
+                             arg if arg in ("tokens", "out", "position_weight") else None)
+    bwd_ok = expect_contract(
+        lambda: fusekit.embedding_backward(dout, tokens, dw, dp if positions else None, accumulate),
+        arg if arg in ("tokens", "dout", "dweight", "dposition_weight") else None)
+    flat = tokens.reshape(-1).astype(np.int64)
+    if fwd_ok:
+        ref = weight.astype(np.float64)[flat].reshape(lead + (dim,))
+        if positions:
+            ref = ref + pos.astype(np.float64)[:T]
+        assert_close("out", out, ref, 1e-6)
+    if bwd_ok:
+        d = dout.astype(np.float64).reshape(-1, dim)
+        ref_w = np.zeros((vocab, dim))
+        np.add.at(ref_w, flat, d)
+        ref_p = np.zeros((T + extra, dim))
+        ref_p[:T] = dout.astype(np.float64).reshape(-1, T, dim).sum(0)
+        if accumulate:
+            ref_w += dw_old
+            ref_p += dp_old
+        assert_close("dweight", dw, ref_w, 1e-5)
+        if positions:
+            assert_close("dposition_weight", dp, ref_p, 1e-5)
+
+
+@FUZZ
+@given(tokens=st.integers(-2**63, INT64_MAX), vocab=st.integers(-2**63, INT64_MAX),
+       dim=st.integers(-2**63, INT64_MAX), small=st.booleans())
+def test_embedding_workspace_query_contract(tokens, vocab, dim, small):
+    if small:
+        tokens, vocab, dim = abs(tokens) % 5000, abs(vocab) % 300000, abs(dim) % 70000
+    broken = ("tokens" if not 0 <= tokens <= 2**31 - 1 else "vocab" if not 1 <= vocab <= 2**31 - 1
+              else "dim" if not 1 <= dim <= 65536 else None)
+    call = lambda: fusekit.embedding_backward_workspace_size(tokens, vocab, dim, "cpu")  # noqa: E731
+    if expect_contract(call, broken):
+        assert call() == 0
+
+
 # ---- FP8 RMSNorm ---------------------------------------------------------------------------------
 @pytest.mark.skipif(ml_dtypes is None, reason="ml_dtypes is not installed (NumPy has no FP8 types)")
 @FUZZ
