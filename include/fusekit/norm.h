@@ -21,6 +21,19 @@
 // the GPU it is the caller's precondition (checking would cost a device-to-host copy per call) and
 // a zero element gives NaN in dx and dweight.
 //
+// Residual variants (the pre-norm transformer block's "h = h + f(h); y = norm(h)"):
+//   forward:  sum = round(x + residual) in x's dtype, y = norm(sum), in one pass. The sum is
+//             rounded before it is normalized, so the saved sum is exactly what was normalized
+//             and the backward recomputes nothing differently. sum is written when given (the
+//             caller may keep its own copy of x + residual and pass nothing).
+//   backward: dx = d loss / d sum = norm_backward(dy, sum) + dsum, the gradient reaching both
+//             x and residual (dsum: the gradient arriving at sum from the skip path; absent = 0).
+//             dweight/dbias as in the plain backward (same determinism and workspace:
+//             norm_backward_workspace_size).
+// residual, sum, dsum: x's dtype and shape, each with its own row stride (last dim contiguous).
+// dx may alias dsum exactly (same data, shape and strides: updated in place); any other overlap
+// between an output and another argument is refused. All other rules as for the plain norms.
+//
 // norm_backward_workspace_size checks its arguments: rows in 0..2^31 - 1, cols in 0..kNormMaxCols,
 // an x dtype.
 #pragma once
@@ -67,5 +80,31 @@ void rms_norm_backward_from_output(const TensorView& dy, const TensorView& y,
                                    const OptionalTensor& weight, const TensorView& rstd,
                                    const OptionalTensor& dx, const OptionalTensor& dweight,
                                    const OptionalTensor& workspace, Stream stream = nullptr);
+
+// sum = x + residual (written when given), y = norm(sum), one pass.
+void layer_norm_residual_forward(const TensorView& x, const TensorView& residual,
+                                 const OptionalTensor& weight, const OptionalTensor& bias,
+                                 float eps, const TensorView& y, const OptionalTensor& sum,
+                                 const OptionalTensor& mean, const OptionalTensor& rstd,
+                                 Stream stream = nullptr);
+
+void rms_norm_residual_forward(const TensorView& x, const TensorView& residual,
+                               const OptionalTensor& weight, float eps, const TensorView& y,
+                               const OptionalTensor& sum, const OptionalTensor& rstd,
+                               Stream stream = nullptr);
+
+// dx = d loss / d sum = norm_backward(dy, sum) + dsum: the gradient of both x and residual.
+void layer_norm_residual_backward(const TensorView& dy, const TensorView& sum,
+                                  const OptionalTensor& dsum, const OptionalTensor& weight,
+                                  const TensorView& mean, const TensorView& rstd,
+                                  const OptionalTensor& dx, const OptionalTensor& dweight,
+                                  const OptionalTensor& dbias, const OptionalTensor& workspace,
+                                  Stream stream = nullptr);
+
+void rms_norm_residual_backward(const TensorView& dy, const TensorView& sum,
+                                const OptionalTensor& dsum, const OptionalTensor& weight,
+                                const TensorView& rstd, const OptionalTensor& dx,
+                                const OptionalTensor& dweight, const OptionalTensor& workspace,
+                                Stream stream = nullptr);
 
 }  // namespace fusekit
