@@ -81,6 +81,14 @@ void copy_from_host(const fusekit::TensorView& t, const void* host) {
     std::memcpy(t.data, host, tensor_bytes(t));
 }
 
+void zero_fill(const fusekit::TensorView& t) {
+  if (!t.is_contiguous()) throw std::logic_error("zero_fill: tensor not contiguous");
+  if (t.device.is_cuda())
+    cuda_check(cudaMemsetAsync(t.data, 0, tensor_bytes(t), nullptr), "cudaMemsetAsync");
+  else
+    std::memset(t.data, 0, tensor_bytes(t));
+}
+
 void synchronize(fusekit::Device device) {
   if (device.is_cuda()) cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 }

@@ -42,6 +42,8 @@ fusekit::TensorView contiguous_view(void* data, fusekit::DType dtype, fusekit::D
 void copy_to_host(void* host, const fusekit::TensorView& tensor);
 void copy_from_host(const fusekit::TensorView& tensor, const void* host);
 std::size_t tensor_bytes(const fusekit::TensorView& tensor);
+// Sets a contiguous tensor's bytes to 0.
+void zero_fill(const fusekit::TensorView& tensor);
 
 // Waits for the device's work to finish (nothing on the CPU).
 void synchronize(fusekit::Device device);

@@ -28,32 +28,35 @@ ParamLayout param_layout(const ModelConfig& c) {
   // GPT-2 scales the weights of the projections that add into the residual stream by
   // 1 / sqrt(number of residual additions), keeping the stream's variance independent of depth.
   const float residual_std = kStd / std::sqrt(2.0f * static_cast<float>(c.n_layer));
+  // kind: 'e' embedding (bf16 copy, float32 gradient), 'f' read as float32 by its op, 'l' a
+  // linear layer's weight or bias.
   auto add = [&](std::string name, std::vector<std::int64_t> shape, float std_, float value, bool decay,
-                 bool float32_op) {
-    layout.info.push_back(ParamInfo{std::move(name), std::move(shape), std_, value, decay, float32_op});
+                 char kind) {
+    layout.info.push_back(
+        ParamInfo{std::move(name), std::move(shape), std_, value, decay, kind == 'f', kind == 'l'});
     return static_cast<int>(layout.info.size() - 1);
   };
-  layout.wte = add("wte", {c.padded_vocab, C}, kStd, 0.0f, true, false);
-  layout.wpe = add("wpe", {c.seq_len, C}, kStd, 0.0f, true, false);
+  layout.wte = add("wte", {c.padded_vocab, C}, kStd, 0.0f, true, 'e');
+  layout.wpe = add("wpe", {c.seq_len, C}, kStd, 0.0f, true, 'e');
   for (std::int64_t l = 0; l < c.n_layer; ++l) {
     const std::string p = "h" + std::to_string(l) + ".";
     BlockParams b{};
-    b.ln1_w = add(p + "ln_1.weight", {C}, 0.0f, 1.0f, false, true);
-    b.ln1_b = add(p + "ln_1.bias", {C}, 0.0f, 0.0f, false, true);
-    b.qkv_w = add(p + "attn.c_attn.weight", {3 * C, C}, kStd, 0.0f, true, false);
-    b.qkv_b = add(p + "attn.c_attn.bias", {3 * C}, 0.0f, 0.0f, false, false);
-    b.proj_w = add(p + "attn.c_proj.weight", {C, C}, residual_std, 0.0f, true, false);
-    b.proj_b = add(p + "attn.c_proj.bias", {C}, 0.0f, 0.0f, false, true);
-    b.ln2_w = add(p + "ln_2.weight", {C}, 0.0f, 1.0f, false, true);
-    b.ln2_b = add(p + "ln_2.bias", {C}, 0.0f, 0.0f, false, true);
-    b.fc_w = add(p + "mlp.c_fc.weight", {4 * C, C}, kStd, 0.0f, true, false);
-    b.fc_b = add(p + "mlp.c_fc.bias", {4 * C}, 0.0f, 0.0f, false, false);
-    b.fcproj_w = add(p + "mlp.c_proj.weight", {C, 4 * C}, residual_std, 0.0f, true, false);
-    b.fcproj_b = add(p + "mlp.c_proj.bias", {C}, 0.0f, 0.0f, false, true);
+    b.ln1_w = add(p + "ln_1.weight", {C}, 0.0f, 1.0f, false, 'f');
+    b.ln1_b = add(p + "ln_1.bias", {C}, 0.0f, 0.0f, false, 'f');
+    b.qkv_w = add(p + "attn.c_attn.weight", {3 * C, C}, kStd, 0.0f, true, 'l');
+    b.qkv_b = add(p + "attn.c_attn.bias", {3 * C}, 0.0f, 0.0f, false, 'l');
+    b.proj_w = add(p + "attn.c_proj.weight", {C, C}, residual_std, 0.0f, true, 'l');
+    b.proj_b = add(p + "attn.c_proj.bias", {C}, 0.0f, 0.0f, false, 'f');
+    b.ln2_w = add(p + "ln_2.weight", {C}, 0.0f, 1.0f, false, 'f');
+    b.ln2_b = add(p + "ln_2.bias", {C}, 0.0f, 0.0f, false, 'f');
+    b.fc_w = add(p + "mlp.c_fc.weight", {4 * C, C}, kStd, 0.0f, true, 'l');
+    b.fc_b = add(p + "mlp.c_fc.bias", {4 * C}, 0.0f, 0.0f, false, 'l');
+    b.fcproj_w = add(p + "mlp.c_proj.weight", {C, 4 * C}, residual_std, 0.0f, true, 'l');
+    b.fcproj_b = add(p + "mlp.c_proj.bias", {C}, 0.0f, 0.0f, false, 'f');
     layout.blocks.push_back(b);
   }
-  layout.lnf_w = add("ln_f.weight", {C}, 0.0f, 1.0f, false, true);
-  layout.lnf_b = add("ln_f.bias", {C}, 0.0f, 0.0f, false, true);
+  layout.lnf_w = add("ln_f.weight", {C}, 0.0f, 1.0f, false, 'f');
+  layout.lnf_b = add("ln_f.bias", {C}, 0.0f, 0.0f, false, 'f');
   return layout;
 }
 
@@ -64,7 +67,7 @@ Parameters::Parameters(const ModelConfig& config, const Backend& backend, Arena&
     const bool copy = backend.compute_dtype != DType::f32 && !p.float32_op;
     master.push_back(arena.tensor(DType::f32, p.shape));
     compute.push_back(copy ? arena.tensor(backend.compute_dtype, p.shape) : master.back());
-    grad.push_back(arena.tensor(copy ? backend.compute_dtype : DType::f32, p.shape));
+    grad.push_back(arena.tensor(p.linear_op ? backend.compute_dtype : DType::f32, p.shape));
     exp_avg.push_back(arena.tensor(DType::f32, p.shape));
     exp_avg_sq.push_back(arena.tensor(DType::f32, p.shape));
     has_copy.push_back(copy);

@@ -4,7 +4,8 @@
 //   compute     what the ops read: the master itself where the op takes float32 (LayerNorm
 //               weights, the biases added by bias_act_dropout, everything on the CPU backend), a
 //               bfloat16 copy on the GPU otherwise (AdamW rewrites it from the master);
-//   grad        in the compute tensor's dtype (fusekit's linear writes dW in its input dtype);
+//   grad        float32, except for the weights and biases linear_backward writes: those are in
+//               the compute dtype (linear writes dW and dbias in its input's dtype);
 //   exp_avg, exp_avg_sq  AdamW's moments, float32.
 #pragma once
 
@@ -26,6 +27,7 @@ struct ParamInfo {
   float init_value = 0.0f;
   bool decay = false;      // weight decay applies (the 2-D weights, embeddings included)
   bool float32_op = false; // the ops that read it take float32 whatever the activations' dtype
+  bool linear_op = false;  // a weight or bias of linear_forward (its gradient in the compute dtype)
   std::int64_t numel() const;
 };
 
