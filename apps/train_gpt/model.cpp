@@ -69,7 +69,7 @@ Model::Model(Parameters& params, std::int64_t batch, bool deterministic, Arena& 
     a.ln1_mean = arena.tensor(f32, {B * T});
     a.ln1_rstd = arena.tensor(f32, {B * T});
     a.qkv = arena.tensor(dt, {B, T, 3 * C});
-    a.att = arena.tensor(dt, {B, T, H, config_.head_dim()});
+    a.att = arena.tensor(dt, {B, T, C});
     a.lse = arena.tensor(f32, {B, H, T});
     a.att_proj = arena.tensor(dt, {B, T, C});
     a.ln2 = arena.tensor(dt, {B, T, C});
@@ -90,7 +90,7 @@ Model::Model(Parameters& params, std::int64_t batch, bool deterministic, Arena& 
   d_resid_[1] = arena.tensor(dt, {B, T, C});
   d_ln_ = arena.tensor(dt, {B, T, C});
   d_branch_ = arena.tensor(dt, {B, T, C});
-  d_att_ = arena.tensor(dt, {B, T, H, config_.head_dim()});
+  d_att_ = arena.tensor(dt, {B, T, C});
   d_qkv_ = arena.tensor(dt, {B, T, 3 * C});
   d_fc_ = arena.tensor(dt, {B, T, 4 * C});
   logits_ = arena.tensor(dt, {1, config_.padded_vocab});
@@ -134,13 +134,17 @@ TensorView Model::qkv_part(const TensorView& qkv, int part) const {
   return TensorView(data, qkv.dtype, qkv.device, {rows_, T, H, D}, {T * 3 * C, 3 * C, D, 1});
 }
 
+TensorView Model::heads(const TensorView& x) const {
+  return TensorView(x.data, x.dtype, x.device, {rows_, config_.seq_len, config_.n_head, config_.head_dim()});
+}
+
 void Model::set_batch(const std::vector<std::int32_t>& inputs, const std::vector<std::int32_t>& targets,
-                      std::int64_t rows) {
-  const auto n = static_cast<std::size_t>(rows * config_.seq_len);
-  if (rows < 1 || rows > batch_ || inputs.size() != n || targets.size() != n)
+                      std::int64_t sequences) {
+  const auto n = static_cast<std::size_t>(sequences * config_.seq_len);
+  if (sequences < 1 || sequences > batch_ || inputs.size() != n || targets.size() != n)
     throw std::invalid_argument("set_batch: expected 1.." + std::to_string(batch_) + " sequences of " +
                                 std::to_string(config_.seq_len) + " tokens");
-  rows_ = rows;
+  rows_ = sequences;
   copy_from_host(rows(inputs_), inputs.data());
   copy_from_host(rows(targets_), targets.data());
 }
@@ -160,7 +164,7 @@ void Model::forward(const DropoutConfig& dropout) {
     const TensorView qkv = rows(a.qkv);
     fusekit::linear_forward(rows(a.ln1), w[p.qkv_w], w[p.qkv_b], Activation::none, qkv, nullopt, ws);
     fusekit::attention_forward(qkv_part(qkv, 0), qkv_part(qkv, 1), qkv_part(qkv, 2), nullopt,
-                               attention_config(dropout, n_layer, l), rows(a.att), rows(a.lse), nullopt, ws);
+                               attention_config(dropout, n_layer, l), heads(a.att), rows(a.lse), nullopt, ws);
     fusekit::linear_forward(rows(a.att), w[p.proj_w], nullopt, Activation::none, rows(a.att_proj), nullopt, ws);
     fusekit::bias_act_dropout_forward(rows(a.att_proj), w[p.proj_b],
                                       bias_dropout_config(dropout, n_layer, l, DropoutSite::attention_proj),
@@ -215,7 +219,7 @@ void Model::backward(const DropoutConfig& dropout) {
     fusekit::linear_backward(rows(d_branch_), rows(a.att), w[p.proj_w], nullopt, Activation::none, rows(d_att_),
                              g[p.proj_w], nullopt, ws);
     const TensorView qkv = rows(a.qkv), d_qkv = rows(d_qkv_);
-    fusekit::attention_backward(rows(d_att_), qkv_part(qkv, 0), qkv_part(qkv, 1), qkv_part(qkv, 2), rows(a.att),
+    fusekit::attention_backward(heads(d_att_), qkv_part(qkv, 0), qkv_part(qkv, 1), qkv_part(qkv, 2), heads(a.att),
                                 rows(a.lse), nullopt, attention_config(dropout, n_layer, l), qkv_part(d_qkv, 0),
                                 qkv_part(d_qkv, 1), qkv_part(d_qkv, 2), nullopt, nullopt, deterministic_, ws);
     fusekit::linear_backward(d_qkv, rows(a.ln1), w[p.qkv_w], nullopt, Activation::none, rows(d_ln_), g[p.qkv_w],

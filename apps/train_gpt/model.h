@@ -41,9 +41,9 @@ class Model {
 
   std::int64_t batch() const { return batch_; }
 
-  // Uploads `rows` sequences of inputs and targets (rows * seq_len each).
+  // Uploads `sequences` (<= batch) sequences of inputs and targets (sequences * seq_len each).
   void set_batch(const std::vector<std::int32_t>& inputs, const std::vector<std::int32_t>& targets,
-                 std::int64_t rows);
+                 std::int64_t sequences);
 
   // The mean loss over the batch set last, with every parameter gradient written.
   float forward_backward(const DropoutConfig& dropout);
@@ -66,6 +66,8 @@ class Model {
   };
   // A view of `buffer`'s first `rows_` sequences.
   fusekit::TensorView rows(const fusekit::TensorView& buffer) const;
+  // The first rows_ sequences of a contiguous (B, T, C) tensor as (B, T, H, D): attention's layout.
+  fusekit::TensorView heads(const fusekit::TensorView& x) const;
   // q, k or v (part 0, 1, 2) of a (B, T, 3C) tensor as a (B, T, H, D) view.
   fusekit::TensorView qkv_part(const fusekit::TensorView& qkv, int part) const;
   void forward(const DropoutConfig& dropout);
