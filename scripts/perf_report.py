@@ -29,13 +29,15 @@ SCHEMA = 1
 
 FAMILY_OF_OP = {"layer_norm": "norm", "rms_norm": "norm", "norm": "norm",
                 "bias_act_dropout": "bias_act_dropout", "gated_act": "gated_act", "fp8_rms_norm": "fp8_norm",
-                "linear": "linear", "attention": "attention", "cross_entropy": "cross_entropy", "rope": "rope"}
-FAMILIES = ["norm", "bias_act_dropout", "gated_act", "fp8_norm", "linear", "attention", "rope", "cross_entropy"]
+                "linear": "linear", "attention": "attention", "cross_entropy": "cross_entropy", "rope": "rope",
+                "embedding": "embedding"}
+FAMILIES = ["norm", "bias_act_dropout", "gated_act", "fp8_norm", "linear", "attention", "rope", "cross_entropy", "embedding"]
 FAMILY_TITLE = {"norm": "LayerNorm / RMSNorm (bf16)", "bias_act_dropout": "Bias + activation + dropout (bf16)",
                 "gated_act": "Gated activations: SwiGLU, GeGLU (bf16)",
                 "fp8_norm": "FP8 RMSNorm (e4m3 in and out)", "linear": "Linear + bias + activation (bf16)",
                 "attention": "Attention (bf16)", "cross_entropy": "Cross-entropy (bf16 logits)",
-                "rope": "Rotary embeddings of q and k (bf16)"}
+                "rope": "Rotary embeddings of q and k (bf16)",
+                "embedding": "Token + position embeddings (bf16 tables, f32 gradients)"}
 MATRIX_FAMILIES = {"linear", "attention"}
 # Implementation names as the records store them; older runs' names on the left.
 IMPL_ALIASES = {"torch": "torch_eager", "compile": "torch_compile", "fusekit_py": "fusekit_torch"}
@@ -281,7 +283,8 @@ def attention_table(newest, main):
 
 TABLES = {"norm": memory_table, "bias_act_dropout": memory_table, "gated_act": memory_table,
           "fp8_norm": memory_table, "linear": linear_table, "attention": attention_table,
-          "cross_entropy": memory_table, "rope": memory_table}
+          "cross_entropy": memory_table, "rope": memory_table,
+          "embedding": memory_table}
 
 HEADER = """# fusekit performance
 

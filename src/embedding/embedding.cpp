@@ -185,8 +185,8 @@ void embedding_backward(const TensorView& dout, const TensorView& tokens, const 
   p.dout = dout.data;
   p.dout_row_stride = dl.row_stride;
 
-  const std::string grad_dtypes =
-      std::string(dtype_name(dout.dtype)) + " (as 'dout') or f32";
+  const std::string grad_dtypes = std::string(dtype_name(dout.dtype)) + " (as 'dout')" +
+                                  (dout.dtype == DType::f32 ? "" : " or f32");
   if (dweight.dtype != dout.dtype && dweight.dtype != DType::f32)
     check.fail("dweight", "dtype " + grad_dtypes, dtype_name(dweight.dtype));
   const RowLayout wl = check_table(check, dweight, "dweight", p.dim);

@@ -14,6 +14,7 @@ const std::vector<OpEntry>& registry() {
     add_attention_ops(v);
     add_cross_entropy_ops(v);
     add_rope_ops(v);
+    add_embedding_ops(v);
     return v;
   }();
   return ops;
