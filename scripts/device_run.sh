@@ -40,9 +40,9 @@ if has test; then
   # One run per op family (the first: every suite of no family), each with its own log and time
   # limit, so that a slow or hung family cannot hide the others' results. The runs share the GPU
   # concurrently (most of their time is the float64 CPU references), the cores split between them.
-  suites=(${TEST_SUITES:-"-Norm*:BiasActDropout*:Linear*:Fp8Norm*:Attention*:CrossEntropy*:GatedAct*:Rope*:Embedding*"
+  suites=(${TEST_SUITES:-"-Norm*:BiasActDropout*:Linear*:Fp8Norm*:Attention*:CrossEntropy*:GatedAct*:Rope*:Embedding*:Optim*"
               "Norm*" "BiasActDropout*" "Linear*" "Fp8Norm*" "Attention*" "CrossEntropy*" "GatedAct*" "Rope*"
-              "Embedding*"})
+              "Embedding*" "Optim*"})
   threads=$(( $(nproc) / ${#suites[@]} )); [ $threads -ge 1 ] || threads=1
   start=$(date +%s)
   for i in "${!suites[@]}"; do

@@ -52,5 +52,6 @@ void add_fp8_norm_ops(std::vector<OpEntry>& ops);
 void add_attention_ops(std::vector<OpEntry>& ops);
 void add_rope_ops(std::vector<OpEntry>& ops);
 void add_embedding_ops(std::vector<OpEntry>& ops);
+void add_optim_ops(std::vector<OpEntry>& ops);
 
 }  // namespace fusekit::cli

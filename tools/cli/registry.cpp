@@ -15,6 +15,7 @@ const std::vector<OpEntry>& registry() {
     add_cross_entropy_ops(v);
     add_rope_ops(v);
     add_embedding_ops(v);
+    add_optim_ops(v);
     return v;
   }();
   return ops;
