@@ -31,8 +31,9 @@
 //             dweight/dbias as in the plain backward (same determinism and workspace:
 //             norm_backward_workspace_size).
 // residual, sum, dsum: x's dtype and shape, each with its own row stride (last dim contiguous).
-// dx may alias dsum exactly (same data, shape and strides: updated in place); any other overlap
-// between an output and another argument is refused. All other rules as for the plain norms.
+// dx may be exactly dsum (same data, shape and strides: updated in place); any other overlap
+// between an output and another argument is refused (sum over x or residual too). All other
+// rules as for the plain norms.
 //
 // norm_backward_workspace_size checks its arguments: rows in 0..2^31 - 1, cols in 0..kNormMaxCols,
 // an x dtype.

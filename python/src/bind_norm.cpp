@@ -208,6 +208,91 @@ void bind_norm(nb::module_& m) {
       arg("workspace").none() = none, arg("stream").none() = none,
       "The LayerNorm backward recomputing the normalized input from the output y.");
 
+  m.def(
+      "layer_norm_residual_forward",
+      [](nb::handle x, nb::handle residual, nb::handle weight, nb::handle bias, nb::handle eps_arg,
+         nb::handle y, nb::handle sum, nb::handle mean, nb::handle rstd, nb::handle stream) {
+        OpCall c("layer_norm_residual_forward");
+        const float eps = c.f32(eps_arg, "eps");
+        const TensorView xv = c.tensor(x, "x", Access::read);
+        const TensorView resv = c.tensor(residual, "residual", Access::read);
+        const OptionalTensor wv = c.optional(weight, "weight", Access::read);
+        const OptionalTensor bv = c.optional(bias, "bias", Access::read);
+        const TensorView yv = c.tensor(y, "y", Access::write);
+        const OptionalTensor sv = c.optional(sum, "sum", Access::write);
+        const OptionalTensor mv = c.optional(mean, "mean", Access::write);
+        const OptionalTensor rv = c.optional(rstd, "rstd", Access::write);
+        c.run(stream, [&](Stream s) { layer_norm_residual_forward(xv, resv, wv, bv, eps, yv, sv, mv, rv, s); });
+      },
+      arg("x").none(), arg("residual").none(), arg("weight").none(), arg("bias").none(), arg("eps").none(),
+      arg("y").none(), arg("sum").none() = none, arg("mean").none() = none, arg("rstd").none() = none,
+      arg("stream").none() = none,
+      "sum = x + residual (rounded to x's dtype; written when given) and y = layer_norm(sum) in one "
+      "pass; optionally saves the float32 mean and rstd for the backward.");
+
+  m.def(
+      "rms_norm_residual_forward",
+      [](nb::handle x, nb::handle residual, nb::handle weight, nb::handle eps_arg, nb::handle y,
+         nb::handle sum, nb::handle rstd, nb::handle stream) {
+        OpCall c("rms_norm_residual_forward");
+        const float eps = c.f32(eps_arg, "eps");
+        const TensorView xv = c.tensor(x, "x", Access::read);
+        const TensorView resv = c.tensor(residual, "residual", Access::read);
+        const OptionalTensor wv = c.optional(weight, "weight", Access::read);
+        const TensorView yv = c.tensor(y, "y", Access::write);
+        const OptionalTensor sv = c.optional(sum, "sum", Access::write);
+        const OptionalTensor rv = c.optional(rstd, "rstd", Access::write);
+        c.run(stream, [&](Stream s) { rms_norm_residual_forward(xv, resv, wv, eps, yv, sv, rv, s); });
+      },
+      arg("x").none(), arg("residual").none(), arg("weight").none(), arg("eps").none(), arg("y").none(),
+      arg("sum").none() = none, arg("rstd").none() = none, arg("stream").none() = none,
+      "sum = x + residual (rounded to x's dtype; written when given) and y = rms_norm(sum) in one "
+      "pass; optionally saves the float32 rstd.");
+
+  m.def(
+      "layer_norm_residual_backward",
+      [](nb::handle dy, nb::handle sum, nb::handle dsum, nb::handle weight, nb::handle mean,
+         nb::handle rstd, nb::handle dx, nb::handle dweight, nb::handle dbias, nb::handle workspace,
+         nb::handle stream) {
+        OpCall c("layer_norm_residual_backward");
+        const TensorView dyv = c.tensor(dy, "dy", Access::read);
+        const TensorView sv = c.tensor(sum, "sum", Access::read);
+        const OptionalTensor dsv = c.optional(dsum, "dsum", Access::read);
+        const OptionalTensor wv = c.optional(weight, "weight", Access::read);
+        const TensorView mv = c.tensor(mean, "mean", Access::read);
+        const TensorView rv = c.tensor(rstd, "rstd", Access::read);
+        const NormGrads g = norm_grads(c, sv, dx, dweight, dbias, workspace);
+        c.run(stream, [&](Stream s) {
+          layer_norm_residual_backward(dyv, sv, dsv, wv, mv, rv, g.dx, g.dweight, g.dbias, g.workspace, s);
+        });
+      },
+      arg("dy").none(), arg("sum").none(), arg("dsum").none(), arg("weight").none(), arg("mean").none(),
+      arg("rstd").none(), arg("dx").none() = none, arg("dweight").none() = none, arg("dbias").none() = none,
+      arg("workspace").none() = none, arg("stream").none() = none,
+      "dx = the LayerNorm backward at sum + dsum (the gradient of both x and residual; dsum may "
+      "be None, or dx itself), and any of dweight, dbias.");
+
+  m.def(
+      "rms_norm_residual_backward",
+      [](nb::handle dy, nb::handle sum, nb::handle dsum, nb::handle weight, nb::handle rstd,
+         nb::handle dx, nb::handle dweight, nb::handle workspace, nb::handle stream) {
+        OpCall c("rms_norm_residual_backward");
+        const TensorView dyv = c.tensor(dy, "dy", Access::read);
+        const TensorView sv = c.tensor(sum, "sum", Access::read);
+        const OptionalTensor dsv = c.optional(dsum, "dsum", Access::read);
+        const OptionalTensor wv = c.optional(weight, "weight", Access::read);
+        const TensorView rv = c.tensor(rstd, "rstd", Access::read);
+        const NormGrads g = norm_grads(c, sv, dx, dweight, nb::handle(), workspace);
+        c.run(stream, [&](Stream s) {
+          rms_norm_residual_backward(dyv, sv, dsv, wv, rv, g.dx, g.dweight, g.workspace, s);
+        });
+      },
+      arg("dy").none(), arg("sum").none(), arg("dsum").none(), arg("weight").none(), arg("rstd").none(),
+      arg("dx").none() = none, arg("dweight").none() = none, arg("workspace").none() = none,
+      arg("stream").none() = none,
+      "dx = the RMSNorm backward at sum + dsum (the gradient of both x and residual; dsum may be "
+      "None, or dx itself), and dweight.");
+
   def_rms_norm_backward(m, "rms_norm_backward", rms_norm_backward, "x",
                         "Any subset of dx, dweight from the saved rstd.");
   def_rms_norm_backward(m, "rms_norm_backward_from_output", rms_norm_backward_from_output, "y",

@@ -130,6 +130,13 @@ bool share_bytes(const TensorView& a, const TensorView& b) {
 
 }  // namespace
 
+bool same_view(const TensorView& a, const TensorView& b) {
+  if (a.data != b.data || a.dtype != b.dtype || a.ndim != b.ndim) return false;
+  for (int d = 0; d < a.ndim; ++d)
+    if (a.shape[d] != b.shape[d] || (a.shape[d] > 1 && a.strides[d] != b.strides[d])) return false;
+  return true;
+}
+
 void ArgCheck::no_overlap(std::initializer_list<NamedArg> outputs,
                           std::initializer_list<NamedArg> inputs) const {
   auto check_pair = [this](const NamedArg& out, const NamedArg& other) {

@@ -35,6 +35,10 @@ inline NamedArg arg(const char* name, const OptionalTensor& t) {
   return {name, t ? &*t : nullptr};
 }
 
+// Whether two views are the same elements in the same order (same data, dtype, shape, and strides
+// wherever a dimension is longer than 1): the one overlap an in-place op allows.
+bool same_view(const TensorView& a, const TensorView& b);
+
 // A caller-owned workspace that passed ArgCheck::workspace.
 struct Workspace {
   void* data = nullptr;

@@ -12,6 +12,7 @@ namespace fusekit {
 using detail::arg;
 using detail::ArgCheck;
 using detail::kFloatDtypes;
+using detail::same_view;
 using detail::RowLayout;
 
 namespace {
@@ -60,17 +61,6 @@ RowLayout check_half_rows(const ArgCheck& check, const TensorView& t, const char
                          std::to_string(cols) + " columns)",
                t.shape_string());
   return check.rows(t, name);
-}
-
-// The same data, shape and strides (strides of dimensions of size 1 are never applied): the one
-// overlap an in-place backward allows.
-bool same_view(const TensorView& a, const TensorView& b) {
-  if (a.data != b.data || a.dtype != b.dtype || a.ndim != b.ndim) return false;
-  for (int d = 0; d < a.ndim; ++d) {
-    if (a.shape[d] != b.shape[d]) return false;
-    if (a.shape[d] > 1 && a.strides[d] != b.strides[d]) return false;
-  }
-  return true;
 }
 
 // `input` as an argument of the overlap check of its own gradient: left out where the gradient may

@@ -16,6 +16,7 @@ using detail::arg;
 using detail::kFloatDtypes;
 using detail::ArgCheck;
 using detail::RowLayout;
+using detail::same_view;
 
 namespace {
 
@@ -52,14 +53,16 @@ void prepare_cuda(const char* op, Device device) {
   require_supported_gpu(op, device.index);
 }
 
-void run_forward(const char* op, norm::Kind kind, const TensorView& x,
+// `residual` given: the residual forward (the rows normalized are round(x + residual), written to
+// `sum` when given).
+void run_forward(const char* op, norm::Kind kind, const TensorView& x, const OptionalTensor& residual,
                  const OptionalTensor& weight, const OptionalTensor& bias, float eps,
-                 const TensorView& y, const OptionalTensor& mean, const OptionalTensor& rstd,
-                 Stream stream) {
+                 const TensorView& y, const OptionalTensor& sum, const OptionalTensor& mean,
+                 const OptionalTensor& rstd, Stream stream) {
   ArgCheck check(op);
   const Device device = check.same_device(
-      {arg("x", x), arg("weight", weight), arg("bias", bias), arg("y", y), arg("mean", mean),
-       arg("rstd", rstd)});
+      {arg("x", x), arg("residual", residual), arg("weight", weight), arg("bias", bias), arg("y", y),
+       arg("sum", sum), arg("mean", mean), arg("rstd", rstd)});
   const RowLayout xl = check.leading_rows(x, "x", kFloatDtypes, kNormMaxCols);
   const RowLayout yl = check.rows_and_dtype_as(y, "y", x, xl, "x");
   check.eps(eps, false);
@@ -70,6 +73,16 @@ void run_forward(const char* op, norm::Kind kind, const TensorView& x,
   p.cols = xl.cols;
   p.dtype = x.dtype;
   p.weight_dtype = x.dtype;
+  if (residual) {
+    const RowLayout rl = check.rows_and_dtype_as(*residual, "residual", x, xl, "x");
+    p.residual = residual->data;
+    p.residual_row_stride = rl.row_stride;
+  }
+  if (sum) {
+    const RowLayout sl = check.rows_and_dtype_as(*sum, "sum", x, xl, "x");
+    p.sum = sum->data;
+    p.sum_row_stride = sl.row_stride;
+  }
   const char* weight_name = nullptr;
   if (weight) {
     check_weight_like(check, *weight, "weight", xl.cols, x.dtype, &p.weight_dtype, &weight_name);
@@ -94,8 +107,8 @@ void run_forward(const char* op, norm::Kind kind, const TensorView& x,
   p.y = y.data;
   p.y_row_stride = yl.row_stride;
   p.eps = eps;
-  check.no_overlap({arg("y", y), arg("mean", mean), arg("rstd", rstd)},
-                   {arg("x", x), arg("weight", weight), arg("bias", bias)});
+  check.no_overlap({arg("y", y), arg("sum", sum), arg("mean", mean), arg("rstd", rstd)},
+                   {arg("x", x), arg("residual", residual), arg("weight", weight), arg("bias", bias)});
   if (device.is_cuda()) {
     prepare_cuda(op, device);
     norm::forward_cuda(p, device.index, stream);
@@ -113,6 +126,7 @@ struct BackwardArgs {
   const OptionalTensor* bias;  // from_output LayerNorm only
   const TensorView* mean;      // LayerNorm from x only
   const TensorView* rstd;
+  const OptionalTensor* dsum;  // residual backward only
   const OptionalTensor* dx;
   const OptionalTensor* dweight;
   const OptionalTensor* dbias;
@@ -121,13 +135,14 @@ struct BackwardArgs {
 
 void run_backward(const char* op, const BackwardArgs& a, Stream stream) {
   ArgCheck check(op);
-  const char* input_name = a.from_output ? "y" : "x";
   static const OptionalTensor kNone;
+  const char* input_name = a.from_output ? "y" : a.dsum ? "sum" : "x";
+  const OptionalTensor& dsum = a.dsum ? *a.dsum : kNone;
   const OptionalTensor mean = a.mean ? OptionalTensor(*a.mean) : kNone;
   const Device device = check.same_device(
       {arg("dy", *a.dy), arg(input_name, *a.input), arg("weight", *a.weight),
        arg("bias", a.bias ? *a.bias : kNone), arg("mean", mean), arg("rstd", *a.rstd),
-       arg("dx", *a.dx), arg("dweight", *a.dweight), arg("dbias", *a.dbias),
+       arg("dsum", dsum), arg("dx", *a.dx), arg("dweight", *a.dweight), arg("dbias", *a.dbias),
        arg("workspace", *a.workspace)});
   const RowLayout dyl = check.leading_rows(*a.dy, "dy", kFloatDtypes, kNormMaxCols);
   const RowLayout inl = check.rows_and_dtype_as(*a.input, input_name, *a.dy, dyl, "dy");
@@ -157,6 +172,11 @@ void run_backward(const char* op, const BackwardArgs& a, Stream stream) {
   check.dtype_is(*a.rstd, "rstd", DType::f32, "statistics are float32");
   check.contiguous_numel(*a.rstd, "rstd", dyl.rows);
   p.rstd = a.rstd->data_as<const float>();
+  if (dsum) {
+    const RowLayout dsl = check.rows_and_dtype_as(*dsum, "dsum", *a.dy, dyl, "dy");
+    p.dsum = dsum->data;
+    p.dsum_row_stride = dsl.row_stride;
+  }
   if (*a.dx) {
     const RowLayout dxl = check.rows_and_dtype_as(**a.dx, "dx", *a.dy, dyl, "dy");
     p.dx = (*a.dx)->data;
@@ -176,10 +196,15 @@ void run_backward(const char* op, const BackwardArgs& a, Stream stream) {
   p.input = a.input->data;
   p.input_row_stride = inl.row_stride;
 
+  // dx may be exactly dsum (in place); no other overlap.
+  const bool dx_over_dsum = dsum && *a.dx && same_view(**a.dx, *dsum);
   check.no_overlap({arg("dx", *a.dx), arg("dweight", *a.dweight), arg("dbias", *a.dbias),
                     arg("workspace", *a.workspace)},
                    {arg("dy", *a.dy), arg(input_name, *a.input), arg("weight", *a.weight),
                     arg("bias", a.bias ? *a.bias : kNone), arg("mean", mean), arg("rstd", *a.rstd)});
+  check.no_overlap({arg("dx", dx_over_dsum ? kNone : *a.dx), arg("dweight", *a.dweight),
+                    arg("dbias", *a.dbias), arg("workspace", *a.workspace)},
+                   {arg("dsum", dsum)});
   if (device.is_cuda()) {
     prepare_cuda(op, device);
     const std::size_t need =
@@ -201,14 +226,31 @@ void run_backward(const char* op, const BackwardArgs& a, Stream stream) {
 void layer_norm_forward(const TensorView& x, const OptionalTensor& weight,
                         const OptionalTensor& bias, float eps, const TensorView& y,
                         const OptionalTensor& mean, const OptionalTensor& rstd, Stream stream) {
-  run_forward("layer_norm_forward", norm::Kind::layer_norm, x, weight, bias, eps, y, mean, rstd,
-              stream);
+  run_forward("layer_norm_forward", norm::Kind::layer_norm, x, std::nullopt, weight, bias, eps, y,
+              std::nullopt, mean, rstd, stream);
 }
 
 void rms_norm_forward(const TensorView& x, const OptionalTensor& weight, float eps,
                       const TensorView& y, const OptionalTensor& rstd, Stream stream) {
-  run_forward("rms_norm_forward", norm::Kind::rms_norm, x, weight, std::nullopt, eps, y,
-              std::nullopt, rstd, stream);
+  run_forward("rms_norm_forward", norm::Kind::rms_norm, x, std::nullopt, weight, std::nullopt, eps,
+              y, std::nullopt, std::nullopt, rstd, stream);
+}
+
+void layer_norm_residual_forward(const TensorView& x, const TensorView& residual,
+                                 const OptionalTensor& weight, const OptionalTensor& bias,
+                                 float eps, const TensorView& y, const OptionalTensor& sum,
+                                 const OptionalTensor& mean, const OptionalTensor& rstd,
+                                 Stream stream) {
+  run_forward("layer_norm_residual_forward", norm::Kind::layer_norm, x, residual, weight, bias, eps,
+              y, sum, mean, rstd, stream);
+}
+
+void rms_norm_residual_forward(const TensorView& x, const TensorView& residual,
+                               const OptionalTensor& weight, float eps, const TensorView& y,
+                               const OptionalTensor& sum, const OptionalTensor& rstd,
+                               Stream stream) {
+  run_forward("rms_norm_residual_forward", norm::Kind::rms_norm, x, residual, weight, std::nullopt,
+              eps, y, sum, std::nullopt, rstd, stream);
 }
 
 std::size_t norm_backward_workspace_size(std::int64_t rows, std::int64_t cols, DType dtype,
@@ -228,7 +270,7 @@ void layer_norm_backward(const TensorView& dy, const TensorView& x, const Option
                          const OptionalTensor& dweight, const OptionalTensor& dbias,
                          const OptionalTensor& workspace, Stream stream) {
   run_backward("layer_norm_backward",
-               {norm::Kind::layer_norm, false, &dy, &x, &weight, nullptr, &mean, &rstd, &dx,
+               {norm::Kind::layer_norm, false, &dy, &x, &weight, nullptr, &mean, &rstd, nullptr, &dx,
                 &dweight, &dbias, &workspace},
                stream);
 }
@@ -239,7 +281,7 @@ void layer_norm_backward_from_output(const TensorView& dy, const TensorView& y,
                                      const OptionalTensor& dweight, const OptionalTensor& dbias,
                                      const OptionalTensor& workspace, Stream stream) {
   run_backward("layer_norm_backward_from_output",
-               {norm::Kind::layer_norm, true, &dy, &y, &weight, &bias, nullptr, &rstd, &dx,
+               {norm::Kind::layer_norm, true, &dy, &y, &weight, &bias, nullptr, &rstd, nullptr, &dx,
                 &dweight, &dbias, &workspace},
                stream);
 }
@@ -250,7 +292,7 @@ void rms_norm_backward(const TensorView& dy, const TensorView& x, const Optional
                        Stream stream) {
   static const OptionalTensor kNone;
   run_backward("rms_norm_backward",
-               {norm::Kind::rms_norm, false, &dy, &x, &weight, nullptr, nullptr, &rstd, &dx,
+               {norm::Kind::rms_norm, false, &dy, &x, &weight, nullptr, nullptr, &rstd, nullptr, &dx,
                 &dweight, &kNone, &workspace},
                stream);
 }
@@ -261,7 +303,31 @@ void rms_norm_backward_from_output(const TensorView& dy, const TensorView& y,
                                    const OptionalTensor& workspace, Stream stream) {
   static const OptionalTensor kNone;
   run_backward("rms_norm_backward_from_output",
-               {norm::Kind::rms_norm, true, &dy, &y, &weight, nullptr, nullptr, &rstd, &dx,
+               {norm::Kind::rms_norm, true, &dy, &y, &weight, nullptr, nullptr, &rstd, nullptr, &dx,
+                &dweight, &kNone, &workspace},
+               stream);
+}
+
+void layer_norm_residual_backward(const TensorView& dy, const TensorView& sum,
+                                  const OptionalTensor& dsum, const OptionalTensor& weight,
+                                  const TensorView& mean, const TensorView& rstd,
+                                  const OptionalTensor& dx, const OptionalTensor& dweight,
+                                  const OptionalTensor& dbias, const OptionalTensor& workspace,
+                                  Stream stream) {
+  run_backward("layer_norm_residual_backward",
+               {norm::Kind::layer_norm, false, &dy, &sum, &weight, nullptr, &mean, &rstd, &dsum, &dx,
+                &dweight, &dbias, &workspace},
+               stream);
+}
+
+void rms_norm_residual_backward(const TensorView& dy, const TensorView& sum,
+                                const OptionalTensor& dsum, const OptionalTensor& weight,
+                                const TensorView& rstd, const OptionalTensor& dx,
+                                const OptionalTensor& dweight, const OptionalTensor& workspace,
+                                Stream stream) {
+  static const OptionalTensor kNone;
+  run_backward("rms_norm_residual_backward",
+               {norm::Kind::rms_norm, false, &dy, &sum, &weight, nullptr, nullptr, &rstd, &dsum, &dx,
                 &dweight, &kNone, &workspace},
                stream);
 }

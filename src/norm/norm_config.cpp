@@ -260,6 +260,10 @@ ForwardLaunch choose_forward_launch(const ForwardProblem& problem, const detail:
   const int tpr = shape.threads_per_row;
   launch.generic = false;
   launch.variant.vectors_per_thread = shape.vectors_per_thread;
+  // The residual forward adds the residual row as it loads and holds one row in registers, as the
+  // plain one does: the same row shapes. Its L2 request ahead covers both input rows, and the
+  // distance comes from its own kernel's occupancy.
+  launch.variant.residual = problem.residual;
   const bool full = problem.cols == std::int64_t(tpr) * shape.vectors_per_thread * vec && problem.has_weight;
   if (full && problem.kind == Kind::layer_norm && problem.has_bias) launch.variant.rows = ForwardRows::full_layer_norm;
   if (full && problem.kind == Kind::rms_norm && !problem.has_bias) launch.variant.rows = ForwardRows::full_rms_norm;

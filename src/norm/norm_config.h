@@ -37,6 +37,7 @@ enum class ForwardRows : int { any = 0, full_layer_norm = 1, full_rms_norm = 2 }
 struct ForwardVariant {
   int vectors_per_thread = 1;  // 16-byte vectors of a row per thread: 1..4
   ForwardRows rows = ForwardRows::any;
+  bool residual = false;  // normalizes round(x + residual), optionally writing the sum
 };
 
 // Where the backward's x_hat comes from.
@@ -133,6 +134,7 @@ struct ForwardProblem {
   int element_bytes = 2;  // x and y: 4 (f32) or 2 (f16, bf16)
   Kind kind = Kind::layer_norm;
   bool has_weight = true, has_bias = true;
+  bool residual = false;  // the residual forward: x + residual normalized (4 row tensors moved, not 2)
   bool aligned = true;  // row strides and pointers allow 16-byte vectors (N is checked here)
 };
 

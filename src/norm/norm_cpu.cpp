@@ -17,19 +17,28 @@ void forward_cpu(const ForwardParams& p) {
 #pragma omp parallel for schedule(static)
   for (std::int64_t r = 0; r < p.rows; ++r) {
     const std::int64_t xo = r * p.x_row_stride, yo = r * p.y_row_stride;
+    // The row normalized: x, or x + residual rounded to the dtype (what the backward gets as sum).
+    std::vector<double> v(n);
+    for (std::int64_t c = 0; c < n; ++c) {
+      v[c] = load_as_double(p.x, p.dtype, xo + c);
+      if (p.residual)
+        v[c] = detail::round_to(p.dtype, v[c] + load_as_double(p.residual, p.dtype, r * p.residual_row_stride + c));
+    }
+    if (p.sum)
+      for (std::int64_t c = 0; c < n; ++c) store_from_double(p.sum, p.dtype, r * p.sum_row_stride + c, v[c]);
     double mean = 0.0;
     if (p.kind == Kind::layer_norm) {
-      for (std::int64_t c = 0; c < n; ++c) mean += load_as_double(p.x, p.dtype, xo + c);
+      for (std::int64_t c = 0; c < n; ++c) mean += v[c];
       mean /= static_cast<double>(n);
     }
     double sq = 0.0;
     for (std::int64_t c = 0; c < n; ++c) {
-      const double d = load_as_double(p.x, p.dtype, xo + c) - mean;
+      const double d = v[c] - mean;
       sq += d * d;
     }
     const double rstd = 1.0 / std::sqrt(sq / static_cast<double>(n) + static_cast<double>(p.eps));
     for (std::int64_t c = 0; c < n; ++c) {
-      double y = (load_as_double(p.x, p.dtype, xo + c) - mean) * rstd;
+      double y = (v[c] - mean) * rstd;
       if (p.weight) y *= load_as_double(p.weight, p.weight_dtype, c);
       if (p.bias) y += load_as_double(p.bias, p.weight_dtype, c);
       store_from_double(p.y, p.dtype, yo + c, y);
@@ -70,7 +79,8 @@ void backward_cpu(const BackwardParams& p) {
       for (std::int64_t c = 0; c < n; ++c) {
         const double w = p.weight ? load_as_double(p.weight, p.weight_dtype, c) : 1.0;
         const double g = load_as_double(p.dy, p.dtype, r * p.dy_row_stride + c) * w;
-        const double dx = rstd * (g - mean_g - normalized_input(p, r, c) * mean_gx);
+        double dx = rstd * (g - mean_g - normalized_input(p, r, c) * mean_gx);
+        if (p.dsum) dx += load_as_double(p.dsum, p.dtype, r * p.dsum_row_stride + c);
         store_from_double(p.dx, p.dtype, r * p.dx_row_stride + c, dx);
       }
     }

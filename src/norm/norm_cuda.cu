@@ -57,23 +57,29 @@ void dispatch_types(DType dtype, DType weight_dtype, F&& f) {
 using ForwardKernel = void (*)(ForwardParams, RowGeometry);
 using BackwardKernel = void (*)(BackwardParams, RowGeometry, float*, float*);
 
-template <typename T, typename W, int ITERS>
+template <typename T, typename W, int ITERS, bool RESIDUAL>
 ForwardKernel forward_kernel_rows(ForwardRows rows) {
   switch (rows) {
-    case ForwardRows::full_layer_norm: return forward_registers_kernel<T, W, ITERS, ForwardRows::full_layer_norm>;
-    case ForwardRows::full_rms_norm: return forward_registers_kernel<T, W, ITERS, ForwardRows::full_rms_norm>;
-    default: return forward_registers_kernel<T, W, ITERS, ForwardRows::any>;
+    case ForwardRows::full_layer_norm:
+      return forward_registers_kernel<T, W, ITERS, ForwardRows::full_layer_norm, RESIDUAL>;
+    case ForwardRows::full_rms_norm: return forward_registers_kernel<T, W, ITERS, ForwardRows::full_rms_norm, RESIDUAL>;
+    default: return forward_registers_kernel<T, W, ITERS, ForwardRows::any, RESIDUAL>;
+  }
+}
+
+template <typename T, typename W, bool RESIDUAL>
+ForwardKernel forward_kernel_iters(const ForwardVariant& v) {
+  switch (v.vectors_per_thread) {
+    case 1: return forward_kernel_rows<T, W, 1, RESIDUAL>(v.rows);
+    case 2: return forward_kernel_rows<T, W, 2, RESIDUAL>(v.rows);
+    case 3: return forward_kernel_rows<T, W, 3, RESIDUAL>(v.rows);
+    default: return forward_kernel_rows<T, W, 4, RESIDUAL>(v.rows);
   }
 }
 
 template <typename T, typename W>
 ForwardKernel forward_kernel(const ForwardVariant& v) {
-  switch (v.vectors_per_thread) {
-    case 1: return forward_kernel_rows<T, W, 1>(v.rows);
-    case 2: return forward_kernel_rows<T, W, 2>(v.rows);
-    case 3: return forward_kernel_rows<T, W, 3>(v.rows);
-    default: return forward_kernel_rows<T, W, 4>(v.rows);
-  }
+  return v.residual ? forward_kernel_iters<T, W, true>(v) : forward_kernel_iters<T, W, false>(v);
 }
 
 template <typename T, typename W, std::size_t... I>
@@ -204,7 +210,9 @@ void launch_forward(const ForwardParams& p, int device_index, cudaStream_t strea
   problem.kind = p.kind;
   problem.has_weight = p.weight != nullptr;
   problem.has_bias = p.bias != nullptr;
-  problem.aligned = vector_aligned<T>({p.x_row_stride, p.y_row_stride}, {p.x, p.y, p.weight, p.bias});
+  problem.residual = p.residual != nullptr;
+  problem.aligned = vector_aligned<T>({p.x_row_stride, p.y_row_stride, p.residual_row_stride, p.sum_row_stride},
+                                      {p.x, p.y, p.weight, p.bias, p.residual, p.sum});
   const ForwardLaunch launch = choose_forward_launch(problem, detail::device_info(op, device_index),
                                                      DeviceOccupancy<T, W>(op, device_index), read_launch_overrides());
   if (launch.generic) {
@@ -226,8 +234,8 @@ void launch_backward(const BackwardParams& p, int device_index, cudaStream_t str
   problem.from_output = p.from_output;
   problem.bias_grad = p.dbias != nullptr;
   problem.partials = p.dweight != nullptr || p.dbias != nullptr;
-  problem.aligned = vector_aligned<T>({p.dy_row_stride, p.input_row_stride, p.dx_row_stride},
-                                      {p.dy, p.input, p.dx, p.weight, p.bias});
+  problem.aligned = vector_aligned<T>({p.dy_row_stride, p.input_row_stride, p.dx_row_stride, p.dsum_row_stride},
+                                      {p.dy, p.input, p.dx, p.weight, p.bias, p.dsum});
   const BackwardLaunch launch = choose_backward_launch(
       problem, detail::device_info(op, device_index), DeviceOccupancy<T, W>(op, device_index), read_launch_overrides());
 

@@ -141,8 +141,12 @@ inline constexpr int kMaxWarpsPerBlock = 32;
 // weight / bias presence tests and the kind test go away. Those rows load the weight of the second
 // pass before the row reduction, so that its latency runs under it (LayerNorm's bias stays after
 // the reduction: both held across it cost more registers than the early load saves).
+//
+// RESIDUAL: the row is round(x + residual) in T, formed as the row is loaded (the float sum of two
+// T values rounded once to T is the correctly rounded sum, as the CPU reference's) and written to
+// p.sum, when given, beside y.
 inline constexpr int kForwardMinBlocks = 2;
-template <typename T, typename W, int ITERS, ForwardRows ROWS>
+template <typename T, typename W, int ITERS, ForwardRows ROWS, bool RESIDUAL>
 __global__ void __launch_bounds__(512, kForwardMinBlocks)
     forward_registers_kernel(ForwardParams p, RowGeometry geo) {
   constexpr int kVec = 16 / sizeof(T);
@@ -181,7 +185,27 @@ __global__ void __launch_bounds__(512, kForwardMinBlocks)
       raw[it] = make_uint4(0, 0, 0, 0);
       if (valid_row && in_row(it)) raw[it] = *reinterpret_cast<const uint4*>(x + col0 + it * step);
     }
-    if (layer_norm && valid_row) shift_raw = x[0];
+    if constexpr (RESIDUAL) {
+      const T* __restrict__ res = static_cast<const T*>(p.residual) + row * p.residual_row_stride;
+      uint4 res_raw[ITERS];
+#pragma unroll
+      for (int it = 0; it < ITERS; ++it) {
+        res_raw[it] = make_uint4(0, 0, 0, 0);
+        if (valid_row && in_row(it)) res_raw[it] = *reinterpret_cast<const uint4*>(res + col0 + it * step);
+      }
+#pragma unroll
+      for (int it = 0; it < ITERS; ++it) {
+        float a[kVec], b[kVec];
+        unpack16<T>(raw[it], a);
+        unpack16<T>(res_raw[it], b);
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) a[i] += b[i];
+        raw[it] = pack16<T>(a);
+      }
+      if (layer_norm && valid_row) shift_raw = from_float<T>(to_float(x[0]) + to_float(res[0]));
+    } else {
+      if (layer_norm && valid_row) shift_raw = x[0];
+    }
   };
   const std::int64_t base_step = std::int64_t(gridDim.x) * rpb;
   for (std::int64_t base = std::int64_t(blockIdx.x) * rpb; base < p.rows; base += base_step) {
@@ -197,6 +221,13 @@ __global__ void __launch_bounds__(512, kForwardMinBlocks)
 #pragma unroll
       for (int it = 0; it < ITERS; ++it)
         if (in_row(it)) detail::device::prefetch_l2(ahead + it * step);
+      if constexpr (RESIDUAL) {
+        const T* res_ahead =
+            static_cast<const T*>(p.residual) + (row + geo.l2_prefetch_rows) * p.residual_row_stride + col0;
+#pragma unroll
+        for (int it = 0; it < ITERS; ++it)
+          if (in_row(it)) detail::device::prefetch_l2(res_ahead + it * step);
+      }
     }
     const float shift_k = to_float(shift_raw);
     float s[ITERS], q[ITERS];
@@ -248,10 +279,14 @@ __global__ void __launch_bounds__(512, kForwardMinBlocks)
     if (!valid_row) continue;
     const float shift = -mean * rstd;
     T* __restrict__ y = static_cast<T*>(p.y) + row * p.y_row_stride;
+    [[maybe_unused]] T* __restrict__ sum = RESIDUAL && p.sum ? static_cast<T*>(p.sum) + row * p.sum_row_stride : nullptr;
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
       if (!in_row(it)) continue;
       const int col = col0 + it * step;
+      if constexpr (RESIDUAL) {
+        if (sum) *reinterpret_cast<uint4*>(sum + col) = raw[it];
+      }
       float v[kVec], out[kVec];
       unpack16<T>(raw[it], v);
       if constexpr (kEarlyWeight) {
@@ -562,6 +597,9 @@ __global__ void __launch_bounds__(512, Backward<VARIANT>::kMinBlocks)
       // From x, x_hat * a + c = x * (a * rstd) + (shift * a + c).
       [[maybe_unused]] const float a_x = a * rstd, c_x = fmaf(shift, a, c);
       T* __restrict__ dx = static_cast<T*>(p.dx) + row * p.dx_row_stride + col0;
+      // The residual backward's skip-path gradient; may be dx itself: each element is read by the
+      // thread that writes it, and the write depends on the read.
+      const T* dsum = p.dsum ? static_cast<const T*>(p.dsum) + row * p.dsum_row_stride + col0 : nullptr;
 #pragma unroll
       for (int it = 0; it < V::kIters; ++it) {
         if (!in_row(it)) continue;
@@ -585,6 +623,12 @@ __global__ void __launch_bounds__(512, Backward<VARIANT>::kMinBlocks)
         } else {
 #pragma unroll
           for (int i = 0; i < kVec; ++i) out[i] = fmaf(d[i] * w[i], rstd, fmaf(v[i], a_x, c_x));
+        }
+        if (dsum) {
+          float skip[kVec];
+          unpack16<T>(*reinterpret_cast<const uint4*>(dsum + it * step), skip);
+#pragma unroll
+          for (int i = 0; i < kVec; ++i) out[i] += skip[i];
         }
         *reinterpret_cast<uint4*>(dx + it * step) = pack16<T>(out);
       }
@@ -675,28 +719,37 @@ __global__ void __launch_bounds__(kGenericThreads) forward_generic_kernel(Forwar
   __shared__ float scratch[2][kGenericThreads / 32];
   const RowTeam team(kGenericThreads, 0, threadIdx.x);
   const T* __restrict__ x = static_cast<const T*>(p.x);
+  const T* __restrict__ residual = static_cast<const T*>(p.residual);
   T* __restrict__ y = static_cast<T*>(p.y);
+  T* __restrict__ sum = static_cast<T*>(p.sum);
   const W* __restrict__ weight = static_cast<const W*>(p.weight);
   const W* __restrict__ bias = static_cast<const W*>(p.bias);
   const float inv_cols = 1.0f / static_cast<float>(p.cols);
   for (std::int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const T* xr = x + row * p.x_row_stride;
+    // The row's element c: x, or round(x + residual) in T (recomputed in each pass, identically).
+    auto element = [&](std::int64_t c) {
+      if (!residual) return to_float(xr[c]);
+      return to_float(from_float<T>(to_float(xr[c]) + to_float(residual[row * p.residual_row_stride + c])));
+    };
     float mean = 0.0f;
     if (p.kind == Kind::layer_norm) {
       float s[1] = {0.0f};
-      for (std::int64_t c = threadIdx.x; c < p.cols; c += kGenericThreads) s[0] += to_float(xr[c]);
+      for (std::int64_t c = threadIdx.x; c < p.cols; c += kGenericThreads) s[0] += element(c);
       row_allreduce<1, false>(s, scratch[0], team);
       mean = s[0] * inv_cols;
     }
     float q[1] = {0.0f};
     for (std::int64_t c = threadIdx.x; c < p.cols; c += kGenericThreads) {
-      const float d = to_float(xr[c]) - mean;
+      const float d = element(c) - mean;
       q[0] += d * d;
     }
     row_allreduce<1, false>(q, scratch[1], team);
     const float rstd = rsqrtf(q[0] * inv_cols + p.eps);
     for (std::int64_t c = threadIdx.x; c < p.cols; c += kGenericThreads) {
-      float o = (to_float(xr[c]) - mean) * rstd;
+      const float v = element(c);
+      if (sum) sum[row * p.sum_row_stride + c] = from_float<T>(v);
+      float o = (v - mean) * rstd;
       if (weight) o *= to_float(weight[c]);
       if (bias) o += to_float(bias[c]);
       y[row * p.y_row_stride + c] = from_float<T>(o);
@@ -719,7 +772,8 @@ __global__ void __launch_bounds__(kGenericThreads)
   const RowTeam team(kGenericThreads, 0, threadIdx.x);
   const T* __restrict__ dy = static_cast<const T*>(p.dy);
   const T* __restrict__ in = static_cast<const T*>(p.input);
-  T* __restrict__ dx = static_cast<T*>(p.dx);
+  T* dx = static_cast<T*>(p.dx);  // not __restrict__: dsum may be dx
+  const T* dsum = static_cast<const T*>(p.dsum);
   const W* __restrict__ weight = static_cast<const W*>(p.weight);
   const W* __restrict__ bias = static_cast<const W*>(p.bias);
   const bool layer_norm = p.kind == Kind::layer_norm;
@@ -756,7 +810,11 @@ __global__ void __launch_bounds__(kGenericThreads)
     for (std::int64_t c = threadIdx.x; c < p.cols; c += kGenericThreads) {
       float g, xh, d;
       element(c, &g, &xh, &d);
-      if (dx) dx[row * p.dx_row_stride + c] = from_float<T>(rstd * (g - mean_g - xh * mean_gx));
+      if (dx) {
+        float out = rstd * (g - mean_g - xh * mean_gx);
+        if (dsum) out += to_float(dsum[row * p.dsum_row_stride + c]);  // may be dx: read first
+        dx[row * p.dx_row_stride + c] = from_float<T>(out);
+      }
       if (my_dw) {
         my_dw[c] += d * xh;
         my_db[c] += d;

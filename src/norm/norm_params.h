@@ -18,6 +18,12 @@ struct ForwardParams {
   DType weight_dtype = DType::f32;  // weight and bias
   const void* x = nullptr;
   std::int64_t x_row_stride = 0;
+  // Residual forward: the rows normalized are round(x + residual) in x's dtype, written to `sum`
+  // when it is given (sum overlaps no other tensor).
+  const void* residual = nullptr;  // null: the plain norm of x
+  std::int64_t residual_row_stride = 0;
+  void* sum = nullptr;  // may be null
+  std::int64_t sum_row_stride = 0;
   const void* weight = nullptr;  // may be null: weight of ones
   const void* bias = nullptr;    // may be null: bias of zeros (always null for RMSNorm)
   void* y = nullptr;
@@ -41,6 +47,10 @@ struct BackwardParams {
   const void* bias = nullptr;  // used only when from_output
   const float* mean = nullptr; // used only for LayerNorm from x
   const float* rstd = nullptr;
+  // Residual backward: dx also gets the gradient arriving at the sum from the skip path. dsum may
+  // be exactly dx (in place): each element is read before the same element of dx is written.
+  const void* dsum = nullptr;  // may be null: none
+  std::int64_t dsum_row_stride = 0;
   void* dx = nullptr;  // each output may be null: not computed
   std::int64_t dx_row_stride = 0;
   void* dweight = nullptr;

@@ -16,6 +16,7 @@ namespace fusekit {
 using detail::arg;
 using detail::ArgCheck;
 using detail::kFloatDtypes;
+using detail::same_view;
 
 const char* rope_style_name(RopeStyle style) {
   switch (style) {
@@ -67,14 +68,6 @@ void same_shape_and_dtype(const ArgCheck& check, const TensorView& t, const char
   for (int d = 0; same && d < t.ndim; ++d) same = t.shape[d] == like.shape[d];
   if (!same)
     check.fail(name, "shape " + like.shape_string() + " (as '" + like_name + "')", t.shape_string());
-}
-
-// Whether two views are the same elements in the same order: the in-place case.
-bool same_view(const TensorView& a, const TensorView& b) {
-  if (a.data != b.data || a.dtype != b.dtype || a.ndim != b.ndim) return false;
-  for (int d = 0; d < a.ndim; ++d)
-    if (a.shape[d] != b.shape[d] || (a.shape[d] > 1 && a.strides[d] != b.strides[d])) return false;
-  return true;
 }
 
 bool finite_positive(float v) { return std::isfinite(v) && v > 0.0f; }

@@ -1,7 +1,9 @@
-// LayerNorm / RMSNorm: the CPU reference against finite differences, the CUDA kernels against the
-// CPU reference over a randomized grid, determinism, layout edge cases and argument errors.
+// LayerNorm / RMSNorm and their residual-add variants: the CPU reference against finite
+// differences, the CUDA kernels against the CPU reference over a randomized grid, determinism,
+// layout edge cases and argument errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <initializer_list>
@@ -10,9 +12,11 @@
 #include <string>
 #include <vector>
 
+#include "core/convert.h"
 #include "core/overrides.h"
 #include "fusekit/error.h"
 #include "fusekit/norm.h"
+#include "tests/harness/error_testing.h"
 #include "tests/harness/gtest_helpers.h"
 
 namespace fusekit {
@@ -33,11 +37,17 @@ struct Case {
   bool weight = true, bias = true;
   std::int64_t row_pad = 0;  // extra elements between rows (row stride = cols + row_pad)
   std::int64_t lead = 0;     // elements before every tensor's first: pointers off 16-byte alignment
+  // The *_residual_* ops: x + residual normalized, the sum saved for the backward (the forward
+  // writes it unless sum_absent), and dx += dsum where with_dsum.
+  bool residual = false;
+  bool sum_absent = false;
+  bool with_dsum = true;
   std::string str() const {
     return std::string(kind_name(kind)) + " " + dtype_name(dtype) + "/w:" + dtype_name(weight_dtype) +
            " (" + std::to_string(rows) + ", " + std::to_string(cols) + ")" + (weight ? " +w" : "") +
            (bias ? " +b" : "") + (row_pad ? " pad " + std::to_string(row_pad) : "") +
-           (lead ? " lead " + std::to_string(lead) : "");
+           (lead ? " lead " + std::to_string(lead) : "") +
+           (residual ? std::string(" residual") + (sum_absent ? " -sum" : "") + (with_dsum ? " +dsum" : "") : "");
   }
 };
 
@@ -47,6 +57,7 @@ struct Problem {
   Device device;
   Buffer x, y, dy, dx;
   std::optional<Buffer> weight, bias, dweight, dbias;
+  std::optional<Buffer> residual, sum, dsum;  // the residual ops only
   Buffer mean, rstd;
   std::optional<Buffer> workspace;
 
@@ -66,6 +77,15 @@ struct Problem {
       bias.emplace(c.weight_dtype, d, row, std::vector<std::int64_t>{}, c.lead);
       dbias.emplace(c.weight_dtype, d, row, std::vector<std::int64_t>{}, c.lead);
     }
+    if (c.residual) {
+      // Row strides of their own: the residual unpadded, sum and dsum padded like x.
+      residual.emplace(c.dtype, d, std::vector<std::int64_t>{c.rows, c.cols}, std::vector<std::int64_t>{}, c.lead);
+      sum.emplace(c.dtype, d, std::vector<std::int64_t>{c.rows, c.cols},
+                  std::vector<std::int64_t>{c.cols + c.row_pad, 1}, c.lead);
+      if (c.with_dsum)
+        dsum.emplace(c.dtype, d, std::vector<std::int64_t>{c.rows, c.cols},
+                     std::vector<std::int64_t>{c.cols + 2 * c.row_pad, 1}, c.lead);
+    }
     const std::size_t ws = norm_backward_workspace_size(c.rows, c.cols, c.dtype, d);
     if (ws > 0) workspace.emplace(DType::u8, d, std::vector<std::int64_t>{static_cast<std::int64_t>(ws)});
   }
@@ -74,14 +94,30 @@ struct Problem {
     return b ? OptionalTensor(b->view()) : std::nullopt;
   }
 
-  void forward(float eps) {
-    if (c.kind == Kind::layer)
+  // with_sum: the residual forward writes the sum (the CPU reference always does: the backward
+  // of both sides reads it).
+  void forward(float eps, bool with_sum = true) {
+    if (c.residual) {
+      const OptionalTensor s = with_sum ? opt(sum) : std::nullopt;
+      if (c.kind == Kind::layer)
+        layer_norm_residual_forward(x.view(), residual->view(), opt(weight), opt(bias), eps, y.view(), s,
+                                    mean.view(), rstd.view());
+      else
+        rms_norm_residual_forward(x.view(), residual->view(), opt(weight), eps, y.view(), s, rstd.view());
+    } else if (c.kind == Kind::layer)
       layer_norm_forward(x.view(), opt(weight), opt(bias), eps, y.view(), mean.view(), rstd.view());
     else
       rms_norm_forward(x.view(), opt(weight), eps, y.view(), rstd.view());
   }
   void backward(bool from_output) {
-    if (c.kind == Kind::layer) {
+    if (c.residual) {
+      if (c.kind == Kind::layer)
+        layer_norm_residual_backward(dy.view(), sum->view(), opt(dsum), opt(weight), mean.view(), rstd.view(),
+                                     dx.view(), opt(dweight), opt(dbias), opt(workspace));
+      else
+        rms_norm_residual_backward(dy.view(), sum->view(), opt(dsum), opt(weight), rstd.view(), dx.view(),
+                                   opt(dweight), opt(workspace));
+    } else if (c.kind == Kind::layer) {
       if (from_output)
         layer_norm_backward_from_output(dy.view(), y.view(), opt(weight), opt(bias), rstd.view(),
                                         dx.view(), opt(dweight), opt(dbias), opt(workspace));
@@ -104,7 +140,10 @@ struct Problem {
     rstd.poison();
     if (dweight) dweight->poison();
     if (dbias) dbias->poison();
+    if (sum) sum->poison();
   }
+  // The rows normalized: x, or the residual ops' sum.
+  std::vector<double> normalized_rows() const { return c.residual ? sum->values() : x.values(); }
 };
 
 // Copies every input of `from` into `to` (different devices), so both backends see the same data.
@@ -113,6 +152,8 @@ void copy_inputs(const Problem& from, Problem& to) {
   to.dy.set_values(from.dy.values());
   if (from.weight) to.weight->set_values(from.weight->values());
   if (from.bias) to.bias->set_values(from.bias->values());
+  if (from.residual) to.residual->set_values(from.residual->values());
+  if (from.dsum) to.dsum->set_values(from.dsum->values());
 }
 
 void fill_inputs(Problem& p, std::mt19937_64& rng) {
@@ -127,6 +168,8 @@ void fill_inputs(Problem& p, std::mt19937_64& rng) {
   p.dy.fill_normal(rng);
   if (p.weight) p.weight->fill_normal(rng, 1.0, 0.5);
   if (p.bias) p.bias->fill_normal(rng, 0.0, 0.5);
+  if (p.residual) p.residual->fill_normal(rng, 0.0, 0.5);
+  if (p.dsum) p.dsum->fill_normal(rng);
 }
 
 // Runs one case on the GPU and the CPU reference and compares every output.
@@ -140,8 +183,17 @@ void check_gpu_against_cpu(const Case& c, std::uint64_t salt, bool from_output) 
 
   cpu.forward(eps);
   gpu.poison_outputs();
-  gpu.forward(eps);
+  gpu.forward(eps, !c.sum_absent);
   const auto y_ref = cpu.y.values();
+  if (c.residual) {
+    // The sum is rounded once from exact operands on both sides: bitwise the same. Absent, it
+    // is never written.
+    const auto got = gpu.sum->values(), ref = cpu.sum->values();
+    if (c.sum_absent)
+      EXPECT_TRUE(std::all_of(got.begin(), got.end(), [](double v) { return std::isnan(v); })) << "sum written";
+    else
+      EXPECT_TRUE(got == ref) << "sum differs from the CPU's";
+  }
   // LayerNorm's y = (x - mean) rstd w + b: in float32, x - mean carries an error of about eps
   // times |mean|, which for a row whose spread is tiny against its mean (two close values, say)
   // is large against y. PyTorch's float32 result carries the same cancellation error, so y is
@@ -163,7 +215,7 @@ void check_gpu_against_cpu(const Case& c, std::uint64_t salt, bool from_output) 
     // A float32 row mean is exact to about eps times the row's RMS, not to its own size: means that
     // nearly cancel (one row of 65536 with mean 5e-5 and RMS 2.3 drew 1.5e-5 relative error from
     // the unchanged generic kernel) are measured against a tenth of the rows' RMS norm.
-    const auto xv = cpu.x.values();
+    const auto xv = cpu.normalized_rows();
     double rms_norm = 0.0;
     for (std::int64_t r = 0; r < c.rows; ++r) {
       double sq = 0.0;
@@ -173,8 +225,9 @@ void check_gpu_against_cpu(const Case& c, std::uint64_t salt, bool from_output) 
     EXPECT_TRUE(close_to_reference(gpu.mean.values(), cpu.mean.values(), DType::f32, "mean", std::sqrt(rms_norm)));
   }
 
-  // Backward from identical saved tensors on both sides (the CPU's y, mean, rstd).
+  // Backward from identical saved tensors on both sides (the CPU's y, sum, mean, rstd).
   gpu.y.set_values(y_ref);
+  if (c.residual) gpu.sum->set_values(cpu.sum->values());
   gpu.mean.set_values(cpu.mean.values());
   gpu.rstd.set_values(cpu.rstd.values());
   cpu.backward(from_output);
@@ -196,7 +249,7 @@ void check_gpu_against_cpu(const Case& c, std::uint64_t salt, bool from_output) 
 
   if (gpu.dweight || gpu.dbias) {
     // Per-element terms of the column sums, for the float32 reduction baseline.
-    const auto dy = cpu.dy.values(), x = cpu.x.values(), mean = cpu.mean.values(), rstd = cpu.rstd.values();
+    const auto dy = cpu.dy.values(), x = cpu.normalized_rows(), mean = cpu.mean.values(), rstd = cpu.rstd.values();
     std::vector<double> w_terms(dy.size());
     for (std::int64_t r = 0; r < c.rows; ++r)
       for (std::int64_t k = 0; k < c.cols; ++k) {
@@ -342,6 +395,199 @@ TEST(NormErrors, EachBadArgumentIsNamed) {
   // Weight dtype neither x's nor f32.
   TensorView w16(w.data(), DType::bf16, cpu, {8});
   EXPECT_NE(error_of([&] { rms_norm_forward(x, w16, 1e-5f, y, rstd); }).find("argument 'weight': expected dtype f32 (as x) or f32, got bf16"), std::string::npos);
+}
+
+// ---- residual variants: CPU reference ------------------------------------------------------
+
+// A residual problem and the plain problem of its rounded sum (x = the residual problem's sum),
+// on the CPU, with the same weight, bias, dy.
+struct ResidualAndPlain {
+  Problem res, plain;
+  ResidualAndPlain(Case c, std::mt19937_64& rng, float eps)
+      : res((c.residual = true, c), Device::cpu()), plain((c.residual = false, c), Device::cpu()) {
+    fill_inputs(res, rng);
+    copy_inputs(res, plain);
+    res.forward(eps);
+    plain.x.set_values(res.sum->values());
+    plain.forward(eps);
+  }
+};
+
+TEST(NormResidualCpu, ForwardIsThePlainNormOfTheRoundedSum) {
+  auto rng = testing::make_rng(11);
+  for (Kind kind : {Kind::layer, Kind::rms})
+    for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
+      Case c{kind, dt, dt, 9, 77, true, true, 3};
+      SCOPED_TRACE(c.str());
+      ResidualAndPlain p(c, rng, 1e-5f);
+      // sum = x + residual rounded once to the dtype.
+      const auto x = p.res.x.values(), r = p.res.residual->values(), sum = p.res.sum->values();
+      for (std::size_t i = 0; i < sum.size(); ++i) ASSERT_EQ(sum[i], detail::round_to(dt, x[i] + r[i])) << i;
+      EXPECT_TRUE(p.res.y.values() == p.plain.y.values());
+      EXPECT_TRUE(p.res.rstd.values() == p.plain.rstd.values());
+      if (kind == Kind::layer) EXPECT_TRUE(p.res.mean.values() == p.plain.mean.values());
+      // Without sum the same y.
+      const auto y = p.res.y.values();
+      p.res.y.poison();
+      p.res.sum->poison();
+      p.res.forward(1e-5f, false);
+      EXPECT_TRUE(p.res.y.values() == y);
+      for (double v : p.res.sum->values()) ASSERT_TRUE(std::isnan(v)) << "sum written";
+    }
+}
+
+// dx = the plain backward's dx at the sum + dsum; dweight, dbias exactly the plain backward's.
+TEST(NormResidualCpu, BackwardIsThePlainBackwardPlusDsum) {
+  auto rng = testing::make_rng(12);
+  for (Kind kind : {Kind::layer, Kind::rms})
+    for (bool with_dsum : {true, false}) {
+      Case c{kind, DType::f32, DType::f32, 6, 40, true, true};
+      c.with_dsum = with_dsum;
+      SCOPED_TRACE(c.str());
+      ResidualAndPlain p(c, rng, 1e-5f);
+      p.res.backward(false);
+      p.plain.backward(false);
+      auto expected = p.plain.dx.values();
+      if (with_dsum) {
+        const auto dsum = p.res.dsum->values();
+        for (std::size_t i = 0; i < expected.size(); ++i) expected[i] += dsum[i];
+        EXPECT_TRUE(close_to_reference(p.res.dx.values(), expected, DType::f32, "dx"));
+      } else {
+        EXPECT_TRUE(p.res.dx.values() == expected);
+      }
+      EXPECT_TRUE(p.res.dweight->values() == p.plain.dweight->values());
+      if (kind == Kind::layer) EXPECT_TRUE(p.res.dbias->values() == p.plain.dbias->values());
+    }
+}
+
+// Finite differences of L = sum(y * dy) + sum(sum * dsum): dx is the gradient of x and of the
+// residual alike.
+TEST(NormResidualCpu, GradientsMatchFiniteDifferences) {
+  auto rng = testing::make_rng(13);
+  for (Kind kind : {Kind::layer, Kind::rms}) {
+    Case c{kind, DType::f32, DType::f32, 3, 13, true, true};
+    c.residual = true;
+    SCOPED_TRACE(c.str());
+    Problem p(c, Device::cpu());
+    fill_inputs(p, rng);
+    const float eps = 1e-3f;
+    p.forward(eps);
+    p.backward(false);
+    const auto dy = p.dy.values(), dsum = p.dsum->values();
+    auto loss = [&] {
+      p.forward(eps);
+      const auto y = p.y.values(), s = p.sum->values();
+      double l = 0;
+      for (std::size_t i = 0; i < y.size(); ++i) l += y[i] * dy[i] + s[i] * dsum[i];
+      return l;
+    };
+    auto fd = [&](Buffer& param, std::int64_t i) {
+      const double h = 1e-2 * std::max(1.0, std::abs(param.values()[i]));
+      return testing::central_difference(param, i, h, loss);
+    };
+    const auto dx = p.dx.values(), dw = p.dweight->values();
+    for (std::int64_t i = 0; i < c.rows * c.cols; i += 5) {
+      EXPECT_NEAR(fd(p.x, i), dx[i], 2e-3) << "dx " << i;
+      EXPECT_NEAR(fd(*p.residual, i), dx[i], 2e-3) << "dresidual " << i;
+    }
+    for (std::int64_t i = 0; i < c.cols; i += 3) EXPECT_NEAR(fd(*p.weight, i), dw[i], 2e-3) << "dw " << i;
+    if (kind == Kind::layer) {
+      const auto db = p.dbias->values();
+      for (std::int64_t i = 0; i < c.cols; i += 3) EXPECT_NEAR(fd(*p.bias, i), db[i], 2e-3) << "db " << i;
+    }
+  }
+}
+
+// dx written over dsum (the same view) gives what a separate dx gets, on `device`.
+void check_dx_over_dsum(Device device, Kind kind, DType dt, std::int64_t rows, std::int64_t cols,
+                        std::uint64_t seed) {
+  auto rng = testing::make_rng(seed);
+  Case c{kind, dt, dt, rows, cols, true, true};
+  c.residual = true;
+  SCOPED_TRACE(c.str());
+  Problem p(c, device);
+  fill_inputs(p, rng);
+  p.forward(1e-5f);
+  p.backward(false);
+  const auto dx = p.dx.values(), dw = p.dweight->values();
+  const TensorView in_place = p.dsum->view();
+  if (kind == Kind::layer)
+    layer_norm_residual_backward(p.dy.view(), p.sum->view(), in_place, p.weight->view(), p.mean.view(),
+                                 p.rstd.view(), in_place, p.dweight->view(), p.dbias->view(), Problem::opt(p.workspace));
+  else
+    rms_norm_residual_backward(p.dy.view(), p.sum->view(), in_place, p.weight->view(), p.rstd.view(), in_place,
+                               p.dweight->view(), Problem::opt(p.workspace));
+  EXPECT_TRUE(p.dsum->values() == dx);
+  EXPECT_TRUE(p.dweight->values() == dw);
+}
+
+TEST(NormResidualCpu, DxMayBeDsumItself) {
+  for (Kind kind : {Kind::layer, Kind::rms}) check_dx_over_dsum(Device::cpu(), kind, DType::bf16, 5, 48, 14);
+}
+
+// ---- residual variants: argument errors --------------------------------------------------------
+
+TEST(NormResidualErrors, EachBadArgumentIsNamed) {
+  using testing::expect_error;
+  using testing::view;
+  std::vector<float> x = testing::ramp(48), r = testing::ramp(48, 0.3f), y(48), s(64), rstd(6), mean(6);
+  std::vector<float> dy = testing::ramp(48, -0.2f), dsum = testing::ramp(64, 0.05f), dx(64), w = testing::ramp(8, 0.5f);
+  std::vector<double> r64(48);
+  const TensorView xv = view(x, {6, 8}), rv = view(r, {6, 8}), yv = view(y, {6, 8}), sv = view(s, {6, 8});
+  const TensorView wv = view(w, {8}), rstdv = view(rstd, {6}), meanv = view(mean, {6});
+  auto rms_fwd = [&](const TensorView& res, const OptionalTensor& sum, const TensorView& out) {
+    rms_norm_residual_forward(xv, res, wv, 1e-5f, out, sum, rstdv);
+  };
+  // Shapes and dtypes of residual and sum.
+  expect_error([&] { rms_fwd(view(r, {8, 6}), sv, yv); }, ErrorKind::invalid_argument, "residual",
+               "expected shape (6, 8) (as 'x'), got (8, 6)");
+  expect_error([&] { rms_fwd(TensorView(r64.data(), DType::f64, Device::cpu(), {6, 8}), sv, yv); },
+               ErrorKind::invalid_argument, "residual", "dtype");
+  expect_error([&] { rms_fwd(rv, view(s, {6, 9}), yv); }, ErrorKind::invalid_argument, "sum",
+               "expected shape (6, 8) (as 'x'), got (6, 9)");
+  expect_error([&] { rms_fwd(rv, view(s, {48}), yv); }, ErrorKind::invalid_argument, "sum");
+  expect_error([&] {
+    rms_fwd(rv, TensorView(s.data(), DType::f32, Device::cuda(0), {6, 8}), yv);
+  },
+               ErrorKind::invalid_argument, "sum", "cuda:0");
+  // Overlaps: sum over x or the residual (no in-place forward), y over sum.
+  expect_error([&] { rms_fwd(rv, xv, yv); }, ErrorKind::invalid_argument, "sum",
+               "expected memory that does not overlap 'x'");
+  expect_error([&] { rms_fwd(rv, rv, yv); }, ErrorKind::invalid_argument, "sum",
+               "expected memory that does not overlap 'residual'");
+  expect_error([&] { rms_fwd(rv, sv, sv); }, ErrorKind::invalid_argument, "y", "overlap 'sum'");
+  expect_error([&] {
+    layer_norm_residual_forward(xv, rv, wv, std::nullopt, 1e-5f, yv, sv, view(s, {6}), rstdv);
+  },
+               ErrorKind::invalid_argument, "sum", "overlap 'mean'");
+  // The same forward runs with valid arguments.
+  rms_fwd(rv, sv, yv);
+  layer_norm_residual_forward(xv, rv, wv, std::nullopt, 1e-5f, yv, sv, meanv, rstdv);
+
+  // Backward: shapes of sum and dsum; dx over dsum partly, over sum.
+  const TensorView dyv = view(dy, {6, 8}), dsv = view(dsum, {6, 8}), dxv = view(dx, {6, 8});
+  auto rms_bwd = [&](const TensorView& sum, const OptionalTensor& ds, const OptionalTensor& out) {
+    rms_norm_residual_backward(dyv, sum, ds, wv, rstdv, out, std::nullopt, std::nullopt);
+  };
+  expect_error([&] { rms_bwd(view(s, {6, 7}), dsv, dxv); }, ErrorKind::invalid_argument, "sum",
+               "expected shape (6, 8) (as 'dy'), got (6, 7)");
+  expect_error([&] { rms_bwd(sv, view(dsum, {8, 6}), dxv); }, ErrorKind::invalid_argument, "dsum",
+               "expected shape (6, 8) (as 'dy'), got (8, 6)");
+  expect_error([&] { rms_bwd(sv, TensorView(dsum.data(), DType::f16, Device::cpu(), {6, 8}), dxv); },
+               ErrorKind::invalid_argument, "dsum", "dtype");
+  const TensorView dsum_shifted(dsum.data() + 8, DType::f32, Device::cpu(), {6, 8});
+  expect_error([&] { rms_bwd(sv, dsum_shifted, dsv); }, ErrorKind::invalid_argument, "dx",
+               "expected memory that does not overlap 'dsum'");
+  const TensorView dsum_strided(dsum.data(), DType::f32, Device::cpu(), {6, 8}, {10, 1});
+  expect_error([&] { rms_bwd(sv, dsum_strided, dsv); }, ErrorKind::invalid_argument, "dx", "overlap 'dsum'");
+  expect_error([&] { rms_bwd(sv, dsv, sv); }, ErrorKind::invalid_argument, "dx", "overlap 'sum'");
+  expect_error([&] {
+    rms_norm_residual_backward(dyv, sv, dsv, wv, rstdv, dxv, view(dsum, {8}), std::nullopt);
+  },
+               ErrorKind::invalid_argument, "dweight", "overlap 'dsum'");
+  // dx exactly dsum is in place; dsum absent is zero.
+  rms_bwd(sv, dsv, dsv);
+  rms_bwd(sv, std::nullopt, dxv);
 }
 
 // ---- GPU ---------------------------------------------------------------------------------------
@@ -570,6 +816,108 @@ TEST(NormGpu, EmptyBatchGivesZeroGradients) {
   p.backward(false);
   for (double v : p.dweight->values()) ASSERT_EQ(v, 0.0);
   for (double v : p.dbias->values()) ASSERT_EQ(v, 0.0);
+}
+
+// ---- residual variants: GPU ----------------------------------------------------------------------
+
+// The residual forward and backward over row lengths of every launch shape (one warp, two, up to
+// 512 threads, the generic kernel past that and for N off the vector), every dtype pairing, row
+// strides of their own per tensor, off-alignment pointers, sum absent, dsum absent.
+TEST(NormResidualGpu, RandomizedGridMatchesCpuReference) {
+  FUSEKIT_REQUIRE_GPU();
+  auto rng = testing::make_rng(200);
+  const std::int64_t cols_choices[] = {1, 7, 8, 100, 768, 1000, 1024, 1027, 2048, 4096, 5120, 8192, 12288, 16384,
+                                       20000, 32768, 65536};
+  const std::int64_t rows_choices[] = {1, 3, 17, 333, 1024};
+  const DType dtypes[] = {DType::f32, DType::f16, DType::bf16};
+  int cases = 0;
+  for (std::int64_t cols : cols_choices) {
+    for (int rep = 0; rep < 4; ++rep) {
+      Case c;
+      c.residual = true;
+      c.kind = rep % 2 ? Kind::rms : Kind::layer;
+      c.dtype = dtypes[rng() % 3];
+      c.weight_dtype = (rng() % 3 == 0) ? DType::f32 : c.dtype;
+      c.rows = rows_choices[rng() % 5];
+      if (cols >= 16384) c.rows = std::min<std::int64_t>(c.rows, 64);
+      c.cols = cols;
+      c.weight = rng() % 5 != 0;
+      c.bias = rng() % 3 != 0;
+      c.row_pad = (rng() % 3 == 0) ? 8 * (1 + rng() % 3) + (rng() % 2) : 0;
+      c.lead = (rng() % 6 == 0) ? 1 : 0;
+      c.sum_absent = rng() % 4 == 0;
+      c.with_dsum = rng() % 4 != 0;
+      check_gpu_against_cpu(c, 2000 + cases, false);
+      ++cases;
+    }
+  }
+  EXPECT_EQ(cases, 68);
+}
+
+// The benchmark shapes in bf16 (the register kernel's full rows and the backward's tuned shapes),
+// with and without dsum.
+TEST(NormResidualGpu, BenchmarkShapesMatchCpuReference) {
+  FUSEKIT_REQUIRE_GPU();
+  const std::pair<std::int64_t, std::int64_t> shapes[] = {{16384, 768}, {16384, 1024}, {4096, 16384}, {32768, 2048}};
+  int salt = 0;
+  for (auto [rows, cols] : shapes)
+    for (Kind kind : {Kind::layer, Kind::rms}) {
+      Case c{kind, DType::bf16, DType::bf16, rows, cols, true, kind == Kind::layer};
+      c.residual = true;
+      c.with_dsum = salt % 2 == 0;
+      check_gpu_against_cpu(c, 5500 + salt++, false);
+    }
+}
+
+TEST(NormResidualGpu, BackwardIsBitwiseDeterministic) {
+  FUSEKIT_REQUIRE_GPU();
+  auto rng = testing::make_rng(17);
+  for (std::int64_t cols : {768, 4096, 16384, 3001}) {
+    Case c{Kind::layer, DType::bf16, DType::f32, 8192, cols, true, true};
+    c.residual = true;
+    SCOPED_TRACE(c.str());
+    Problem p(c, Device::cuda(0));
+    fill_inputs(p, rng);
+    p.forward(1e-5f);
+    EXPECT_TRUE(testing::same_bytes_every_run(
+        [&] {
+          p.dx.poison();
+          p.dweight->poison();
+          p.dbias->poison();
+          p.backward(false);
+        },
+        {&*p.dweight, &*p.dbias, &p.dx}));
+  }
+}
+
+// dx over dsum on the row kernel (N = 1024, 4096) and the generic one (N = 1001).
+TEST(NormResidualGpu, DxMayBeDsumItself) {
+  FUSEKIT_REQUIRE_GPU();
+  int salt = 0;
+  for (Kind kind : {Kind::layer, Kind::rms})
+    for (std::int64_t cols : {1024, 4096, 1001})
+      check_dx_over_dsum(Device::cuda(0), kind, DType::bf16, 300, cols, 300 + salt++);
+}
+
+// Row padding of y, sum and dx stays unwritten; nothing is written before an unaligned tensor.
+TEST(NormResidualGpu, PaddingAndLeadAreNeverWritten) {
+  FUSEKIT_REQUIRE_GPU();
+  auto rng = testing::make_rng(18);
+  for (std::int64_t lead : {0, 1}) {
+    Case c{Kind::layer, DType::bf16, DType::bf16, 100, 1024, true, true, 8};
+    c.residual = true;
+    c.lead = lead;
+    SCOPED_TRACE(c.str());
+    Problem p(c, Device::cuda(0));
+    fill_inputs(p, rng);
+    p.poison_outputs();
+    p.forward(1e-5f);
+    p.backward(false);
+    for (const Buffer* b : {&p.y, &*p.sum, &p.dx}) {
+      EXPECT_EQ(testing::poisoned_padding(*b, c.rows, c.cols, c.row_pad), (c.rows - 1) * c.row_pad);
+      EXPECT_TRUE(b->lead_untouched());
+    }
+  }
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/overrides.h"
@@ -173,6 +174,59 @@ TEST(NormConfig, ForwardOfLongerRowsPrefetchesTheNextWave) {
     EXPECT_EQ(l.block_threads, 384);
     EXPECT_EQ(l.variant.rows, ForwardRows::full_layer_norm);
   }
+}
+
+// Forwards the occupancy questions to a HopperOccupancy and records whether every forward question
+// was about a residual kernel.
+class RecordingOccupancy final : public KernelOccupancy {
+ public:
+  explicit RecordingOccupancy(const detail::DeviceInfo& device) : inner_(device) {}
+  int forward_blocks_per_sm(const ForwardVariant& v, int block_threads) const override {
+    asked_plain_ = asked_plain_ || !v.residual;
+    return inner_.forward_blocks_per_sm(v, block_threads);
+  }
+  int forward_generic_blocks_per_sm() const override { return inner_.forward_generic_blocks_per_sm(); }
+  int backward_blocks_per_sm(const BackwardVariant& v, int block_threads, std::size_t smem) const override {
+    return inner_.backward_blocks_per_sm(v, block_threads, smem);
+  }
+  int backward_generic_blocks_per_sm() const override { return inner_.backward_generic_blocks_per_sm(); }
+  std::size_t backward_static_smem(const BackwardVariant& v) const override { return inner_.backward_static_smem(v); }
+  int backward_max_clusters(const BackwardVariant& v, int block_threads, std::size_t smem, int cluster) const override {
+    return inner_.backward_max_clusters(v, block_threads, smem, cluster);
+  }
+  bool asked_plain() const { return asked_plain_; }
+
+ private:
+  HopperOccupancy inner_;
+  mutable bool asked_plain_ = false;
+};
+
+// The residual forward holds one row (the sum) in registers as the plain one does: the same row
+// shapes and grid, on the residual kernels, whose own occupancy sets the L2 request distance.
+TEST(NormConfig, ResidualForwardTakesThePlainShapesOnResidualKernels) {
+  for (const auto& device : {h100(), h200()}) {
+    for (Kind kind : {Kind::layer_norm, Kind::rms_norm}) {
+      for (auto [rows, cols] : {std::pair<std::int64_t, std::int64_t>{32768, 768}, {16384, 1024}, {4096, 16384},
+                                {8192, 12288}, {100, 1000}, {100, 1001}, {100, 32768}}) {
+        SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(cols));
+        const ForwardProblem plain_problem = forward_problem(kind, rows, cols);
+        ForwardProblem problem = plain_problem;
+        problem.residual = true;
+        const ForwardLaunch plain = forward_on(device, plain_problem);
+        const RecordingOccupancy occupancy(device);
+        const ForwardLaunch l = choose_forward_launch(problem, device, occupancy);
+        EXPECT_TRUE(same(l, plain));
+        EXPECT_FALSE(occupancy.asked_plain());
+        if (!l.generic) EXPECT_TRUE(l.variant.residual);
+        EXPECT_FALSE(plain.variant.residual);
+      }
+    }
+  }
+  // Misaligned residual or sum rows (the launcher's test): the generic kernel.
+  ForwardProblem misaligned = forward_problem(Kind::layer_norm, 100, 1024);
+  misaligned.residual = true;
+  misaligned.aligned = false;
+  EXPECT_TRUE(forward_on(h100(), misaligned).generic);
 }
 
 TEST(NormConfig, ForwardFallsBackToTheGenericKernel) {

@@ -124,6 +124,30 @@ def _norm_backward(rng, source, with_mean, with_bias):
     return a
 
 
+def _norm_residual_forward(rng, with_mean_and_bias):
+    a = dict(norm_inputs(rng), residual=f32(rng, 2, 8))
+    a = dict(x=a["x"], residual=a["residual"], weight=a["weight"])
+    if with_mean_and_bias:
+        a["bias"] = f32(rng, 8)
+    a.update(eps=1e-5, y=out(2, 8), sum=out(2, 8))
+    if with_mean_and_bias:
+        a["mean"] = out(2)
+    a.update(rstd=out(2), stream=None)
+    return a
+
+
+def _norm_residual_backward(rng, with_mean_and_bias):
+    a = dict(dy=f32(rng, 2, 8), sum=f32(rng, 2, 8), dsum=f32(rng, 2, 8), weight=norm_inputs(rng)["weight"])
+    if with_mean_and_bias:
+        a["mean"] = f32(rng, 2)
+    a["rstd"] = rng.uniform(0.5, 2, 2).astype(np.float32)
+    a.update(dx=out(2, 8), dweight=out(8))
+    if with_mean_and_bias:
+        a["dbias"] = out(8)
+    a.update(workspace=None, stream=None)
+    return a
+
+
 def _bias_act(rng):
     return dict(activation="leaky_relu", p=0.5, seed=3, offset=5)
 
@@ -339,6 +363,22 @@ ENTRY_POINTS = [
                _kinds(dy=ARRAY, y=ARRAY, weight=ARRAY, rstd=ARRAY, dx=ARRAY, dweight=ARRAY,
                       workspace=ARRAY, stream=STREAM),
                lambda rng: _norm_backward(rng, "y", False, None)),
+    EntryPoint("layer_norm_residual_forward",
+               _kinds(x=ARRAY, residual=ARRAY, weight=ARRAY, bias=ARRAY, eps=FLOAT, y=ARRAY, sum=ARRAY,
+                      mean=ARRAY, rstd=ARRAY, stream=STREAM),
+               lambda rng: _norm_residual_forward(rng, True)),
+    EntryPoint("rms_norm_residual_forward",
+               _kinds(x=ARRAY, residual=ARRAY, weight=ARRAY, eps=FLOAT, y=ARRAY, sum=ARRAY, rstd=ARRAY,
+                      stream=STREAM),
+               lambda rng: _norm_residual_forward(rng, False)),
+    EntryPoint("layer_norm_residual_backward",
+               _kinds(dy=ARRAY, sum=ARRAY, dsum=ARRAY, weight=ARRAY, mean=ARRAY, rstd=ARRAY, dx=ARRAY,
+                      dweight=ARRAY, dbias=ARRAY, workspace=ARRAY, stream=STREAM),
+               lambda rng: _norm_residual_backward(rng, True)),
+    EntryPoint("rms_norm_residual_backward",
+               _kinds(dy=ARRAY, sum=ARRAY, dsum=ARRAY, weight=ARRAY, rstd=ARRAY, dx=ARRAY, dweight=ARRAY,
+                      workspace=ARRAY, stream=STREAM),
+               lambda rng: _norm_residual_backward(rng, False)),
     # bias + activation + dropout
     EntryPoint("bias_act_dropout_forward",
                _kinds(x=ARRAY, bias=ARRAY, activation=ACTIVATION, p=FLOAT, seed=UINT64, offset=UINT64,

@@ -212,6 +212,71 @@ def test_norm_backward_contract(kind, from_output, lead, n, broken, seed):
 
 
 @FUZZ
+@given(kind=st.sampled_from(["layer_norm", "rms_norm"]), lead=lead_shapes(), n=st.integers(1, 40),
+       with_sum=st.booleans(), with_dsum=st.booleans(), in_place=st.booleans(),
+       broken=st.sampled_from([None, None, "residual", "sum", "sum_over_x", "dsum", "dx_over_sum"]),
+       seed=st.integers(0, 2**32 - 1))
+def test_norm_residual_contract(kind, lead, n, with_sum, with_dsum, in_place, broken, seed):
+    """The residual forward and backward: y = norm(x + residual), dx = the backward at the sum plus
+    dsum (dx may be dsum itself); any broken argument is refused, naming it."""
+    rng = np.random.default_rng(seed)
+    shape = tuple(lead) + (n,)
+    x = (rng.standard_normal(shape) + 0.5).astype(np.float32)
+    res = rng.standard_normal(shape).astype(np.float32)
+    w = rng.uniform(0.5, 1.5, n).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32) if kind == "layer_norm" else None
+    y, s = np.zeros_like(x), np.zeros_like(x)
+    mean, rstd = np.zeros(shape[:-1], np.float32), np.zeros(shape[:-1], np.float32)
+    fwd_arg = broken if broken in ("residual", "sum", "sum_over_x") else None
+    if broken == "residual":
+        res = break_output("shape", res)
+    elif broken == "sum":
+        s = break_output("shape", s)
+    elif broken == "sum_over_x":
+        s, fwd_arg = x, "sum"
+    sum_arg = s if (with_sum or fwd_arg == "sum") else None
+    if kind == "layer_norm":
+        call = lambda: fusekit.layer_norm_residual_forward(x, res, w, b, 1e-5, y, sum_arg, mean, rstd)  # noqa: E731
+    else:
+        call = lambda: fusekit.rms_norm_residual_forward(x, res, w, 1e-5, y, sum_arg, rstd)  # noqa: E731
+    if not expect_contract(call, fwd_arg):
+        return
+    total = x.astype(np.float64) + res.astype(np.float64)
+    if with_sum:
+        assert np.array_equal(s, (x + res).astype(np.float32)), "sum"
+    ref_y, _, ref_rstd = norm_reference(kind, total.astype(np.float32), w, b, np.float32(1e-5))
+    assert_close("y", y, ref_y, TOL[np.float32] * 4)
+    s = (x + res).astype(np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    dsum = rng.standard_normal(shape).astype(np.float32) if with_dsum else None
+    dx = dsum if (with_dsum and in_place) else np.zeros_like(x)
+    dw = np.zeros_like(w)
+    db = np.zeros_like(w) if kind == "layer_norm" else None
+    dsum_ref = None if dsum is None else dsum.astype(np.float64).copy()
+    bwd_arg = None
+    if broken == "dsum" and with_dsum:
+        dsum, bwd_arg = break_output("shape", dsum), "dsum"
+        dx = np.zeros_like(x)
+    elif broken == "dx_over_sum":
+        dx, bwd_arg = s, "dx"
+    if kind == "layer_norm":
+        call = lambda: fusekit.layer_norm_residual_backward(dy, s, dsum, w, mean, rstd, dx, dw, db)  # noqa: E731
+    else:
+        call = lambda: fusekit.rms_norm_residual_backward(dy, s, dsum, w, rstd, dx, dw)  # noqa: E731
+    if expect_contract(call, bwd_arg):
+        mu = mean[..., None].astype(np.float64) if kind == "layer_norm" else 0.0
+        r = rstd[..., None].astype(np.float64)
+        xhat = (s.astype(np.float64) - mu) * r
+        g = dy.astype(np.float64) * w.astype(np.float64)
+        mean_g = g.mean(-1, keepdims=True) if kind == "layer_norm" else 0.0
+        ref_dx = r * (g - mean_g - xhat * (g * xhat).mean(-1, keepdims=True))
+        if dsum_ref is not None:
+            ref_dx = ref_dx + dsum_ref
+        assert_close("dx", dx, ref_dx, 1e-4)
+        assert_close("dweight", dw, (dy.astype(np.float64) * xhat).sum(axis=tuple(range(dy.ndim - 1))), 1e-4)
+
+
+@FUZZ
 @given(rows=st.integers(-2**63, INT64_MAX), cols=st.integers(-2**63, INT64_MAX),
        small=st.booleans(), which=st.sampled_from(["norm", "dropout", "fp8_fwd", "fp8_bwd"]))
 def test_row_workspace_queries_contract(rows, cols, small, which):

@@ -189,6 +189,114 @@ def test_read_only_inputs_are_accepted(rng):
     check_close("y", y, y_ref, "f32", rounding_error(y_ref, np.float32))
 
 
+# ---- residual variants --------------------------------------------------------------------------------
+def residual_forward(kind, x, residual, weight, bias, with_sum=True):
+    y = np.full_like(x, np.nan)
+    s = np.full_like(x, np.nan) if with_sum else None
+    rows = x.shape[:-1]
+    mean = np.full(rows, np.nan, np.float32) if kind == "layer_norm" else None
+    rstd = np.full(rows, np.nan, np.float32)
+    if kind == "layer_norm":
+        fusekit.layer_norm_residual_forward(x, residual, weight, bias, EPS, y, s, mean, rstd)
+    else:
+        fusekit.rms_norm_residual_forward(x, residual, weight, EPS, y, s, rstd)
+    return y, s, mean, rstd
+
+
+def residual_backward(kind, dy, s, dsum, weight, mean, rstd, dx):
+    dweight = np.full_like(weight, np.nan)
+    dbias = np.full_like(weight, np.nan) if kind == "layer_norm" else None
+    if kind == "layer_norm":
+        fusekit.layer_norm_residual_backward(dy, s, dsum, weight, mean, rstd, dx, dweight, dbias)
+    else:
+        fusekit.rms_norm_residual_backward(dy, s, dsum, weight, rstd, dx, dweight)
+    return dweight, dbias
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(7, 33), (3, 5, 64), (2, 1000)])
+@pytest.mark.parametrize("with_dsum", [True, False], ids=["dsum", "no_dsum"])
+def test_residual_matches_float64(rng, kind, dtype, shape, with_dsum):
+    """sum = x + residual rounded to the dtype; y = norm(sum); dx = the backward at the sum + dsum."""
+    x, weight, bias, dy = random_inputs(rng, shape, dtype)
+    np_dtype = NUMPY_DTYPES[dtype]
+    residual = rng.standard_normal(shape).astype(np_dtype)
+    if kind == "rms_norm":
+        bias = None
+    y, s, mean, rstd = residual_forward(kind, x, residual, weight, bias)
+    s_ref = (to_f64(x) + to_f64(residual)).astype(np_dtype)  # one rounding of the exact sum
+    np.testing.assert_array_equal(to_f64(s), to_f64(s_ref))
+    y_ref, _, rstd_ref = ref_forward(kind, s, weight, bias, EPS)
+    check_close("y", y, y_ref, dtype, rounding_error(y_ref, np_dtype))
+    check_close("rstd", rstd, rstd_ref, "f32", rounding_error(rstd_ref, np.float32))
+    y_no_sum, none, _, _ = residual_forward(kind, x, residual, weight, bias, with_sum=False)
+    assert none is None
+    np.testing.assert_array_equal(to_f64(y_no_sum), to_f64(y))
+
+    dsum = rng.standard_normal(shape).astype(np_dtype) if with_dsum else None
+    dx = np.full_like(x, np.nan)
+    dweight, dbias = residual_backward(kind, dy, s, dsum, weight, mean, rstd, dx)
+    dx_ref, dw_ref, db_ref = ref_backward(kind, dy, s, weight, EPS)
+    if with_dsum:
+        dx_ref = dx_ref + to_f64(dsum)
+    check_close("dx", dx, dx_ref, dtype, rounding_error(dx_ref, np_dtype))
+    check_close("dweight", dweight, dw_ref, dtype, rounding_error(dw_ref, np_dtype))
+    if kind == "layer_norm":
+        check_close("dbias", dbias, db_ref, dtype, rounding_error(db_ref, np_dtype))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_residual_dx_in_place_over_dsum_and_strided_rows(rng, kind):
+    """dx written over dsum itself gives the separate dx; every tensor may have its own row stride."""
+    n = 40
+    x, weight, bias, dy = random_inputs(rng, (11, n), "f32")
+    residual = np.ascontiguousarray(rng.standard_normal((11, 64)).astype(np.float32))[:, :n]
+    if kind == "rms_norm":
+        bias = None
+    sum_wide = np.full((11, 48), np.nan, np.float32)
+    s = sum_wide[:, :n]
+    y = np.full_like(x, np.nan)
+    mean = np.full(11, np.nan, np.float32) if kind == "layer_norm" else None
+    rstd = np.full(11, np.nan, np.float32)
+    if kind == "layer_norm":
+        fusekit.layer_norm_residual_forward(x, residual, weight, bias, EPS, y, s, mean, rstd)
+    else:
+        fusekit.rms_norm_residual_forward(x, residual, weight, EPS, y, s, rstd)
+    assert np.all(np.isnan(sum_wide[:, n:])), "padding between rows of sum was written"
+    np.testing.assert_array_equal(s, x + residual)
+    dsum = rng.standard_normal((11, n)).astype(np.float32)
+    dx = np.full_like(x, np.nan)
+    dweight, dbias = residual_backward(kind, dy, s, dsum, weight, mean, rstd, dx)
+    in_place = dsum.copy()
+    dweight2, dbias2 = residual_backward(kind, dy, s, in_place, weight, mean, rstd, in_place)
+    np.testing.assert_array_equal(in_place, dx)
+    np.testing.assert_array_equal(dweight2, dweight)
+    if kind == "layer_norm":
+        np.testing.assert_array_equal(dbias2, dbias)
+
+
+def test_residual_overlaps_are_refused(rng):
+    x, weight, bias, dy = random_inputs(rng, (4, 16), "f32")
+    residual = rng.standard_normal((4, 16)).astype(np.float32)
+    y, rstd = np.empty_like(x), np.empty(4, np.float32)
+    check_invalid_argument(lambda: fusekit.rms_norm_residual_forward(x, residual, weight, EPS, y, x, rstd),
+                           "sum", "overlap 'x'")
+    check_invalid_argument(lambda: fusekit.rms_norm_residual_forward(x, residual, weight, EPS, y, residual, rstd),
+                           "sum", "overlap 'residual'")
+    check_invalid_argument(lambda: fusekit.rms_norm_residual_forward(x, residual[:3], weight, EPS, y, None, rstd),
+                           "residual", "shape")
+    s = x + residual
+    dsum = rng.standard_normal((4, 16)).astype(np.float32)
+    check_invalid_argument(lambda: fusekit.rms_norm_residual_backward(dy, s, dsum, weight, rstd, s),
+                           "dx", "overlap 'sum'")
+    wide = np.zeros((5, 16), np.float32)
+    check_invalid_argument(lambda: fusekit.rms_norm_residual_backward(dy, s, wide[:4], weight, rstd, wide[1:]),
+                           "dx", "overlap 'dsum'")
+    check_invalid_argument(lambda: fusekit.rms_norm_residual_backward(dy, s, dsum[:, :8], weight, rstd),
+                           "dsum", "shape")
+
+
 # ---- how arrays are seen ----------------------------------------------------------------------------
 @pytest.mark.parametrize("np_dtype,name", [(np.float32, "f32"), (np.float16, "f16"),
                                            (np.float64, "f64"), (np.uint8, "u8"),

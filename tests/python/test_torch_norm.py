@@ -362,3 +362,154 @@ def test_unexportable_tensors_raise_cleanly():
     for x in cases:
         with pytest.raises(fusekit.InvalidArgumentError, match="argument 'x'"):
             fusekit.layer_norm_forward(x, None, None, 1e-5, y)
+
+
+# ---- residual variants ---------------------------------------------------------------------------
+def residual_reference(kind, x, residual, w, b, eps, dtype):
+    """PyTorch's (y, sum) with the sum rounded to `dtype` before it is normalized (fusekit's
+    contract); float64 inputs give the reference."""
+    total = (x + residual).to(dtype)
+    n = (total.shape[-1],)
+    if kind == "layer_norm":
+        return torch.nn.functional.layer_norm(total, n, w, b, eps), total
+    return torch.nn.functional.rms_norm(total, n, w, eps), total
+
+
+def run_residual(fn, x, residual, params, dy, dsum):
+    x = x.detach().clone().requires_grad_(True)
+    residual = residual.detach().clone().requires_grad_(True)
+    params = [p.detach().clone().requires_grad_(True) if p is not None else None for p in params]
+    y, total = fn(x, residual, *params)
+    torch.autograd.backward([y, total], [dy.to(y.dtype), dsum.to(total.dtype)])
+    return y, total, x.grad, residual.grad, [p.grad if p is not None else None for p in params]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
+def test_residual_matches_pytorch(device, dtype_name, kind, seed):
+    """(y, sum) and the gradients of x, residual, weight (and bias) against PyTorch's unfused
+    x + residual then norm, in float64 and in the same dtype."""
+    dtype = DTYPES[dtype_name]
+    n = 1024 if device == "cuda" else 96
+    lead = (8, 64) if device == "cuda" else (3, 7)
+    gen = torch.Generator().manual_seed(seed)
+    x = (torch.randn(*lead, n, generator=gen) * 2 + 0.3).to(device, dtype)
+    residual = torch.randn(*lead, n, generator=gen).to(device, dtype)
+    w = ((torch.rand(n, generator=gen) + 0.5) * torch.randn(n, generator=gen).sign()).to(device, dtype)
+    b = torch.randn(n, generator=gen).to(device, dtype) if kind == "layer_norm" else None
+    dy = torch.randn(x.shape, generator=gen).to(device, dtype)
+    dsum = torch.randn(x.shape, generator=gen).to(device, dtype)
+    eps = 1e-5
+    if kind == "layer_norm":
+        ours = lambda x, r, w, b: fk.layer_norm_residual(x, r, w, b, eps)  # noqa: E731
+    else:
+        ours = lambda x, r, w, b: fk.rms_norm_residual(x, r, w, eps)  # noqa: E731
+    theirs = lambda x, r, w, b: residual_reference(kind, x, r, w, b, eps, x.dtype)  # noqa: E731
+    got = run_residual(ours, x, residual, [w, b], dy, dsum)
+    same = run_residual(theirs, x, residual, [w, b], dy, dsum)
+    # The float64 reference normalizes the sum rounded to the dtype, as fusekit does.
+    total = (x.double() + residual.double()).to(dtype).double()
+    ref = run_residual(theirs, total, torch.zeros_like(total), [w.double(), b.double() if b is not None else None],
+                       dy.double(), dsum.double())
+    y, s, dx, dres, (dw, db) = got
+    assert y.dtype == dtype and s.dtype == dtype and y.shape == x.shape
+    assert torch.equal(s, (x + residual)), "sum: x + residual rounded once"
+    check_vs_pytorch("y", y, same[0], ref[0], dtype_name)
+    check_vs_pytorch("dx", dx, same[2], ref[2], dtype_name)
+    assert torch.equal(dres, dx), "x and residual get the same gradient"
+    check_vs_pytorch("dweight", dw, same[4][0], ref[4][0], dtype_name)
+    if b is not None:
+        check_vs_pytorch("dbias", db, same[4][1], ref[4][1], dtype_name)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_residual_partial_outputs_and_gradients(device, seed):
+    """Only y used (no gradient reaches sum), only sum used, and inputs without requires_grad."""
+    torch.manual_seed(seed)
+    x = torch.randn(4, 32, device=device, requires_grad=True)
+    residual = torch.randn(4, 32, device=device)
+    w = (torch.rand(32, device=device) + 0.5).requires_grad_(True)
+    y, total = fk.rms_norm_residual(x, residual, w, 1e-5)
+    y.sum().backward()
+    x_ref = x.detach().clone().requires_grad_(True)
+    w_ref = w.detach().clone().requires_grad_(True)
+    torch.nn.functional.rms_norm(x_ref + residual, (32,), w_ref, 1e-5).sum().backward()
+    torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(w.grad, w_ref.grad, rtol=1e-5, atol=1e-5)
+    x.grad, w.grad = None, None
+    y, total = fk.layer_norm_residual(x, residual, w, None, 1e-5)
+    (2 * total).sum().backward()
+    torch.testing.assert_close(x.grad, torch.full_like(x, 2.0))
+    assert w.grad is None or torch.count_nonzero(w.grad) == 0
+    with torch.no_grad():
+        y2, total2 = fk.layer_norm_residual(x, residual, w, None, 1e-5)
+    torch.testing.assert_close(y2, y.detach())
+    torch.testing.assert_close(total2, total.detach())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_residual_gradcheck_float32(device):
+    torch.manual_seed(0)
+    x = torch.randn(3, 8, device=device, requires_grad=True)
+    r = torch.randn(3, 8, device=device, requires_grad=True)
+    w = (torch.rand(8, device=device) + 0.5).requires_grad_(True)
+    b = torch.randn(8, device=device, requires_grad=True)
+    kw = dict(eps=1e-3, atol=2e-3, rtol=2e-3, nondet_tol=0.0)
+    with pytest.warns(UserWarning, match="double precision"):
+        assert torch.autograd.gradcheck(lambda x, r, w, b: fk.layer_norm_residual(x, r, w, b, 1e-5), (x, r, w, b), **kw)
+        assert torch.autograd.gradcheck(lambda x, r, w: fk.rms_norm_residual(x, r, w, 1e-5), (x, r, w), **kw)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_residual_custom_op_registration(device):
+    torch.manual_seed(0)
+    x = torch.randn(4, 16, device=device, requires_grad=True)
+    r = torch.randn(4, 16, device=device, requires_grad=True)
+    w = torch.randn(16, device=device, requires_grad=True)
+    b = torch.randn(16, device=device, requires_grad=True)
+    dy, dsum, total = (torch.randn(4, 16, device=device) for _ in range(3))
+    mean = torch.randn(4, device=device)
+    rstd = torch.rand(4, device=device) + 0.5
+    ops = torch.ops.fusekit
+    check_opcheck([
+        (ops.layer_norm_residual_fwd.default, (x, r, w, b, 1e-5)),
+        (ops.layer_norm_residual_fwd.default, (x, r, None, None, 1e-5)),
+        (ops.rms_norm_residual_fwd.default, (x, r, w, 1e-5)),
+        (ops.layer_norm_residual_bwd.default, (dy, total, dsum, w.detach(), mean, rstd, False, True, True, True)),
+        (ops.layer_norm_residual_bwd.default, (dy, total, None, None, mean, rstd, False, True, False, False)),
+        (ops.rms_norm_residual_bwd.default, (dy, total, dsum, w.detach(), rstd, False, True, True)),
+    ])
+
+
+class ResidualBlock(torch.nn.Module):
+    """A pre-norm block: h + mlp(norm(h)) with the add and the next norm fused."""
+
+    def __init__(self, n, device):
+        super().__init__()
+        self.mlp = torch.nn.Linear(n, n, device=device)
+        self.ln = fk.LayerNorm(n, device=device)
+        self.rms = torch.nn.RMSNorm(n, device=device)
+
+    def forward(self, h):
+        y, h = fk.layer_norm_residual(self.mlp(h), h, self.ln.weight, self.ln.bias, self.ln.eps)
+        y2, h = fk.rms_norm_residual(self.mlp(y), h, self.rms.weight, 1e-6)
+        return y2 + h
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_residual_torch_compile_fullgraph(device, seed):
+    torch.manual_seed(seed)
+    torch._dynamo.reset()
+    model = ResidualBlock(64, device)
+    x = torch.randn(4, 16, 64, device=device)
+    check_compiled_model(model, x, device, "fusekit.layer_norm_residual_fwd", "fusekit.rms_norm_residual_fwd")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_residual_errors_surface_as_exceptions(device):
+    x = torch.randn(4, 16, device=device)
+    with pytest.raises(fusekit.InvalidArgumentError, match="argument 'residual'"):
+        fk.layer_norm_residual(x, torch.randn(4, 15, device=device))
+    with pytest.raises(fusekit.InvalidArgumentError, match="argument 'x': expected dtype f32, f16 or bf16"):
+        fk.rms_norm_residual(x.double(), x.double())

@@ -7,6 +7,7 @@ drop-ins.
     fk.swap_modules(model)   # or retarget every nn.LayerNorm / nn.RMSNorm of a model in place
 
 Ops (functional form / module): layer_norm, rms_norm / LayerNorm, RMSNorm (drop-ins);
+layer_norm_residual, rms_norm_residual (x + residual normalized in one pass, returning (y, sum));
 bias_act_dropout / BiasActDropout, Dropout (as torch.nn.Dropout); gated_act, gated_act_separate /
 GatedMLP (SwiGLU, GeGLU, ReGLU: HF LlamaMLP's act_fn(gate_proj(x)) * up_proj(x) and its module);
 linear / Linear (torch.nn.Linear plus a fused activation); attention (fusekit's layout, variable lengths) and
@@ -28,7 +29,8 @@ from ._common import DROP_INS, register_drop_in, swap_modules  # noqa: F401
 from ._fallback import get_fallback, set_fallback  # noqa: F401
 
 # One line per op family.
-from .norm import LayerNorm, RMSNorm, layer_norm, rms_norm  # noqa: F401
+from .norm import (LayerNorm, RMSNorm, layer_norm, layer_norm_residual, rms_norm,  # noqa: F401
+                   rms_norm_residual)
 from .bias_act_dropout import BiasActDropout, Dropout, bias_act_dropout  # noqa: F401
 from .cross_entropy import CrossEntropyLoss, cross_entropy  # noqa: F401
 from .gated_act import GatedMLP, gated_act, gated_act_separate  # noqa: F401

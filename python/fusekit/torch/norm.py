@@ -8,8 +8,15 @@ Ops (all return fresh tensors; nothing is mutated):
       -> (dx, dweight, dbias)            (a gradient not asked for comes back empty, shape (0,))
   rms_norm_fwd(x, weight?, eps) -> (y, rstd)
   rms_norm_bwd(dy, x, weight?, rstd, params_f32, need_dx, need_dweight) -> (dx, dweight)
+  layer_norm_residual_fwd(x, residual, weight?, bias?, eps) -> (y, sum, mean, rstd)
+  layer_norm_residual_bwd(dy, sum, dsum?, weight?, mean, rstd, params_f32, need_dx, need_dweight,
+                          need_dbias) -> (dx, dweight, dbias)
+  rms_norm_residual_fwd(x, residual, weight?, eps) -> (y, sum, rstd)
+  rms_norm_residual_bwd(dy, sum, dsum?, weight?, rstd, params_f32, need_dx, need_dweight)
+      -> (dx, dweight)
 x is (..., N) and normalized over its last dimension; weight/bias are (N) in x's dtype or float32;
-mean/rstd are float32 with x's leading shape.
+mean/rstd are float32 with x's leading shape. The residual ops normalize sum = x + residual
+(rounded to x's dtype) and return it; their dx is the gradient of both x and residual.
 """
 from __future__ import annotations
 
@@ -261,6 +268,187 @@ class _RMSNormFunction(torch.autograd.Function):
 
 _layer_norm_apply = function_apply(_LayerNormFunction)
 _rms_norm_apply = function_apply(_RMSNormFunction)
+
+
+# ---- residual custom ops -----------------------------------------------------------------------
+def _residual_inputs(op: str, x: Tensor, residual: Tensor) -> Tuple[Tensor, Tensor]:
+    if residual.shape != x.shape:  # fusekit checks it too; a clear message before any broadcast
+        raise invalid_argument(op, "residual", f"shape {tuple(x.shape)} (as 'x')",
+                               f"shape {tuple(residual.shape)}")
+    return x.contiguous(), residual.contiguous()
+
+
+@torch.library.custom_op(f"{NAMESPACE}::layer_norm_residual_fwd", mutates_args=())
+def layer_norm_residual_fwd(x: Tensor, residual: Tensor, weight: Optional[Tensor],
+                            bias: Optional[Tensor], eps: float) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    x, residual = _residual_inputs("layer_norm_residual", x, residual)
+    y, total = torch.empty_like(x), torch.empty_like(x)
+    mean, rstd = _stats_like(x), _stats_like(x)
+    _C.layer_norm_residual_forward(x, residual, _opt_contiguous(weight), _opt_contiguous(bias), eps,
+                                   y, total, mean, rstd)
+    return y, total, mean, rstd
+
+
+@layer_norm_residual_fwd.register_fake
+def _(x, residual, weight, bias, eps):
+    like = torch.empty_like(x, memory_format=torch.contiguous_format)
+    return like, torch.empty_like(like), _stats_like(x), _stats_like(x)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::rms_norm_residual_fwd", mutates_args=())
+def rms_norm_residual_fwd(x: Tensor, residual: Tensor, weight: Optional[Tensor],
+                          eps: float) -> Tuple[Tensor, Tensor, Tensor]:
+    x, residual = _residual_inputs("rms_norm_residual", x, residual)
+    y, total = torch.empty_like(x), torch.empty_like(x)
+    rstd = _stats_like(x)
+    _C.rms_norm_residual_forward(x, residual, _opt_contiguous(weight), eps, y, total, rstd)
+    return y, total, rstd
+
+
+@rms_norm_residual_fwd.register_fake
+def _(x, residual, weight, eps):
+    like = torch.empty_like(x, memory_format=torch.contiguous_format)
+    return like, torch.empty_like(like), _stats_like(x)
+
+
+def _residual_backward(kind: str, dy: Tensor, total: Tensor, dsum: Optional[Tensor],
+                       weight: Optional[Tensor], mean: Optional[Tensor], rstd: Tensor,
+                       params_f32: bool, need_dx: bool, need_dweight: bool, need_dbias: bool):
+    """(dx, dweight, dbias) of a residual norm, empty (shape (0,)) where not asked for."""
+    pdtype = torch.float32 if params_f32 else total.dtype
+    cols = total.shape[-1]
+    dx = torch.empty_like(total) if need_dx else None
+    dweight = total.new_empty(cols, dtype=pdtype) if need_dweight else None
+    dbias = total.new_empty(cols, dtype=pdtype) if need_dbias else None
+    dy, dsum, weight = dy.contiguous(), _opt_contiguous(dsum), _opt_contiguous(weight)
+    if kind == "layer_norm":
+        _C.layer_norm_residual_backward(dy, total, dsum, weight, mean, rstd, dx, dweight, dbias, "auto")
+    else:
+        _C.rms_norm_residual_backward(dy, total, dsum, weight, rstd, dx, dweight, "auto")
+    return (or_empty(dx, total.dtype, total.device), or_empty(dweight, pdtype, total.device),
+            or_empty(dbias, pdtype, total.device))
+
+
+def _residual_backward_fake(total, params_f32, need_dx, need_dweight, need_dbias):
+    pdtype = torch.float32 if params_f32 else total.dtype
+    cols = total.shape[-1]
+    dx = torch.empty_like(total, memory_format=torch.contiguous_format) if need_dx else \
+        empty_output(total.dtype, total.device)
+    return (dx, total.new_empty(cols if need_dweight else 0, dtype=pdtype),
+            total.new_empty(cols if need_dbias else 0, dtype=pdtype))
+
+
+@torch.library.custom_op(f"{NAMESPACE}::layer_norm_residual_bwd", mutates_args=())
+def layer_norm_residual_bwd(dy: Tensor, total: Tensor, dsum: Optional[Tensor], weight: Optional[Tensor],
+                            mean: Tensor, rstd: Tensor, params_f32: bool, need_dx: bool,
+                            need_dweight: bool, need_dbias: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    return _residual_backward("layer_norm", dy, total.contiguous(), dsum, weight, mean, rstd, params_f32,
+                              need_dx, need_dweight, need_dbias)
+
+
+@layer_norm_residual_bwd.register_fake
+def _(dy, total, dsum, weight, mean, rstd, params_f32, need_dx, need_dweight, need_dbias):
+    return _residual_backward_fake(total, params_f32, need_dx, need_dweight, need_dbias)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::rms_norm_residual_bwd", mutates_args=())
+def rms_norm_residual_bwd(dy: Tensor, total: Tensor, dsum: Optional[Tensor], weight: Optional[Tensor],
+                          rstd: Tensor, params_f32: bool, need_dx: bool,
+                          need_dweight: bool) -> Tuple[Tensor, Tensor]:
+    dx, dweight, _ = _residual_backward("rms_norm", dy, total.contiguous(), dsum, weight, None, rstd,
+                                        params_f32, need_dx, need_dweight, False)
+    return dx, dweight
+
+
+@rms_norm_residual_bwd.register_fake
+def _(dy, total, dsum, weight, rstd, params_f32, need_dx, need_dweight):
+    dx, dweight, _ = _residual_backward_fake(total, params_f32, need_dx, need_dweight, False)
+    return dx, dweight
+
+
+def _layer_norm_residual_setup(ctx, inputs, output):
+    x, _residual, weight, bias, _eps = inputs
+    _y, total, mean, rstd = output
+    ctx.mark_non_differentiable(mean, rstd)
+    ctx.save_for_backward(total, weight, mean, rstd)
+    ctx.params_f32 = _params_f32(x, weight if weight is not None else bias)
+    ctx.has_weight, ctx.has_bias = weight is not None, bias is not None
+
+
+def _layer_norm_residual_backward(ctx, dy, dsum, _dmean, _drstd):
+    """One dx serves x and residual (d sum / d x = d sum / d residual = 1)."""
+    total, weight, mean, rstd = ctx.saved_tensors
+    need_x, need_residual, need_dweight, need_dbias = ctx.needs_input_grad[:4]
+    need_dx = need_x or need_residual
+    if dy is None:  # only the sum reached the loss: y's path contributes nothing
+        dx = dsum if need_dx else None
+        return (dx if need_x else None, dx if need_residual else None, None, None, None)
+    need_dweight = need_dweight and ctx.has_weight
+    need_dbias = need_dbias and ctx.has_bias
+    if not (need_dx or need_dweight or need_dbias):
+        return None, None, None, None, None
+    dx, dweight, dbias = layer_norm_residual_bwd(dy, total, dsum, weight, mean, rstd, ctx.params_f32,
+                                                 need_dx, need_dweight, need_dbias)
+    return (dx if need_x else None, dx if need_residual else None,
+            dweight if need_dweight else None, dbias if need_dbias else None, None)
+
+
+layer_norm_residual_fwd.register_autograd(_layer_norm_residual_backward,
+                                          setup_context=_layer_norm_residual_setup)
+
+
+def _rms_norm_residual_setup(ctx, inputs, output):
+    x, _residual, weight, _eps = inputs
+    _y, total, rstd = output
+    ctx.mark_non_differentiable(rstd)
+    ctx.save_for_backward(total, weight, rstd)
+    ctx.params_f32 = _params_f32(x, weight)
+    ctx.has_weight = weight is not None
+
+
+def _rms_norm_residual_backward(ctx, dy, dsum, _drstd):
+    total, weight, rstd = ctx.saved_tensors
+    need_x, need_residual, need_dweight = ctx.needs_input_grad[:3]
+    need_dx = need_x or need_residual
+    if dy is None:
+        dx = dsum if need_dx else None
+        return (dx if need_x else None, dx if need_residual else None, None, None)
+    need_dweight = need_dweight and ctx.has_weight
+    if not (need_dx or need_dweight):
+        return None, None, None, None
+    dx, dweight = rms_norm_residual_bwd(dy, total, dsum, weight, rstd, ctx.params_f32, need_dx,
+                                        need_dweight)
+    return (dx if need_x else None, dx if need_residual else None,
+            dweight if need_dweight else None, None)
+
+
+rms_norm_residual_fwd.register_autograd(_rms_norm_residual_backward,
+                                        setup_context=_rms_norm_residual_setup)
+
+
+def layer_norm_residual(x: Tensor, residual: Tensor, weight: Optional[Tensor] = None,
+                        bias: Optional[Tensor] = None, eps: float = 1e-5) -> Tuple[Tensor, Tensor]:
+    """(y, sum): sum = x + residual (in x's dtype) and y = layer_norm(sum) over the last dimension
+    in one pass, as a pre-norm transformer block's "h = h + f(h); y = norm(h)". Gradients reach x,
+    residual, weight and bias from both y and sum."""
+    if not _fallback.all_fusekit and _fallback.use_pytorch("layer_norm_residual", x):
+        total = x + residual
+        return torch.nn.functional.layer_norm(total, (total.shape[-1],), weight, bias, eps), total
+    y, total, _, _ = layer_norm_residual_fwd(x, residual, weight, bias, float(eps))
+    return y, total
+
+
+def rms_norm_residual(x: Tensor, residual: Tensor, weight: Optional[Tensor] = None,
+                      eps: Optional[float] = None) -> Tuple[Tensor, Tensor]:
+    """(y, sum): sum = x + residual (in x's dtype) and y = rms_norm(sum) over the last dimension in
+    one pass; eps=None means torch.finfo(x.dtype).eps, as in torch.nn.functional.rms_norm."""
+    if eps is None:
+        eps = _FINFO_EPS.get(x.dtype, 0.0)
+    if not _fallback.all_fusekit and _fallback.use_pytorch("rms_norm_residual", x):
+        total = x + residual
+        return torch.nn.functional.rms_norm(total, (total.shape[-1],), weight, eps), total
+    y, total, _ = rms_norm_residual_fwd(x, residual, weight, float(eps))
+    return y, total
 
 
 # ---- functional forms (signatures of torch.nn.functional.layer_norm / rms_norm) ----------------
