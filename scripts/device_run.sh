@@ -41,8 +41,8 @@ if has test; then
   # limit, so that a slow or hung family cannot hide the others' results. The runs share the GPU
   # concurrently (most of their time is the float64 CPU references), the cores split between them.
   suites=(${TEST_SUITES:-"-Norm*:BiasActDropout*:Linear*:Fp8Norm*:Attention*:CrossEntropy*:GatedAct*:Rope*:Embedding*:Optim*"
-              "Norm*" "BiasActDropout*" "Linear*" "Fp8Norm*" "Attention*" "CrossEntropy*" "GatedAct*" "Rope*"
-              "Embedding*" "Optim*"})
+              "Norm*" "BiasActDropout*" "Linear*-LinearCrossEntropy*" "LinearCrossEntropy*" "Fp8Norm*" "Attention*"
+              "CrossEntropy*" "GatedAct*" "Rope*" "Embedding*" "Optim*"})
   threads=$(( $(nproc) / ${#suites[@]} )); [ $threads -ge 1 ] || threads=1
   start=$(date +%s)
   for i in "${!suites[@]}"; do

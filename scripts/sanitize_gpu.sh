@@ -27,6 +27,7 @@ declare -A filters=(
   [fp8_norm]="Fp8NormGpu.*"
   [attention]="AttentionGpu.*"
   [cross_entropy]="CrossEntropyGpu.*"
+  [linear_cross_entropy]="LinearCrossEntropyGpu.*"
   [gated_act]="GatedActGpu.*"
   [rope]="RopeGpu.*"
   [embedding]="EmbeddingGpu.*"
@@ -35,12 +36,12 @@ declare -A filters=(
 )
 # Shards per family, from the sanitized runs' test times (the linear and norm suites are longest).
 declare -A shards=([norm]=4 [bias_act_dropout]=2 [linear]=4 [fp8_norm]=3 [attention]=3 [core]=1
-                   [cross_entropy]=2 [gated_act]=1 [rope]=1 [embedding]=1 [optim]=1)
+                   [cross_entropy]=2 [linear_cross_entropy]=1 [gated_act]=1 [rope]=1 [embedding]=1 [optim]=1)
 large="*BenchmarkShapes*:*LargerShapes*:*LongCausalSequence*"
 # Tests that provoke a CUDA API error on purpose (a launch that must fail without the shared-memory
 # opt-in): memcheck reports every API error, so they run under the other tools only.
 api_error_tests="LaunchTuningGpu.StaticPlusDefaultDynamicNeedsTheOptIn"
-families=${SANITIZE_FAMILIES:-"norm bias_act_dropout linear fp8_norm attention cross_entropy gated_act rope embedding optim core"}
+families=${SANITIZE_FAMILIES:-"norm bias_act_dropout linear fp8_norm attention cross_entropy linear_cross_entropy gated_act rope embedding optim core"}
 tools=${SANITIZE_TOOLS:-"memcheck racecheck initcheck synccheck"}
 
 mkdir -p "$out/sanitize"

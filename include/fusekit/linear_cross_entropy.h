@@ -66,8 +66,9 @@
 //   + a(4 V)        the float32 db accumulator, only with a bias
 // So beyond the gradients themselves the extra memory is one chunk of logits (plus the float32 dW
 // accumulator when dW is wanted in bf16 / f16). The chunk is chosen so that Tc Vp e stays near
-// 512 MiB (never above 4 GiB, and Tc at least 4096 rows where T allows: dW's accumulation
-// reads and writes V H floats per chunk, which a shorter chunk could not hide behind its GEMM).
+// 512 MiB, never above 4 GiB, with at least 4096 rows allowed per chunk (dW's accumulation reads
+// and writes V H floats per chunk, which a shorter chunk could not hide behind its GEMM); T is then
+// split into equal chunks (a multiple of 128 rows, so never fewer than 2048 when there are several).
 //
 // Outputs must not overlap inputs or each other, nor the workspace.
 #pragma once

@@ -34,6 +34,9 @@ const std::vector<OverrideKey> kOverrideKeys = {
     {"cross_entropy.threads", "64|128|256", "threads per block of the cross-entropy kernels"},
     {"cross_entropy.cluster", "1|2|4|8", "blocks per row (one cluster) of the forward and fused kernel"},
     {"cross_entropy.backward.chunks", "1..1024", "blocks per row of the backward kernel"},
+    // linear_cross_entropy (src/linear_cross_entropy/linear_cross_entropy_config.h): the tests'
+    // multi-chunk runs on small problems, the chunk-size sweep
+    {"linear_cross_entropy.chunk_tokens", "1..2147483647", "rows per chunk (the workspace query sees it too)"},
     // gated_act (src/gated_act/gated_act_config.h): the rows-per-thread sweep of the vector path.
     {"gated_act.forward.rows", "1|2|4", "rows each thread of the vector forward loads together"},
     {"gated_act.backward.rows", "1|2|4", "rows each thread of the vector backward loads together"},

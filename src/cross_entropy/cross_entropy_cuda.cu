@@ -99,22 +99,17 @@ void launch(Kernel kernel, dim3 grid, int threads, int cluster, bool dependent, 
   detail::check_launch(op, what);
 }
 
-template <typename T, typename Index>
-void launch_call(const Params& p, int device_index, cudaStream_t stream) {
-  const char* op = op_name(p.pass);
+Launch launch_for(const Params& p, int device_index, const char* op) {
   Problem problem;
   problem.rows = p.rows;
   problem.cols = p.cols;
   problem.element_bytes = static_cast<int>(dtype_size(p.dtype));
   problem.pass = p.pass;
-  const Launch launch_choice = choose_launch(problem, detail::device_info(op, device_index), read_launch_overrides());
+  return choose_launch(problem, detail::device_info(op, device_index), read_launch_overrides());
+}
 
-  float* scale_slot = static_cast<float*>(p.workspace);
-  float* row_losses = p.reduction == LossReduction::none
-                          ? p.loss
-                          : reinterpret_cast<float*>(static_cast<char*>(p.workspace) + kScaleSlotBytes);
-  const auto* targets = static_cast<const Index*>(p.targets);
-
+// The kernels' view of p, the row losses going to `row_losses` (forward and fused).
+KernelParams kernel_params(const Params& p, float* row_losses) {
   KernelParams k;
   k.logits = p.logits;
   k.logits_row_stride = p.logits_row_stride;
@@ -131,6 +126,21 @@ void launch_call(const Params& p, int device_index, cudaStream_t stream) {
   k.z_loss = p.z_loss;
   k.sum_logits = p.label_smoothing > 0.0f;
   k.vector_ok = vector_path_ok(p);
+  return k;
+}
+
+template <typename T, typename Index>
+void launch_call(const Params& p, int device_index, cudaStream_t stream) {
+  const char* op = op_name(p.pass);
+  const Launch launch_choice = launch_for(p, device_index, op);
+
+  float* scale_slot = static_cast<float*>(p.workspace);
+  float* row_losses = p.reduction == LossReduction::none
+                          ? p.loss
+                          : reinterpret_cast<float*>(static_cast<char*>(p.workspace) + kScaleSlotBytes);
+  const auto* targets = static_cast<const Index*>(p.targets);
+
+  KernelParams k = kernel_params(p, row_losses);
 
   // The gradient's scale: the mean's dloss / N from its own kernel; dloss itself (per row for
   // none) in the backward otherwise; 1 in the fused call otherwise.
@@ -168,7 +178,58 @@ void launch_call(const Params& p, int device_index, cudaStream_t stream) {
   }
 }
 
+// The row kernel alone on p's rows: losses to row_loss, the gradient scaled by *grad_scale.
+template <typename T, typename Index>
+void launch_rows(const Params& p, float* row_loss, const float* grad_scale, int device_index, const char* op,
+                 cudaStream_t stream) {
+  const Launch launch_choice = launch_for(p, device_index, op);
+  KernelParams k = kernel_params(p, row_loss);
+  k.grad_scale = grad_scale;
+  k.grad_scale_stride = 0;
+  k.parts = launch_choice.cluster;
+  const dim3 grid(static_cast<unsigned>(launch_choice.blocks));
+  if (p.pass == Pass::forward)
+    launch(row_kernel<T, Index, false>, grid, launch_choice.threads, launch_choice.cluster, false, stream, k, op,
+           "cross_entropy forward kernel");
+  else
+    launch(row_kernel<T, Index, true>, grid, launch_choice.threads, launch_choice.cluster, false, stream, k, op,
+           "cross_entropy forward-backward kernel");
+}
+
 }  // namespace
+
+void mean_scale_cuda(const void* targets, DType target_dtype, std::int64_t rows, std::int64_t ignore_index,
+                     float* scale, const char* op, Stream stream) {
+  auto s = static_cast<cudaStream_t>(stream);
+  if (target_dtype == DType::i32)
+    mean_scale_kernel<std::int32_t><<<1, kReduceThreads, 0, s>>>(static_cast<const std::int32_t*>(targets), rows,
+                                                                 ignore_index, nullptr, scale);
+  else
+    mean_scale_kernel<std::int64_t><<<1, kReduceThreads, 0, s>>>(static_cast<const std::int64_t*>(targets), rows,
+                                                                 ignore_index, nullptr, scale);
+  detail::check_launch(op, "cross_entropy mean scale kernel");
+}
+
+void rows_cuda(const Params& p, float* row_loss, const float* grad_scale, int device_index, const char* op,
+               Stream stream) {
+  if (p.rows == 0) return;
+  auto s = static_cast<cudaStream_t>(stream);
+  dispatch_types(p.dtype, p.target_dtype, [&](auto t, auto index) {
+    launch_rows<decltype(t), decltype(index)>(p, row_loss, grad_scale, device_index, op, s);
+  });
+}
+
+void reduce_losses_cuda(const float* row_loss, const void* targets, DType target_dtype, std::int64_t rows,
+                        std::int64_t ignore_index, bool mean, float* loss, const char* op, Stream stream) {
+  auto s = static_cast<cudaStream_t>(stream);
+  if (target_dtype == DType::i32)
+    reduce_losses_kernel<std::int32_t><<<1, kReduceThreads, 0, s>>>(
+        row_loss, static_cast<const std::int32_t*>(targets), rows, ignore_index, mean, loss);
+  else
+    reduce_losses_kernel<std::int64_t><<<1, kReduceThreads, 0, s>>>(
+        row_loss, static_cast<const std::int64_t*>(targets), rows, ignore_index, mean, loss);
+  detail::check_launch(op, "cross_entropy loss reduction kernel");
+}
 
 void run_cuda(const Params& p, int device_index, Stream stream) {
   const char* op = op_name(p.pass);

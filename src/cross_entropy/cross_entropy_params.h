@@ -68,4 +68,20 @@ inline std::size_t workspace_bytes_any_pass(std::int64_t rows, LossReduction red
 void run_cpu(const Params& p);
 void run_cuda(const Params& p, int device_index, Stream stream);
 
+// The kernels one at a time, for a caller that holds the logits a chunk of rows at a time
+// (linear_cross_entropy). All on `stream`, none synchronizing with the host; `op` names the caller
+// in errors.
+//  * mean_scale_cuda: *scale = 1 / N, N the rows of `targets` not ignored (0 when all are).
+//  * rows_cuda: the forward (p.pass forward) or fused (forward_backward) row kernel on p's rows,
+//    each row's loss written to row_loss[r] (no reduction: p.loss, p.workspace unused), the
+//    gradient scaled by *grad_scale (device memory; 1 where null).
+//  * reduce_losses_cuda: *loss = the sum of row_loss over `rows` rows in a fixed order, divided by
+//    N for the mean (0 when every row is ignored).
+void mean_scale_cuda(const void* targets, DType target_dtype, std::int64_t rows, std::int64_t ignore_index,
+                     float* scale, const char* op, Stream stream);
+void rows_cuda(const Params& p, float* row_loss, const float* grad_scale, int device_index, const char* op,
+               Stream stream);
+void reduce_losses_cuda(const float* row_loss, const void* targets, DType target_dtype, std::int64_t rows,
+                        std::int64_t ignore_index, bool mean, float* loss, const char* op, Stream stream);
+
 }  // namespace fusekit::cross_entropy

@@ -139,12 +139,14 @@ struct Key {
   bool trans_a = false, trans_b = false;
   std::int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldd = 0, ld_aux = 0;
   Epilogue epilogue = Epilogue::none;
+  bool d_f32 = false, accumulate = false;
   std::uint32_t align_a = 0, align_b = 0, align_d = 0, align_bias = 0, align_aux = 0;
 
   bool operator==(const Key& o) const {
     return device == o.device && dtype == o.dtype && trans_a == o.trans_a &&
            trans_b == o.trans_b && m == o.m && n == o.n && k == o.k && lda == o.lda &&
            ldb == o.ldb && ldd == o.ldd && ld_aux == o.ld_aux && epilogue == o.epilogue &&
+           d_f32 == o.d_f32 && accumulate == o.accumulate &&
            align_a == o.align_a && align_b == o.align_b && align_d == o.align_d &&
            align_bias == o.align_bias && align_aux == o.align_aux;
   }
@@ -159,6 +161,7 @@ struct KeyHash {
     mix(std::uint64_t(k.trans_a) * 2 + std::uint64_t(k.trans_b));
     for (std::int64_t v : {k.m, k.n, k.k, k.lda, k.ldb, k.ldd, k.ld_aux}) mix(std::uint64_t(v));
     mix(std::uint64_t(k.epilogue));
+    mix(std::uint64_t(k.d_f32) * 2 + std::uint64_t(k.accumulate));
     for (std::uint32_t v : {k.align_a, k.align_b, k.align_d, k.align_bias, k.align_aux}) mix(v);
     return h;
   }
@@ -239,7 +242,7 @@ std::unique_ptr<Plan> make_plan(const char* op, const Key& key, const Gemm& g,
         "cublasLtMatrixLayoutCreate(A)");
   check(cublasLtMatrixLayoutCreate(&plan->layout_b, type, b_rows, b_cols, key.ldb), op,
         "cublasLtMatrixLayoutCreate(B)");
-  check(cublasLtMatrixLayoutCreate(&plan->layout_d, type, key.m, key.n, key.ldd), op,
+  check(cublasLtMatrixLayoutCreate(&plan->layout_d, key.d_f32 ? CUDA_R_32F : type, key.m, key.n, key.ldd), op,
         "cublasLtMatrixLayoutCreate(D)");
 
   cublasLtMatmulPreference_t pref = nullptr;
@@ -275,7 +278,7 @@ std::unique_ptr<Plan> make_plan(const char* op, const Key& key, const Gemm& g,
     plan->has_algo = true;
   }
   const double flops = 2.0 * double(key.m) * double(key.n) * double(key.k);
-  plan->tuned = plan->candidates.size() <= 1 || flops < kMinTimedFlops;
+  plan->tuned = plan->candidates.size() <= 1 || flops < kMinTimedFlops || key.accumulate;
   if (plan->tuned) plan->candidates.clear();
   return plan;
 }
@@ -307,7 +310,7 @@ Plan& plan_for(const char* op, const Key& key, const Gemm& g, cublasLtHandle_t h
 
 void matmul(const char* op, cublasLtHandle_t handle, const Plan& plan,
             const cublasLtMatmulAlgo_t& algo, const Gemm& g, void* workspace, cudaStream_t stream) {
-  const float alpha = 1.0f, beta = 0.0f;
+  const float alpha = 1.0f, beta = g.accumulate ? 1.0f : 0.0f;
   check(cublasLtMatmul(handle, plan.desc, &alpha, g.a, plan.layout_a, g.b, plan.layout_b, &beta,
                        g.d, plan.layout_d, g.d, plan.layout_d, &algo, workspace, kWorkspaceBytes,
                        stream),
@@ -352,6 +355,8 @@ bool run(const char* op, const Gemm& g, int device_index, void* workspace, void*
   key.ldb = g.ldb;
   key.ldd = g.ldd;
   key.epilogue = g.epilogue;
+  key.d_f32 = g.d_f32;
+  key.accumulate = g.accumulate;
   key.ld_aux = has_aux(g.epilogue) ? g.ld_aux : 0;
   key.align_a = alignment_of(g.a);
   key.align_b = alignment_of(g.b);

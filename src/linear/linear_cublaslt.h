@@ -33,6 +33,11 @@ struct Gemm {
   std::int64_t m = 0, n = 0, k = 0;
   std::int64_t lda = 0, ldb = 0, ldd = 0;
   Epilogue epilogue = Epilogue::none;
+  // D in float32 (A and B stay in `dtype`): linear_cross_entropy's dW accumulator.
+  bool d_f32 = false;
+  // D += AB (beta = 1) instead of D = AB. Such a GEMM is never timed (a timing run would add AB
+  // again): it keeps the heuristic's first choice, which is then the same on every call.
+  bool accumulate = false;
   std::int64_t ld_aux = 0;  // gelu_aux*: leading dimension of aux (m x n, column-major)
   const void* a = nullptr;
   const void* b = nullptr;

@@ -48,6 +48,7 @@ void add_bias_act_dropout_ops(std::vector<OpEntry>& ops);
 void add_cross_entropy_ops(std::vector<OpEntry>& ops);
 void add_gated_act_ops(std::vector<OpEntry>& ops);
 void add_linear_ops(std::vector<OpEntry>& ops);
+void add_linear_cross_entropy_ops(std::vector<OpEntry>& ops);
 void add_fp8_norm_ops(std::vector<OpEntry>& ops);
 void add_attention_ops(std::vector<OpEntry>& ops);
 void add_rope_ops(std::vector<OpEntry>& ops);

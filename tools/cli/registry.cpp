@@ -13,6 +13,7 @@ const std::vector<OpEntry>& registry() {
     add_fp8_norm_ops(v);
     add_attention_ops(v);
     add_cross_entropy_ops(v);
+    add_linear_cross_entropy_ops(v);
     add_rope_ops(v);
     add_embedding_ops(v);
     add_optim_ops(v);
