@@ -1,8 +1,8 @@
 // train_gpt: trains a GPT-2-style model end to end through fusekit's public C++ API.
 //
 //   train_gpt                      the default: GPT-2 124M shapes on a GPU, the tiny model on the CPU
-//   train_gpt --device cpu --steps 300 --save ckpt.bin
-//   train_gpt --resume ckpt.bin --steps 600
+//   train_gpt --device cpu --steps 100 --save ckpt.bin
+//   train_gpt --resume ckpt.bin --steps 200
 //
 // Prints one progress line per step (loss, learning rate, gradient norm, time, tokens/s, MFU on a
 // GPU, memory), the validation loss at intervals, and a text sample at the end.
@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
   app.add_option("--seq", seq, "override the preset's context length");
   app.add_option("--data", data_path, "the text corpus (byte-level tokens; the last 10% validate)");
   app.add_option("--batch", batch, "sequences per step (default: 16)");
-  app.add_option("--steps", steps, "optimizer steps (the schedule's length; default tiny 300, gpt2-124m 50)");
+  app.add_option("--steps", steps, "optimizer steps (the schedule's length; default tiny 100, gpt2-124m 50)");
   app.add_option("--lr", lr, "peak learning rate (default tiny 2e-3, gpt2-124m 6e-4)");
   app.add_option("--min-lr-ratio", min_lr_ratio, "the cosine's final learning rate / peak");
   app.add_option("--warmup", warmup, "warm-up steps (default: steps / 10)");
@@ -128,7 +128,7 @@ int main(int argc, char** argv) {
     o.deterministic = deterministic;
     o.resume = resume;
     OptimizerConfig& oc = o.optimizer;
-    oc.total_steps = steps ? steps : (tiny ? 300 : 50);
+    oc.total_steps = steps ? steps : (tiny ? 100 : 50);
     oc.lr = lr > 0.0f ? lr : (tiny ? 2e-3f : 6e-4f);
     oc.min_lr_ratio = min_lr_ratio;
     oc.warmup_steps = warmup >= 0 ? warmup : oc.total_steps / 10;

@@ -40,19 +40,24 @@ ParamLayout param_layout(const ModelConfig& c) {
   layout.wpe = add("wpe", {c.seq_len, C}, kStd, 0.0f, true, 'e');
   for (std::int64_t l = 0; l < c.n_layer; ++l) {
     const std::string p = "h" + std::to_string(l) + ".";
+    auto named = [&p](const char* field) {
+      std::string name = p;
+      name.append(field);
+      return name;
+    };
     BlockParams b{};
-    b.ln1_w = add(p + "ln_1.weight", {C}, 0.0f, 1.0f, false, 'f');
-    b.ln1_b = add(p + "ln_1.bias", {C}, 0.0f, 0.0f, false, 'f');
-    b.qkv_w = add(p + "attn.c_attn.weight", {3 * C, C}, kStd, 0.0f, true, 'l');
-    b.qkv_b = add(p + "attn.c_attn.bias", {3 * C}, 0.0f, 0.0f, false, 'l');
-    b.proj_w = add(p + "attn.c_proj.weight", {C, C}, residual_std, 0.0f, true, 'l');
-    b.proj_b = add(p + "attn.c_proj.bias", {C}, 0.0f, 0.0f, false, 'f');
-    b.ln2_w = add(p + "ln_2.weight", {C}, 0.0f, 1.0f, false, 'f');
-    b.ln2_b = add(p + "ln_2.bias", {C}, 0.0f, 0.0f, false, 'f');
-    b.fc_w = add(p + "mlp.c_fc.weight", {4 * C, C}, kStd, 0.0f, true, 'l');
-    b.fc_b = add(p + "mlp.c_fc.bias", {4 * C}, 0.0f, 0.0f, false, 'l');
-    b.fcproj_w = add(p + "mlp.c_proj.weight", {C, 4 * C}, residual_std, 0.0f, true, 'l');
-    b.fcproj_b = add(p + "mlp.c_proj.bias", {C}, 0.0f, 0.0f, false, 'f');
+    b.ln1_w = add(named("ln_1.weight"), {C}, 0.0f, 1.0f, false, 'f');
+    b.ln1_b = add(named("ln_1.bias"), {C}, 0.0f, 0.0f, false, 'f');
+    b.qkv_w = add(named("attn.c_attn.weight"), {3 * C, C}, kStd, 0.0f, true, 'l');
+    b.qkv_b = add(named("attn.c_attn.bias"), {3 * C}, 0.0f, 0.0f, false, 'l');
+    b.proj_w = add(named("attn.c_proj.weight"), {C, C}, residual_std, 0.0f, true, 'l');
+    b.proj_b = add(named("attn.c_proj.bias"), {C}, 0.0f, 0.0f, false, 'f');
+    b.ln2_w = add(named("ln_2.weight"), {C}, 0.0f, 1.0f, false, 'f');
+    b.ln2_b = add(named("ln_2.bias"), {C}, 0.0f, 0.0f, false, 'f');
+    b.fc_w = add(named("mlp.c_fc.weight"), {4 * C, C}, kStd, 0.0f, true, 'l');
+    b.fc_b = add(named("mlp.c_fc.bias"), {4 * C}, 0.0f, 0.0f, false, 'l');
+    b.fcproj_w = add(named("mlp.c_proj.weight"), {C, 4 * C}, residual_std, 0.0f, true, 'l');
+    b.fcproj_b = add(named("mlp.c_proj.bias"), {C}, 0.0f, 0.0f, false, 'f');
     layout.blocks.push_back(b);
   }
   layout.lnf_w = add("ln_f.weight", {C}, 0.0f, 1.0f, false, 'f');

@@ -91,11 +91,12 @@ TEST(TrainGpt, GradientsMatchFiniteDifferences) {
       const double plus = loss_at(kStep), minus = loss_at(-kStep);
       for (std::int64_t j = 0; j < k; ++j) master[idx[j]] = saved[j];
       const double numeric = (plus - minus) / (2.0 * kStep);
-      // The loss is a float32 value near 4: each evaluation may be off by a few of its ulps
-      // (2.4e-7 each at 4) through the rounding of the activations, i.e. about 1e-4 / (2 * kStep)
-      // = 5e-3 ... with margin: 1e-4 absolute on the quotient plus 2% of the terms' size, which
-      // also covers the O(kStep^2) truncation of the central difference.
-      const double tolerance = 1e-3 + 0.02 * scale;
+      // Noise floor: the loss (about 4) is a float32 value, off by up to a few ulps (4.8e-7 each)
+      // through the rounding of the activations, so the quotient carries up to ~1e-4 of noise.
+      // Beyond it, 1% of sum |g_i| covers the central difference's O(kStep^2) truncation (largest
+      // for the projection biases, whose gradients are the largest). Measured: the agreement is
+      // typically 1e-5 absolute, the worst case under half the tolerance.
+      const double tolerance = 2e-4 + 0.01 * scale;
       worst = std::max(worst, std::abs(numeric - analytic) / tolerance);
       EXPECT_LE(std::abs(numeric - analytic), tolerance)
           << info.name << " trial " << trial << ": analytic " << analytic << ", numeric " << numeric
