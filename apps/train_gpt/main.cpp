@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
   app.add_option("--data", data_path, "the text corpus (byte-level tokens; the last 10% validate)");
   app.add_option("--batch", batch, "sequences per step (default: 16)");
   app.add_option("--steps", steps, "optimizer steps (the schedule's length; default tiny 100, gpt2-124m 50)");
-  app.add_option("--lr", lr, "peak learning rate (default tiny 2e-3, gpt2-124m 6e-4)");
+  app.add_option("--lr", lr, "peak learning rate (default tiny 1e-3, gpt2-124m 6e-4)");
   app.add_option("--min-lr-ratio", min_lr_ratio, "the cosine's final learning rate / peak");
   app.add_option("--warmup", warmup, "warm-up steps (default: steps / 10)");
   app.add_option("--weight-decay", weight_decay, "AdamW weight decay of the 2-D weights");
@@ -129,7 +129,7 @@ int main(int argc, char** argv) {
     o.resume = resume;
     OptimizerConfig& oc = o.optimizer;
     oc.total_steps = steps ? steps : (tiny ? 100 : 50);
-    oc.lr = lr > 0.0f ? lr : (tiny ? 2e-3f : 6e-4f);
+    oc.lr = lr > 0.0f ? lr : (tiny ? 1e-3f : 6e-4f);
     oc.min_lr_ratio = min_lr_ratio;
     oc.warmup_steps = warmup >= 0 ? warmup : oc.total_steps / 10;
     oc.weight_decay = weight_decay;

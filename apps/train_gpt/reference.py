@@ -185,7 +185,7 @@ def main():
     p.add_argument("--data", default=os.path.join(here, "..", "..", "data", "tinyshakespeare.txt"))
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--lr", type=float, default=None, help="default: 2e-3 for width <= 256, else 6e-4 (as train_gpt)")
+    p.add_argument("--lr", type=float, default=None, help="default: 1e-3 for width <= 256, else 6e-4 (as train_gpt)")
     p.add_argument("--warmup", type=int, default=None, help="default: steps // 10")
     p.add_argument("--min-lr-ratio", type=float, default=0.1)
     p.add_argument("--weight-decay", type=float, default=0.1)
@@ -200,7 +200,7 @@ def main():
 
     config, state, values = read_checkpoint(args.checkpoint)
     if args.lr is None:
-        args.lr = 2e-3 if config["n_embd"] <= 256 else 6e-4
+        args.lr = 1e-3 if config["n_embd"] <= 256 else 6e-4
     if args.warmup is None:
         args.warmup = args.steps // 10
     device = torch.device(args.device)
