@@ -1,12 +1,14 @@
 # fusekit front door. On a fresh machine:
 #   make test   set up dependencies into .deps/, build, run the test suite (GPU tests skip without a GPU)
-#   make run    set up, build, run `fusekit check` and, where a GPU exists, `fusekit bench`
+#   make run    set up, build the GPT trainer, train: the tiny model on the CPU (GPT-2 124M shapes for
+#               a short run where a GPU exists), then sample text (apps/train_gpt/README.md)
+#   make check  set up, build, run `fusekit check` and, where a GPU exists, `fusekit bench`
 BUILD ?= build
 JOBS ?= $(shell nproc)
 CUDA_HOME ?= /usr/local/cuda
 export PATH := $(CUDA_HOME)/bin:$(PATH)
 
-.PHONY: all deps configure build test run clean
+.PHONY: all deps configure build test run check clean
 
 all: build
 
@@ -26,7 +28,13 @@ test: build
 	bash scripts/python_test.sh
 	bash scripts/package_test.sh $(BUILD)
 
-run: build
+# Only the trainer's targets: the library and the program (no tests, no benchmarks).
+# TRAIN_ARGS passes options, e.g. make run TRAIN_ARGS="--steps 600 --save ckpt.bin".
+run: configure
+	cmake --build $(BUILD) -j $(JOBS) --target train_gpt
+	$(BUILD)/apps/train_gpt/train_gpt $(TRAIN_ARGS)
+
+check: build
 	$(BUILD)/fusekit ops
 	$(BUILD)/fusekit check
 	@if $(BUILD)/fusekit bench --help >/dev/null 2>&1 && [ -n "$$(ls /dev/nvidia0 2>/dev/null)" ]; then \

@@ -1,0 +1,61 @@
+// The trainer's memory: every tensor of a run (parameters, gradients, optimizer state,
+// activations, scratch) is carved out of buffers this arena owns, on the CPU or on one GPU
+// (cudaMalloc). fusekit itself never allocates; the arena is the caller's side of that contract.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <vector>
+
+#include <fusekit/tensor.h>
+
+namespace train_gpt {
+
+class Arena {
+ public:
+  explicit Arena(fusekit::Device device) : device_(device) {}
+  ~Arena();
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+
+  // A zero-filled buffer of `bytes`, 256-byte aligned.
+  void* allocate(std::size_t bytes);
+  // A contiguous tensor of `shape` and `dtype`, zero-filled.
+  fusekit::TensorView tensor(fusekit::DType dtype, std::initializer_list<std::int64_t> shape);
+  fusekit::TensorView tensor(fusekit::DType dtype, const std::vector<std::int64_t>& shape);
+
+  fusekit::Device device() const { return device_; }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  fusekit::Device device_;
+  std::vector<void*> blocks_;
+  std::size_t bytes_ = 0;
+};
+
+// A contiguous view of `shape` over `data`.
+fusekit::TensorView contiguous_view(void* data, fusekit::DType dtype, fusekit::Device device,
+                                    const std::vector<std::int64_t>& shape);
+
+// Copies between host memory and a tensor's memory (contiguous tensors only), synchronously.
+void copy_to_host(void* host, const fusekit::TensorView& tensor);
+void copy_from_host(const fusekit::TensorView& tensor, const void* host);
+std::size_t tensor_bytes(const fusekit::TensorView& tensor);
+// Sets a contiguous tensor's bytes to 0.
+void zero_fill(const fusekit::TensorView& tensor);
+
+// Waits for the device's work to finish (nothing on the CPU).
+void synchronize(fusekit::Device device);
+
+// Selects the GPU for this thread's later CUDA calls.
+void use_device(fusekit::Device device);
+
+// Bytes in use on the GPU (cudaMemGetInfo: total - free), 0 on the CPU.
+std::size_t device_bytes_in_use(fusekit::Device device);
+
+// float <-> bfloat16 bits on the host, rounding to nearest even (NaN stays NaN).
+std::uint16_t float_to_bf16(float value);
+float bf16_to_float(std::uint16_t bits);
+
+}  // namespace train_gpt
