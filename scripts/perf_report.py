@@ -30,15 +30,19 @@ SCHEMA = 1
 FAMILY_OF_OP = {"layer_norm": "norm", "rms_norm": "norm", "norm": "norm",
                 "bias_act_dropout": "bias_act_dropout", "gated_act": "gated_act", "fp8_rms_norm": "fp8_norm",
                 "linear": "linear", "attention": "attention", "cross_entropy": "cross_entropy", "rope": "rope",
-                "embedding": "embedding"}
-FAMILIES = ["norm", "bias_act_dropout", "gated_act", "fp8_norm", "linear", "attention", "rope", "cross_entropy", "embedding"]
+                "embedding": "embedding", "layer_norm_residual": "norm", "rms_norm_residual": "norm",
+                "global_norm": "optim", "adamw_step": "optim", "linear_cross_entropy": "linear_cross_entropy"}
+FAMILIES = ["norm", "bias_act_dropout", "gated_act", "fp8_norm", "linear", "attention", "rope", "cross_entropy",
+            "linear_cross_entropy", "embedding", "optim"]
 FAMILY_TITLE = {"norm": "LayerNorm / RMSNorm (bf16)", "bias_act_dropout": "Bias + activation + dropout (bf16)",
                 "gated_act": "Gated activations: SwiGLU, GeGLU (bf16)",
                 "fp8_norm": "FP8 RMSNorm (e4m3 in and out)", "linear": "Linear + bias + activation (bf16)",
                 "attention": "Attention (bf16)", "cross_entropy": "Cross-entropy (bf16 logits)",
                 "rope": "Rotary embeddings of q and k (bf16)",
-                "embedding": "Token + position embeddings (bf16 tables, f32 gradients)"}
-MATRIX_FAMILIES = {"linear", "attention"}
+                "embedding": "Token + position embeddings (bf16 tables, f32 gradients)",
+                "linear_cross_entropy": "Linear cross-entropy: loss, dh, dW without the logits (bf16)",
+                "optim": "Global gradient norm and AdamW over GPT-2 124M's tensors"}
+MATRIX_FAMILIES = {"linear", "attention", "linear_cross_entropy"}
 # Implementation names as the records store them; older runs' names on the left.
 IMPL_ALIASES = {"torch": "torch_eager", "compile": "torch_compile", "fusekit_py": "fusekit_torch"}
 IMPL_LABEL = {"fusekit": "fusekit", "torch_eager": "torch eager", "torch_compile": "torch.compile",
@@ -285,7 +289,7 @@ def attention_table(newest, main):
 TABLES = {"norm": memory_table, "bias_act_dropout": memory_table, "gated_act": memory_table,
           "fp8_norm": memory_table, "linear": linear_table, "attention": attention_table,
           "cross_entropy": memory_table, "rope": memory_table,
-          "embedding": memory_table}
+          "embedding": memory_table, "linear_cross_entropy": linear_table, "optim": memory_table}
 
 HEADER = """# fusekit performance
 
@@ -336,6 +340,24 @@ def render(records, plot_dir=None):
             body += TABLES[family](newest, main)
             if plot_dir and os.path.exists(os.path.join(plot_dir, f"{device}-{family}.png")):
                 body += ["", f"![{title}](plots/{device}-{family}.png)"]
+            body.append("")
+        runs = [(r["date"], t) for r in recs for t in r.get("train_gpt", [])]
+        if runs:
+            title = f"Training GPT-2 124M end to end (apps/train_gpt against PyTorch), {device.upper()}"
+            contents.append(f"- [{title}](#{re.sub(r'[^a-z0-9 -]', '', title.lower()).replace(' ', '-')})")
+            body += [f"### {title}", "", "`scripts/train_gpt_compare.sh`: the C++ trainer and "
+                     "`apps/train_gpt/reference.py` (same weights, data order and step), one after the "
+                     "other in one GPU call.", "",
+                     "| date | commit | reference | fusekit ms/step | reference ms/step | fusekit tokens/s | "
+                     "reference tokens/s | speed-up | largest loss difference (step) |",
+                     "|---|---|---|---:|---:|---:|---:|---:|---|"]
+            for date, t in sorted(runs, key=lambda x: x[0]):
+                worst = max(t["per_step"], key=lambda s: abs(s["diff"]))
+                ref = "torch.compile" if t.get("torch_compile") else "eager"
+                body.append(f"| {date} | {t['commit']} | {ref} | {t['median_step_ms']['fusekit']:.1f} | "
+                            f"{t['median_step_ms']['torch']:.1f} | {t['tokens_per_s']['fusekit']:.0f} | "
+                            f"{t['tokens_per_s']['torch']:.0f} | {t['speedup_vs_torch']:.3f} | "
+                            f"{abs(worst['diff']):.4f} ({worst['step']}) |")
             body.append("")
     lines += contents + [""] + body + [FOOTER]
     return "\n".join(lines)

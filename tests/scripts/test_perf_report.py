@@ -52,7 +52,7 @@ class PerfReportTest(unittest.TestCase):
         self.run_report("fusekit_bench.json", "torch_bench.json")
         self.run_report("fusekit_bench.json")
         rec = perf_report.read_json(os.path.join(self.results, "h100-2026-12-01.json"))
-        self.assertEqual(len(rec["rows"]), 10)
+        self.assertEqual(len(rec["rows"]), 11)
         self.assertEqual([r["source"] for r in rec["runs"]], ["torch_bench", "fusekit bench"])
         self.assertTrue(all(0 <= r["run"] < len(rec["runs"]) for r in rec["rows"]))
 
@@ -61,7 +61,7 @@ class PerfReportTest(unittest.TestCase):
         for r in raw["rows"]:
             r["impl"] = {"torch_eager": "torch", "torch_compile": "compile"}.get(r["impl"], r["impl"])
         _, rows = perf_report.normalize_run(raw, None)
-        self.assertEqual({r["impl"] for r in rows}, {"torch_eager", "torch_compile", "flash", "cudnn"})
+        self.assertEqual({r["impl"] for r in rows}, {"torch_eager", "torch_compile", "flash", "cudnn", "liger"})
 
     def test_tables(self):
         text = self.run_report("fusekit_bench.json", "torch_bench.json")
@@ -69,7 +69,7 @@ class PerfReportTest(unittest.TestCase):
         self.assertIn("### LayerNorm / RMSNorm (bf16), H100", text)
         self.assertIn("Measured 2026-12-01 (commit abc1234); ceilings in the same run: copy 3000 GB/s, "
                       "bf16 GEMM 800 TFLOP/s.", text)
-        self.assertIn("| rms_norm | fwd | (16384, 4096) | 100.0 | 2684 | 89.5% | 94.2% | 200.0 | 150.0 | 2.00 | 1.50 |", text)
+        self.assertIn("| rms_norm | fwd | (16384, 4096) | 100.0 | 2684 | 89.5% | 94.2% | 200.0 | 150.0 | 125.0 | 2.00 | 1.50 | 1.25 |", text)
         self.assertIn("| fwd | (8192, 4096, 16384) silu | 2000.0 | 550 | 68.7% | 1900.0 | 1.053 | 2200.0 | - | 1.10 | - |", text)
         self.assertIn("| (B=4, S=4096, H=16, D=128) | fwd | 1000.0 | 550 | 68.7% | 1500.0 | - | 900.0 | 1.50 | - | 0.90 |", text)
         self.assertNotIn("](plots/", text)  # no plots drawn, none linked
