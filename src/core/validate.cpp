@@ -181,6 +181,15 @@ void ArgCheck::has_data(const TensorView& t, const char* arg) const {
   if (t.data == nullptr && t.numel() > 0) fail(arg, "a non-null data pointer", "nullptr");
 }
 
+void ArgCheck::element_aligned(const TensorView& t, const char* arg) const {
+  const std::size_t e = dtype_size(t.dtype);
+  const std::uintptr_t past = reinterpret_cast<std::uintptr_t>(t.data) % e;
+  if (t.numel() > 0 && past != 0)
+    fail(arg, "a data pointer aligned to " + std::to_string(e) + " bytes (the " + dtype_name(t.dtype) +
+                  " element size)",
+         "an address " + std::to_string(past) + " bytes past such a boundary");
+}
+
 RowLayout ArgCheck::rows(const TensorView& t, const char* arg) const {
   if (t.ndim < 1) fail(arg, "at least 1 dimension (..., N)", "a 0-dimensional tensor");
   has_data(t, arg);

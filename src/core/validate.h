@@ -61,6 +61,8 @@ class ArgCheck {
   void dtype_is(const TensorView& t, const char* arg, DType expected, const char* why) const;
   // Non-null data for any non-empty tensor.
   void has_data(const TensorView& t, const char* arg) const;
+  // A non-empty tensor's data pointer aligned to its element size.
+  void element_aligned(const TensorView& t, const char* arg) const;
   // Flattens (..., N) to rows; the last dim must be contiguous and the leading dims collapsible
   // into one row stride.
   RowLayout rows(const TensorView& t, const char* arg) const;

@@ -28,22 +28,26 @@ const char* loss_reduction_name(LossReduction r) {
   return "unknown";
 }
 
-namespace {
-
-void check_reduction(const ArgCheck& check, LossReduction r) {
+void cross_entropy::check_reduction(const ArgCheck& check, LossReduction r) {
   switch (r) {
     case LossReduction::none: case LossReduction::mean: case LossReduction::sum: return;
   }
   check.fail("reduction", "one of none, mean, sum", "value " + std::to_string(static_cast<int>(r)));
 }
 
-// The options; fills the params' copies.
-void check_config(const ArgCheck& check, const CrossEntropyConfig& c, Params& p) {
+void cross_entropy::check_options(const ArgCheck& check, const CrossEntropyConfig& c) {
   if (!(c.label_smoothing >= 0.0f && c.label_smoothing < 1.0f))
     check.fail("label_smoothing", "a label smoothing in [0, 1)", detail::format_float(c.label_smoothing));
   if (!(std::isfinite(c.z_loss) && c.z_loss >= 0.0f))
     check.fail("z_loss", "a finite z-loss coefficient >= 0", detail::format_float(c.z_loss));
   check_reduction(check, c.reduction);
+}
+
+namespace {
+
+// The options; fills the params' copies.
+void check_config(const ArgCheck& check, const CrossEntropyConfig& c, Params& p) {
+  cross_entropy::check_options(check, c);
   p.ignore_index = c.ignore_index;
   p.label_smoothing = c.label_smoothing;
   p.z_loss = c.z_loss;
@@ -141,7 +145,7 @@ std::size_t cross_entropy_workspace_size(std::int64_t rows, std::int64_t classes
   const ArgCheck check("cross_entropy_workspace_size");
   check.size_in(rows, "rows", 0, INT32_MAX);
   check.size_in(classes, "classes", 1, kCrossEntropyMaxClasses);
-  check_reduction(check, reduction);
+  cross_entropy::check_reduction(check, reduction);
   if (!device.is_cuda()) return 0;
   return cross_entropy::workspace_bytes_any_pass(rows, reduction);
 }

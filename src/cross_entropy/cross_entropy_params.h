@@ -8,7 +8,16 @@
 #include "fusekit/cross_entropy.h"
 #include "fusekit/tensor.h"
 
+namespace fusekit::detail {
+class ArgCheck;
+}
+
 namespace fusekit::cross_entropy {
+
+// A known reduction, and the options' ranges (label_smoothing in [0, 1), z_loss finite and >= 0):
+// the checks of every op that takes a CrossEntropyConfig (cross_entropy, linear_cross_entropy).
+void check_reduction(const detail::ArgCheck& check, LossReduction r);
+void check_options(const detail::ArgCheck& check, const CrossEntropyConfig& c);
 
 // Which public call the parameters describe.
 enum class Pass : int { forward, backward, forward_backward };

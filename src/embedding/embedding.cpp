@@ -31,16 +31,6 @@ void check_float_dtype(const ArgCheck& check, const TensorView& t, const char* n
   }
 }
 
-// The data pointer of a non-empty tensor must be aligned to its element size.
-void check_element_alignment(const ArgCheck& check, const TensorView& t, const char* name) {
-  const std::size_t e = dtype_size(t.dtype);
-  if (t.numel() > 0 && reinterpret_cast<std::uintptr_t>(t.data) % e != 0)
-    check.fail(name, "a data pointer aligned to " + std::to_string(e) + " bytes (the " +
-                         dtype_name(t.dtype) + " element size)",
-               "an address " + std::to_string(reinterpret_cast<std::uintptr_t>(t.data) % e) +
-                   " bytes past such a boundary");
-}
-
 // tokens: (..., T), i32 or i64, contiguous, at most 2^31 - 1 of them, with room for the C of
 // out's last dimension. Returns T.
 std::int64_t check_tokens(const ArgCheck& check, const TensorView& tokens) {
@@ -51,7 +41,7 @@ std::int64_t check_tokens(const ArgCheck& check, const TensorView& tokens) {
   check.contiguous_numel(tokens, "tokens", tokens.numel());
   if (tokens.numel() > INT_MAX)
     check.fail("tokens", "at most 2^31 - 1 tokens", std::to_string(tokens.numel()) + " tokens");
-  check_element_alignment(check, tokens, "tokens");
+  check.element_aligned(tokens, "tokens");
   return tokens.size(-1);
 }
 
@@ -68,7 +58,7 @@ RowLayout check_table(const ArgCheck& check, const TensorView& t, const char* na
                "C = " + std::to_string(l.cols));
   if (l.rows > INT_MAX)
     check.fail(name, "at most 2^31 - 1 rows", std::to_string(l.rows) + " rows");
-  check_element_alignment(check, t, name);
+  check.element_aligned(t, name);
   return l;
 }
 
@@ -83,7 +73,7 @@ RowLayout check_token_rows(const ArgCheck& check, const TensorView& t, const cha
     check.fail(name, "shape " + want + " (tokens' shape, then C)", "shape " + t.shape_string());
   }
   const RowLayout l = check.rows(t, name);
-  check_element_alignment(check, t, name);
+  check.element_aligned(t, name);
   return l;
 }
 

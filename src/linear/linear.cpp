@@ -50,16 +50,6 @@ void check_input_dtype(const ArgCheck& check, const TensorView& x, Device device
   }
 }
 
-// The data pointer of a non-empty tensor must be aligned to its element size.
-void check_element_alignment(const ArgCheck& check, const TensorView& t, const char* name) {
-  const std::size_t e = dtype_size(t.dtype);
-  if (t.numel() > 0 && reinterpret_cast<std::uintptr_t>(t.data) % e != 0)
-    check.fail(name, "a data pointer aligned to " + std::to_string(e) + " bytes (the " +
-                         dtype_name(t.dtype) + " element size)",
-               "an address " + std::to_string(reinterpret_cast<std::uintptr_t>(t.data) % e) +
-                   " bytes past such a boundary");
-}
-
 void check_extent(const ArgCheck& check, const char* name, const char* what, std::int64_t v) {
   if (v > kMaxExtent)
     check.fail(name, std::string(what) + " at most 2^31 - 1", std::string(what) + " = " + std::to_string(v));
@@ -90,7 +80,7 @@ RowLayout check_matrix(const ArgCheck& check, const TensorView& t, const char* n
     check.fail(name, "shape " + expected_shape + " (" + std::to_string(rows) + " rows of " +
                          std::to_string(cols) + ")",
                t.shape_string());
-  check_element_alignment(check, t, name);
+  check.element_aligned(t, name);
   return l;
 }
 
@@ -130,14 +120,14 @@ GemmOperands check_gemm_operands(const ArgCheck& check, const TensorView& x,
   GemmOperands g;
   check_input_dtype(check, x, device);
   g.x = check.rows(x, "x");
-  check_element_alignment(check, x, "x");
+  check.element_aligned(x, "x");
   check_weight_2d(check, weight, "weight");
   check.dtype_is(weight, "weight", x.dtype, "as 'x'");
   g.weight = check.rows(weight, "weight");
   if (g.weight.cols != g.x.cols)
     check.fail("weight", "shape (N, " + std::to_string(g.x.cols) + ") (K = x's last dimension)",
                weight.shape_string());
-  check_element_alignment(check, weight, "weight");
+  check.element_aligned(weight, "weight");
   g.m = g.x.rows;
   g.n = g.weight.rows;
   g.k = g.x.cols;
@@ -167,7 +157,7 @@ void check_bias_vector(const ArgCheck& check, const TensorView& t, const char* n
                        std::int64_t n, DType x_dtype) {
   check.dtype_is(t, name, x_dtype, "as 'x'");
   check.vector(t, name, n);
-  check_element_alignment(check, t, name);
+  check.element_aligned(t, name);
 }
 
 // The saved pre-activation, which both directions take optionally: (M, N) like the output.

@@ -10,6 +10,7 @@
 #include "core/device_info.h"
 #include "core/format.h"
 #include "core/validate.h"
+#include "cross_entropy/cross_entropy_params.h"
 #include "fusekit/linear_cross_entropy.h"
 #include "fusekit/runtime.h"
 #include "linear_cross_entropy/linear_cross_entropy_config.h"
@@ -26,19 +27,8 @@ namespace {
 
 constexpr std::int64_t kMaxExtent = INT_MAX;
 
-void check_reduction(const ArgCheck& check, LossReduction r) {
-  switch (r) {
-    case LossReduction::none: case LossReduction::mean: case LossReduction::sum: return;
-  }
-  check.fail("reduction", "one of none, mean, sum", "value " + std::to_string(static_cast<int>(r)));
-}
-
 void check_config(const ArgCheck& check, const CrossEntropyConfig& c, Params& p) {
-  if (!(c.label_smoothing >= 0.0f && c.label_smoothing < 1.0f))
-    check.fail("label_smoothing", "a label smoothing in [0, 1)", detail::format_float(c.label_smoothing));
-  if (!(std::isfinite(c.z_loss) && c.z_loss >= 0.0f))
-    check.fail("z_loss", "a finite z-loss coefficient >= 0", detail::format_float(c.z_loss));
-  check_reduction(check, c.reduction);
+  cross_entropy::check_options(check, c);
   p.ignore_index = c.ignore_index;
   p.label_smoothing = c.label_smoothing;
   p.z_loss = c.z_loss;
@@ -58,15 +48,6 @@ void check_gradient_dtype(const ArgCheck& check, const TensorView& t, const char
     check.fail(name, std::string("dtype f32 or h's dtype (") + dtype_name(h_dtype) + ")", dtype_name(t.dtype));
 }
 
-void check_element_alignment(const ArgCheck& check, const TensorView& t, const char* name) {
-  const std::size_t e = dtype_size(t.dtype);
-  if (t.numel() > 0 && reinterpret_cast<std::uintptr_t>(t.data) % e != 0)
-    check.fail(name, "a data pointer aligned to " + std::to_string(e) + " bytes (the " +
-                         dtype_name(t.dtype) + " element size)",
-               "an address " + std::to_string(reinterpret_cast<std::uintptr_t>(t.data) % e) +
-                   " bytes past such a boundary");
-}
-
 void check_extent(const ArgCheck& check, const char* name, const char* what, std::int64_t v, std::int64_t lo,
                   std::int64_t hi) {
   if (v < lo || v > hi)
@@ -80,7 +61,7 @@ RowLayout check_matrix_2d(const ArgCheck& check, const TensorView& t, const char
   const std::string expected = "shape (" + std::to_string(rows) + ", " + std::to_string(cols) + ")";
   if (t.ndim != 2 || t.shape[0] != rows || t.shape[1] != cols) check.fail(name, expected, t.shape_string());
   const RowLayout l = check.rows(t, name);
-  check_element_alignment(check, t, name);
+  check.element_aligned(t, name);
   return l;
 }
 
@@ -164,7 +145,7 @@ void linear_cross_entropy(const TensorView& h, const TensorView& weight, const O
     check.fail("h", "dtype f32, f16 or bf16 on a CUDA device (f64 runs on the CPU reference only)", "f64");
   check.dtype_in(h, "h", {DType::f32, DType::f16, DType::bf16, DType::f64});
   const RowLayout hl = check.rows(h, "h");
-  check_element_alignment(check, h, "h");
+  check.element_aligned(h, "h");
   check_extent(check, "h", "rows T", hl.rows, 0, kMaxExtent);
   check_extent(check, "h", "last dimension H", hl.cols, 1, kMaxExtent);
   p.tokens = hl.rows;
@@ -188,7 +169,7 @@ void linear_cross_entropy(const TensorView& h, const TensorView& weight, const O
   if (bias) {
     check.dtype_is(*bias, "bias", h.dtype, "as 'h'");
     check.vector(*bias, "bias", p.vocab);
-    check_element_alignment(check, *bias, "bias");
+    check.element_aligned(*bias, "bias");
     p.bias = bias->data;
   }
 
@@ -203,7 +184,7 @@ void linear_cross_entropy(const TensorView& h, const TensorView& weight, const O
 
   if (dh) {
     const RowLayout l = check.rows_and_dtype_as(*dh, "dh", h, hl, "h");
-    check_element_alignment(check, *dh, "dh");
+    check.element_aligned(*dh, "dh");
     p.dh = dh->data;
     p.lddh = std::max(l.row_stride, l.cols);
   }
@@ -218,7 +199,7 @@ void linear_cross_entropy(const TensorView& h, const TensorView& weight, const O
     if (!bias) check.fail("dbias", "no dbias without a bias (the layer has no b)", "a dbias tensor");
     check_gradient_dtype(check, *dbias, "dbias", h.dtype);
     check.vector(*dbias, "dbias", p.vocab);
-    check_element_alignment(check, *dbias, "dbias");
+    check.element_aligned(*dbias, "dbias");
     p.dbias = dbias->data;
     p.dbias_dtype = dbias->dtype;
   }
