@@ -335,7 +335,7 @@ def render(records, plot_dir=None):
             if not main:
                 continue
             title = f"{FAMILY_TITLE[family]}, {device.upper()}"
-            contents.append(f"- [{title}](#{re.sub(r'[^a-z0-9 -]', '', title.lower()).replace(' ', '-')})")
+            contents.append(f"- [{title}](#{re.sub(r'[^a-z0-9 _-]', '', title.lower()).replace(' ', '-')})")
             body += [f"### {title}", "", provenance(main), ""]
             body += TABLES[family](newest, main)
             if plot_dir and os.path.exists(os.path.join(plot_dir, f"{device}-{family}.png")):
@@ -344,7 +344,7 @@ def render(records, plot_dir=None):
         runs = [(r["date"], t) for r in recs for t in r.get("train_gpt", [])]
         if runs:
             title = f"Training GPT-2 124M end to end (apps/train_gpt against PyTorch), {device.upper()}"
-            contents.append(f"- [{title}](#{re.sub(r'[^a-z0-9 -]', '', title.lower()).replace(' ', '-')})")
+            contents.append(f"- [{title}](#{re.sub(r'[^a-z0-9 _-]', '', title.lower()).replace(' ', '-')})")
             body += [f"### {title}", "", "`scripts/train_gpt_compare.sh`: the C++ trainer and "
                      "`apps/train_gpt/reference.py` (same weights, data order and step), one after the "
                      "other in one GPU call.", "",
