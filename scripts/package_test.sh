@@ -2,7 +2,9 @@
 # The C++ ways to consume fusekit, checked on any machine (one CPU op each, tests/consumer/):
 #   1. `cmake --install` of the build, then a project that calls find_package(fusekit);
 #   2. pkg-config's flags for the installed library, with a plain compiler call;
-#   3. the same project pulling the source tree in with add_subdirectory.
+#   3. the same project pulling the source tree in with add_subdirectory;
+#   4. the build without CUDA kernels (-DFUSEKIT_CUDA_KERNELS=OFF, what `make run` builds on a
+#      machine without a GPU): the GPT trainer links and trains a few steps on the CPU backend.
 # Usage: scripts/package_test.sh [build dir, default build]   (make test runs it after the suites)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -36,3 +38,13 @@ cmake --build "$build/consumer-subdir" -j "$jobs" >>"$build/consumer-subdir.log"
   { tail -30 "$build/consumer-subdir.log"; exit 1; }
 "$build/consumer-subdir/consumer"
 echo "package_test: add_subdirectory(fusekit): passed"
+
+cmake -S . -B "$build/no-kernels" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFUSEKIT_CUDA_KERNELS=OFF \
+  -DCMAKE_CUDA_COMPILER="$nvcc" >"$build/no-kernels.log"
+cmake --build "$build/no-kernels" -j "$jobs" --target train_gpt >>"$build/no-kernels.log" ||
+  { tail -30 "$build/no-kernels.log"; exit 1; }
+"$build/no-kernels/apps/train_gpt/train_gpt" --device cpu --steps 3 >>"$build/no-kernels.log" ||
+  { tail -30 "$build/no-kernels.log"; exit 1; }
+grep -E "^step +3/3" "$build/no-kernels.log"
+echo "package_test: build without CUDA kernels, train_gpt on the CPU backend: passed"
+
