@@ -14,21 +14,23 @@ namespace {
 
 constexpr LossReduction kReductions[] = {LossReduction::none, LossReduction::mean, LossReduction::sum};
 
-LossReduction reduction_arg(const ScalarArgs& c, nb::handle value) {
+}  // namespace
+
+LossReduction loss_reduction_arg(const ScalarArgs& c, nb::handle value) {
   return c.option(value, "reduction", "fusekit.LossReduction", kReductions, loss_reduction_name);
 }
 
-// The config from its flattened arguments, converted before the arrays (a mistyped scalar is
-// reported first, as PyTorch's argument parser checks every type first).
-CrossEntropyConfig make_config(const ScalarArgs& c, nb::handle reduction, nb::handle ignore_index,
-                               nb::handle label_smoothing, nb::handle z_loss) {
+CrossEntropyConfig cross_entropy_config(const ScalarArgs& c, nb::handle reduction, nb::handle ignore_index,
+                                        nb::handle label_smoothing, nb::handle z_loss) {
   CrossEntropyConfig config;
-  config.reduction = reduction_arg(c, reduction);
+  config.reduction = loss_reduction_arg(c, reduction);
   config.ignore_index = c.i64(ignore_index, "ignore_index");
   config.label_smoothing = c.f32(label_smoothing, "label_smoothing");
   config.z_loss = c.f32(z_loss, "z_loss");
   return config;
 }
+
+namespace {
 
 // workspace: an array, None or 'auto' (sized by cross_entropy_workspace_size from the logits).
 OptionalTensor workspace_of(OpCall& c, nb::handle workspace, const TensorView& logits, LossReduction reduction) {
@@ -53,7 +55,7 @@ void bind_cross_entropy(nb::module_& m) {
       [](nb::handle rows, nb::handle classes, nb::handle reduction, nb::handle device) {
         const ScalarArgs c("cross_entropy_workspace_size");
         const std::int64_t r = c.i64(rows, "rows"), n = c.i64(classes, "classes");
-        const LossReduction red = reduction_arg(c, reduction);
+        const LossReduction red = loss_reduction_arg(c, reduction);
         return cross_entropy_workspace_size(r, n, red, c.device(device, "device"));
       },
       arg("rows").none(), arg("classes").none(), arg("reduction").none(), arg("device").none(),
@@ -66,7 +68,7 @@ void bind_cross_entropy(nb::module_& m) {
          nb::handle workspace, nb::handle ignore_index, nb::handle label_smoothing, nb::handle z_loss,
          nb::handle stream) {
         OpCall c("cross_entropy_forward");
-        const CrossEntropyConfig config = make_config(c, reduction, ignore_index, label_smoothing, z_loss);
+        const CrossEntropyConfig config = cross_entropy_config(c, reduction, ignore_index, label_smoothing, z_loss);
         const TensorView lv = c.tensor(logits, "logits", Access::read);
         const TensorView tv = c.tensor(targets, "targets", Access::read);
         const TensorView loss_v = c.tensor(loss, "loss", Access::write);
@@ -87,7 +89,7 @@ void bind_cross_entropy(nb::module_& m) {
          nb::handle dlogits, nb::handle workspace, nb::handle ignore_index, nb::handle label_smoothing,
          nb::handle z_loss, nb::handle stream) {
         OpCall c("cross_entropy_backward");
-        const CrossEntropyConfig config = make_config(c, reduction, ignore_index, label_smoothing, z_loss);
+        const CrossEntropyConfig config = cross_entropy_config(c, reduction, ignore_index, label_smoothing, z_loss);
         const TensorView gv = c.tensor(dloss, "dloss", Access::read);
         const TensorView lv = c.tensor(logits, "logits", Access::read);
         const TensorView tv = c.tensor(targets, "targets", Access::read);
@@ -108,7 +110,7 @@ void bind_cross_entropy(nb::module_& m) {
          nb::handle lse, nb::handle workspace, nb::handle ignore_index, nb::handle label_smoothing, nb::handle z_loss,
          nb::handle stream) {
         OpCall c("cross_entropy_forward_backward");
-        const CrossEntropyConfig config = make_config(c, reduction, ignore_index, label_smoothing, z_loss);
+        const CrossEntropyConfig config = cross_entropy_config(c, reduction, ignore_index, label_smoothing, z_loss);
         const TensorView lv = c.tensor(logits, "logits", Access::read);
         const TensorView tv = c.tensor(targets, "targets", Access::read);
         const TensorView loss_v = c.tensor(loss, "loss", Access::write);

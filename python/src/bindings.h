@@ -28,6 +28,7 @@
 #include <utility>
 
 #include "fusekit/activation.h"
+#include "fusekit/cross_entropy.h"
 #include "fusekit/error.h"
 #include "fusekit/tensor.h"
 
@@ -282,6 +283,13 @@ struct KeepMaskArgs {
 };
 KeepMaskArgs keep_mask_args(const ScalarArgs& c, nb::handle seed, nb::handle offset, nb::handle p);
 
+// A CrossEntropyConfig from its flattened arguments (cross_entropy, linear_cross_entropy):
+// `reduction` a fusekit.LossReduction or its name, the others as the C++ fields. Converted before
+// the arrays, so a mistyped scalar is reported first.
+CrossEntropyConfig cross_entropy_config(const ScalarArgs& c, nb::handle reduction, nb::handle ignore_index,
+                                        nb::handle label_smoothing, nb::handle z_loss);
+LossReduction loss_reduction_arg(const ScalarArgs& c, nb::handle value);
+
 // Family registration (one line each in module.cpp).
 void bind_norm(nb::module_& m);
 void bind_activation(nb::module_& m);  // the Activation enum (before the families that use it)
@@ -293,5 +301,6 @@ void bind_fp8_norm(nb::module_& m);
 void bind_attention(nb::module_& m);
 void bind_rope(nb::module_& m);
 void bind_embedding(nb::module_& m);
+void bind_linear_cross_entropy(nb::module_& m);
 
 }  // namespace fusekit::python

@@ -263,6 +263,14 @@ def _xent_forward_backward(rng):
                 workspace=None, **_xent_config(), stream=None)
 
 
+def _lxent(rng):
+    targets = rng.integers(0, 6, 4)
+    targets[1] = -100  # one ignored row
+    return dict(h=f32(rng, 4, 3), weight=f32(rng, 6, 3), bias=f32(rng, 6), targets=targets, reduction="mean",
+                loss=out(1), dh=out(4, 3), dweight=out(6, 3), dbias=out(6), workspace=None, **_xent_config(),
+                stream=None)
+
+
 def _embedding_forward(rng):
     return dict(tokens=rng.integers(0, 7, (2, 3)), weight=f32(rng, 7, 4), position_weight=f32(rng, 5, 4),
                 out=out(2, 3, 4), stream=None)
@@ -491,6 +499,16 @@ ENTRY_POINTS = [
                dict(_kinds(logits=ARRAY, targets=ARRAY, reduction=REDUCTION, loss=ARRAY, dlogits=ARRAY,
                            lse=ARRAY, workspace=ARRAY), **XENT_CONFIG, stream=STREAM),
                _xent_forward_backward),
+    EntryPoint("linear_cross_entropy_workspace_size",
+               dict(_kinds(tokens=INT64, vocab=INT64, hidden=INT64, dtype=DTYPE, dweight_dtype=DTYPE,
+                           has_bias=BOOL, reduction=REDUCTION, device=DEVICE), **XENT_CONFIG),
+               lambda rng: dict(tokens=4, vocab=6, hidden=3, dtype=fusekit.DType.f32,
+                                dweight_dtype=fusekit.DType.f32, has_bias=True, reduction="mean", device="cpu",
+                                **_xent_config())),
+    EntryPoint("linear_cross_entropy",
+               dict(_kinds(h=ARRAY, weight=ARRAY, bias=ARRAY, targets=ARRAY, reduction=REDUCTION, loss=ARRAY,
+                           dh=ARRAY, dweight=ARRAY, dbias=ARRAY, workspace=ARRAY), **XENT_CONFIG, stream=STREAM),
+               _lxent),
     # embeddings
     EntryPoint("embedding_backward_workspace_size",
                _kinds(tokens=INT64, vocab=INT64, dim=INT64, device=DEVICE),
