@@ -19,6 +19,7 @@
 #include <nanobind/stl/string.h>  // every file casts with std::string alike (ODR)
 
 #include <array>
+#include <deque>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -26,6 +27,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "fusekit/activation.h"
 #include "fusekit/cross_entropy.h"
@@ -133,6 +135,8 @@ class OpCall : public ScalarArgs {
   TensorView tensor(nb::handle obj, const char* name, Access access);
   // None gives an empty OptionalTensor.
   OptionalTensor optional(nb::handle obj, const char* name, Access access);
+  // A list or tuple of arrays (the multi-tensor ops); element i is named `name[i]` in errors.
+  std::vector<TensorView> tensor_list(nb::handle obj, const char* name, Access access);
 
   // tensor() for fusekit.torch's calls, which take any layout: an array that is not
   // contiguous is replaced by its `.contiguous()` (kept alive until the call returns), which the
@@ -262,6 +266,8 @@ class OpCall : public ScalarArgs {
   int imports_ = 0;
   int imports_total_ = 0;
   std::array<nb::ndarray<nb::ro>, kMaxImports> keep_alive_;
+  std::vector<nb::ndarray<nb::ro>> keep_alive_more_;  // imports past kMaxImports (tensor lists)
+  std::deque<std::string> element_names_;             // "name[i]" of tensor_list elements
   std::array<nb::object, 4> contiguous_copies_;  // what contiguous() made
   int contiguous_made_ = 0;
   void* scratch_ = nullptr;  // the framework tensor behind workspace='auto', freed by ~OpCall
@@ -302,5 +308,6 @@ void bind_attention(nb::module_& m);
 void bind_rope(nb::module_& m);
 void bind_embedding(nb::module_& m);
 void bind_linear_cross_entropy(nb::module_& m);
+void bind_optim(nb::module_& m);
 
 }  // namespace fusekit::python

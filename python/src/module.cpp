@@ -187,4 +187,5 @@ NB_MODULE(_C, m) {
   bind_rope(m);
   bind_embedding(m);
   bind_linear_cross_entropy(m);
+  bind_optim(m);
 }

@@ -180,8 +180,6 @@ bool OpCall::import_exchange(nb::handle obj, const char* name, TensorView* out) 
 
 bool OpCall::import_ndarray(nb::handle obj, const char* name, Access access, TensorView* out,
                             const DType* relabel) {
-  if (imports_ >= kMaxImports)
-    throw Error(ErrorKind::unsupported, op_, "more array arguments than the binding layer holds");
   nb::ndarray<nb::ro> held;
   if (access == Access::read) {
     if (!nb::try_cast(obj, held, /*convert=*/false)) return false;
@@ -204,9 +202,26 @@ bool OpCall::import_ndarray(nb::handle obj, const char* name, Access access, Ten
   }
   *out = from_dlpack(name, const_cast<void*>(held.data()), held.device_type(), held.device_id(),
                      ndim, dtype.code, dtype.bits, dtype.lanes, shape, strides);
-  keep_alive_[imports_++] = std::move(held);
+  if (imports_ < kMaxImports)
+    keep_alive_[imports_++] = std::move(held);
+  else
+    keep_alive_more_.push_back(std::move(held));
   note_device(*out, nullptr);
   return true;
+}
+
+std::vector<TensorView> OpCall::tensor_list(nb::handle obj, const char* name, Access access) {
+  if (!obj.is_valid() || !(nb::isinstance<nb::list>(obj) || nb::isinstance<nb::tuple>(obj)))
+    fail(name, "a list or tuple of arrays", obj.is_valid() ? python_type_name(obj) : std::string("None"));
+  const nb::sequence items = nb::borrow<nb::sequence>(obj);
+  const std::size_t count = nb::len(items);
+  std::vector<TensorView> views;
+  views.reserve(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    element_names_.push_back(std::string(name) + "[" + std::to_string(i) + "]");
+    views.push_back(tensor(items[i], element_names_.back().c_str(), access));
+  }
+  return views;
 }
 
 TensorView OpCall::tensor(nb::handle obj, const char* name, Access access) {

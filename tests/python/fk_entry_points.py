@@ -25,6 +25,7 @@ except ImportError:  # the FP8 entry points are then only checked for coverage
 
 # Argument kinds: how the binding converts the argument.
 ARRAY = "array"          # an array, None where optional, 'auto' for a workspace (other tests)
+ARRAYS = "arrays"        # a list or tuple of arrays (the multi-tensor ops; test_numpy_optim.py)
 FLOAT = "float"          # float32: float, int or NumPy real scalar
 OPT_FLOAT = "float?"     # FLOAT or None
 INT64 = "int64"
@@ -64,7 +65,7 @@ class EntryPoint:
         return getattr(_C, self.name)
 
     def scalars(self):
-        return [a for a, k in self.kinds.items() if k != ARRAY]
+        return [a for a, k in self.kinds.items() if k not in (ARRAY, ARRAYS)]
 
     def available(self):
         return ml_dtypes is not None or not self.needs_ml_dtypes
@@ -269,6 +270,14 @@ def _lxent(rng):
     return dict(h=f32(rng, 4, 3), weight=f32(rng, 6, 3), bias=f32(rng, 6), targets=targets, reduction="mean",
                 loss=out(1), dh=out(4, 3), dweight=out(6, 3), dbias=out(6), workspace=None, **_xent_config(),
                 stream=None)
+
+
+def _adamw(rng):
+    shapes = [(3, 4), (5,)]
+    return dict(params=[f32(rng, *s) for s in shapes], grads=[f32(rng, *s) for s in shapes],
+                exp_avg=[np.zeros(s, np.float32) for s in shapes], exp_avg_sq=[np.zeros(s, np.float32) for s in shapes],
+                param_copies=None, grad_norm=np.array([2.5], np.float32), lr=1e-3, beta1=0.9, beta2=0.999,
+                eps=1e-8, weight_decay=0.01, step=1, max_grad_norm=1.0, stream=None)
 
 
 def _embedding_forward(rng):
@@ -509,6 +518,16 @@ ENTRY_POINTS = [
                dict(_kinds(h=ARRAY, weight=ARRAY, bias=ARRAY, targets=ARRAY, reduction=REDUCTION, loss=ARRAY,
                            dh=ARRAY, dweight=ARRAY, dbias=ARRAY, workspace=ARRAY), **XENT_CONFIG, stream=STREAM),
                _lxent),
+    # optimizer
+    EntryPoint("global_norm_workspace_size", _kinds(tensors=ARRAYS, device=DEVICE),
+               lambda rng: dict(tensors=[f32(rng, 3, 4), f32(rng, 5)], device="cpu")),
+    EntryPoint("global_norm", _kinds(tensors=ARRAYS, norm=ARRAY, workspace=ARRAY, stream=STREAM),
+               lambda rng: dict(tensors=[f32(rng, 3, 4), f32(rng, 5)], norm=out(1), workspace=None, stream=None)),
+    EntryPoint("adamw_step",
+               _kinds(params=ARRAYS, grads=ARRAYS, exp_avg=ARRAYS, exp_avg_sq=ARRAYS, param_copies=ARRAYS,
+                      grad_norm=ARRAY, lr=FLOAT, beta1=FLOAT, beta2=FLOAT, eps=FLOAT, weight_decay=FLOAT,
+                      step=INT64, max_grad_norm=FLOAT, stream=STREAM),
+               _adamw),
     # embeddings
     EntryPoint("embedding_backward_workspace_size",
                _kinds(tokens=INT64, vocab=INT64, dim=INT64, device=DEVICE),

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import fusekit
-from fk_entry_points import (ARRAY, BY_NAME, CFG, CFG_ITEMS, DEVICE, DTYPE, ENTRY_POINTS, PROBES,
+from fk_entry_points import (ARRAY, ARRAYS, BY_NAME, CFG, CFG_ITEMS, DEVICE, DTYPE, ENTRY_POINTS, PROBES,
                              SCALAR_KINDS, module_entry_points, outcome, signature_arguments,
                              summary, with_value)
 
@@ -85,7 +85,7 @@ def test_every_entry_point_and_argument_is_covered():
     for entry in ENTRY_POINTS:
         arguments = signature_arguments(entry.function)
         assert arguments == list(entry.kinds), f"{entry.name}: arguments {arguments}, rows {list(entry.kinds)}"
-        assert all(kind in SCALAR_KINDS or kind == ARRAY for kind in entry.kinds.values())
+        assert all(kind in SCALAR_KINDS or kind in (ARRAY, ARRAYS) for kind in entry.kinds.values())
 
 
 def test_error_classes():
