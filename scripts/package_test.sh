@@ -19,7 +19,8 @@ echo "package_test: installed into $prefix"
 
 cmake -S tests/consumer -B "$build/consumer-find" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" \
   -DCMAKE_CUDA_COMPILER="$nvcc" >"$build/consumer-find.log"
-cmake --build "$build/consumer-find" -j "$jobs" >>"$build/consumer-find.log"
+cmake --build "$build/consumer-find" -j "$jobs" >>"$build/consumer-find.log" ||
+  { tail -30 "$build/consumer-find.log"; exit 1; }
 "$build/consumer-find/consumer"
 echo "package_test: find_package(fusekit): passed"
 
@@ -33,7 +34,8 @@ else
 fi
 
 cmake -S tests/consumer -B "$build/consumer-subdir" -G Ninja -DFUSEKIT_SOURCE_DIR="$root" \
-  -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_BUILD_TYPE=Release >"$build/consumer-subdir.log"
+  -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_BUILD_TYPE=Release >"$build/consumer-subdir.log" ||
+  { tail -30 "$build/consumer-subdir.log"; exit 1; }
 cmake --build "$build/consumer-subdir" -j "$jobs" >>"$build/consumer-subdir.log" ||
   { tail -30 "$build/consumer-subdir.log"; exit 1; }
 "$build/consumer-subdir/consumer"
@@ -45,6 +47,6 @@ cmake --build "$build/no-kernels" -j "$jobs" --target train_gpt >>"$build/no-ker
   { tail -30 "$build/no-kernels.log"; exit 1; }
 "$build/no-kernels/apps/train_gpt/train_gpt" --device cpu --steps 3 >>"$build/no-kernels.log" ||
   { tail -30 "$build/no-kernels.log"; exit 1; }
-grep -E "^step +3/3" "$build/no-kernels.log"
+grep -aE "^step +3/3" "$build/no-kernels.log"
 echo "package_test: build without CUDA kernels, train_gpt on the CPU backend: passed"
 

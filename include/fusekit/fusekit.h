@@ -18,3 +18,4 @@
 #include "fusekit/rope.h"
 #include "fusekit/runtime.h"
 #include "fusekit/tensor.h"
+#include "fusekit/tensor_list.h"

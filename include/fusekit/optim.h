@@ -53,17 +53,17 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <span>
 
 #include "fusekit/tensor.h"
+#include "fusekit/tensor_list.h"
 
 namespace fusekit {
 
 // Bytes of scratch memory global_norm() needs for `tensors` on `device` (0 on the CPU).
-std::size_t global_norm_workspace_size(std::span<const TensorView> tensors, Device device);
+std::size_t global_norm_workspace_size(TensorList tensors, Device device);
 
 // norm = the L2 norm over every element of every tensor (one float32, in the tensors' memory).
-void global_norm(std::span<const TensorView> tensors, const TensorView& norm,
+void global_norm(TensorList tensors, const TensorView& norm,
                  const OptionalTensor& workspace, Stream stream = nullptr);
 
 // Everything that defines an AdamW step besides its tensors.
@@ -74,9 +74,9 @@ struct AdamWConfig {
 };
 
 // One AdamW step over every tensor of the lists (see the header comment).
-void adamw_step(std::span<const TensorView> params, std::span<const TensorView> grads,
-                std::span<const TensorView> exp_avg, std::span<const TensorView> exp_avg_sq,
-                std::span<const TensorView> param_copies, const AdamWConfig& config,
+void adamw_step(TensorList params, TensorList grads,
+                TensorList exp_avg, TensorList exp_avg_sq,
+                TensorList param_copies, const AdamWConfig& config,
                 const OptionalTensor& grad_norm, Stream stream = nullptr);
 
 }  // namespace fusekit

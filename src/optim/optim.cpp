@@ -101,13 +101,13 @@ void check_dtype(const ArgCheck& check, const Named& t, std::initializer_list<DT
   check.dtype_in(*t.view, t.name.c_str(), allowed);
 }
 
-std::vector<Named> named_list(const char* list, std::span<const TensorView> views, bool written) {
+std::vector<Named> named_list(const char* list, TensorList views, bool written) {
   std::vector<Named> out;
   for (std::size_t i = 0; i < views.size(); ++i) out.push_back({element_name(list, i), &views[i], written});
   return out;
 }
 
-std::vector<std::int64_t> numels_of(std::span<const TensorView> tensors) {
+std::vector<std::int64_t> numels_of(TensorList tensors) {
   std::vector<std::int64_t> n;
   for (const TensorView& t : tensors) n.push_back(t.numel());
   return n;
@@ -148,7 +148,7 @@ optim::AdamWScalars check_config(const ArgCheck& check, const AdamWConfig& c) {
 
 }  // namespace
 
-std::size_t global_norm_workspace_size(std::span<const TensorView> tensors, Device device) {
+std::size_t global_norm_workspace_size(TensorList tensors, Device device) {
   const ArgCheck check("global_norm_workspace_size");
   const std::vector<Named> all = named_list("tensors", tensors, false);
   for (const Named& t : all) {
@@ -162,7 +162,7 @@ std::size_t global_norm_workspace_size(std::span<const TensorView> tensors, Devi
   return static_cast<std::size_t>(optim::norm_partial_count(numels)) * sizeof(float);
 }
 
-void global_norm(std::span<const TensorView> tensors, const TensorView& norm,
+void global_norm(TensorList tensors, const TensorView& norm,
                  const OptionalTensor& workspace, Stream stream) {
   ArgCheck check("global_norm");
   std::vector<Named> all = named_list("tensors", tensors, false);
@@ -191,9 +191,9 @@ void global_norm(std::span<const TensorView> tensors, const TensorView& norm,
   }
 }
 
-void adamw_step(std::span<const TensorView> params, std::span<const TensorView> grads,
-                std::span<const TensorView> exp_avg, std::span<const TensorView> exp_avg_sq,
-                std::span<const TensorView> param_copies, const AdamWConfig& config,
+void adamw_step(TensorList params, TensorList grads,
+                TensorList exp_avg, TensorList exp_avg_sq,
+                TensorList param_copies, const AdamWConfig& config,
                 const OptionalTensor& grad_norm, Stream stream) {
   ArgCheck check("adamw_step");
   const std::size_t n = params.size();
