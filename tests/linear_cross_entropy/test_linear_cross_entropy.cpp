@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iomanip>
 #include <limits>
 #include <optional>
 #include <string>
@@ -294,8 +295,12 @@ double distance(const std::vector<double>& a, const std::vector<double>& b) {
   const double bound = std::max({testing::tolerance(dtype, ref), 2.0 * unfused_error,
                                  2.0 * std::sqrt(static_cast<double>(std::max<std::int64_t>(terms, 1))) * 0x1p-24});
   if (error <= bound) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << what << ": relative error " << error << " above " << bound
-                                       << " (unfused rounded: " << unfused_error << ")";
+  ::testing::AssertionResult failure = ::testing::AssertionFailure();
+  failure << what << ": relative error " << error << " above " << bound << " (unfused rounded: " << unfused_error << ")";
+  if (got.size() <= 4)  // a reduced loss: the values themselves say more than their distance
+    for (std::size_t i = 0; i < got.size(); ++i)
+      failure << std::setprecision(10) << "; [" << i << "] got " << got[i] << " ref " << ref[i] << " unfused " << unfused[i];
+  return failure;
 }
 
 // The norm of the loss's largest terms (lse of the counted rows, reduced as the loss is).
