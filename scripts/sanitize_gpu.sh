@@ -22,6 +22,7 @@ tests="$build/fusekit_tests"
 
 declare -A filters=(
   [norm]="NormGpu.*"
+  [norm_residual]="NormResidualGpu.*"
   [bias_act_dropout]="BiasActDropoutGpu.*"
   [linear]="LinearGpu.*"
   [fp8_norm]="Fp8NormGpu.*"
@@ -35,14 +36,22 @@ declare -A filters=(
   [core]="PhiloxGpu.*:ActivationGpu.*:LaunchTuningGpu.*"
 )
 # Shards per family, from the sanitized runs' test times (the linear and norm suites are longest).
-declare -A shards=([norm]=4 [bias_act_dropout]=2 [linear]=4 [fp8_norm]=3 [attention]=3 [core]=1
-                   [cross_entropy]=2 [linear_cross_entropy]=1 [gated_act]=1 [rope]=1 [embedding]=1 [optim]=1)
+declare -A shards=([norm]=4 [norm_residual]=2 [bias_act_dropout]=2 [linear]=4 [fp8_norm]=3 [attention]=3
+                   [core]=1 [cross_entropy]=2 [linear_cross_entropy]=2 [gated_act]=3 [rope]=1 [embedding]=1
+                   [optim]=1)
 large="*BenchmarkShapes*:*LargerShapes*:*LongCausalSequence*"
 # Tests that provoke a CUDA API error on purpose (a launch that must fail without the shared-memory
 # opt-in): memcheck reports every API error, so they run under the other tools only.
 api_error_tests="LaunchTuningGpu.StaticPlusDefaultDynamicNeedsTheOptIn"
-families=${SANITIZE_FAMILIES:-"norm bias_act_dropout linear fp8_norm attention cross_entropy linear_cross_entropy gated_act rope embedding optim core"}
+families=${SANITIZE_FAMILIES:-"norm norm_residual bias_act_dropout linear fp8_norm attention cross_entropy linear_cross_entropy gated_act rope embedding optim core"}
 tools=${SANITIZE_TOOLS:-"memcheck racecheck initcheck synccheck"}
+
+# Every GPU test suite (a name ending in Gpu) belongs to a family above: a new suite left out
+# would pass unsanitized without anyone noticing.
+covered="|$(IFS='|'; echo "${filters[*]}" | tr ':' '|')|"
+for suite in $("$tests" --gtest_list_tests | grep -oE '^[A-Za-z0-9_]+Gpu[A-Za-z0-9_]*\.' | sort -u); do
+  [[ "$covered" == *"|$suite*|"* ]] || { echo "sanitize_gpu: suite ${suite%.} is in no family's filter" >&2; exit 1; }
+done
 
 mkdir -p "$out/sanitize"
 : >"$out/sanitize-results.tsv"
