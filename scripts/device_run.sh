@@ -2,7 +2,7 @@
 # The one script for the GPU machine: build with all cores, run the whole test suite, the CLI
 # check, the benchmarks and the PyTorch side-by-side timings, and leave logs + JSON in $OUT.
 #   device tool: run(command="bash scripts/device_run.sh", carry=[".deps", ".whl"])
-# Stages can be narrowed: STAGES="build test bench torch sanitize" (default: all;
+# Stages can be narrowed: STAGES="build test bench torch sanitize" (default: all but norm_sweep;
 # sanitize: scripts/sanitize_gpu.sh, every GPU test family under each compute-sanitizer tool).
 # python: the Python package built and its whole pytest suite run against CUDA PyTorch, plus the
 # example training script; overhead: host time of fusekit.torch over the direct C++ call per op
@@ -96,7 +96,7 @@ fi
 # The Python package (build-python/site, its own CMake build directory): for its tests, the host
 # overhead, and linear's PyTorch comparison (torch_bench.py times fusekit.torch in turns with
 # PyTorch when it can import it).
-if has python || has overhead || { has torch && [[ " ${TORCH_OPS:-linear} " == *" linear "* ]]; }; then
+if has python || has overhead || has norm_sweep || { has torch && [[ " ${TORCH_OPS:-linear} " == *" linear "* ]]; }; then
   start=$(date +%s)
   FUSEKIT_PY_BUILD_ONLY=1 bash scripts/python_test.sh >"$OUT/python_build.log" 2>&1
   rc=$?
@@ -116,6 +116,18 @@ if has torch; then
   PYTHONUNBUFFERED=1 python3 scripts/torch_bench.py --out "$OUT/torch_bench.json" ${TORCH_OPS:-norm dropout linear fp8_norm attention cross_entropy gated_act rope} >"$OUT/torch.log" 2>&1
   log "torch bench rc=$?"
   tail -5 "$OUT/torch.log"
+fi
+
+# The norms over every row length (scripts/norm_sweep.py; not in the default stages: the whole
+# sweep takes several calls, NORM_SWEEP_PART=K/P picks one interleaved part).
+if has norm_sweep; then
+  start=$(date +%s)
+  PYTHONPATH="$PWD/build-python/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 \
+    python3 scripts/norm_sweep.py --out "$OUT/norm_sweep.json" --part "${NORM_SWEEP_PART:-1/1}" >"$OUT/norm_sweep.log" 2>&1
+  rc=$?
+  log "norm sweep part ${NORM_SWEEP_PART:-1/1} rc=$rc in $(( $(date +%s) - start ))s"
+  tail -8 "$OUT/norm_sweep.log"
+  [ $rc -eq 0 ] || status=1
 fi
 
 if has python; then
@@ -167,7 +179,7 @@ if has report; then
   # scripts/perf_report.py --merge in the repository).
   mkdir -p "$OUT/records"
   python3 scripts/perf_report.py --results "$OUT/records" --no-plots --out "$OUT/report.md" \
-    --merge $(ls "$OUT/fusekit_bench.json" "$OUT/torch_bench.json" 2>/dev/null) >"$OUT/report.log" 2>&1
+    --merge $(ls "$OUT/fusekit_bench.json" "$OUT/torch_bench.json" "$OUT/norm_sweep.json" 2>/dev/null) >"$OUT/report.log" 2>&1
   cat "$OUT/report.md"
 fi
 exit $status

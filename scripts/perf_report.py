@@ -135,6 +135,21 @@ def write_record(path, record):
         f.write("\n")
 
 
+def merge_norm_sweep(record, raw, commit):
+    """A scripts/norm_sweep.py document -> the record's `norm_sweep` entry of that commit: parts of
+    one sweep (--part) measured in several GPU calls add up; a point measured again replaces the
+    older one."""
+    entries = record.setdefault("norm_sweep", [])
+    entry = next((e for e in entries if e["commit"] == commit), None)
+    if entry is None:
+        entry = {"commit": commit, "torch": raw.get("torch"), "dtype": raw.get("dtype", "bf16"), "points": []}
+        entries.append(entry)
+    key = lambda p: (p["sweep"], p["op"], p["variant"], p["direction"], p["n"])
+    fresh = {key(p) for p in raw["points"]}
+    entry["points"] = sorted([p for p in entry["points"] if key(p) not in fresh] + raw["points"], key=key)
+    return record
+
+
 def merge_files(results_dir, paths, commit, date):
     written = []
     for path in paths:
@@ -143,6 +158,11 @@ def merge_files(results_dir, paths, commit, date):
         device = device_key(device_name)
         out = os.path.join(results_dir, f"{device}-{date}.json")
         record = read_json(out) if os.path.exists(out) else empty_record(device, device_name, date)
+        if raw.get("kind") == "norm_sweep":
+            write_record(out, merge_norm_sweep(record, raw, commit))
+            print(f"merged {path} ({len(raw['points'])} sweep points) into {os.path.relpath(out, ROOT)}")
+            written.append(out)
+            continue
         if "ceilings" in raw:  # fusekit's device string names SM count and L2; prefer it
             record["device_name"] = device_name
         run, rows = normalize_run(raw, commit)
@@ -321,6 +341,35 @@ which adds the runs to `bench/results/<device>-<date>.json` and rewrites this fi
 """
 
 
+def newest_norm_sweep(recs):
+    """(date, entry) of the newest norm_sweep entry among one device's records, or None."""
+    found = [(r["date"], i, e) for r in recs for i, e in enumerate(r.get("norm_sweep", []))]
+    if not found:
+        return None
+    date, _, entry = max(found, key=lambda x: (x[0], x[1]))
+    return date, entry
+
+
+def norm_sweep_table(date, entry):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import norm_sweep  # the bars and the verdicts live beside the sweep
+    lines = [f"`scripts/norm_sweep.py`, measured {date} (commit {entry['commit']}, PyTorch {entry.get('torch')}): "
+             f"{len({p['n'] for p in entry['points']})} row lengths from {norm_sweep.MIN_WIDTH} to "
+             f"{norm_sweep.MAX_WIDTH}, each problem of the large sweep moving at least 256 MB, the small sweep at "
+             f"{norm_sweep.SMALL_ELEMENTS >> 20} M elements a tensor. % of copy: a same-size copy's time over "
+             f"fusekit's, at each point. The bars apply to the large sweep at N >= {norm_sweep.BAR_MIN_WIDTH}; "
+             "\"slower than PyTorch\" counts the points of both sweeps where eager or either torch.compile beat "
+             "fusekit.", "",
+             "| op | variant | direction | points | bar | below the bar | min % of copy (N) | median % | "
+             "slower than PyTorch |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for v in norm_sweep.summarize(entry["points"]):
+        worst = f"{v['min_pct']:.1f} ({v['worst_n']})" if v["min_pct"] is not None else "-"
+        median = f"{v['median_pct']:.1f}" if v["median_pct"] is not None else "-"
+        lines.append(f"| {v['op']} | {v['variant']} | {v['direction']} | {v['points']} | {v['bar']:.0f}% | "
+                     f"{v['below_bar']} of {v['barred']} | {worst} | {median} | {v['slower_than_pytorch']} |")
+    return lines
+
+
 def render(records, plot_dir=None):
     devices = sorted({r["device"] for r in records})
     lines = [HEADER]
@@ -340,6 +389,15 @@ def render(records, plot_dir=None):
             body += TABLES[family](newest, main)
             if plot_dir and os.path.exists(os.path.join(plot_dir, f"{device}-{family}.png")):
                 body += ["", f"![{title}](plots/{device}-{family}.png)"]
+            body.append("")
+        sweep = newest_norm_sweep(recs)
+        if sweep:
+            date, entry = sweep
+            title = f"Norm bandwidth over every row length, {device.upper()}"
+            contents.append(f"- [{title}](#{re.sub(r'[^a-z0-9 _-]', '', title.lower()).replace(' ', '-')})")
+            body += [f"### {title}", ""] + norm_sweep_table(date, entry)
+            if plot_dir and os.path.exists(os.path.join(plot_dir, f"{device}-norm-sweep.png")):
+                body += ["", f"![{title}](plots/{device}-norm-sweep.png)"]
             body.append("")
         runs = [(r["date"], t) for r in recs for t in r.get("train_gpt", [])]
         if runs:
@@ -415,7 +473,47 @@ def plot_bars(records, plot_dir):
             fig.savefig(path, dpi=90, bbox_inches="tight")
             plt.close(fig)
             written.append(path)
+    for device in sorted({r["device"] for r in records}):
+        sweep = newest_norm_sweep([r for r in records if r["device"] == device])
+        if sweep:
+            written.append(plot_norm_sweep(plt, device, sweep[1], plot_dir))
     return written
+
+
+def plot_norm_sweep(plt, device, entry, plot_dir):
+    """% of copy bandwidth against N (log), one panel per (op, direction) of the large sweep:
+    fusekit plain and residual, eager and torch.compile (plain), the bar."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import norm_sweep
+    fig, axes = plt.subplots(2, 2, figsize=(12, 7), sharex=True, sharey=True)
+    styles = [("fusekit", "plain", "fusekit", "-"), ("fusekit", "residual", "fusekit + residual", "-"),
+              ("torch_eager", "plain", "torch eager", ":"), ("torch_compile_dynamic", "plain", "torch.compile (dynamic)", ":"),
+              ("torch_compile", "plain", "torch.compile (per width)", "")]
+    for row, op in enumerate(("layer_norm", "rms_norm")):
+        for col, direction in enumerate(("fwd", "bwd")):
+            ax = axes[row][col]
+            for impl, variant, label, line in styles:
+                ps = sorted((p for p in entry["points"] if p["sweep"] == "large" and p["op"] == op and
+                             p["variant"] == variant and p["direction"] == direction and
+                             p["time_us"].get(impl)), key=lambda p: p["n"])
+                if ps:
+                    ax.plot([p["n"] for p in ps], [100 * p["time_us"]["copy"] / p["time_us"][impl] for p in ps],
+                            line or "o", markersize=3, linewidth=1, label=label)
+            ax.axhline(norm_sweep.BARS[direction], color="gray", linewidth=0.8, linestyle="--")
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"{op} {direction}", fontsize=9)
+            ax.grid(alpha=0.3)
+            if col == 0:
+                ax.set_ylabel("% of copy bandwidth")
+            if row == 1:
+                ax.set_xlabel("N (row length)")
+    axes[0][0].legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"Norms over every row length (>= 256 MB a problem, bf16), {device.upper()}")
+    fig.tight_layout()
+    path = os.path.join(plot_dir, f"{device}-norm-sweep.png")
+    fig.savefig(path, dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return path
 
 
 # ---- main ------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "scripts"))
+import norm_sweep  # noqa: E402
 import perf_report  # noqa: E402
 
 FIXTURES = os.path.join(HERE, "fixtures")
@@ -85,6 +86,37 @@ class PerfReportTest(unittest.TestCase):
         text = self.run_report(date="2026-12-02")
         self.assertIn("| rms_norm | fwd | (16384, 4096) | 90.0 |", text)
         self.assertIn("Measured 2026-12-02 (commit def5678)", text)
+
+    def test_norm_sweep_parts_add_up_and_the_table_gives_the_verdicts(self):
+        text = self.run_report("norm_sweep_part1.json", "norm_sweep_part2.json")
+        rec = perf_report.read_json(os.path.join(self.results, "h100-2026-12-01.json"))
+        (entry,) = rec["norm_sweep"]
+        self.assertEqual(entry["commit"], "abc1234")
+        self.assertEqual(len(entry["points"]), 5)  # part 2's (bwd, 256) replaced part 1's
+        bwd = next(p for p in entry["points"] if p["direction"] == "bwd")
+        self.assertEqual(bwd["time_us"]["fusekit"], 150.0)
+        self.assertIn("### Norm bandwidth over every row length, H100", text)
+        # fwd: N=256 at 95%, N=1000 at 86.4% (below 90), N=64 under the bar's minimum width; the
+        # small point (20 us) is slower than eager (15 us).
+        self.assertIn("| layer_norm | plain | fwd | 4 | 90% | 1 of 2 | 86.4 (1000) | 90.7 | 1 |", text)
+        self.assertIn("| layer_norm | plain | bwd | 1 | 85% | 0 of 1 | 93.3 (256) | 93.3 | 0 |", text)
+
+
+class NormSweepGridTest(unittest.TestCase):
+    def test_the_grid_meets_the_sweep_rules(self):
+        widths = norm_sweep.widths()
+        self.assertGreaterEqual(len(widths), 200)
+        self.assertEqual((widths[0], widths[-1]), (64, 65536))
+        self.assertGreaterEqual(sum(1 for n in widths if n % 8), 20)
+        self.assertGreaterEqual(sum(1 for n in widths if n & (n - 1)), 150)  # not powers of two
+        self.assertTrue(set(norm_sweep.MODEL_WIDTHS) <= set(widths))
+        for n in widths:  # every problem of the large sweep moves at least 256 MB in each direction
+            self.assertGreaterEqual(4 * n * norm_sweep.large_rows(n), 256 << 20, n)
+        for n in norm_sweep.small_widths():
+            self.assertTrue(8 << 20 <= n * norm_sweep.small_rows(n) <= 16 << 20, n)
+        self.assertTrue(set(norm_sweep.anchor_widths()) <= set(widths))
+        kinds = {s for s, _, _ in norm_sweep.problems()}
+        self.assertEqual(kinds, {"large", "small"})
 
 
 if __name__ == "__main__":
