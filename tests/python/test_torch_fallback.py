@@ -74,6 +74,8 @@ def _calls(device, dtype=torch.bfloat16):
          lambda: F.silu(x + b)),
         ("cross_entropy", lambda: fk.cross_entropy(x, t, label_smoothing=0.1),
          lambda: F.cross_entropy(x.float(), t, label_smoothing=0.1)),
+        ("linear_cross_entropy", lambda: fk.linear_cross_entropy(x, lw, t % 128, label_smoothing=0.1),
+         lambda: F.cross_entropy(F.linear(x, lw).float(), t % 128, label_smoothing=0.1)),
         ("gated_act", lambda: fk.gated_act(x, "silu"), lambda: F.silu(x[:, :128]) * x[:, 128:]),
         ("gated_act_separate", lambda: fk.gated_act_separate(x, x.flip(0), "gelu_tanh"),
          lambda: F.gelu(x, approximate="tanh") * x.flip(0)),

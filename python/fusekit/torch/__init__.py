@@ -13,7 +13,9 @@ GatedMLP (SwiGLU, GeGLU, ReGLU: HF LlamaMLP's act_fn(gate_proj(x)) * up_proj(x) 
 linear / Linear (torch.nn.Linear plus a fused activation); attention (fusekit's layout, variable lengths) and
 scaled_dot_product_attention (torch.nn.functional's signature plus fusekit's extras);
 fp8_rms_norm / FP8RMSNorm (torch.nn.RMSNorm's constructor, FP8 in and out), fp8_quantize;
-cross_entropy / CrossEntropyLoss (drop-ins, plus a z-loss; the gradient computed with the loss).
+cross_entropy / CrossEntropyLoss (drop-ins, plus a z-loss; the gradient computed with the loss);
+linear_cross_entropy / LinearCrossEntropyLoss (the output layer's F.linear + cross_entropy without
+the logits, its gradients computed with the loss).
 rope (rotary embeddings of q and k in one launch) and apply_rotary_pos_emb (Hugging Face's
 signature).
 
@@ -33,6 +35,7 @@ from .norm import (LayerNorm, RMSNorm, layer_norm, layer_norm_residual, rms_norm
                    rms_norm_residual)
 from .bias_act_dropout import BiasActDropout, Dropout, bias_act_dropout  # noqa: F401
 from .cross_entropy import CrossEntropyLoss, cross_entropy  # noqa: F401
+from .linear_cross_entropy import LinearCrossEntropyLoss, linear_cross_entropy  # noqa: F401
 from .gated_act import GatedMLP, gated_act, gated_act_separate  # noqa: F401
 from .linear import Linear, linear  # noqa: F401
 from .attention import attention, scaled_dot_product_attention  # noqa: F401

@@ -176,6 +176,15 @@ def cross_entropy(input, target, ignore_index, label_smoothing, z_loss, reductio
         return loss.sum() / counted.sum().clamp_min(1)
     raise _C.InvalidArgumentError(f"fusekit.cross_entropy: argument 'reduction': expected one of "
                                   f"'none', 'mean', 'sum', got {reduction!r}")
+def linear_cross_entropy(hidden, weight, bias, target, ignore_index, label_smoothing, z_loss, reduction):
+    """fusekit.torch.linear_cross_entropy's function: the logits F.linear(hidden, weight, bias) in
+    hidden's dtype (materialized), then cross_entropy above over their rows."""
+    logits = torch.nn.functional.linear(hidden, weight, bias)
+    loss = cross_entropy(logits.reshape(-1, weight.shape[0]), target.reshape(-1), ignore_index,
+                         label_smoothing, z_loss, reduction)
+    return loss.reshape(target.shape) if reduction == "none" else loss
+
+
 def rope(q, k, position_ids, inv_freq, cos, sin, style, rotary_dim, theta, linear_scaling,
          attention_scaling):
     """fusekit.torch.rope's function (include/fusekit/rope.h) in PyTorch operations: the float32

@@ -190,15 +190,16 @@ _apply = function_apply(_CrossEntropyFunction)
 _REDUCTIONS = ("none", "mean", "sum")
 
 
-def _reduction_name(reduction) -> str:
+def reduction_name(reduction, op: str = "cross_entropy") -> str:
     """A reduction name or fusekit.LossReduction -> the name (custom-op schemas carry it as a str),
-    checked before any path runs (PyTorch's implementation would word its error differently)."""
+    checked before any path runs (PyTorch's implementation would word its error differently);
+    `op` names the function in the error."""
     if isinstance(reduction, _C.LossReduction):
         return reduction.name
     if not isinstance(reduction, str):
-        raise argument_type_error("cross_entropy", "reduction", "fusekit.LossReduction or str", reduction)
+        raise argument_type_error(op, "reduction", "fusekit.LossReduction or str", reduction)
     if reduction not in _REDUCTIONS:
-        raise invalid_argument("cross_entropy", "reduction",
+        raise invalid_argument(op, "reduction",
                                "fusekit.LossReduction or one of 'none', 'mean', 'sum'", repr(reduction))
     return reduction
 
@@ -220,7 +221,7 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Optional[Tensor] = None
     """
     if size_average is not None or reduce is not None:
         reduction = torch.nn._reduction.legacy_get_string(size_average, reduce)
-    reduction = _reduction_name(reduction)
+    reduction = reduction_name(reduction)
     if weight is not None or target.is_floating_point():
         if z_loss:
             raise invalid_argument("cross_entropy", "z_loss",
