@@ -43,6 +43,8 @@ FAMILY_TITLE = {"norm": "LayerNorm / RMSNorm (bf16)", "bias_act_dropout": "Bias 
                 "linear_cross_entropy": "Linear cross-entropy: loss, dh, dW without the logits (bf16)",
                 "optim": "Global gradient norm and AdamW over GPT-2 124M's tensors"}
 MATRIX_FAMILIES = {"linear", "attention", "linear_cross_entropy"}
+# Families whose table has a section of torch_bench.py's rows timed with fusekit's PyTorch op.
+SAME_TIMER_FAMILIES = {"linear", "linear_cross_entropy"}
 # Implementation names as the records store them; older runs' names on the left.
 IMPL_ALIASES = {"torch": "torch_eager", "compile": "torch_compile", "fusekit_py": "fusekit_torch"}
 IMPL_LABEL = {"fusekit": "fusekit", "torch_eager": "torch eager", "torch_compile": "torch.compile",
@@ -96,6 +98,8 @@ def normalize_run(raw, commit):
             copy = ceilings["copy_gbps"]
             row["ceiling"] = "copy"
             row["percent_of_ceiling"] = round(100 * row["gbps"] / copy, 2) if copy and row["gbps"] else None
+        if r.get("peak_bytes") is not None:
+            row["peak_bytes"] = r["peak_bytes"]
         rows.append(row)
     return run, rows
 
@@ -266,7 +270,9 @@ def memory_table(newest, main):
     return out
 
 
-def linear_table(newest, main):
+def gemm_table(newest, main):
+    """fusekit's matrix rows (fusekit bench) beside the plain cuBLAS GEMMs of the same shape and
+    PyTorch."""
     out = ["| dir | shape | fusekit us | TFLOP/s | % of GEMM | cuBLAS plain us | fusekit / plain | "
            "torch eager us | torch.compile us | x eager | x compile |",
            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -277,9 +283,19 @@ def linear_table(newest, main):
         pct = f"{r['percent_of_ceiling']:.1f}%" if r.get("percent_of_ceiling") is not None else "-"
         out.append(f"| {r['direction']} | {r['shape']} | {us(r)} | {r['tflops']:.0f} | {pct} | {us(plain)} | {rel} | "
                    f"{us(te)} | {us(tc)} | {speedup(te, r)} | {speedup(tc, r)} |")
-    # fusekit through its PyTorch op, timed by torch_bench.py in turns with PyTorch and torch.mm
-    # (matrix ops run at the power limit, where the clock drifts between separate timings).
-    same = [(r, rec) for (_, _, _, _, _, impl), (r, rec) in newest.items() if impl == "fusekit_torch"]
+    return out
+
+
+def same_timer_rows(newest):
+    """fusekit through its PyTorch op (impl fusekit_torch), timed by torch_bench.py in turns with
+    PyTorch and torch.mm (matrix ops run at the power limit, where the clock drifts between
+    separate timings)."""
+    return [(r, rec) for (_, _, _, _, _, impl), (r, rec) in newest.items() if impl == "fusekit_torch"]
+
+
+def linear_table(newest, main):
+    out = gemm_table(newest, main)
+    same = same_timer_rows(newest)
     if same:
         out += ["", "Same timer (scripts/torch_bench.py, implementations taking turns, L2 flushed; fusekit "
                 "through its PyTorch op):", "",
@@ -291,6 +307,34 @@ def linear_table(newest, main):
             rel = f"{r['time_us'] / mm['time_us']:.3f}" if mm else "-"
             out.append(f"| {r['direction']} | {r['shape']} | {us(r)} | {us(mm)} | {rel} | {us(te)} | {us(tc)} | "
                        f"{speedup(te, r)} | {speedup(tc, r)} |")
+    return out
+
+
+def mib(row):
+    return f"{row['peak_bytes'] / 2**20:.0f}" if row and row.get("peak_bytes") is not None else "-"
+
+
+def linear_cross_entropy_table(newest, main):
+    """fusekit bench's rows (against the plain cuBLAS GEMMs), then torch_bench.py's: fusekit's
+    PyTorch op, PyTorch eager and compiled, Liger-Kernel and the three plain GEMMs through
+    torch.matmul, taking turns, with each one's peak memory over the step."""
+    out = gemm_table(newest, main) if main else []
+    same = same_timer_rows(newest)
+    if same:
+        out += ["", "Same timer (scripts/torch_bench.py, implementations taking turns, L2 flushed; fusekit "
+                "through its PyTorch op; torch.mm: the three plain GEMMs logits, dh, dW through torch.matmul; "
+                "peak: the most memory the training step allocates beyond its inputs, gradients included):", "",
+                "| dir | shape | fusekit us | torch.mm us | fusekit / mm | torch eager us | torch.compile us | "
+                "Liger us | x eager | x compile | x Liger | fusekit peak MiB | eager peak MiB | "
+                "compile peak MiB | Liger peak MiB |",
+                "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r, rec in same:
+            mm = lookup(newest, r, "torch_mm")
+            te, tc, lg = (lookup(newest, r, i) for i in ("torch_eager", "torch_compile", "liger"))
+            rel = f"{r['time_us'] / mm['time_us']:.3f}" if mm else "-"
+            out.append(f"| {r['direction']} | {r['shape']} | {us(r)} | {us(mm)} | {rel} | {us(te)} | {us(tc)} | "
+                       f"{us(lg)} | {speedup(te, r)} | {speedup(tc, r)} | {speedup(lg, r)} | {mib(r)} | {mib(te)} | "
+                       f"{mib(tc)} | {mib(lg)} |")
     return out
 
 
@@ -309,7 +353,7 @@ def attention_table(newest, main):
 TABLES = {"norm": memory_table, "bias_act_dropout": memory_table, "gated_act": memory_table,
           "fp8_norm": memory_table, "linear": linear_table, "attention": attention_table,
           "cross_entropy": memory_table, "rope": memory_table,
-          "embedding": memory_table, "linear_cross_entropy": linear_table, "optim": memory_table}
+          "embedding": memory_table, "linear_cross_entropy": linear_cross_entropy_table, "optim": memory_table}
 
 HEADER = """# fusekit performance
 
@@ -330,7 +374,7 @@ FOOTER = """## Regenerating
 On the GPU machine (`bash scripts/device_run.sh` runs both and keeps the JSON in `$OUT`):
 
     build/fusekit bench --json out/fusekit_bench.json          # optionally: ops, --shapes, --override k=v
-    python3 scripts/torch_bench.py --out out/torch_bench.json norm dropout linear fp8_norm attention rope
+    python3 scripts/torch_bench.py --out out/torch_bench.json norm dropout linear fp8_norm attention rope cross_entropy linear_cross_entropy
 
 Then, in the repository:
 
@@ -381,11 +425,13 @@ def render(records, plot_dir=None):
         body += [f"## {device.upper()}", "", f"Device: {name}.", ""]
         for family in FAMILIES:
             newest, main = current_rows(records, device, family)
-            if not main:
+            # A family timed only through its PyTorch op on this device still gets its table.
+            shown = main or (same_timer_rows(newest) if family in SAME_TIMER_FAMILIES else [])
+            if not shown:
                 continue
             title = f"{FAMILY_TITLE[family]}, {device.upper()}"
             contents.append(f"- [{title}](#{re.sub(r'[^a-z0-9 _-]', '', title.lower()).replace(' ', '-')})")
-            body += [f"### {title}", "", provenance(main), ""]
+            body += [f"### {title}", "", provenance(shown), ""]
             body += TABLES[family](newest, main)
             if plot_dir and os.path.exists(os.path.join(plot_dir, f"{device}-{family}.png")):
                 body += ["", f"![{title}](plots/{device}-{family}.png)"]

@@ -5,7 +5,8 @@ with the implementations taking turns (bench_interleaved), fusekit's PyTorch bin
 when it is importable. Also records PyTorch's own error against float64, so that fusekit's
 error can be set beside it.
 Writes JSON rows shaped like `fusekit bench --json` (impl torch_eager, torch_compile, torch_mm,
-fusekit_torch, flash, efficient, cudnn), which scripts/perf_report.py --merge adds to the records."""
+fusekit_torch, liger, flash, efficient, cudnn; linear_cross_entropy's rows also carry peak_bytes),
+which scripts/perf_report.py --merge adds to the records."""
 import argparse
 import json
 
@@ -184,6 +185,102 @@ def cross_entropy_rows(rows):
             print(rows[-2], rows[-1], flush=True)
         del x, xg, targets
         torch.cuda.empty_cache()
+# ---- linear cross-entropy (fusekit op "linear_cross_entropy") ---------------------------------
+# (tokens, vocabulary, hidden); shape strings as bench/linear_cross_entropy prints them.
+LINEAR_CROSS_ENTROPY_SHAPES = [(t, v, h) for t in (8192, 16384) for v in (32000, 128256) for h in (2048, 4096)]
+
+
+def peak_bytes(fn):
+    """The most memory fn() allocates beyond what is allocated before it (CUDA caching allocator),
+    or None when it runs out of memory."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start = torch.cuda.memory_allocated()
+    try:
+        fn()
+    except torch.OutOfMemoryError:
+        return None
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - start
+
+
+def linear_cross_entropy_rows(rows):
+    """A training step's loss = cross_entropy(h W^T, targets) and its backward (dh, dW), bf16 h and
+    W, int64 targets, reduction mean, no bias: PyTorch's F.cross_entropy(F.linear(h, W).float(), t)
+    eager and under torch.compile, Liger-Kernel's LigerFusedLinearCrossEntropyLoss, fusekit's
+    fk.linear_cross_entropy, and the three plain GEMMs of the same shape (logits = h W^T,
+    dh = dlogits W, dW = dlogits^T h, torch.matmul in bf16: impl torch_mm), all taking turns
+    (bench_interleaved). flops: 3 x 2 T V H. Each row also records its peak memory (peak_bytes:
+    the most the step allocates beyond its inputs, .grad tensors included); an implementation that
+    runs out of memory is left out."""
+    fk = fusekit_torch()
+    try:
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+        liger = LigerFusedLinearCrossEntropyLoss()
+    except Exception as e:  # not installed, or an incompatible Triton / PyTorch
+        print(f"liger-kernel's LigerFusedLinearCrossEntropyLoss not importable: {e}", flush=True)
+        liger = None
+    for (t, v, hd) in LINEAR_CROSS_ENTROPY_SHAPES:
+        h = torch.randn(t, hd, device="cuda", dtype=torch.bfloat16).requires_grad_(True)
+        w = (torch.randn(v, hd, device="cuda") * 0.02).to(torch.bfloat16).requires_grad_(True)
+        targets = torch.randint(0, v, (t,), device="cuda")
+        flops = 3 * 2.0 * t * v * hd
+        shape = f"({t}, {v}, {hd})"
+
+        def f(h, w):
+            return F.cross_entropy(F.linear(h, w).float(), targets)
+
+        impls = [("torch_eager", f), ("torch_compile", torch.compile(f))]
+        if liger is not None:
+            impls.append(("liger", lambda h, w: liger(w, h, targets)))
+        if fk is not None:
+            impls.append(("fusekit_torch", lambda h, w: fk.linear_cross_entropy(h, w, targets)))
+
+        def step(fn):
+            h.grad = w.grad = None
+            fn(h, w).backward()
+
+        def plain():
+            logits = torch.matmul(h.detach(), w.detach().t())
+            return torch.matmul(logits, w.detach()), torch.matmul(logits.t(), h.detach())
+
+        timed, peaks = [], []
+        for impl, fn in impls + [("torch_mm", None)]:
+            call = plain if fn is None else (lambda fn=fn: step(fn))
+            # Measured on a second call: a first call's compilation and autotuning allocate
+            # memory of their own.
+            first = peak_bytes(call)
+            peak = peak_bytes(call) if first is not None else None
+            h.grad = w.grad = None
+            if peak is None:
+                print(f"linear_cross_entropy {shape} {impl}: out of memory", flush=True)
+                torch.cuda.empty_cache()
+                continue
+            timed.append((impl, call))
+            peaks.append(peak)
+        times = bench_interleaved([fn for _, fn in timed], rounds=10)
+        for (impl, _), tu, peak in zip(timed, times, peaks):
+            rows.append(dict(op="linear_cross_entropy", direction="fwd+bwd", shape=shape, impl=impl,
+                             time_us=tu, flops=flops, tflops=flops / tu / 1e6, peak_bytes=peak))
+        print(*rows[-len(timed):], sep="\n", flush=True)
+        del h, w, targets, impls, timed
+        torch._dynamo.reset()  # one compiled graph per shape; do not pile them up
+        torch.cuda.empty_cache()
+    # PyTorch's own error in bf16 against float64 (relative L2), one moderate shape.
+    t, v, hd = 2048, 32000, 1024
+    h = torch.randn(t, hd, device="cuda").to(torch.bfloat16)
+    w = (torch.randn(v, hd, device="cuda") * 0.02).to(torch.bfloat16)
+    targets = torch.randint(0, v, (t,), device="cuda")
+    outs = {}
+    for dt in (torch.bfloat16, torch.float64):
+        hh, ww = h.to(dt).requires_grad_(True), w.to(dt).requires_grad_(True)
+        logits = F.linear(hh, ww)
+        loss = F.cross_entropy(logits if dt == torch.float64 else logits.float(), targets)
+        outs[dt] = (loss,) + torch.autograd.grad(loss, (hh, ww))
+    rel = lambda a, r: ((a.double() - r).norm() / r.norm()).item()
+    return {"linear_cross_entropy": {key: rel(outs[torch.bfloat16][i], outs[torch.float64][i])
+                                     for i, key in enumerate(("loss", "dh", "dW"))}}
+
 # ---- gated activations (fusekit op "gated_act") ----------------------------------------------------
 # (M, F), the same shapes and shape strings as bench/gated_act.
 GATED_SHAPES = [(16384, 5632), (16384, 8192), (16384, 11008), (16384, 14336), (2048, 5632), (4096, 2816),
@@ -595,6 +692,8 @@ def main():
         errors.update(attention_rows(rows))
     if "cross_entropy" in args.ops:
         cross_entropy_rows(rows)
+    if "linear_cross_entropy" in args.ops:
+        errors.update(linear_cross_entropy_rows(rows))
     if "rope" in args.ops:
         errors.update(rope_rows(rows))
     json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__,

@@ -75,6 +75,23 @@ class PerfReportTest(unittest.TestCase):
         self.assertIn("| (B=4, S=4096, H=16, D=128) | fwd | 1000.0 | 550 | 68.7% | 1500.0 | - | 900.0 | 1.50 | - | 0.90 |", text)
         self.assertNotIn("](plots/", text)  # no plots drawn, none linked
 
+    def test_linear_cross_entropy_tables(self):
+        text = self.run_report("fusekit_bench_linear_cross_entropy.json", "torch_bench_linear_cross_entropy.json")
+        self.assertIn("### Linear cross-entropy: loss, dh, dW without the logits (bf16), H100", text)
+        self.assertIn("| fwd+bwd | (8192, 32000, 4096) | 9000.0 | 716 | 89.5% | 8500.0 | 1.059 | 18000.0 | 13500.0 | "
+                      "2.00 | 1.50 |", text)
+        self.assertIn("| fwd+bwd | (8192, 32000, 4096) | 9500.0 | 9000.0 | 1.056 | 18000.0 | 13500.0 | 12000.0 | "
+                      "1.89 | 1.42 | 1.26 | 600 | 4200 | 2100 | 700 |", text)
+        rec = perf_report.read_json(os.path.join(self.results, "h100-2026-12-01.json"))
+        liger = next(r for r in rec["rows"] if r["impl"] == "liger")
+        self.assertEqual(liger["peak_bytes"], 700 * 2 ** 20)
+
+    def test_a_family_timed_only_through_pytorch_still_gets_its_table(self):
+        text = self.run_report("torch_bench_linear_cross_entropy.json")
+        self.assertIn("### Linear cross-entropy: loss, dh, dW without the logits (bf16), H100", text)
+        self.assertIn("| fwd+bwd | (8192, 32000, 4096) | 9500.0 | 9000.0 | 1.056 |", text)
+        self.assertNotIn("cuBLAS plain us", text)
+
     def test_newest_date_wins(self):
         self.run_report("fusekit_bench.json", "torch_bench.json", date="2026-12-01")
         faster = perf_report.read_json(os.path.join(FIXTURES, "fusekit_bench.json"))
