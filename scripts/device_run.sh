@@ -94,9 +94,11 @@ if has bench; then
 fi
 
 # The Python package (build-python/site, its own CMake build directory): for its tests, the host
-# overhead, and linear's PyTorch comparison (torch_bench.py times fusekit.torch in turns with
-# PyTorch when it can import it).
-if has python || has overhead || has norm_sweep || { has torch && [[ " ${TORCH_OPS:-linear} " == *" linear "* ]]; }; then
+# overhead, the norm sweep, and linear's and linear_cross_entropy's PyTorch comparisons
+# (torch_bench.py times fusekit.torch in turns with PyTorch when it can import it).
+torch_ops=" ${TORCH_OPS:-linear} "
+if has python || has overhead || has norm_sweep ||
+   { has torch && [[ "$torch_ops" == *" linear "* || "$torch_ops" == *" linear_cross_entropy "* ]]; }; then
   start=$(date +%s)
   FUSEKIT_PY_BUILD_ONLY=1 bash scripts/python_test.sh >"$OUT/python_build.log" 2>&1
   rc=$?
@@ -113,7 +115,7 @@ if has torch; then
     log "peer wheels (.whl): $(ls .whl | tr '\n' ' ')"
   fi
   PYTHONPATH="$PWD/build-python/site${PYTHONPATH:+:$PYTHONPATH}" \
-  PYTHONUNBUFFERED=1 python3 scripts/torch_bench.py --out "$OUT/torch_bench.json" ${TORCH_OPS:-norm dropout linear fp8_norm attention cross_entropy gated_act rope} >"$OUT/torch.log" 2>&1
+  PYTHONUNBUFFERED=1 python3 scripts/torch_bench.py --out "$OUT/torch_bench.json" ${TORCH_OPS:-norm dropout linear fp8_norm attention cross_entropy linear_cross_entropy gated_act rope} >"$OUT/torch.log" 2>&1
   log "torch bench rc=$?"
   tail -5 "$OUT/torch.log"
 fi
