@@ -52,6 +52,9 @@ def _device_supported(index: int) -> bool:
     return s
 
 
+# Under torch.compile Dynamo runs it when tracing and keeps its result as a constant (it cannot
+# trace fusekit._C's functions): a compiled call may be the process's first fusekit call.
+@torch.compiler.assume_constant_result
 def _check_all() -> bool:
     global all_fusekit
     all_fusekit = _policy == "auto" and all(
