@@ -146,6 +146,27 @@ def cross_entropy_cases(dev, dtype, rows, classes):
         lambda x: F.cross_entropy(x, t), (x,), grads + [dloss])]
 
 
+def linear_cross_entropy_cases(dev, dtype, rows, vocab, hidden):
+    """The _C call: the loss with dh and dW (float32) in one call, preallocated. fusekit.torch's
+    backward node only scales those by the incoming gradient: its _C-side counterpart is the same
+    two scalings issued directly (dh * g; dW * g rounded into the weight's dtype)."""
+    h = torch.randn(rows, hidden, device=dev, dtype=dtype)
+    w = torch.randn(vocab, hidden, device=dev, dtype=dtype) / math.sqrt(hidden)
+    t = torch.randint(0, vocab, (rows,), device=dev)
+    loss, dloss = torch.empty((), device=dev), torch.ones((), device=dev)
+    dh, dw32, dw = torch.empty_like(h), torch.empty(vocab, hidden, device=dev), torch.empty_like(w)
+    ws = workspace(fusekit.linear_cross_entropy_workspace_size(rows, vocab, hidden, _FK_DTYPES[dtype],
+                                                               fusekit.DType.f32, False, "mean",
+                                                               device_name(dev)), dev)
+    grads = [x.clone().requires_grad_(True) for x in (h, w)]
+    return [Case(
+        "linear_cross_entropy",
+        lambda: fusekit.linear_cross_entropy(h, w, None, t, "mean", loss, dh, dw32, None, ws),
+        lambda: (torch.mul(dh, dloss), torch.mul(dw32, dloss, out=dw)),
+        lambda h, w: fk.linear_cross_entropy(h, w, t),
+        lambda h, w: F.cross_entropy(F.linear(h, w).float(), t), (h, w), grads + [dloss])]
+
+
 def linear_cases(dev, dtype, rows, k, n):
     x = torch.randn(rows, k, device=dev, dtype=dtype)
     w = torch.randn(n, k, device=dev, dtype=dtype) / math.sqrt(k)
@@ -219,9 +240,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default="bf16", choices=sorted(_DTYPES))
-    ap.add_argument("--ops", default="norm,dropout,gated_act,linear,attention,fp8_norm,cross_entropy",
+    ap.add_argument("--ops", default="norm,dropout,gated_act,linear,attention,fp8_norm,cross_entropy,"
+                                     "linear_cross_entropy",
                     help="comma-separated families: norm, dropout, gated_act, linear, attention, fp8_norm, "
-                         "cross_entropy")
+                         "cross_entropy, linear_cross_entropy")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--run-seconds", type=float, default=0.02,
                     help="about this long per run (short: the GPU must keep up with the host)")
@@ -250,6 +272,8 @@ def main():
         cases += fp8_norm_cases(dev, 32, 256) if dev.type == "cuda" else fp8_norm_cases(dev, 2, 32)
     if "cross_entropy" in ops:
         cases += cross_entropy_cases(dev, dtype, 4, 256)
+    if "linear_cross_entropy" in ops:
+        cases += linear_cross_entropy_cases(dev, dtype, 4, 256, 256)
 
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU backend"
     print(f"fusekit host overhead per call: {dev} ({name}), {args.dtype}, torch {torch.__version__}, "
