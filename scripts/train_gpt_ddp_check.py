@@ -64,9 +64,13 @@ def main():
         for name, s in speed.items():
             s["per_gpu_vs_gpus1"] = s["tokens_per_s_per_gpu"] / single
     ok = all(c["pass"] for c in comparisons.values())
+    # Tokens/s per GPU at the 1-GPU run's sequences per GPU, as a fraction of the 1-GPU run's.
+    scaling = {name[len("scaling_"):]: s["per_gpu_vs_gpus1"] for name, s in speed.items()
+               if name.startswith("scaling_") and "per_gpu_vs_gpus1" in s}
     out = {
         "tolerance": args.tolerance,
         "pass": ok,
+        "per_gpu_throughput_vs_1_gpu": scaling,
         "summary": {name: {"max_abs_loss_diff": c["max_abs_loss_diff"], "at_step": c["at_step"],
                            "first_step_diff": c["first_step_diff"], "pass": c["pass"]}
                     for name, c in comparisons.items()},

@@ -44,7 +44,7 @@ train() {
   local name=$1
   shift
   echo "==== $name: train_gpt $*" | tee -a "$log"
-  "$BUILD/apps/train_gpt/train_gpt" --device cuda --preset "$PRESET" --dropout 0 --deterministic \
+  "$BUILD/apps/train_gpt/train_gpt" --device cuda --preset "$PRESET" --dropout 0 \
     --val-batches 2 --sample-tokens 0 --losses-json "$work/$name.json" "$@" 2>&1 | tee -a "$log"
   runs+=("$name=$work/$name.json")
 }

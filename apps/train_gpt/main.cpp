@@ -211,6 +211,16 @@ int main(int argc, char** argv) {
         fmt::print("saved checkpoint {} (step {})\n", save_path, s.step);
       }
     }
+    if (losses.size() > 1) {
+      // The median step after the first few (autotuning, allocator warm-up).
+      std::vector<double> ms;
+      for (std::size_t i = std::min<std::size_t>(5, losses.size() - 1); i < losses.size(); ++i) ms.push_back(losses[i].ms);
+      std::nth_element(ms.begin(), ms.begin() + static_cast<std::ptrdiff_t>(ms.size() / 2), ms.end());
+      const double tok_s = tokens_per_step / (ms[ms.size() / 2] * 1e-3);
+      fmt::print("throughput: {:.0f} tok/s{} (median step {:.1f} ms over the last {} steps)\n", tok_s,
+                 n_gpus > 1 ? fmt::format(", {:.0f} per {}", tok_s / n_gpus, gpu ? "GPU" : "replica") : std::string(),
+                 ms[ms.size() / 2], ms.size());
+    }
     if (!save_path.empty()) {
       trainer.save(save_path);
       fmt::print("saved checkpoint {} (step {})\n", save_path, trainer.step());

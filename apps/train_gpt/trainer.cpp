@@ -64,8 +64,8 @@ Trainer::Trainer(const TrainerOptions& options, const TokenSplit& tokens) : opti
   const fusekit::Device first = options.backend.device;
   if (first.is_cuda() && first.index + n > fusekit::cuda_device_count())
     throw std::invalid_argument("--gpus " + std::to_string(n) + ": needs CUDA devices " + std::to_string(first.index) +
-                                " .. " + std::to_string(first.index + n - 1) + ", and " +
-                                std::to_string(fusekit::cuda_device_count()) + " are visible");
+                                " .. " + std::to_string(first.index + n - 1) + "; CUDA devices visible: " +
+                                std::to_string(fusekit::cuda_device_count()));
   std::optional<Checkpoint> checkpoint;
   std::uint64_t data_position = 0;
   if (!options.resume.empty()) {
