@@ -315,6 +315,19 @@ TEST(TrainGptParallel, AFailedRankStopsTheOthers) {
   EXPECT_EQ(entered, std::vector<int>(4, 1));
 }
 
+// A build without NCCL refuses a data-parallel GPU run, saying why.
+TEST(TrainGptParallel, WithoutNcclGpusAreRefused) {
+  if (!nccl_version().empty()) GTEST_SKIP() << "built with NCCL " << nccl_version();
+  try {
+    nccl_gradient_average(2, 0);
+    FAIL() << "no error";
+  } catch (const std::runtime_error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("--gpus 2"), std::string::npos) << what;
+    EXPECT_NE(what.find("built without NCCL"), std::string::npos) << what;
+  }
+}
+
 // |a - b| over every element, relative to the largest |a|.
 double max_relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
   EXPECT_EQ(a.size(), b.size());
