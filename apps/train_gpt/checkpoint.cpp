@@ -98,21 +98,35 @@ TrainingState read_checkpoint_state(const std::string& path) {
   return state_of(read_header(in, path));
 }
 
-TrainingState load_checkpoint(const std::string& path, Parameters& params) {
+Checkpoint read_checkpoint(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error("cannot open checkpoint '" + path + "'");
   const Header h = read_header(in, path);
-  const TrainingState state = state_of(h);
-  if (!(state.config == params.config()))
-    throw std::runtime_error("checkpoint '" + path + "' holds a model of " + describe(state.config) +
+  Checkpoint c;
+  c.state = state_of(h);
+  const std::int64_t expected = param_layout(c.state.config).count();
+  if (h.param_count != expected)
+    throw std::runtime_error("checkpoint '" + path + "': " + std::to_string(h.param_count) + " parameters, a model of " +
+                             describe(c.state.config) + " has " + std::to_string(expected));
+  c.master = read_floats(in, h.param_count, path);
+  c.exp_avg = read_floats(in, h.param_count, path);
+  c.exp_avg_sq = read_floats(in, h.param_count, path);
+  return c;
+}
+
+void apply_checkpoint(const Checkpoint& c, const std::string& path, Parameters& params) {
+  if (!(c.state.config == params.config()))
+    throw std::runtime_error("checkpoint '" + path + "' holds a model of " + describe(c.state.config) +
                              ", not the " + describe(params.config()) + " asked for");
-  if (h.param_count != params.layout().count())
-    throw std::runtime_error("checkpoint '" + path + "': " + std::to_string(h.param_count) +
-                             " parameters, the model has " + std::to_string(params.layout().count()));
-  params.set_master_values(read_floats(in, h.param_count, path));
-  params.set_moment_values(false, read_floats(in, h.param_count, path));
-  params.set_moment_values(true, read_floats(in, h.param_count, path));
-  return state;
+  params.set_master_values(c.master);
+  params.set_moment_values(false, c.exp_avg);
+  params.set_moment_values(true, c.exp_avg_sq);
+}
+
+TrainingState load_checkpoint(const std::string& path, Parameters& params) {
+  const Checkpoint c = read_checkpoint(path);
+  apply_checkpoint(c, path, params);
+  return c.state;
 }
 
 }  // namespace train_gpt

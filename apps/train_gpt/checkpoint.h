@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "config.h"
 #include "params.h"
@@ -35,8 +36,23 @@ void save_checkpoint(const std::string& path, const TrainingState& state, const 
 // file and what is wrong (magic, version, truncation).
 TrainingState read_checkpoint_state(const std::string& path);
 
-// Loads parameters and moments into `params` (whose config must match the file's) and returns
-// the state.
+// A whole checkpoint in host memory: the state and, in layout order, the float32 master
+// parameters and both AdamW moments.
+struct Checkpoint {
+  TrainingState state;
+  std::vector<float> master, exp_avg, exp_avg_sq;
+};
+
+// Reads the whole file (once, however many replicas it then loads into). Throws
+// std::runtime_error as read_checkpoint_state does, and when the file is shorter than its header
+// says.
+Checkpoint read_checkpoint(const std::string& path);
+
+// Loads the parameters and moments of `checkpoint` into `params`, whose config must match the
+// file's (std::runtime_error naming `path` and both shapes otherwise).
+void apply_checkpoint(const Checkpoint& checkpoint, const std::string& path, Parameters& params);
+
+// read_checkpoint, then apply_checkpoint; returns the state.
 TrainingState load_checkpoint(const std::string& path, Parameters& params);
 
 }  // namespace train_gpt

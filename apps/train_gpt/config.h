@@ -38,10 +38,13 @@ void validate(const ModelConfig& config);
 std::string describe(const ModelConfig& config);
 
 // Where the model lives and the dtype its activations have: float32 on the CPU backend, bfloat16
-// on a GPU (with float32 master weights and optimizer state on both).
+// on a GPU (with float32 master weights and optimizer state on both). `stream`: the CUDA stream
+// every fusekit call of this model runs on (a data-parallel replica has its own; nullptr is the
+// device's default stream, and the CPU backend ignores it).
 struct Backend {
   fusekit::Device device = fusekit::Device::cpu();
   fusekit::DType compute_dtype = fusekit::DType::f32;
+  fusekit::Stream stream = nullptr;
 
   static Backend cpu() { return {fusekit::Device::cpu(), fusekit::DType::f32}; }
   static Backend cuda(int index) { return {fusekit::Device::cuda(index), fusekit::DType::bf16}; }

@@ -69,4 +69,24 @@ void BatchLoader::next(std::vector<std::int32_t>& inputs, std::vector<std::int32
   }
 }
 
+std::int64_t micro_batch(std::int64_t batch, int ranks) {
+  if (ranks < 1) throw std::invalid_argument("--gpus must be >= 1, got " + std::to_string(ranks));
+  if (batch < 1 || batch % ranks != 0)
+    throw std::invalid_argument("--batch " + std::to_string(batch) + " does not split evenly over --gpus " +
+                                std::to_string(ranks) + ": each GPU trains on batch / gpus sequences, so --batch " +
+                                "must be a positive multiple of --gpus");
+  return batch / ranks;
+}
+
+std::vector<std::int32_t> rank_rows(const std::vector<std::int32_t>& tokens, std::int64_t batch, std::int64_t seq_len,
+                                    int ranks, int rank) {
+  const std::int64_t rows = micro_batch(batch, ranks);
+  if (rank < 0 || rank >= ranks || static_cast<std::int64_t>(tokens.size()) != batch * seq_len)
+    throw std::invalid_argument("rank_rows: rank " + std::to_string(rank) + " of " + std::to_string(ranks) +
+                                ", " + std::to_string(tokens.size()) + " tokens for a batch of " +
+                                std::to_string(batch) + " x " + std::to_string(seq_len));
+  const auto begin = tokens.begin() + static_cast<std::ptrdiff_t>(rank * rows * seq_len);
+  return std::vector<std::int32_t>(begin, begin + static_cast<std::ptrdiff_t>(rows * seq_len));
+}
+
 }  // namespace train_gpt

@@ -49,6 +49,18 @@ class BatchLoader {
   std::vector<std::int64_t> order_;
 };
 
+// Data parallelism splits each batch by rows: of `ranks` replicas, rank r trains on rows
+// [r * batch / ranks, (r + 1) * batch / ranks) of exactly the batch a single device would take at
+// that step, so the ranks together see the same tokens, and the loader's position (windows
+// consumed) does not depend on the number of ranks.
+//
+// batch / ranks; throws std::invalid_argument naming --batch and --gpus unless ranks >= 1
+// divides batch.
+std::int64_t micro_batch(std::int64_t batch, int ranks);
+// The rows of rank `rank` out of a (batch, seq_len) row-major batch of tokens.
+std::vector<std::int32_t> rank_rows(const std::vector<std::int32_t>& tokens, std::int64_t batch,
+                                    std::int64_t seq_len, int ranks, int rank);
+
 // The seed stream of the data order (the other streams are in rng.h's callers).
 inline constexpr std::uint64_t kDataStream = 0x64617461ull;
 

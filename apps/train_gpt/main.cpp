@@ -3,14 +3,16 @@
 //   train_gpt                      the default: GPT-2 124M shapes on a GPU, the tiny model on the CPU
 //   train_gpt --device cpu --steps 100 --save ckpt.bin
 //   train_gpt --resume ckpt.bin --steps 200
+//   train_gpt --gpus 2 --batch 32          data-parallel over 2 GPUs (NCCL), 16 sequences on each
 //
-// Prints one progress line per step (loss, learning rate, gradient norm, time, tokens/s, MFU on a
-// GPU, memory), the validation loss at intervals, and a text sample at the end.
+// Prints one progress line per step (loss, learning rate, gradient norm, time, tokens/s in all and
+// per GPU, MFU on a GPU, memory), the validation loss at intervals, and a text sample at the end.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fusekit/error.h>
 #include <fusekit/runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -47,8 +49,8 @@ void write_losses_json(const std::string& path, const std::vector<LossRecord>& t
   std::ofstream out(path);
   if (!out) throw std::runtime_error("cannot write '" + path + "'");
   out << "{\n  \"program\": \"train_gpt\",\n";
-  out << fmt::format("  \"device\": \"{}\",\n  \"batch\": {},\n  \"seq_len\": {},\n", o.backend.device.is_cuda() ? "cuda" : "cpu",
-                     o.batch, o.model.seq_len);
+  out << fmt::format("  \"device\": \"{}\",\n  \"gpus\": {},\n  \"batch\": {},\n  \"seq_len\": {},\n",
+                     o.backend.device.is_cuda() ? "cuda" : "cpu", o.replicas, o.batch, o.model.seq_len);
   out << "  \"train\": [";
   for (std::size_t i = 0; i < train.size(); ++i)
     out << fmt::format("{}\n    {{\"step\": {}, \"loss\": {:.9g}, \"ms\": {:.4f}}}", i ? "," : "", train[i].step,
@@ -66,7 +68,8 @@ int main(int argc, char** argv) {
   std::string device_name = "auto", preset, data_path = TRAIN_GPT_DEFAULT_DATA, save_path, save_init, resume,
               losses_json, prompt = "\n";
   std::int64_t layers = 0, heads = 0, embd = 0, seq = 0, batch = 0, steps = 0, warmup = -1, val_every = 0,
-               val_batches = 8, save_every = 0, sample_tokens = 300;
+               val_batches = 8, save_every = 0, sample_tokens = 300, stop_after = 0, check_replicas = 0;
+  int gpus = 1;
   float lr = 0.0f, min_lr_ratio = 0.1f, weight_decay = 0.1f, grad_clip = 1.0f, dropout = 0.0f, beta2 = 0.95f,
         temperature = 0.8f;
   double peak_tflops = -1.0;
@@ -80,7 +83,10 @@ int main(int argc, char** argv) {
   app.add_option("--embd", embd, "override the preset's width");
   app.add_option("--seq", seq, "override the preset's context length");
   app.add_option("--data", data_path, "the text corpus (byte-level tokens; the last 10% validate)");
-  app.add_option("--batch", batch, "sequences per step (default: 16)");
+  app.add_option("--batch", batch, "sequences per step, over all GPUs (default: 16)");
+  app.add_option("--gpus", gpus,
+                 "data-parallel over this many GPUs of this host (NCCL), each training on batch / gpus sequences "
+                 "(on the CPU backend: replicas on host threads, averaged on the host)");
   app.add_option("--steps", steps, "optimizer steps (the schedule's length; default tiny 100, gpt2-124m 50)");
   app.add_option("--lr", lr, "peak learning rate (default tiny 1e-3, gpt2-124m 6e-4)");
   app.add_option("--min-lr-ratio", min_lr_ratio, "the cosine's final learning rate / peak");
@@ -95,6 +101,10 @@ int main(int argc, char** argv) {
   app.add_option("--save", save_path, "write a checkpoint here at the end (and every --save-every steps)");
   app.add_option("--save-every", save_every, "checkpoint interval in steps (0: only at the end)");
   app.add_option("--save-init", save_init, "write the initial state here before training (reference.py loads it)");
+  app.add_option("--stop-after", stop_after,
+                 "end this run after that step (saving as at the end); the schedule still spans --steps");
+  app.add_option("--check-replicas", check_replicas,
+                 "every N steps, check that the data-parallel replicas' parameters are bitwise identical (0: never)");
   app.add_option("--resume", resume, "continue from this checkpoint (model shape and seed from the file)");
   app.add_option("--sample-tokens", sample_tokens, "bytes to sample at the end (0: none)");
   app.add_option("--prompt", prompt, "the sample's prompt");
@@ -123,6 +133,8 @@ int main(int argc, char** argv) {
     }
     const bool tiny = o.model.n_embd <= 256;
     o.batch = batch ? batch : 16;
+    o.replicas = gpus;
+    micro_batch(o.batch, gpus);  // refuses a batch that does not split evenly before anything is loaded
     o.dropout = dropout;
     o.seed = seed;
     o.deterministic = deterministic;
@@ -150,8 +162,14 @@ int main(int argc, char** argv) {
                describe(o.model), static_cast<double>(trainer.params().layout().count()) / 1e6, o.batch, o.model.seq_len,
                oc.total_steps, oc.lr, oc.warmup_steps, oc.lr * oc.min_lr_ratio, oc.weight_decay, oc.max_grad_norm,
                o.dropout, o.seed);
-    fmt::print("memory: {} in the trainer's arena{}\n", mib(trainer.arena_bytes()),
-               gpu ? fmt::format(", {} in use on the GPU", mib(device_bytes_in_use(o.backend.device))) : "");
+    if (trainer.replicas() > 1)
+      fmt::print("data parallel: {} {}, {} sequences each; {}{}\n", trainer.replicas(),
+                 gpu ? fmt::format("GPUs (devices 0..{})", trainer.replicas() - 1) : std::string("replicas on host threads"),
+                 trainer.micro_batch(), trainer.describe_parallelism(),
+                 o.dropout > 0.0f ? "; dropout masks differ from a run on another number of GPUs" : "");
+    fmt::print("memory: {} in {} arena{}\n", mib(trainer.arena_bytes()),
+               trainer.replicas() > 1 ? "each replica's" : "the trainer's",
+               gpu ? fmt::format(", {} in use on GPU 0", mib(device_bytes_in_use(o.backend.device))) : "");
     if (!save_init.empty()) {
       trainer.save(save_init);
       fmt::print("saved the initial state to {}\n", save_init);
@@ -168,21 +186,40 @@ int main(int argc, char** argv) {
     };
     if (trainer.step() == 0) validate_now();
     const double tokens_per_step = static_cast<double>(o.batch * o.model.seq_len);
-    while (trainer.step() < oc.total_steps) {
+    const int n_gpus = trainer.replicas();
+    const std::int64_t last_step = stop_after > 0 ? std::min(stop_after, oc.total_steps) : oc.total_steps;
+    while (trainer.step() < last_step) {
       const StepStats s = trainer.train_step();
       const double tok_s = tokens_per_step / s.seconds;
       std::string line = fmt::format("step {:5d}/{} | loss {:.4f} | lr {:.2e} | norm {:.4f} | {:8.1f} ms | {:9.0f} tok/s", s.step,
                                      oc.total_steps, s.loss, s.lr, s.grad_norm, s.seconds * 1e3, tok_s);
-      if (peak > 0.0) line += fmt::format(" | MFU {:5.1f}%", 100.0 * trainer.flops_per_token() * tok_s / (peak * 1e12));
+      if (n_gpus > 1) line += fmt::format(" ({:.0f} per {})", tok_s / n_gpus, gpu ? "GPU" : "replica");
+      // MFU per GPU: each does 1 / n_gpus of the step's work.
+      if (peak > 0.0)
+        line += fmt::format(" | MFU {:5.1f}%", 100.0 * trainer.flops_per_token() * tok_s / n_gpus / (peak * 1e12));
       line += " | mem " + mib(gpu ? device_bytes_in_use(o.backend.device) : trainer.arena_bytes());
       fmt::print("{}\n", line);
       std::fflush(stdout);
       losses.push_back({s.step, s.loss, s.seconds * 1e3});
+      if (check_replicas > 0 && n_gpus > 1 && (s.step % check_replicas == 0 || s.step == last_step)) {
+        trainer.check_replicas();
+        fmt::print("step {:5d} | the {} replicas' parameters are bitwise identical\n", s.step, n_gpus);
+      }
       if (s.step % val_every == 0 || s.step == oc.total_steps) validate_now();
-      if (!save_path.empty() && save_every > 0 && s.step % save_every == 0 && s.step != oc.total_steps) {
+      if (!save_path.empty() && save_every > 0 && s.step % save_every == 0 && s.step != last_step) {
         trainer.save(save_path);
         fmt::print("saved checkpoint {} (step {})\n", save_path, s.step);
       }
+    }
+    if (losses.size() > 1) {
+      // The median step after the first few (autotuning, allocator warm-up).
+      std::vector<double> ms;
+      for (std::size_t i = std::min<std::size_t>(5, losses.size() - 1); i < losses.size(); ++i) ms.push_back(losses[i].ms);
+      std::nth_element(ms.begin(), ms.begin() + static_cast<std::ptrdiff_t>(ms.size() / 2), ms.end());
+      const double tok_s = tokens_per_step / (ms[ms.size() / 2] * 1e-3);
+      fmt::print("throughput: {:.0f} tok/s{} (median step {:.1f} ms over the last {} steps)\n", tok_s,
+                 n_gpus > 1 ? fmt::format(", {:.0f} per {}", tok_s / n_gpus, gpu ? "GPU" : "replica") : std::string(),
+                 ms[ms.size() / 2], ms.size());
     }
     if (!save_path.empty()) {
       trainer.save(save_path);

@@ -81,12 +81,24 @@ void copy_from_host(const fusekit::TensorView& t, const void* host) {
     std::memcpy(t.data, host, tensor_bytes(t));
 }
 
-void zero_fill(const fusekit::TensorView& t) {
+void zero_fill(const fusekit::TensorView& t, fusekit::Stream stream) {
   if (!t.is_contiguous()) throw std::logic_error("zero_fill: tensor not contiguous");
   if (t.device.is_cuda())
-    cuda_check(cudaMemsetAsync(t.data, 0, tensor_bytes(t), nullptr), "cudaMemsetAsync");
+    cuda_check(cudaMemsetAsync(t.data, 0, tensor_bytes(t), static_cast<cudaStream_t>(stream)), "cudaMemsetAsync");
   else
     std::memset(t.data, 0, tensor_bytes(t));
+}
+
+DeviceStream::DeviceStream(fusekit::Device device) {
+  if (!device.is_cuda()) return;
+  use_device(device);
+  cudaStream_t stream = nullptr;
+  cuda_check(cudaStreamCreate(&stream), "cudaStreamCreate");
+  stream_ = stream;
+}
+
+DeviceStream::~DeviceStream() {
+  if (stream_) (void)cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
 }
 
 void synchronize(fusekit::Device device) {

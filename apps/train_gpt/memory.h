@@ -42,13 +42,28 @@ fusekit::TensorView contiguous_view(void* data, fusekit::DType dtype, fusekit::D
 void copy_to_host(void* host, const fusekit::TensorView& tensor);
 void copy_from_host(const fusekit::TensorView& tensor, const void* host);
 std::size_t tensor_bytes(const fusekit::TensorView& tensor);
-// Sets a contiguous tensor's bytes to 0.
-void zero_fill(const fusekit::TensorView& tensor);
+// Sets a contiguous tensor's bytes to 0 (on the GPU: queued on `stream`).
+void zero_fill(const fusekit::TensorView& tensor, fusekit::Stream stream = nullptr);
+
+// A CUDA stream of one replica's own on `device` (none on the CPU), destroyed with the object.
+// It is a blocking stream: the synchronous copies above run on the device's legacy default
+// stream, which waits for the blocking streams' earlier work, so they stay ordered after it.
+class DeviceStream {
+ public:
+  explicit DeviceStream(fusekit::Device device);
+  ~DeviceStream();
+  DeviceStream(const DeviceStream&) = delete;
+  DeviceStream& operator=(const DeviceStream&) = delete;
+  fusekit::Stream get() const { return stream_; }
+
+ private:
+  fusekit::Stream stream_ = nullptr;
+};
 
 // Waits for the device's work to finish (nothing on the CPU).
 void synchronize(fusekit::Device device);
 
-// Selects the GPU for this thread's later CUDA calls.
+// Selects the GPU for this thread's later CUDA calls (nothing on the CPU).
 void use_device(fusekit::Device device);
 
 // Bytes in use on the GPU (cudaMemGetInfo: total - free), 0 on the CPU.

@@ -154,27 +154,30 @@ void Model::forward(const DropoutConfig& dropout) {
   const std::vector<TensorView>& w = params_.compute;
   const std::int64_t n_layer = config_.n_layer;
   const TensorView ws = workspace_;
+  const fusekit::Stream s = backend_.stream;
 
-  fusekit::embedding_forward(rows(inputs_), w[L.wte], w[L.wpe], rows(resid_[0]));
+  fusekit::embedding_forward(rows(inputs_), w[L.wte], w[L.wpe], rows(resid_[0]), s);
   fusekit::layer_norm_forward(rows(resid_[0]), w[L.blocks[0].ln1_w], w[L.blocks[0].ln1_b], kLayerNormEps,
-                              rows(blocks_[0].ln1), rows(blocks_[0].ln1_mean), rows(blocks_[0].ln1_rstd));
+                              rows(blocks_[0].ln1), rows(blocks_[0].ln1_mean), rows(blocks_[0].ln1_rstd), s);
   for (std::int64_t l = 0; l < n_layer; ++l) {
     const BlockParams& p = L.blocks[static_cast<std::size_t>(l)];
     BlockActs& a = blocks_[static_cast<std::size_t>(l)];
     const TensorView qkv = rows(a.qkv);
-    fusekit::linear_forward(rows(a.ln1), w[p.qkv_w], w[p.qkv_b], Activation::none, qkv, nullopt, ws);
+    fusekit::linear_forward(rows(a.ln1), w[p.qkv_w], w[p.qkv_b], Activation::none, qkv, nullopt, ws, s);
     fusekit::attention_forward(qkv_part(qkv, 0), qkv_part(qkv, 1), qkv_part(qkv, 2), nullopt,
-                               attention_config(dropout, n_layer, l), heads(a.att), rows(a.lse), nullopt, ws);
-    fusekit::linear_forward(rows(a.att), w[p.proj_w], nullopt, Activation::none, rows(a.att_proj), nullopt, ws);
+                               attention_config(dropout, n_layer, l), heads(a.att), rows(a.lse), nullopt, ws, s);
+    fusekit::linear_forward(rows(a.att), w[p.proj_w], nullopt, Activation::none, rows(a.att_proj), nullopt, ws, s);
     fusekit::bias_act_dropout_forward(rows(a.att_proj), w[p.proj_b],
                                       bias_dropout_config(dropout, n_layer, l, DropoutSite::attention_proj),
-                                      rows(branch_));
+                                      rows(branch_), nullopt, s);
     fusekit::layer_norm_residual_forward(rows(branch_), rows(resid_[2 * l]), w[p.ln2_w], w[p.ln2_b], kLayerNormEps,
-                                         rows(a.ln2), rows(resid_[2 * l + 1]), rows(a.ln2_mean), rows(a.ln2_rstd));
-    fusekit::linear_forward(rows(a.ln2), w[p.fc_w], w[p.fc_b], Activation::gelu_tanh, rows(a.fc), rows(a.fc_pre), ws);
-    fusekit::linear_forward(rows(a.fc), w[p.fcproj_w], nullopt, Activation::none, rows(a.fc_proj), nullopt, ws);
+                                         rows(a.ln2), rows(resid_[2 * l + 1]), rows(a.ln2_mean), rows(a.ln2_rstd), s);
+    fusekit::linear_forward(rows(a.ln2), w[p.fc_w], w[p.fc_b], Activation::gelu_tanh, rows(a.fc), rows(a.fc_pre), ws,
+                            s);
+    fusekit::linear_forward(rows(a.fc), w[p.fcproj_w], nullopt, Activation::none, rows(a.fc_proj), nullopt, ws, s);
     fusekit::bias_act_dropout_forward(rows(a.fc_proj), w[p.fcproj_b],
-                                      bias_dropout_config(dropout, n_layer, l, DropoutSite::mlp_proj), rows(branch_));
+                                      bias_dropout_config(dropout, n_layer, l, DropoutSite::mlp_proj), rows(branch_),
+                                      nullopt, s);
     // The sum feeds the next block's ln_1, or ln_f after the last block.
     const bool last = l + 1 == n_layer;
     const BlockActs* next = last ? nullptr : &blocks_[static_cast<std::size_t>(l + 1)];
@@ -183,7 +186,7 @@ void Model::forward(const DropoutConfig& dropout) {
     fusekit::layer_norm_residual_forward(rows(branch_), rows(resid_[2 * l + 1]), w[norm_w], w[norm_b], kLayerNormEps,
                                          rows(last ? lnf_ : next->ln1), rows(resid_[2 * l + 2]),
                                          rows(last ? lnf_mean_ : next->ln1_mean),
-                                         rows(last ? lnf_rstd_ : next->ln1_rstd));
+                                         rows(last ? lnf_rstd_ : next->ln1_rstd), s);
   }
 }
 
@@ -193,53 +196,54 @@ void Model::backward(const DropoutConfig& dropout) {
   const std::vector<TensorView>& g = params_.grad;
   const std::int64_t n_layer = config_.n_layer;
   const TensorView ws = workspace_;
+  const fusekit::Stream s = backend_.stream;
   int cur = 0;  // d_resid_[cur] holds d r_k for the r_k being processed
 
   fusekit::layer_norm_residual_backward(rows(d_lnf_), rows(resid_[2 * n_layer]), nullopt, w[L.lnf_w], rows(lnf_mean_),
-                                        rows(lnf_rstd_), rows(d_resid_[cur]), g[L.lnf_w], g[L.lnf_b], ws);
+                                        rows(lnf_rstd_), rows(d_resid_[cur]), g[L.lnf_w], g[L.lnf_b], ws, s);
   for (std::int64_t l = n_layer - 1; l >= 0; --l) {
     const BlockParams& p = L.blocks[static_cast<std::size_t>(l)];
     BlockActs& a = blocks_[static_cast<std::size_t>(l)];
     // MLP branch: its output's gradient is d r_2l+2.
     fusekit::bias_act_dropout_backward(rows(d_resid_[cur]), rows(a.fc_proj), w[p.fcproj_b],
                                        bias_dropout_config(dropout, n_layer, l, DropoutSite::mlp_proj),
-                                       rows(d_branch_), g[p.fcproj_b], ws);
+                                       rows(d_branch_), g[p.fcproj_b], ws, s);
     fusekit::linear_backward(rows(d_branch_), rows(a.fc), w[p.fcproj_w], nullopt, Activation::none, rows(d_fc_),
-                             g[p.fcproj_w], nullopt, ws);
+                             g[p.fcproj_w], nullopt, ws, s);
     fusekit::linear_backward(rows(d_fc_), rows(a.ln2), w[p.fc_w], rows(a.fc_pre), Activation::gelu_tanh, rows(d_ln_),
-                             g[p.fc_w], g[p.fc_b], ws);
+                             g[p.fc_w], g[p.fc_b], ws, s);
     fusekit::layer_norm_residual_backward(rows(d_ln_), rows(resid_[2 * l + 1]), rows(d_resid_[cur]), w[p.ln2_w],
                                           rows(a.ln2_mean), rows(a.ln2_rstd), rows(d_resid_[1 - cur]), g[p.ln2_w],
-                                          g[p.ln2_b], ws);
+                                          g[p.ln2_b], ws, s);
     cur = 1 - cur;
     // Attention branch: its output's gradient is d r_2l+1.
     fusekit::bias_act_dropout_backward(rows(d_resid_[cur]), rows(a.att_proj), w[p.proj_b],
                                        bias_dropout_config(dropout, n_layer, l, DropoutSite::attention_proj),
-                                       rows(d_branch_), g[p.proj_b], ws);
+                                       rows(d_branch_), g[p.proj_b], ws, s);
     fusekit::linear_backward(rows(d_branch_), rows(a.att), w[p.proj_w], nullopt, Activation::none, rows(d_att_),
-                             g[p.proj_w], nullopt, ws);
+                             g[p.proj_w], nullopt, ws, s);
     const TensorView qkv = rows(a.qkv), d_qkv = rows(d_qkv_);
     fusekit::attention_backward(heads(d_att_), qkv_part(qkv, 0), qkv_part(qkv, 1), qkv_part(qkv, 2), heads(a.att),
                                 rows(a.lse), nullopt, attention_config(dropout, n_layer, l), qkv_part(d_qkv, 0),
-                                qkv_part(d_qkv, 1), qkv_part(d_qkv, 2), nullopt, nullopt, deterministic_, ws);
+                                qkv_part(d_qkv, 1), qkv_part(d_qkv, 2), nullopt, nullopt, deterministic_, ws, s);
     fusekit::linear_backward(d_qkv, rows(a.ln1), w[p.qkv_w], nullopt, Activation::none, rows(d_ln_), g[p.qkv_w],
-                             g[p.qkv_b], ws);
+                             g[p.qkv_b], ws, s);
     fusekit::layer_norm_residual_backward(rows(d_ln_), rows(resid_[2 * l]), rows(d_resid_[cur]), w[p.ln1_w],
                                           rows(a.ln1_mean), rows(a.ln1_rstd), rows(d_resid_[1 - cur]), g[p.ln1_w],
-                                          g[p.ln1_b], ws);
+                                          g[p.ln1_b], ws, s);
     cur = 1 - cur;
   }
   // d r_0 into the embeddings: the token rows add to the output layer's gradient already in
   // g[wte]; embedding_backward has one accumulate flag for both tensors, so wpe's is zeroed first.
-  zero_fill(g[L.wpe]);
-  fusekit::embedding_backward(rows(d_resid_[cur]), rows(inputs_), g[L.wte], g[L.wpe], true, ws);
+  zero_fill(g[L.wpe], s);
+  fusekit::embedding_backward(rows(d_resid_[cur]), rows(inputs_), g[L.wte], g[L.wpe], true, ws, s);
 }
 
 float Model::forward_backward(const DropoutConfig& dropout) {
   const ParamLayout& L = params_.layout();
   forward(dropout);
   fusekit::linear_cross_entropy(rows(lnf_), params_.compute[L.wte], nullopt, rows(targets_), loss_config(), loss_,
-                                rows(d_lnf_), params_.grad[L.wte], nullopt, workspace_);
+                                rows(d_lnf_), params_.grad[L.wte], nullopt, workspace_, backend_.stream);
   backward(dropout);
   float loss = 0.0f;
   copy_to_host(&loss, loss_);
@@ -249,7 +253,7 @@ float Model::forward_backward(const DropoutConfig& dropout) {
 float Model::loss(const DropoutConfig& dropout) {
   forward(dropout);
   fusekit::linear_cross_entropy(rows(lnf_), params_.compute[params_.layout().wte], nullopt, rows(targets_),
-                                loss_config(), loss_, nullopt, nullopt, nullopt, workspace_);
+                                loss_config(), loss_, nullopt, nullopt, nullopt, workspace_, backend_.stream);
   float loss = 0.0f;
   copy_to_host(&loss, loss_);
   return loss;
@@ -262,7 +266,7 @@ std::vector<float> Model::next_token_logits(std::int64_t position) {
   void* row = static_cast<char*>(lnf_.data) + static_cast<std::size_t>(position * C) * fusekit::dtype_size(lnf_.dtype);
   const TensorView h(row, lnf_.dtype, lnf_.device, {1, C});
   fusekit::linear_forward(h, params_.compute[params_.layout().wte], nullopt, Activation::none, logits_, nullopt,
-                          workspace_);
+                          workspace_, backend_.stream);
   const auto V = static_cast<std::size_t>(config_.padded_vocab);
   std::vector<float> out(V);
   if (logits_.dtype == DType::f32) {

@@ -20,7 +20,8 @@
 // to the output layer's (accumulate; the position rows are zeroed first).
 //
 // A step is forward_backward() (every parameter's gradient written, none accumulated), then the
-// optimizer. Data-parallel training would all-reduce the gradients between the two.
+// optimizer; data-parallel training averages the replicas' gradients between the two (trainer.h).
+// Every call runs on the parameters' Backend::stream.
 #pragma once
 
 #include <cstdint>

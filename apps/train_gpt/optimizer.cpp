@@ -43,7 +43,7 @@ Optimizer::Optimizer(Parameters& params, const OptimizerConfig& config, Arena& a
 }
 
 float Optimizer::grad_norm() {
-  fusekit::global_norm(params_.grad, norm_, workspace_);
+  fusekit::global_norm(params_.grad, norm_, workspace_, params_.backend().stream);
   float norm = 0.0f;
   copy_to_host(&norm, norm_);
   return norm;
@@ -60,7 +60,8 @@ void Optimizer::step(std::int64_t step, float lr) {
     c.step = step;
     c.max_grad_norm = config_.max_grad_norm;
     fusekit::adamw_step(g.params, g.grads, g.exp_avg, g.exp_avg_sq, g.copies, c,
-                        config_.max_grad_norm > 0.0f ? fusekit::OptionalTensor(norm_) : std::nullopt);
+                        config_.max_grad_norm > 0.0f ? fusekit::OptionalTensor(norm_) : std::nullopt,
+                        params_.backend().stream);
   }
 }
 

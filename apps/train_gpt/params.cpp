@@ -72,10 +72,36 @@ Parameters::Parameters(const ModelConfig& config, const Backend& backend, Arena&
     const bool copy = backend.compute_dtype != DType::f32 && !p.float32_op;
     master.push_back(arena.tensor(DType::f32, p.shape));
     compute.push_back(copy ? arena.tensor(backend.compute_dtype, p.shape) : master.back());
-    grad.push_back(arena.tensor(p.linear_op ? backend.compute_dtype : DType::f32, p.shape));
     exp_avg.push_back(arena.tensor(DType::f32, p.shape));
     exp_avg_sq.push_back(arena.tensor(DType::f32, p.shape));
     has_copy.push_back(copy);
+  }
+  // The gradients: one block per dtype (in the order the dtypes first appear), each tensor at a
+  // 256-byte aligned offset, as the arena would have placed it on its own.
+  struct Bucket {
+    DType dtype;
+    std::size_t bytes = 0;
+  };
+  std::vector<Bucket> buckets;
+  std::vector<std::pair<std::size_t, std::size_t>> place;  // (bucket, byte offset) of each gradient
+  for (const ParamInfo& p : layout_.info) {
+    const DType dtype = p.linear_op ? backend.compute_dtype : DType::f32;
+    std::size_t b = 0;
+    while (b < buckets.size() && buckets[b].dtype != dtype) ++b;
+    if (b == buckets.size()) buckets.push_back(Bucket{dtype});
+    const std::size_t offset = (buckets[b].bytes + 255) / 256 * 256;
+    place.emplace_back(b, offset);
+    buckets[b].bytes = offset + static_cast<std::size_t>(p.numel()) * fusekit::dtype_size(dtype);
+  }
+  std::vector<char*> blocks;
+  for (const Bucket& b : buckets) {
+    blocks.push_back(static_cast<char*>(arena.allocate(b.bytes)));
+    const auto elements = static_cast<std::int64_t>(b.bytes / fusekit::dtype_size(b.dtype));
+    grad_buckets.push_back(contiguous_view(blocks.back(), b.dtype, backend.device, {elements}));
+  }
+  for (std::size_t i = 0; i < layout_.info.size(); ++i) {
+    const auto [b, offset] = place[i];
+    grad.push_back(contiguous_view(blocks[b] + offset, buckets[b].dtype, backend.device, layout_.info[i].shape));
   }
 }
 
@@ -166,6 +192,19 @@ std::vector<float> Parameters::grad_values() const {
     }
   }
   return out;
+}
+
+std::vector<std::uint64_t> Parameters::master_hashes() const {
+  std::vector<std::uint64_t> hashes;
+  for (const fusekit::TensorView& t : master) {
+    std::vector<std::uint32_t> words(static_cast<std::size_t>(t.numel()));  // float32 bits
+    copy_to_host(words.data(), t);
+    // FNV-1a over the 32-bit words: any differing bit changes the hash (up to collisions).
+    std::uint64_t h = 0xCBF29CE484222325ull;
+    for (std::uint32_t w : words) h = (h ^ w) * 0x100000001B3ull;
+    hashes.push_back(h);
+  }
+  return hashes;
 }
 
 }  // namespace train_gpt

@@ -5,7 +5,9 @@
 //               weights, the biases added by bias_act_dropout, everything on the CPU backend), a
 //               bfloat16 copy on the GPU otherwise (AdamW rewrites it from the master);
 //   grad        float32, except for the weights and biases linear_backward writes: those are in
-//               the compute dtype (linear writes dW and dbias in its input's dtype);
+//               the compute dtype (linear writes dW and dbias in its input's dtype); all of one
+//               dtype lie in one contiguous block (grad_buckets), so that a data-parallel run
+//               averages them with one all-reduce per dtype;
 //   exp_avg, exp_avg_sq  AdamW's moments, float32.
 #pragma once
 
@@ -70,8 +72,14 @@ class Parameters {
   void refresh_compute_copies();
   // Gradients as float32 in layout order (tests).
   std::vector<float> grad_values() const;
+  // A 64-bit hash of each master tensor's bytes, in layout order: data-parallel replicas, which
+  // must stay bitwise identical, compare these.
+  std::vector<std::uint64_t> master_hashes() const;
 
   std::vector<fusekit::TensorView> master, compute, grad, exp_avg, exp_avg_sq;
+  // One 1-D view per gradient dtype over the block that holds every gradient of that dtype (each
+  // tensor 256-byte aligned in it; the padding between them stays zero).
+  std::vector<fusekit::TensorView> grad_buckets;
   // Whether compute[i] is a separate low-precision copy of master[i].
   std::vector<bool> has_copy;
 

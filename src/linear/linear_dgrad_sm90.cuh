@@ -47,10 +47,10 @@
 #include <cutlass/pipeline/pipeline.hpp>
 
 #include <cstdint>
-#include <mutex>
 #include <string>
 
 #include "core/activation.h"
+#include "core/launch_tuning.h"
 #include "fusekit/error.h"
 #include "linear/linear_cutlass.h"
 #include "linear/linear_kernels.cuh"
@@ -470,13 +470,10 @@ void run_dgrad_forming(const char* op, const DgradFormingArgs& a, void* stream) 
   const dim3 grid = Base::get_grid_shape(params.gemm);
   const int smem = static_cast<int>(sizeof(typename Base::SharedStorage));
   auto kernel = &dgrad_forming_entry<Kernel>;
-  static std::once_flag attribute_set;
-  cudaError_t attr = cudaSuccess;
-  std::call_once(attribute_set, [&] {
-    attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  });
-  if (attr != cudaSuccess)
-    throw Error(ErrorKind::cuda, op, std::string("cudaFuncSetAttribute failed: ") + cudaGetErrorString(attr));
+  // The shared-memory limit is a per-device attribute of the kernel: raised once for each GPU it
+  // runs on (a data-parallel process launches it on several).
+  ::fusekit::detail::allow_dynamic_smem(op, kernel, static_cast<std::size_t>(smem), a.device_index,
+                                       "the dx GEMM with dz formed inside");
 
   cudaLaunchConfig_t config{};
   config.gridDim = grid;

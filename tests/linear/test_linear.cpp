@@ -18,6 +18,7 @@
 
 #include "fusekit/error.h"
 #include "fusekit/linear.h"
+#include "fusekit/runtime.h"
 #include "core/overrides.h"
 #include "linear/linear_paths.h"
 #include "tests/harness/gtest_helpers.h"
@@ -203,12 +204,12 @@ struct BackwardCase {
   }
 };
 
-// Runs one backward on the GPU and checks every gradient asked for against the float64
+// Runs one backward on GPU `device_index` and checks every gradient asked for against the float64
 // reference. Returns how dz was formed.
-linear::BackwardPath check_backward(const BackwardCase& c, std::uint64_t salt) {
+linear::BackwardPath check_backward(const BackwardCase& c, std::uint64_t salt, int device_index = 0) {
   SCOPED_TRACE(c.str());
   auto rng = testing::make_rng(salt);
-  const Device gpu = Device::cuda(0);
+  const Device gpu = Device::cuda(device_index);
   Buffer dout = matrix(c.dtype, gpu, c.m, c.n, c.pad, c.lead), pre = matrix(c.dtype, gpu, c.m, c.n, c.pad, c.lead);
   Buffer x = matrix(c.dtype, gpu, c.m, c.k, c.pad, c.lead), w = matrix(c.dtype, gpu, c.n, c.k, c.pad, c.lead);
   const auto gv = normal_values(rng, c.m * c.n, 0.0, 1.0, c.dtype);
@@ -733,6 +734,21 @@ TEST(LinearGpu, DzFormedInsideTheDgradGemmMatchesReference) {
             linear::BackwardPath::separate_dz);
   EXPECT_EQ(check_backward({DType::bf16, Activation::relu, 64, 64, 64, true, true, true, 3}, 8201),
             linear::BackwardPath::separate_dz);
+}
+
+// The path's kernel needs more shared memory than a launch gets by default, and that limit is an
+// attribute of the kernel on each GPU: raised on one GPU, it is not raised on another. Forced on
+// every visible GPU in turn (the last first), the path must run and match the reference on each.
+TEST(LinearGpu, DzFormedInsideTheDgradGemmOnEveryGpu) {
+  FUSEKIT_REQUIRE_GPU();
+  const int gpus = cuda_device_count();
+  if (gpus < 2) GTEST_SKIP() << "one GPU: DzFormedInsideTheDgradGemmMatchesReference covers it";
+  BackwardPathOverride force(linear::BackwardPath::dz_in_dgrad, 0);
+  for (int d = gpus - 1; d >= 0; --d) {
+    SCOPED_TRACE("GPU " + std::to_string(d));
+    const BackwardCase c{DType::bf16, Activation::gelu_tanh, 129, 264, 136, true, true, true, 0};
+    EXPECT_EQ(check_backward(c, 8300 + static_cast<std::uint64_t>(d), d), linear::BackwardPath::dz_in_dgrad);
+  }
 }
 
 // The automatic choice of how dz is formed (linear_config.h, choose_backward): inside the dx GEMM
