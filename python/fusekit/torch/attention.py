@@ -37,10 +37,13 @@ from . import _fallback
 from ._common import (
     names_allocation_failure,
     CUSTOM_OP,
+    LOWER,
     NAMESPACE,
     RECORD,
     U64_MASK,
+    AutocastRule,
     argument_type_error,
+    autocast_active,
     eager_mode,
     empty_output,
     function_apply,
@@ -347,6 +350,11 @@ def _autograd_backward(ctx, dout, _dlse):
 
 attention_fwd.register_autograd(_autograd_backward, setup_context=_setup)
 
+#: Under torch.autocast q, k, v and the bias go in the autocast dtype, as with PyTorch's
+#: scaled_dot_product_attention (its attn_mask included).
+AUTOCAST = AutocastRule((0, 1, 2, 3), cuda=LOWER, cpu=LOWER)
+AUTOCAST.register(attention_fwd)
+
 
 class _AttentionFunction(torch.autograd.Function):
     """The eager path with gradients. Every argument of apply() costs host time, so besides the
@@ -435,6 +443,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor] = None, *,
                                    _mask_name(op, mask), window, float(dropout_p), cu_seqlens_q,
                                    cu_seqlens_k)
     mode = eager_mode(q, k, v, bias)
+    if mode != CUSTOM_OP and autocast_active():
+        q, k, v, bias = AUTOCAST.eager(q, k, v, bias)
     if mode != CUSTOM_OP:
         if seed is None:
             seed = _draw_seed(float(dropout_p), None)

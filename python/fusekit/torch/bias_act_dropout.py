@@ -20,11 +20,15 @@ from .. import _C
 from . import _fallback
 from ._common import (
     names_allocation_failure,
+    CUSTOM_OP,
+    KEEP,
     NAMESPACE,
     NO_GRAD,
     RECORD,
     U64_MASK,
+    AutocastRule,
     activation_name,
+    autocast_active,
     eager_mode,
     empty_output,
     function_apply,
@@ -114,6 +118,12 @@ def _autograd_backward(ctx, dy):
 
 bias_act_dropout_fwd.register_autograd(_autograd_backward, setup_context=_setup)
 
+#: Under torch.autocast x keeps its dtype (the op computes in float32 and rounds once to it) and
+#: bias goes in as float32 or x's dtype, as the op takes it (PyTorch's x + bias would promote a
+#: bfloat16 x to float32 with a float32 bias; the fused op keeps x's dtype, as a linear's bias).
+AUTOCAST = AutocastRule((0,), cuda=KEEP, cpu=KEEP, params=(1,))
+AUTOCAST.register(bias_act_dropout_fwd)
+
 
 class _BiasActDropoutFunction(torch.autograd.Function):
     """The eager path with gradients: the same implementation functions as the custom ops."""
@@ -161,6 +171,8 @@ def bias_act_dropout(x: Tensor, bias: Optional[Tensor], activation="none", p: fl
         seed = int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64).item()) if p > 0.0 else 0
     seed, offset, slope = int(seed), int(offset), float(slope)
     mode = eager_mode(x, bias)
+    if mode != CUSTOM_OP and autocast_active():
+        x, bias = AUTOCAST.eager(x, bias)
     if mode == RECORD:
         return _apply(x, bias, name, p, seed, offset, slope)
     if mode == NO_GRAD:

@@ -21,10 +21,14 @@ from .. import _C
 from . import _fallback
 from ._common import (
     names_allocation_failure,
+    CUSTOM_OP,
+    LOWER,
     NAMESPACE,
     NO_GRAD,
     RECORD,
+    AutocastRule,
     activation_name,
+    autocast_active,
     eager_mode,
     empty_output,
     function_apply,
@@ -110,6 +114,10 @@ def _autograd_backward(ctx, dout, _dpre):
 
 linear_fwd.register_autograd(_autograd_backward, setup_context=_setup)
 
+#: Under torch.autocast x, weight and bias go in the autocast dtype, as with F.linear.
+AUTOCAST = AutocastRule((0, 1, 2), cuda=LOWER, cpu=LOWER)
+AUTOCAST.register(linear_fwd)
+
 
 class _LinearFunction(torch.autograd.Function):
     """The eager path with gradients: the same implementation functions as the custom ops."""
@@ -146,6 +154,8 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activation=
     if not _fallback.all_fusekit and _fallback.use_pytorch("linear", x):
         return _fallback.activation(torch.nn.functional.linear(x, weight, bias), name)
     mode = eager_mode(x, weight, bias)
+    if mode != CUSTOM_OP and autocast_active():
+        x, weight, bias = AUTOCAST.eager(x, weight, bias)
     if mode == RECORD:
         return _apply(x, weight, bias, name)
     if mode == NO_GRAD:
