@@ -227,6 +227,30 @@ def activation_name(op: str, activation) -> str:
 U64_MASK = (1 << 64) - 1
 
 
+def draw_seed() -> int:
+    """A fresh dropout seed from PyTorch's CPU generator (torch.manual_seed reproduces it)."""
+    return int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64).item())
+
+
+def seed_tensor(seed: Optional[int], draw: bool) -> torch.Tensor:
+    """A dropout seed as the custom ops take it: a 0-d int64 CPU tensor (the 64 bits of the
+    unsigned seed). seed=None: a fresh one from PyTorch's CPU generator when `draw`, drawn by an op
+    that whatever traces the call records (under torch.compile an op of the graph: a new seed every
+    run, no .item() and so no graph break), else 0. The ops read it on the host, which costs no
+    device synchronization."""
+    if seed is None:
+        if draw:
+            return torch.randint(0, 2**63 - 1, (), dtype=torch.int64)
+        return torch.zeros((), dtype=torch.int64)
+    value = int(seed) & U64_MASK
+    return torch.tensor(value - (1 << 64) if value >> 63 else value, dtype=torch.int64)
+
+
+def seed_value(seed) -> int:
+    """The unsigned 64-bit seed of an int or of a seed_tensor."""
+    return int(seed) & U64_MASK
+
+
 def empty_output(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """What a custom op returns in place of an output not asked for: an empty tensor, shape (0,)."""
     return torch.empty(0, dtype=dtype, device=device)
