@@ -265,7 +265,7 @@ def or_empty(t: Optional[torch.Tensor], dtype: torch.dtype,
 # ---- nn.Module drop-ins ----------------------------------------------------------------------
 # Each family registers its drop-ins here: PyTorch class -> fusekit class. The fusekit class
 # subclasses the PyTorch one (same constructor, parameters and state_dict keys) and overrides
-# forward only, so swap_modules() can retarget existing modules in place.
+# forward only, so patch() can retarget existing modules in place.
 DROP_INS: Dict[Type[torch.nn.Module], Type[torch.nn.Module]] = {}
 
 
@@ -277,15 +277,3 @@ def register_drop_in(torch_class: Type[torch.nn.Module]):
         return fusekit_class
 
     return decorate
-
-
-def swap_modules(model: torch.nn.Module) -> int:
-    """Turns every module of `model` whose exact class has a fusekit drop-in into that drop-in,
-    in place (parameters, buffers and hooks are kept). Returns how many were swapped."""
-    swapped = 0
-    for module in model.modules():
-        target = DROP_INS.get(type(module))
-        if target is not None:
-            module.__class__ = target
-            swapped += 1
-    return swapped

@@ -192,7 +192,8 @@ class Dropout(torch.nn.Dropout):
     state; active in training mode only. Each call draws a fresh seed from PyTorch's CPU generator
     (torch.manual_seed makes runs reproducible); the mask is regenerated in the backward, never
     stored. inplace=True is accepted for compatibility, but the result is always a new tensor.
-    Not registered with swap_modules: its masks differ from PyTorch's (same distribution)."""
+    Not a registered drop-in: its masks differ from PyTorch's (same distribution); patch() swaps
+    it in for torch.nn.Dropout unless asked not to (dropout=False)."""
 
     def forward(self, x: Tensor) -> Tensor:
         return bias_act_dropout(x, None, "none", self.p, training=self.training)

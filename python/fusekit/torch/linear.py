@@ -203,8 +203,8 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activation=
 class Linear(torch.nn.Linear):
     """torch.nn.Linear followed by a fused activation: y = act(x W^T + b). Same parameters and
     state_dict keys as torch.nn.Linear (load one's state_dict into the other); activation='none'
-    computes exactly what torch.nn.Linear does. Not registered with swap_modules: its default
-    activation changes what the module computes."""
+    computes exactly what torch.nn.Linear does. Not a registered drop-in: its default activation
+    changes what the module computes."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  activation="gelu_tanh", device=None, dtype=None) -> None:
