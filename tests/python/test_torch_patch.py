@@ -296,15 +296,30 @@ class MyRMSNorm(torch.nn.Module):
                                                 + self.variance_epsilon)).to(x.dtype)
 
 
+class FusedGateUpMLP(torch.nn.Module):
+    """An MLP whose forward is not one of the forms patch() knows (a fused gate-up projection)."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.gate_up = torch.nn.Linear(n, 4 * n)
+        self.down = torch.nn.Linear(2 * n, n)
+        self.act = torch.nn.SiLU()
+
+    def forward(self, x):
+        gate, up = self.gate_up(x).chunk(2, -1)
+        return self.down(self.act(gate) * up)
+
+
 def test_plain_pytorch_model(seed):
     """torch.nn drop-ins (LayerNorm, RMSNorm, CrossEntropyLoss, Dropout), a user's RMSNorm found
-    by behaviour, a Linear-GELU-Linear MLP fused; a look-alike norm left alone, with the reason."""
+    by behaviour, a Linear-GELU-Linear MLP fused; a look-alike norm and an MLP of another form
+    left alone, with the reasons."""
     torch.manual_seed(seed)
     model = torch.nn.Sequential(
         torch.nn.LayerNorm(32), MyRMSNorm(32),
         torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(approximate="tanh"),
                             torch.nn.Linear(64, 32)),
-        torch.nn.RMSNorm(32, eps=1e-6), ScaledRMSNorm(32), torch.nn.Dropout(0.0))
+        torch.nn.RMSNorm(32, eps=1e-6), ScaledRMSNorm(32), torch.nn.Dropout(0.0), FusedGateUpMLP(32))
     loss_fn = torch.nn.Sequential(torch.nn.CrossEntropyLoss())
     x = torch.randn(6, 32)
     target = torch.randint(0, 32, (6,))
@@ -316,7 +331,8 @@ def test_plain_pytorch_model(seed):
     assert patched["0"] == "fusekit.torch.LayerNorm" and patched["3"] == "fusekit.torch.RMSNorm"
     assert "rms_norm" in patched["1"] and "gelu_tanh" in patched["2"]
     assert patched["5"] == "fusekit.torch.Dropout"
-    assert [e.name for e in report.not_patched] == ["4"] and "probe" in report.not_patched[0].detail
+    assert [e.name for e in report.not_patched] == ["4", "6"]
+    assert "probe" in report.not_patched[0].detail and "mlp:" in report.not_patched[1].detail
     assert type(ours[0]) is fk.LayerNorm and isinstance(ours[1], MyRMSNorm)
     assert type(loss_fn[0]) is fk.CrossEntropyLoss and len(loss_report.patched) == 1
     torch.testing.assert_close(ours(x), before, rtol=1e-5, atol=1e-5)

@@ -24,8 +24,10 @@ cheap check can tell:
               dtype) and torch.nn.CrossEntropyLoss modules
 Parameters, buffers and state_dict keys stay as they are, so patching works before or after the
 weights are loaded (on the meta device too) and state_dicts move freely between patched and
-unpatched models. Patched modules get a subclass of their own class (isinstance holds): pickle a
-patched model's state_dict, not the module objects.
+unpatched models. The probes run a module's forward (its hooks too) on small CPU tensors with
+probe parameters in place of its own; nothing of the module's is read or written. Patched modules
+get a subclass of their own class (isinstance holds): pickle a patched model's state_dict, not the
+module objects.
 """
 from __future__ import annotations
 
@@ -268,14 +270,17 @@ def _trace(module: torch.nn.Module):
     return placeholders, calls, index.get(output)
 
 
+def _looks_like_mlp(module: torch.nn.Module) -> bool:
+    """Two linear layers or more and an activation among the module's children."""
+    children = list(module.children())
+    return sum(_is_linear(c) for c in children) >= 2 and any(_activation_of(c) for c in children)
+
+
 def _mlp_match(module: torch.nn.Module) -> Optional[tuple]:
     """('gated', gate, up, down, activation) for down(act(gate(x)) * up(x)) or
     ('plain', fc, proj, dropout | None, activation) for [drop](proj(act(fc(x)))), with submodule
-    names, or None."""
+    names, or None (call it on modules that _looks_like_mlp)."""
     children = dict(module.named_children())
-    linears = [n for n, c in children.items() if _is_linear(c)]
-    if len(linears) < 2 or not any(_activation_of(c) for c in children.values()):
-        return None
     traced = _trace(module)
     if traced is None or traced[0] != 1:
         return None
@@ -567,9 +572,13 @@ def patch(model: torch.nn.Module, *, norms: bool = True, linear: bool = True, ml
                 _retarget(module, _patched_class(cls, ("conv1d",), _conv1d_forward, {}))
                 report._add(report.patched, name, label, conv1d_detail)
             continue
-        if mlp:
+        if mlp and _looks_like_mlp(module):
             match = _mlp_match(module)
-            if match is not None:
+            if match is None:
+                report._add(report.not_patched, name, label, "mlp: its forward is none of "
+                            "down(act(gate(x)) * up(x)) and proj(act(fc(x))) (with an activation "
+                            "fusekit has)")
+            else:
                 kind, parts = match[0], match[1:]
                 forward = _gated_mlp_forward if kind == "gated" else _plain_mlp_forward
                 _retarget(module, _patched_class(cls, ("mlp",) + match, forward,
