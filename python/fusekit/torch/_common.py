@@ -66,15 +66,12 @@ FP32 = "fp32"        #: to float32, as F.layer_norm on CUDA
 PROMOTE = "promote"  #: to their common dtype, as elementwise PyTorch ops (x + residual)
 KEEP = "keep"        #: as they come, as ops PyTorch's autocast lists do not name (rms_norm)
 
-_any_autocast = torch._C._is_any_autocast_enabled
+#: Whether torch.autocast is on for any device: one C call (no Python frame), paid by every eager
+#: call.
+autocast_active = torch._C._is_any_autocast_enabled
 _AUTOCAST_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU) | \
     torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCUDA)
 _autocast_library = torch.library.Library(NAMESPACE, "FRAGMENT")
-
-
-def autocast_active() -> bool:
-    """Whether torch.autocast is on for any device: one C call, paid by every eager call."""
-    return _any_autocast()
 
 
 def _castable(t, device_type: str) -> bool:

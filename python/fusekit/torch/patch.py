@@ -86,7 +86,8 @@ class PatchReport:
             if groups:
                 lines.append(f"  {title}:")
             for (target, detail), names in groups.items():
-                shown = ", ".join(names[:3]) + (f", ... ({len(names)} modules)" if len(names) > 3 else "")
+                more = f", ... ({len(names)} modules)" if len(names) > 3 else ""
+                shown = ", ".join(names[:3]) + more
                 lines.append(f"    {target}: {detail}  [{shown}]")
         return "\n".join(lines)
 
@@ -143,8 +144,9 @@ def _rms(x: Tensor, eps: float) -> Tensor:
 
 
 def _norm_kind(module: torch.nn.Module) -> Tuple[Optional[str], str]:
-    """('rms_scale' | 'rms_offset' | 'layer_norm', eps attribute) for a norm module fusekit computes,
-    (None, why not) otherwise. A probe input at two scales (eps matters at the small one)."""
+    """('rms_scale' | 'rms_offset' | 'layer_norm', eps attribute) for a norm module fusekit
+    computes, (None, why not) otherwise. A probe input at two scales (eps matters at the small
+    one)."""
     name = type(module).__name__
     is_rms = name.endswith("RMSNorm")
     weight = module._parameters.get("weight")
@@ -226,7 +228,8 @@ _GATED_ACTIVATIONS = ("silu", "gelu_tanh", "gelu_erf", "relu")
 
 
 def _activation_of(module: torch.nn.Module) -> Optional[str]:
-    """fusekit's name for the elementwise function `module` computes (probed on [-6, 6]), or None."""
+    """fusekit's name for the elementwise function `module` computes (probed on [-6, 6]), or
+    None."""
     if list(module.parameters()) or list(module.buffers()) or list(module.children()):
         return None
     x = torch.linspace(-6.0, 6.0, 1201)
@@ -319,7 +322,8 @@ def _mlp_match(module: torch.nn.Module) -> Optional[tuple]:
 
 def _gated_mlp_forward(self, x: Tensor) -> Tensor:
     gate, up, down, act = self._fusekit_mlp
-    return getattr(self, down)(gated_act_separate(getattr(self, gate)(x), getattr(self, up)(x), act))
+    h = gated_act_separate(getattr(self, gate)(x), getattr(self, up)(x), act)
+    return getattr(self, down)(h)
 
 
 def _plain_mlp_forward(self, x: Tensor) -> Tensor:
@@ -336,9 +340,9 @@ def _unwrapped(fn: Callable) -> Callable:
 
 
 def _rebound(fn: Callable, name: str, value) -> Callable:
-    """A copy of fn whose global `name` is `value` (the rest of its globals as they are now), through
-    the functools.wraps wrappers around it (each one's closure cell holding the wrapped function
-    gets the copy)."""
+    """A copy of fn whose global `name` is `value` (the rest of its globals as they are now),
+    through the functools.wraps wrappers around it (each one's closure cell holding the wrapped
+    function gets the copy)."""
     inner = getattr(fn, "__wrapped__", None)
     closure = fn.__closure__
     if inner is not None:
@@ -518,7 +522,8 @@ def _patch_loss(model: torch.nn.Module, report: PatchReport) -> None:
         report._add(report.patched, "", "loss_function (ForCausalLMLoss)",
                     "fusekit cross_entropy on the logits")
     else:
-        report._add(report.not_patched, "", f"loss_function ({getattr(current, '__name__', current)})",
+        current_name = getattr(current, "__name__", str(current))
+        report._add(report.not_patched, "", f"loss_function ({current_name})",
                     "only the causal-LM loss is patched")
         return
     # Where fusekit.torch gains a fused linear cross-entropy (the loss from the last hidden states
@@ -583,7 +588,8 @@ def patch(model: torch.nn.Module, *, norms: bool = True, linear: bool = True, ml
                 forward = _gated_mlp_forward if kind == "gated" else _plain_mlp_forward
                 _retarget(module, _patched_class(cls, ("mlp",) + match, forward,
                                                  {"_fusekit_mlp": parts}))
-                what = "gated_act_separate" if kind == "gated" else "linear with the activation fused"
+                what = "gated_act_separate" if kind == "gated" else \
+                    "linear with the activation fused"
                 report._add(report.patched, name, label, f"fusekit {what} ({parts[-1]})")
                 continue
         if rope:
