@@ -45,10 +45,11 @@ with torch.no_grad():
                                     F.scaled_dot_product_attention(q, k, v, is_causal=True))
 print(f"difference from PyTorch: layer_norm {ln_diff:.1e}, attention {sdpa_diff:.1e}")
 
-# An existing model: swap_modules turns every nn.LayerNorm / nn.RMSNorm into fusekit's, in place.
+# An existing model: patch retargets its norms (and MLPs, attention, ...) to fusekit, in place.
 model = torch.nn.Sequential(torch.nn.LayerNorm(dim), torch.nn.Linear(dim, dim),
                             torch.nn.RMSNorm(dim)).to(device, dtype)
-print(f"swapped {fk.swap_modules(model)} modules; output {tuple(model(x).shape)}")
+report = fk.patch(model)  # prints what was patched, and what was not and why
+print(f"patched {len(report.patched)} modules; output {tuple(model(x).shape)}")
 
 tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-4  # a few bf16 roundings; float32
 assert ln_diff < tolerance and sdpa_diff < tolerance, "fusekit differs from PyTorch"

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Trains a small pre-norm transformer block twice on the same random data from the same
-initialization: once with PyTorch's LayerNorm/RMSNorm, once with fusekit's drop-ins swapped in
-(fusekit.torch.swap_modules). Prints both losses per step; exits non-zero unless the loss falls
-and the two runs agree within the dtype's tolerance over the first steps.
+initialization: once in plain PyTorch, once patched for fusekit (fusekit.torch.patch: its norms and
+its MLP's linear + GELU). Prints both losses per step; exits non-zero unless the loss falls and the
+two runs agree within the dtype's tolerance over the first steps.
 
     python3 examples/train_block.py                      # CUDA, bfloat16 parameters
     python3 examples/train_block.py --dtype fp32 --steps 50
@@ -56,7 +56,7 @@ def main():
     batch, seq, dim, heads = 8, 64, 256, 4
     reference = Block(dim, heads).to(device, dtype)
     fused = copy.deepcopy(reference)
-    swapped = fk.swap_modules(fused)
+    swapped = len(fk.patch(fused).patched)
     # The task: regress a fixed random linear map of the (normalized) input sequence.
     data = [torch.randn(batch, seq, dim, device=device, dtype=dtype) for _ in range(args.steps)]
     target_map = torch.randn(dim, dim, device=device, dtype=dtype) / dim ** 0.5
@@ -72,7 +72,7 @@ def main():
             losses.append(loss.item())
         return losses
 
-    print(f"device {device}, dtype {dtype_name}, {swapped} norm modules swapped for fusekit's, "
+    print(f"device {device}, dtype {dtype_name}, {swapped} modules patched for fusekit's, "
           f"{args.steps} steps, batch {batch}x{seq}x{dim}")
     torch_losses = train(reference)
     fusekit_losses = train(fused)

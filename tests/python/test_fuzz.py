@@ -876,8 +876,7 @@ def test_attention_workspace_queries_contract(sizes, small, backward, determinis
 def test_dropout_mask_helpers_contract(seed, offset, p, attention):
     mask = np.zeros((1, 2, 3, 5), np.uint8) if attention else np.zeros(13, np.uint8)
     fn = fusekit.attention_dropout_keep_mask if attention else fusekit.dropout_keep_mask
-    # p reaches C++ as a float32: judged after that rounding (-5e-93 is -0.0, valid).
-    p32 = float(np.float32(p))
+    p32 = float(np.float32(p))  # what the op gets: -5e-93 is -0.0 there, 1 - 1e-9 is 1.0
     broken = None if 0 <= p32 < 1 else "p"
     if attention and broken is None and offset >= 2**32:
         broken = "offset"

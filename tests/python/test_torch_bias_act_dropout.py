@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed: the fusek
 import fusekit  # noqa: E402
 import fusekit.torch as fk  # noqa: E402
 from torch_testing import (DEVICES, DTYPES, assert_one_graph_calling, check_error,  # noqa: E402
-                           check_opcheck, compile_recording_graphs)
+                           check_opcheck, compile_counting_graph_breaks, compile_recording_graphs)
 
 F = torch.nn.functional
 SLOPE = 0.05
@@ -88,12 +88,41 @@ def test_custom_op_registration(device):
     dy = torch.randn(4, 16, device=device)
     ops = torch.ops.fusekit
     cases = [
-        (ops.bias_act_dropout_fwd.default, (x, b, "gelu_erf", 0.3, 11, 2, 0.01)),
-        (ops.bias_act_dropout_fwd.default, (x, None, "silu", 0.0, 0, 0, 0.01)),
-        (ops.bias_act_dropout_bwd.default, (dy, x.detach(), b.detach(), "relu", 0.3, 11, 2, 0.01, True, True)),
-        (ops.bias_act_dropout_bwd.default, (dy, x.detach(), None, "none", 0.1, 5, 0, 0.01, True, False)),
+        (ops.bias_act_dropout_fwd.default, (x, b, "gelu_erf", 0.3, torch.tensor(11), 2, 0.01)),
+        (ops.bias_act_dropout_fwd.default, (x, None, "silu", 0.0, torch.tensor(0), 0, 0.01)),
+        (ops.bias_act_dropout_bwd.default, (dy, x.detach(), b.detach(), "relu", 0.3, torch.tensor(11), 2, 0.01, True, True)),
+        (ops.bias_act_dropout_bwd.default, (dy, x.detach(), None, "none", 0.1, torch.tensor(-5), 0, 0.01, True, False)),
     ]
     check_opcheck(cases)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile_draws_fresh_seeds_without_graph_breaks(device, seed):
+    """seed=None under torch.compile: the seed is drawn by an op of the graph (no .item(), zero
+    graph breaks), so every run gets a fresh mask, torch.manual_seed reproduces the runs, and the
+    backward regenerates the forward's mask."""
+    def f(x, b):
+        return fk.bias_act_dropout(x, b, "relu", 0.5)
+
+    gen = torch.Generator().manual_seed(seed)
+    x = (torch.rand(16, 128, generator=gen) + 1).to(device).requires_grad_(True)
+    b = torch.rand(128, generator=gen).to(device).requires_grad_(True)  # x + b > 0: relu passes
+    compiled, graphs, graph_breaks = compile_counting_graph_breaks(f, device)
+    torch.manual_seed(seed)
+    y1 = compiled(x, b)
+    y2 = compiled(x, b)
+    torch.manual_seed(seed)
+    y3 = compiled(x, b)
+    assert graph_breaks() == 0 and len(graphs) == 1
+    assert not torch.equal(y1 != 0, y2 != 0)  # a fresh mask every run
+    assert torch.equal(y1, y3)
+    keep = (y1 != 0).float()
+    assert 0.3 < keep.mean().item() < 0.7
+    y1.backward(torch.ones_like(y1))
+    torch.testing.assert_close(x.grad, keep * 2.0, rtol=0, atol=0)  # 1 / (1 - p) where kept
+    if device == "cpu":  # the CPU generator's draw is the eager path's: the same mask
+        torch.manual_seed(seed)
+        assert torch.equal(f(x, b), y1)
 
 
 @pytest.mark.parametrize("device", DEVICES)

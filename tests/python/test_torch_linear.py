@@ -3,6 +3,8 @@ error at most twice PyTorch's own in the same dtype): outputs and gradients on b
 state_dict compatibility with torch.nn.Linear, the custom-op registration (opcheck),
 torch.compile(fullgraph=True) and error reporting. Runs on the CPU backend and again on CUDA where a
 GPU is present."""
+import importlib
+
 import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed: the fusekit.torch tests need it")
@@ -10,6 +12,9 @@ import fusekit  # noqa: E402
 import fusekit.torch as fk  # noqa: E402
 from torch_testing import (DEVICES, DTYPES, check_compiled_model, check_opcheck,  # noqa: E402
                            check_vs_pytorch, cuda_only)
+
+# The module (fusekit.torch.linear is the function of that name).
+_linear_module = importlib.import_module("fusekit.torch.linear")
 
 F = torch.nn.functional
 ACTIVATIONS = {
@@ -110,6 +115,62 @@ def test_non_contiguous_arguments(device, seed, path):
         torch.testing.assert_close(got.grad, ref.grad, rtol=1e-4, atol=1e-5)
 
 
+class Conv1DLike(torch.nn.Module):
+    """Hugging Face's Conv1D: weight stored (in_features, out_features), y = x W + b."""
+
+    def __init__(self, n_in, n_out, device):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(n_in, n_out, device=device) / n_in**0.5)
+        self.bias = torch.nn.Parameter(torch.randn(n_out, device=device))
+
+    def forward(self, x):
+        return fk.linear(x, self.weight.t(), self.bias, "gelu_tanh")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_weight_stored_transposed(device, seed, path):
+    """A (K, N) weight through its transposed view (HF Conv1D): F.linear's results and a (K, N)
+    gradient, on both routes."""
+    torch.manual_seed(seed)
+    m = Conv1DLike(32, 48, device)
+    x = torch.randn(3, 5, 32, device=device)
+    dy = torch.randn(3, 5, 48, device=device)
+    y, dx, (dw, db) = run(m, x, dy, [m.weight, m.bias])
+    refs = [t.detach().clone().requires_grad_(True) for t in (m.weight, m.bias)]
+    y_ref, dx_ref, (dw_ref, db_ref) = run(
+        lambda t: F.gelu(torch.addmm(refs[1], t.reshape(-1, 32), refs[0]).view(3, 5, 48),
+                         approximate="tanh"), x, dy, refs)
+    torch.testing.assert_close(y, y_ref, rtol=1e-4, atol=1e-5)
+    for got, ref in ((dx, dx_ref), (dw, dw_ref), (db, db_ref)):
+        assert got.shape == ref.shape
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile_weight_stored_transposed(device, seed):
+    torch.manual_seed(seed)
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(Conv1DLike(64, 96, device), fk.Linear(96, 64, activation="none", device=device))
+    check_compiled_model(model, torch.randn(4, 16, 64, device=device), device, "fusekit.linear_fwd")
+
+
+@pytest.mark.skipif(not _linear_module.TRANSPOSED_WEIGHT,
+                    reason="this fusekit build copies a transposed (K, N) weight on each call")
+@pytest.mark.parametrize("device", DEVICES)
+def test_transposed_weight_is_read_in_place(device, seed):
+    """Where fusekit's linear takes (K, N) weights, nothing copies them: no copy or clone runs in
+    the forward or the backward, and the (K, N) parameter's gradient is contiguous."""
+    torch.manual_seed(seed)
+    m = Conv1DLike(64, 32, device)
+    x = torch.randn(8, 64, device=device, requires_grad=True)
+    dy = torch.randn(8, 32, device=device)  # contiguous: nothing else to copy
+    with torch.profiler.profile() as prof:
+        m(x).backward(dy)
+    names = {e.name for e in prof.events()}
+    assert not names & {"aten::copy_", "aten::clone", "aten::contiguous"}, sorted(names)
+    assert m.weight.grad.shape == (64, 32) and m.weight.grad.is_contiguous()
+
+
 def test_module_interface():
     m = fk.Linear(8, 4)
     assert isinstance(m, torch.nn.Linear) and m.activation == "gelu_tanh"
@@ -126,12 +187,15 @@ def test_custom_op_registration(device):
     b = torch.randn(8, device=device, requires_grad=True)
     dout = torch.randn(4, 8, device=device)
     pre = torch.randn(4, 8, device=device)
+    wt = torch.randn(16, 8, device=device).t().requires_grad_(True)
     ops = torch.ops.fusekit
     cases = [
         (ops.linear_fwd.default, (x, w, b, "gelu_tanh", True)),
         (ops.linear_fwd.default, (x, w, None, "none", False)),
         (ops.linear_bwd.default, (dout, x.detach(), w.detach(), pre, "silu", True, True, True)),
         (ops.linear_bwd.default, (dout, x.detach(), w.detach(), None, "none", False, True, False)),
+        (ops.linear_fwd.default, (x, wt, b, "relu", True)),  # a (K, N) weight's transposed view
+        (ops.linear_bwd.default, (dout, x.detach(), wt.detach(), pre, "relu", True, True, True)),
     ]
     check_opcheck(cases)
 

@@ -67,6 +67,24 @@ def compile_recording_graphs(fn, device):
     return torch.compile(fn, backend=recording_backend, fullgraph=True), graphs
 
 
+def compile_counting_graph_breaks(fn, device):
+    """torch.compile(fn) without fullgraph, so that a graph break is counted instead of raised,
+    with compile_recording_graphs' backend. Returns (the compiled fn, the list the graphs go into,
+    a function giving the number of graph breaks since this call)."""
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    counters.clear()
+    graphs = []
+
+    def recording_backend(gm, example_inputs):
+        graphs.append(gm)
+        backend = "inductor" if device == "cuda" else "aot_eager"
+        return torch._dynamo.lookup_backend(backend)(gm, example_inputs)
+
+    return (torch.compile(fn, backend=recording_backend), graphs,
+            lambda: sum(counters["graph_break"].values()))
+
+
 def assert_one_graph_calling(graphs, *ops):
     """fullgraph: one graph (no breaks), calling each custom op of `ops` ("fusekit.<op>")."""
     assert len(graphs) == 1

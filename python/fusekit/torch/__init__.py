@@ -4,7 +4,7 @@ drop-ins.
 
     import fusekit.torch as fk
     norm = fk.LayerNorm(1024, device="cuda", dtype=torch.bfloat16)   # as torch.nn.LayerNorm
-    fk.swap_modules(model)   # or retarget every nn.LayerNorm / nn.RMSNorm of a model in place
+    print(fk.patch(model))   # or retarget a model's norms, MLPs, rope, attention, loss in place
 
 Ops (functional form / module): layer_norm, rms_norm / LayerNorm, RMSNorm (drop-ins);
 layer_norm_residual, rms_norm_residual (x + residual normalized in one pass, returning (y, sum));
@@ -19,6 +19,10 @@ the logits, its gradients computed with the loss).
 rope (rotary embeddings of q and k in one launch) and apply_rotary_pos_emb (Hugging Face's
 signature).
 
+patch(model) retargets a model in place, Hugging Face transformers models included (GPT-2, Llama,
+Mistral, Qwen2, Qwen3, Gemma), and returns a report of what it patched (see patch.py). Every op
+works under torch.autocast with PyTorch's casting semantics (see _common.AutocastRule).
+
 On a GPU fusekit has no kernels for (anything but Hopper), each op runs PyTorch's implementation
 of the same function with one warning; set_fallback('strict') makes that an UnsupportedError and
 set_fallback('always') runs PyTorch's implementations everywhere (see _fallback.py).
@@ -27,7 +31,7 @@ Adding an op family: write fusekit/torch/<family>.py (custom ops with register_f
 register_autograd, functional forms, drop-ins decorated with @register_drop_in) and import its
 public names below (one line).
 """
-from ._common import DROP_INS, OutOfMemoryError, register_drop_in, swap_modules  # noqa: F401
+from ._common import DROP_INS, OutOfMemoryError, register_drop_in  # noqa: F401
 from ._fallback import get_fallback, set_fallback  # noqa: F401
 
 # One line per op family.
@@ -41,3 +45,5 @@ from .linear import Linear, linear  # noqa: F401
 from .attention import attention, scaled_dot_product_attention  # noqa: F401
 from .fp8_norm import FP8RMSNorm, Fp8RMSNormOutput, fp8_quantize, fp8_rms_norm  # noqa: F401
 from .rope import apply_rotary_pos_emb, rope  # noqa: F401
+# After the families: patch() retargets modules to them.
+from .patch import PatchEntry, PatchReport, causal_lm_loss, patch  # noqa: F401

@@ -57,6 +57,89 @@ def eager_mode(x: torch.Tensor, a: Optional[torch.Tensor] = None,
     return NO_GRAD
 
 
+# ---- torch.autocast ----------------------------------------------------------------------------
+# Under torch.autocast an op casts its floating inputs as PyTorch's counterpart does, on both
+# routes: the custom op through an Autocast kernel (what tracing and dispatch modes see), the eager
+# path through the same AutocastRule before its C++ call. Policies:
+LOWER = "lower"      #: to the autocast dtype, as F.linear and scaled_dot_product_attention
+FP32 = "fp32"        #: to float32, as F.layer_norm on CUDA
+PROMOTE = "promote"  #: to their common dtype, as elementwise PyTorch ops (x + residual)
+KEEP = "keep"        #: as they come, as ops PyTorch's autocast lists do not name (rms_norm)
+
+#: Whether torch.autocast is on for any device: one C call (no Python frame), paid by every eager
+#: call.
+autocast_active = torch._C._is_any_autocast_enabled
+_AUTOCAST_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU) | \
+    torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCUDA)
+_autocast_library = torch.library.Library(NAMESPACE, "FRAGMENT")
+
+
+def _castable(t, device_type: str) -> bool:
+    """What autocast casts: floating tensors on its device, float64 excepted (as PyTorch)."""
+    return isinstance(t, torch.Tensor) and t.is_floating_point() and \
+        t.device.type == device_type and t.dtype is not torch.float64
+
+
+class AutocastRule:
+    """How an op's floating arguments are cast under torch.autocast.
+
+    inputs: the argument positions the policy applies to (per device type: cuda, cpu); params:
+    positions of per-feature parameters (a norm's weight and bias, a bias added to x), kept when
+    float32 or the first input's dtype after the cast (the ops take both) and cast to that dtype
+    otherwise. Non-floating and float64 tensors, None and non-tensor arguments pass unchanged."""
+
+    def __init__(self, inputs: Sequence[int], cuda: str, cpu: str, params: Sequence[int] = ()):
+        self.inputs, self.params = tuple(inputs), tuple(params)
+        self.policy = {"cuda": cuda, "cpu": cpu}
+
+    def cast(self, device_type: str, args: Sequence) -> list:
+        """args (the op's arguments or a leading part of them) as autocast on `device_type`
+        hands them to the op."""
+        args = list(args)
+        policy = self.policy.get(device_type, KEEP)
+        inputs = [i for i in self.inputs if i < len(args) and _castable(args[i], device_type)]
+        target = None
+        if policy == LOWER:
+            target = torch.get_autocast_dtype(device_type)
+        elif policy == FP32:
+            target = torch.float32
+        elif policy == PROMOTE and inputs:
+            target = functools.reduce(torch.promote_types, (args[i].dtype for i in inputs))
+        if target is not None:
+            for i in inputs:
+                if args[i].dtype != target:
+                    args[i] = args[i].to(target)
+        if inputs and self.params:
+            like = args[inputs[0]].dtype
+            for i in self.params:
+                t = args[i] if i < len(args) else None
+                if _castable(t, device_type) and t.dtype != like and t.dtype != torch.float32:
+                    args[i] = t.to(like)
+        return args
+
+    def eager(self, *tensors):
+        """The eager path's cast of the op's leading arguments (the first one's device decides);
+        callers check autocast_active() first, so that nothing is paid outside autocast."""
+        device_type = tensors[0].device.type
+        if not torch.is_autocast_enabled(device_type):
+            return tensors
+        return self.cast(device_type, tensors)
+
+    def register(self, op) -> None:
+        """Registers the rule as `op`'s AutocastCUDA and AutocastCPU kernels (`op` a custom op of
+        the fusekit namespace): cast, then run the op with autocast excluded, as
+        torch.library.register_autocast does for a fixed dtype."""
+        overload = op._opoverload
+        name = op._qualname.split("::", 1)[1]
+        for key, device_type in (("AutocastCUDA", "cuda"), ("AutocastCPU", "cpu")):
+            def kernel(_keyset, *args, _device_type=device_type):
+                args = self.cast(_device_type, args)
+                with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_KEYS):
+                    return overload(*args)
+
+            _autocast_library.impl(name, kernel, key, with_keyset=True)
+
+
 def function_apply(function_class):
     """`function_class.apply` without the Python-level preamble of torch.autograd.Function.apply
     (argument binding for setup_context and functorch dead-wrapper unwrapping: neither applies on
@@ -141,6 +224,30 @@ def activation_name(op: str, activation) -> str:
 U64_MASK = (1 << 64) - 1
 
 
+def draw_seed() -> int:
+    """A fresh dropout seed from PyTorch's CPU generator (torch.manual_seed reproduces it)."""
+    return int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64).item())
+
+
+def seed_tensor(seed: Optional[int], draw: bool) -> torch.Tensor:
+    """A dropout seed as the custom ops take it: a 0-d int64 CPU tensor (the 64 bits of the
+    unsigned seed). seed=None: a fresh one from PyTorch's CPU generator when `draw`, drawn by an op
+    that whatever traces the call records (under torch.compile an op of the graph: a new seed every
+    run, no .item() and so no graph break), else 0. The ops read it on the host, which costs no
+    device synchronization."""
+    if seed is None:
+        if draw:
+            return torch.randint(0, 2**63 - 1, (), dtype=torch.int64)
+        return torch.zeros((), dtype=torch.int64)
+    value = int(seed) & U64_MASK
+    return torch.tensor(value - (1 << 64) if value >> 63 else value, dtype=torch.int64)
+
+
+def seed_value(seed) -> int:
+    """The unsigned 64-bit seed of an int or of a seed_tensor."""
+    return int(seed) & U64_MASK
+
+
 def empty_output(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """What a custom op returns in place of an output not asked for: an empty tensor, shape (0,)."""
     return torch.empty(0, dtype=dtype, device=device)
@@ -155,7 +262,7 @@ def or_empty(t: Optional[torch.Tensor], dtype: torch.dtype,
 # ---- nn.Module drop-ins ----------------------------------------------------------------------
 # Each family registers its drop-ins here: PyTorch class -> fusekit class. The fusekit class
 # subclasses the PyTorch one (same constructor, parameters and state_dict keys) and overrides
-# forward only, so swap_modules() can retarget existing modules in place.
+# forward only, so patch() can retarget existing modules in place.
 DROP_INS: Dict[Type[torch.nn.Module], Type[torch.nn.Module]] = {}
 
 
@@ -167,15 +274,3 @@ def register_drop_in(torch_class: Type[torch.nn.Module]):
         return fusekit_class
 
     return decorate
-
-
-def swap_modules(model: torch.nn.Module) -> int:
-    """Turns every module of `model` whose exact class has a fusekit drop-in into that drop-in,
-    in place (parameters, buffers and hooks are kept). Returns how many were swapped."""
-    swapped = 0
-    for module in model.modules():
-        target = DROP_INS.get(type(module))
-        if target is not None:
-            module.__class__ = target
-            swapped += 1
-    return swapped

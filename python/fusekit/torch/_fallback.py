@@ -45,6 +45,10 @@ def get_fallback() -> str:
     return _policy
 
 
+# The device queries are fusekit._C calls that torch.compile cannot trace; their results are fixed
+# for the process, so dynamo runs them once and keeps the answer (a call under torch.compile before
+# any eager call would otherwise break the graph).
+@torch.compiler.assume_constant_result
 def _device_supported(index: int) -> bool:
     s = _supported.get(index)
     if s is None:

@@ -18,8 +18,10 @@ without copies); with cu_seqlens_q/k (int32, B + 1) packed (T, H, D) tensors. ou
 (B, Sq, Hq, Dv) contiguous, lse (B, Hq, Sq) float32 (varlen: (Tq, Hq, Dv) and (Hq, Tq)). bias is
 4-D (B|1, Hq|1, Sq|1, Sk) with its key dim contiguous; dbias has the bias's shape, dq/dk/dv are
 laid out as torch.empty_like(q/k/v) where that suits fusekit. `deterministic` is read by the backward only (bitwise
-reproducible dq on the GPU). The dropout mask is a pure function of (seed, offset) and the element's
-position, so the backward regenerates it: nothing but q, k, v, bias, out and lse is saved.
+reproducible dq on the GPU). seed is a 0-d int64 CPU tensor (the 64 bits of the unsigned seed;
+see _common.seed_tensor): a seed drawn inside a traced graph reaches the op without a graph break.
+The dropout mask is a pure function of (seed, offset) and the element's position, so the backward
+regenerates it: nothing but q, k, v, bias, out, lse and the seed is saved.
 
 Dtypes: float16 / bfloat16 on CUDA (float32 accumulation); float32 / float64 run the float64 CPU
 reference on CPU tensors (CUDA tensors of those dtypes get fusekit.UnsupportedError).
@@ -37,15 +39,21 @@ from . import _fallback
 from ._common import (
     names_allocation_failure,
     CUSTOM_OP,
+    LOWER,
     NAMESPACE,
     RECORD,
     U64_MASK,
+    AutocastRule,
     argument_type_error,
+    autocast_active,
     eager_mode,
     empty_output,
+    draw_seed,
     function_apply,
     invalid_argument,
     or_empty,
+    seed_tensor,
+    seed_value,
 )
 
 
@@ -277,12 +285,13 @@ def _backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: T
 # ---- custom ops --------------------------------------------------------------------------------
 @torch.library.custom_op(f"{NAMESPACE}::attention_fwd", mutates_args=())
 def attention_fwd(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], scale: Optional[float],
-                  mask: str, window_left: int, window_right: int, dropout_p: float, seed: int,
+                  mask: str, window_left: int, window_right: int, dropout_p: float, seed: Tensor,
                   offset: int, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
                   max_seqlen_q: int, max_seqlen_k: int,
                   deterministic: bool) -> Tuple[Tensor, Tensor]:
-    return _forward(q, k, v, bias, scale, mask, window_left, window_right, dropout_p, seed, offset,
-                    cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    return _forward(q, k, v, bias, scale, mask, window_left, window_right, dropout_p,
+                    seed_value(seed), offset, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                    max_seqlen_k)
 
 
 @attention_fwd.register_fake
@@ -295,13 +304,13 @@ def _(q, k, v, bias, scale, mask, window_left, window_right, dropout_p, seed, of
 @torch.library.custom_op(f"{NAMESPACE}::attention_bwd", mutates_args=())
 def attention_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                   bias: Optional[Tensor], scale: Optional[float], mask: str, window_left: int,
-                  window_right: int, dropout_p: float, seed: int, offset: int,
+                  window_right: int, dropout_p: float, seed: Tensor, offset: int,
                   cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
                   max_seqlen_q: int, max_seqlen_k: int, deterministic: bool, need_dq: bool,
                   need_dk: bool, need_dv: bool,
                   need_dbias: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     dq, dk, dv, dbias = _backward(dout, q, k, v, out, lse, bias, scale, mask, window_left,
-                                  window_right, dropout_p, seed, offset, cu_seqlens_q,
+                                  window_right, dropout_p, seed_value(seed), offset, cu_seqlens_q,
                                   cu_seqlens_k, max_seqlen_q, max_seqlen_k, deterministic,
                                   need_dq, need_dk, need_dv, need_dbias)
     bias_dtype = bias.dtype if bias is not None else q.dtype
@@ -326,26 +335,33 @@ def _setup(ctx, inputs, output):
     cu_seqlens_q, cu_seqlens_k = inputs[11], inputs[12]
     out, lse = output
     ctx.mark_non_differentiable(lse)
-    ctx.save_for_backward(q, k, v, bias, out, lse, cu_seqlens_q, cu_seqlens_k)
-    # scale, mask, window_left, window_right, dropout_p, seed, offset / max lengths, deterministic
-    ctx.config = inputs[4:11]
+    ctx.save_for_backward(q, k, v, bias, out, lse, cu_seqlens_q, cu_seqlens_k, inputs[9])
+    # scale, mask, window_left, window_right, dropout_p / offset / max lengths, deterministic
+    ctx.config = inputs[4:9]
+    ctx.offset = inputs[10]
     ctx.rest = inputs[13:16]
 
 
 def _autograd_backward(ctx, dout, _dlse):
-    q, k, v, bias, out, lse, cu_q, cu_k = ctx.saved_tensors
+    q, k, v, bias, out, lse, cu_q, cu_k, seed = ctx.saved_tensors
     need_dq, need_dk, need_dv, need_dbias = ctx.needs_input_grad[:4]
     need_dbias = need_dbias and bias is not None
     nones = (None,) * 12
     if dout is None or not (need_dq or need_dk or need_dv or need_dbias):
         return (None,) * 4 + nones
-    dq, dk, dv, dbias = attention_bwd(dout, q, k, v, out, lse, bias, *ctx.config, cu_q, cu_k,
+    dq, dk, dv, dbias = attention_bwd(dout, q, k, v, out, lse, bias, *ctx.config, seed,
+                                      ctx.offset, cu_q, cu_k,
                                       *ctx.rest, need_dq, need_dk, need_dv, need_dbias)
     return (dq if need_dq else None, dk if need_dk else None, dv if need_dv else None,
             dbias if need_dbias else None) + nones
 
 
 attention_fwd.register_autograd(_autograd_backward, setup_context=_setup)
+
+#: Under torch.autocast q, k, v and the bias go in the autocast dtype, as with PyTorch's
+#: scaled_dot_product_attention (its attn_mask included).
+AUTOCAST = AutocastRule((0, 1, 2, 3), cuda=LOWER, cpu=LOWER)
+AUTOCAST.register(attention_fwd)
 
 
 class _AttentionFunction(torch.autograd.Function):
@@ -390,10 +406,11 @@ _apply = function_apply(_AttentionFunction)
 
 # ---- functional forms --------------------------------------------------------------------------
 def _draw_seed(dropout_p: float, seed: Optional[int]) -> int:
+    """The eager paths' seed: seed itself, or a fresh one from PyTorch's CPU generator, so that
+    torch.manual_seed reproduces runs."""
     if seed is not None:
-        return int(seed)
-    # A fresh seed from PyTorch's CPU generator, so that torch.manual_seed reproduces runs.
-    return int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64).item()) if dropout_p > 0 else 0
+        return seed_value(seed)
+    return draw_seed() if dropout_p > 0 else 0
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor] = None, *,
@@ -421,9 +438,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor] = None, *,
     dropout_p in [0, 1): the mask is a pure function of (seed, offset) and the element's position
     (include/fusekit/attention.h; fusekit.attention_dropout_keep_mask reproduces it), regenerated
     by the backward. seed=None draws a fresh seed from PyTorch's CPU generator when dropout_p > 0
-    (torch.manual_seed makes runs reproducible); under torch.compile that draw is a graph break, so
-    pass an explicit seed there. Seeds and offsets through the custom op: seed in [0, 2^63),
-    offset in [0, 2^32); give each call that needs an independent mask its own pair.
+    (torch.manual_seed makes runs reproducible); under torch.compile the draw is an op of the graph
+    (a fresh mask every run, no graph break). seed: any 64-bit value; offset in [0, 2^32); give
+    each call that needs an independent mask its own pair.
     deterministic: bitwise reproducible gradients on the GPU (dq without atomics); None follows
     torch.are_deterministic_algorithms_enabled().
 
@@ -435,10 +452,11 @@ def attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor] = None, *,
                                    _mask_name(op, mask), window, float(dropout_p), cu_seqlens_q,
                                    cu_seqlens_k)
     mode = eager_mode(q, k, v, bias)
+    if mode != CUSTOM_OP and autocast_active():
+        q, k, v, bias = AUTOCAST.eager(q, k, v, bias)
     if mode != CUSTOM_OP:
-        if seed is None:
-            seed = _draw_seed(float(dropout_p), None)
-        cfg = (scale, mask, window[0], window[1], dropout_p, int(seed) & U64_MASK, offset,
+        seed = _draw_seed(float(dropout_p), seed)
+        cfg = (scale, mask, window[0], window[1], dropout_p, seed, offset,
                max_seqlen_q, max_seqlen_k, deterministic)
         if mode == RECORD:
             try:
@@ -454,7 +472,6 @@ def attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor] = None, *,
         mask = _mask_name(op, mask)
     window_left, window_right = int(window[0]), int(window[1])
     dropout_p = float(dropout_p)
-    seed = _draw_seed(dropout_p, seed)
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     dv_orig = v.shape[-1] if v.dim() else 0
@@ -466,11 +483,12 @@ def attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor] = None, *,
         keys = int(max_seqlen_k) if cu_seqlens_k is not None else \
             (k.shape[1] if k.dim() >= 2 else 0)
         bias = _bias_operand(bias, keys)
-    args = (q, k, v, bias, scale, mask, window_left, window_right, dropout_p, seed, int(offset),
-            cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), bool(deterministic))
     # The fix-ups above keep the eager mode (they keep requires_grad), except that they may hand
     # over tensors tracing would see: decide again.
     mode = eager_mode(q, k, v, bias)
+    seed = seed_tensor(seed, dropout_p > 0) if mode == CUSTOM_OP else _draw_seed(dropout_p, seed)
+    args = (q, k, v, bias, scale, mask, window_left, window_right, dropout_p, seed, int(offset),
+            cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), bool(deterministic))
     if mode == CUSTOM_OP:
         out, _ = attention_fwd(*args)
     elif mode == RECORD:
@@ -507,7 +525,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
     dropout mask is reproducible: a function of (seed, offset), not of PyTorch's generator state.
     dropout_p applies whenever it is > 0 (pass 0 in eval mode, as with PyTorch). seed=None draws a
     seed from PyTorch's CPU generator when dropout_p > 0 (torch.manual_seed reproduces runs; under
-    torch.compile(fullgraph=True) pass seed explicitly). deterministic: None follows
+    torch.compile an op of the graph, no graph break). deterministic: None follows
     torch.are_deterministic_algorithms_enabled().
 
     float16 / bfloat16 on CUDA; float32 / float64 on the CPU.

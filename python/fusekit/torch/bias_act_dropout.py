@@ -5,9 +5,11 @@ Ops (all return fresh tensors; nothing is mutated):
   bias_act_dropout_fwd(x, bias?, activation, p, seed, offset, slope) -> y
   bias_act_dropout_bwd(dy, x, bias?, activation, p, seed, offset, slope, need_dx, need_dbias)
       -> (dx, dbias)             (a gradient not asked for comes back empty, shape (0,))
-x is (..., N); bias is (N) in x's dtype or float32; dbias has bias's dtype. The dropout mask is a
-pure function of (seed, offset, p) and the element's index (include/fusekit/dropout.h), so the
-backward regenerates it instead of storing it: only x and bias are saved.
+x is (..., N); bias is (N) in x's dtype or float32; dbias has bias's dtype. seed is a 0-d int64
+CPU tensor (the 64 bits of the unsigned seed; see _common.seed_tensor), so that a seed drawn
+inside a traced graph reaches the op without a graph break. The dropout mask is a pure function
+of (seed, offset, p) and the element's index (include/fusekit/dropout.h), so the backward
+regenerates it instead of storing it: only x, bias and the seed are saved.
 """
 from __future__ import annotations
 
@@ -20,16 +22,22 @@ from .. import _C
 from . import _fallback
 from ._common import (
     names_allocation_failure,
+    CUSTOM_OP,
+    KEEP,
     NAMESPACE,
-    NO_GRAD,
     RECORD,
     U64_MASK,
+    AutocastRule,
     activation_name,
+    autocast_active,
+    draw_seed,
     eager_mode,
     empty_output,
     function_apply,
     invalid_argument,
     or_empty,
+    seed_tensor,
+    seed_value,
 )
 
 
@@ -67,9 +75,9 @@ def _backward(dy: Tensor, x: Tensor, bias: Optional[Tensor], activation: str, p:
 
 # ---- custom ops --------------------------------------------------------------------------------
 @torch.library.custom_op(f"{NAMESPACE}::bias_act_dropout_fwd", mutates_args=())
-def bias_act_dropout_fwd(x: Tensor, bias: Optional[Tensor], activation: str, p: float, seed: int,
+def bias_act_dropout_fwd(x: Tensor, bias: Optional[Tensor], activation: str, p: float, seed: Tensor,
                          offset: int, slope: float) -> Tensor:
-    return _forward(x, bias, activation, p, seed, offset, slope)
+    return _forward(x, bias, activation, p, seed_value(seed), offset, slope)
 
 
 @bias_act_dropout_fwd.register_fake
@@ -79,9 +87,10 @@ def _(x, bias, activation, p, seed, offset, slope):
 
 @torch.library.custom_op(f"{NAMESPACE}::bias_act_dropout_bwd", mutates_args=())
 def bias_act_dropout_bwd(dy: Tensor, x: Tensor, bias: Optional[Tensor], activation: str, p: float,
-                         seed: int, offset: int, slope: float, need_dx: bool,
+                         seed: Tensor, offset: int, slope: float, need_dx: bool,
                          need_dbias: bool) -> Tuple[Tensor, Tensor]:
-    dx, dbias = _backward(dy, x, bias, activation, p, seed, offset, slope, need_dx, need_dbias)
+    dx, dbias = _backward(dy, x, bias, activation, p, seed_value(seed), offset, slope, need_dx,
+                          need_dbias)
     bias_dtype = bias.dtype if bias is not None else x.dtype
     return or_empty(dx, x.dtype, x.device), or_empty(dbias, bias_dtype, x.device)
 
@@ -97,22 +106,30 @@ def _(dy, x, bias, activation, p, seed, offset, slope, need_dx, need_dbias):
 
 def _setup(ctx, inputs, output):
     x, bias, activation, p, seed, offset, slope = inputs
-    ctx.save_for_backward(x, bias)
-    ctx.config = (activation, p, seed, offset, slope)
+    ctx.save_for_backward(x, bias, seed)
+    ctx.config = (activation, p, offset, slope)
 
 
 def _autograd_backward(ctx, dy):
-    x, bias = ctx.saved_tensors
+    x, bias, seed = ctx.saved_tensors
     need_dx, need_dbias = ctx.needs_input_grad[:2]
     need_dbias = need_dbias and bias is not None
     if dy is None or not (need_dx or need_dbias):
         return None, None, None, None, None, None, None
-    dx, dbias = bias_act_dropout_bwd(dy, x, bias, *ctx.config, need_dx, need_dbias)
+    activation, p, offset, slope = ctx.config
+    dx, dbias = bias_act_dropout_bwd(dy, x, bias, activation, p, seed, offset, slope, need_dx,
+                                     need_dbias)
     return (dx if need_dx else None, dbias if need_dbias else None,
             None, None, None, None, None)
 
 
 bias_act_dropout_fwd.register_autograd(_autograd_backward, setup_context=_setup)
+
+#: Under torch.autocast x keeps its dtype (the op computes in float32 and rounds once to it) and
+#: bias goes in as float32 or x's dtype, as the op takes it (PyTorch's x + bias would promote a
+#: bfloat16 x to float32 with a float32 bias; the fused op keeps x's dtype, as a linear's bias).
+AUTOCAST = AutocastRule((0,), cuda=KEEP, cpu=KEEP, params=(1,))
+AUTOCAST.register(bias_act_dropout_fwd)
 
 
 class _BiasActDropoutFunction(torch.autograd.Function):
@@ -146,26 +163,27 @@ def bias_act_dropout(x: Tensor, bias: Optional[Tensor], activation="none", p: fl
     activation: fusekit.Activation or its name ('none', 'relu', 'gelu_erf', 'gelu_tanh',
     'squared_relu', 'leaky_relu' with negative slope `slope`, 'silu'). p: drop probability in
     [0, 1); training=False (or p = 0) turns dropout off. The mask is a function of (seed, offset)
-    (seed and offset in [0, 2^63) through the custom op): give each call that needs an independent
-    mask its own pair, and the backward regenerates it. seed=None draws a fresh seed from
-    PyTorch's CPU generator (torch.manual_seed makes runs reproducible); under torch.compile that
-    draw is a graph break, so pass an explicit seed there.
+    (seed any 64-bit value, offset in [0, 2^63) through the custom op): give each call that needs
+    an independent mask its own pair, and the backward regenerates it. seed=None draws a fresh
+    seed from PyTorch's CPU generator (torch.manual_seed makes runs reproducible); under
+    torch.compile the draw is an op of the graph: a fresh mask every run, no graph break.
     """
     name = activation_name("bias_act_dropout", activation)
     p = float(p) if training else 0.0
     if not _fallback.all_fusekit and _fallback.use_pytorch("bias_act_dropout", x):
         h = _fallback.activation(x if bias is None else x + bias, name, float(slope))
         return torch.nn.functional.dropout(h, p, training=p > 0.0)
-    if seed is None:
-        # A fresh seed from PyTorch's CPU generator, so that torch.manual_seed reproduces runs.
-        seed = int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64).item()) if p > 0.0 else 0
-    seed, offset, slope = int(seed), int(offset), float(slope)
+    offset, slope = int(offset), float(slope)
     mode = eager_mode(x, bias)
+    if mode == CUSTOM_OP:
+        return bias_act_dropout_fwd(x, bias, name, p, seed_tensor(seed, p > 0.0), offset, slope)
+    # A fresh seed from PyTorch's CPU generator, so that torch.manual_seed reproduces runs.
+    seed = (draw_seed() if p > 0.0 else 0) if seed is None else seed_value(seed)
+    if autocast_active():
+        x, bias = AUTOCAST.eager(x, bias)
     if mode == RECORD:
         return _apply(x, bias, name, p, seed, offset, slope)
-    if mode == NO_GRAD:
-        return _forward(x, bias, name, p, seed, offset, slope)
-    return bias_act_dropout_fwd(x, bias, name, p, seed, offset, slope)
+    return _forward(x, bias, name, p, seed, offset, slope)
 
 
 # ---- modules -----------------------------------------------------------------------------------
@@ -174,7 +192,8 @@ class Dropout(torch.nn.Dropout):
     state; active in training mode only. Each call draws a fresh seed from PyTorch's CPU generator
     (torch.manual_seed makes runs reproducible); the mask is regenerated in the backward, never
     stored. inplace=True is accepted for compatibility, but the result is always a new tensor.
-    Not registered with swap_modules: its masks differ from PyTorch's (same distribution)."""
+    Not a registered drop-in: its masks differ from PyTorch's (same distribution); patch() swaps
+    it in for torch.nn.Dropout unless asked not to (dropout=False)."""
 
     def forward(self, x: Tensor) -> Tensor:
         return bias_act_dropout(x, None, "none", self.p, training=self.training)

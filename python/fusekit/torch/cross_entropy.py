@@ -263,7 +263,7 @@ class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
         self.z_loss = float(z_loss)
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
-        # getattr: a torch.nn.CrossEntropyLoss retargeted by swap_modules has no z_loss.
+        # getattr: a torch.nn.CrossEntropyLoss retargeted by patch() has no z_loss.
         return cross_entropy(input, target, self.weight, ignore_index=self.ignore_index,
                              reduction=self.reduction, label_smoothing=self.label_smoothing,
                              z_loss=getattr(self, "z_loss", 0.0))

@@ -313,8 +313,8 @@ class FP8RMSNorm(torch.nn.RMSNorm):
     parameters and state_dict keys, with FP8 in and out: forward(x, x_scales=None) returns
     Fp8RMSNormOutput(y, qy, qy_t, y_scale) (see fp8_rms_norm). Keyword-only extras: group_size
     and fp8_dtype. weight may be bfloat16 or float32 (the default dtype float32 is fine).
-    normalized_shape is one dimension. Not registered with swap_modules: it returns a tuple and
-    quantizes its input."""
+    normalized_shape is one dimension. Not a registered drop-in: it returns a tuple and quantizes
+    its input."""
 
     def __init__(self, normalized_shape: _ShapeLike, eps: Optional[float] = None,
                  elementwise_affine: bool = True, device=None, dtype=None, *,

@@ -28,10 +28,14 @@ from .. import _C
 from . import _fallback
 from ._common import (
     names_allocation_failure,
+    CUSTOM_OP,
     NAMESPACE,
     NO_GRAD,
+    PROMOTE,
     RECORD,
+    AutocastRule,
     activation_name,
+    autocast_active,
     argument_type_error,
     eager_mode,
     empty_output,
@@ -159,6 +163,11 @@ def _autograd_backward_separate(ctx, dy):
 
 gated_act_separate_fwd.register_autograd(_autograd_backward_separate, setup_context=_setup_separate)
 
+#: Under torch.autocast gate and up go in their common dtype, as PyTorch's act(gate) * up (the
+#: one-tensor gated_act has nothing to cast: autocast leaves the activations of PyTorch alone).
+SEPARATE_AUTOCAST = AutocastRule((0, 1), cuda=PROMOTE, cpu=PROMOTE)
+SEPARATE_AUTOCAST.register(gated_act_separate_fwd)
+
 
 # ---- the eager path with gradients: the same implementation functions as the custom ops ----------
 class _GatedActFunction(torch.autograd.Function):
@@ -241,6 +250,8 @@ def gated_act_separate(gate: Tensor, up: Tensor, activation="silu") -> Tensor:
     if not _fallback.all_fusekit and _fallback.use_pytorch("gated_act_forward_separate", gate):
         return _pytorch_gated("gated_act_forward_separate", gate, up, name)
     mode = eager_mode(gate, up)
+    if mode != CUSTOM_OP and autocast_active():
+        gate, up = SEPARATE_AUTOCAST.eager(gate, up)
     if mode == RECORD:
         return _apply_separate(gate, up, name)
     if mode == NO_GRAD:

@@ -9,6 +9,11 @@ Ops (all return fresh tensors; nothing is mutated):
       -> (dx, dweight, dbias)    (a gradient not asked for comes back empty, shape (0,))
 x is (..., K), weight (N, K), bias (N), all one dtype (float32, float16 or bfloat16; float64 on the
 CPU). Activations: none, relu, gelu_erf, gelu_tanh, squared_relu, silu (include/fusekit/linear.h).
+
+A weight stored as (K, N) (Hugging Face's Conv1D) goes in as its transposed view weight.t(): read in
+place where fusekit's linear takes such weights (TRANSPOSED_WEIGHT; dweight then comes back in the
+same layout, so that the (K, N) parameter's gradient is a plain transpose), else copied by
+fusekit._C on every call.
 """
 from __future__ import annotations
 
@@ -21,15 +26,49 @@ from .. import _C
 from . import _fallback
 from ._common import (
     names_allocation_failure,
+    CUSTOM_OP,
+    LOWER,
     NAMESPACE,
     NO_GRAD,
     RECORD,
+    AutocastRule,
     activation_name,
+    autocast_active,
     eager_mode,
     empty_output,
     function_apply,
     or_empty,
 )
+
+
+def _transposed(weight: Tensor) -> bool:
+    """weight (N, K) is the transposed view of a (K, N) row-major matrix (N contiguous)."""
+    return weight.dim() == 2 and weight.shape[0] > 1 and weight.stride(0) == 1 and \
+        weight.stride(1) >= weight.shape[0]
+
+
+def _takes_transposed_weight() -> bool:
+    """Whether fusekit._C's linear reads a transposed (K, N) weight in place (one tiny CPU call):
+    fusekit's C++ API refuses a weight whose K dimension is not contiguous where it does not."""
+    x, y = torch.ones(1, 2), torch.empty(1, 3)
+    try:
+        _C.linear_forward(x, torch.ones(2, 3).t(), None, "none", y)
+    except _C.InvalidArgumentError:
+        return False
+    return True
+
+
+#: fusekit's linear reads weight.t() of a (K, N) row-major weight (Hugging Face's Conv1D) without a
+#: copy, and returns its gradient in that layout.
+TRANSPOSED_WEIGHT = _takes_transposed_weight()
+
+
+def _new_dweight(weight: Tensor) -> Tensor:
+    """dweight as fusekit._C allocates it: weight's transposed layout where it reads that layout in
+    place, else contiguous (N, K)."""
+    if TRANSPOSED_WEIGHT and _transposed(weight):
+        return weight.new_empty((weight.shape[1], weight.shape[0])).t()
+    return torch.empty_like(weight, memory_format=torch.contiguous_format)
 
 
 # ---- implementations shared by the custom ops and the eager path -------------------------------
@@ -81,8 +120,7 @@ def linear_bwd(dout: Tensor, x: Tensor, weight: Tensor, pre_activation: Optional
 def _(dout, x, weight, pre_activation, activation, need_dx, need_dweight, need_dbias):
     dx = torch.empty_like(x, memory_format=torch.contiguous_format) if need_dx else \
         empty_output(x.dtype, x.device)
-    dweight = torch.empty_like(weight, memory_format=torch.contiguous_format) if need_dweight \
-        else empty_output(x.dtype, x.device)
+    dweight = _new_dweight(weight) if need_dweight else empty_output(x.dtype, x.device)
     dbias = x.new_empty(weight.shape[0] if need_dbias else 0)
     return dx, dweight, dbias
 
@@ -109,6 +147,10 @@ def _autograd_backward(ctx, dout, _dpre):
 
 
 linear_fwd.register_autograd(_autograd_backward, setup_context=_setup)
+
+#: Under torch.autocast x, weight and bias go in the autocast dtype, as with F.linear.
+AUTOCAST = AutocastRule((0, 1, 2), cuda=LOWER, cpu=LOWER)
+AUTOCAST.register(linear_fwd)
 
 
 class _LinearFunction(torch.autograd.Function):
@@ -146,6 +188,8 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activation=
     if not _fallback.all_fusekit and _fallback.use_pytorch("linear", x):
         return _fallback.activation(torch.nn.functional.linear(x, weight, bias), name)
     mode = eager_mode(x, weight, bias)
+    if mode != CUSTOM_OP and autocast_active():
+        x, weight, bias = AUTOCAST.eager(x, weight, bias)
     if mode == RECORD:
         return _apply(x, weight, bias, name)
     if mode == NO_GRAD:
@@ -159,8 +203,8 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activation=
 class Linear(torch.nn.Linear):
     """torch.nn.Linear followed by a fused activation: y = act(x W^T + b). Same parameters and
     state_dict keys as torch.nn.Linear (load one's state_dict into the other); activation='none'
-    computes exactly what torch.nn.Linear does. Not registered with swap_modules: its default
-    activation changes what the module computes."""
+    computes exactly what torch.nn.Linear does. Not a registered drop-in: its default activation
+    changes what the module computes."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  activation="gelu_tanh", device=None, dtype=None) -> None:

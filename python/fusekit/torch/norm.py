@@ -30,9 +30,15 @@ from .. import _C
 from . import _fallback
 from ._common import (
     names_allocation_failure,
+    CUSTOM_OP,
+    FP32,
+    KEEP,
     NAMESPACE,
     NO_GRAD,
+    PROMOTE,
     RECORD,
+    AutocastRule,
+    autocast_active,
     eager_mode,
     empty_output,
     function_apply,
@@ -157,6 +163,11 @@ def _layer_norm_backward(ctx, dy, _dmean, _drstd):
 
 layer_norm_fwd.register_autograd(_layer_norm_backward, setup_context=_layer_norm_setup)
 
+#: Under torch.autocast as F.layer_norm: float32 on CUDA (x, weight and bias), as they come on the
+#: CPU. A weight or bias neither float32 nor x's dtype is cast to x's dtype.
+LAYER_NORM_AUTOCAST = AutocastRule((0,), cuda=FP32, cpu=KEEP, params=(1, 2))
+LAYER_NORM_AUTOCAST.register(layer_norm_fwd)
+
 
 class _LayerNormFunction(torch.autograd.Function):
     """The eager path with gradients: the C++ calls of the custom ops, written for host time
@@ -245,6 +256,11 @@ def _rms_norm_backward(ctx, dy, _drstd):
 
 
 rms_norm_fwd.register_autograd(_rms_norm_backward, setup_context=_rms_norm_setup)
+
+#: Under torch.autocast as F.rms_norm (which autocast does not cast): x as it comes, the weight
+#: as float32 or x's dtype.
+RMS_NORM_AUTOCAST = AutocastRule((0,), cuda=KEEP, cpu=KEEP, params=(1,))
+RMS_NORM_AUTOCAST.register(rms_norm_fwd)
 
 
 class _RMSNormFunction(torch.autograd.Function):
@@ -400,6 +416,11 @@ def _layer_norm_residual_backward(ctx, dy, dsum, _dmean, _drstd):
 layer_norm_residual_fwd.register_autograd(_layer_norm_residual_backward,
                                           setup_context=_layer_norm_residual_setup)
 
+#: Under torch.autocast as F.layer_norm(x + residual): the sum in x's and residual's common dtype
+#: (a bfloat16 branch output added to a float32 residual stream is float32), float32 on CUDA.
+LAYER_NORM_RESIDUAL_AUTOCAST = AutocastRule((0, 1), cuda=FP32, cpu=PROMOTE, params=(2, 3))
+LAYER_NORM_RESIDUAL_AUTOCAST.register(layer_norm_residual_fwd)
+
 
 def _rms_norm_residual_setup(ctx, inputs, output):
     x, _residual, weight, _eps = inputs
@@ -428,6 +449,10 @@ def _rms_norm_residual_backward(ctx, dy, dsum, _drstd):
 
 rms_norm_residual_fwd.register_autograd(_rms_norm_residual_backward,
                                         setup_context=_rms_norm_residual_setup)
+
+#: Under torch.autocast as F.rms_norm(x + residual): the sum in the common dtype.
+RMS_NORM_RESIDUAL_AUTOCAST = AutocastRule((0, 1), cuda=PROMOTE, cpu=PROMOTE, params=(2,))
+RMS_NORM_RESIDUAL_AUTOCAST.register(rms_norm_residual_fwd)
 
 
 def layer_norm_residual(x: Tensor, residual: Tensor, weight: Optional[Tensor] = None,
@@ -506,6 +531,8 @@ def layer_norm(x: Tensor, normalized_shape: _ShapeLike, weight: Optional[Tensor]
         x2, (w, b) = _flat("layer_norm", x, normalized_shape, [weight, bias])
     eps = float(eps)
     mode = eager_mode(x2, w, b)
+    if mode != CUSTOM_OP and autocast_active():
+        x2, w, b = LAYER_NORM_AUTOCAST.eager(x2, w, b)
     if mode == RECORD:
         y = _layer_norm_apply(x2, w, b, eps)
     elif mode == NO_GRAD:
@@ -533,6 +560,8 @@ def rms_norm(x: Tensor, normalized_shape: _ShapeLike, weight: Optional[Tensor] =
         eps = _FINFO_EPS.get(x.dtype, 0.0)
     eps = float(eps)
     mode = eager_mode(x2, w)
+    if mode != CUSTOM_OP and autocast_active():
+        x2, w = RMS_NORM_AUTOCAST.eager(x2, w)
     if mode == RECORD:
         y = _rms_norm_apply(x2, w, eps)
     elif mode == NO_GRAD:

@@ -27,10 +27,14 @@ from .. import _C
 from . import _fallback
 from ._common import (
     names_allocation_failure,
+    CUSTOM_OP,
     NAMESPACE,
     NO_GRAD,
+    PROMOTE,
     RECORD,
+    AutocastRule,
     argument_type_error,
+    autocast_active,
     eager_mode,
     empty_output,
     function_apply,
@@ -156,6 +160,11 @@ def _autograd_backward(ctx, dq_out, dk_out):
 
 rope_fwd.register_autograd(_autograd_backward, setup_context=_setup)
 
+#: Under torch.autocast q and k go in their common dtype (as q * cos + rotate_half(q) * sin would
+#: promote them); the float32 tables are the op's own precision and stay as they are.
+AUTOCAST = AutocastRule((0, 1), cuda=PROMOTE, cpu=PROMOTE)
+AUTOCAST.register(rope_fwd)
+
 
 class _RopeFunction(torch.autograd.Function):
     """The eager path with gradients: the same implementation functions as the custom ops."""
@@ -208,6 +217,9 @@ def rope(q: Tensor, k: Optional[Tensor] = None, position_ids: Optional[Tensor] =
     if not _fallback.all_fusekit and _fallback.use_pytorch("rope", q):
         return _fallback.rope(*args)
     mode = eager_mode(q, k)
+    if mode != CUSTOM_OP and autocast_active():
+        q, k = AUTOCAST.eager(q, k)
+        args = (q, k) + args[2:]
     if mode == RECORD:
         return _apply(*args)
     if mode == NO_GRAD:
