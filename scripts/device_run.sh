@@ -2,7 +2,7 @@
 # The one script for the GPU machine: build with all cores, run the whole test suite, the CLI
 # check, the benchmarks and the PyTorch side-by-side timings, and leave logs + JSON in $OUT.
 #   device tool: run(command="bash scripts/device_run.sh", carry=[".deps", ".whl"])
-# Stages can be narrowed: STAGES="build test bench torch sanitize" (default: all but norm_sweep;
+# Stages can be narrowed: STAGES="build test bench torch sanitize" (default: all but norm_sweep and e2e;
 # sanitize: scripts/sanitize_gpu.sh, every GPU test family under each compute-sanitizer tool).
 # python: the Python package built and its whole pytest suite run against CUDA PyTorch, plus the
 # example training script; overhead: host time of fusekit.torch over the direct C++ call per op
@@ -97,7 +97,7 @@ fi
 # overhead, the norm sweep, and linear's and linear_cross_entropy's PyTorch comparisons
 # (torch_bench.py times fusekit.torch in turns with PyTorch when it can import it).
 torch_ops=" ${TORCH_OPS:-linear} "
-if has python || has overhead || has norm_sweep ||
+if has python || has overhead || has norm_sweep || has e2e ||
    { has torch && [[ "$torch_ops" == *" linear "* || "$torch_ops" == *" linear_cross_entropy "* ]]; }; then
   start=$(date +%s)
   FUSEKIT_PY_BUILD_ONLY=1 bash scripts/python_test.sh >"$OUT/python_build.log" 2>&1
@@ -129,6 +129,18 @@ if has norm_sweep; then
   rc=$?
   log "norm sweep part ${NORM_SWEEP_PART:-1/1} rc=$rc in $(( $(date +%s) - start ))s"
   tail -8 "$OUT/norm_sweep.log"
+  [ $rc -eq 0 ] || status=1
+fi
+
+# Training steps of HuggingFace models (scripts/e2e_bench.py: eager, torch.compile, fusekit.torch.patch,
+# both, Liger-Kernel; not in the default stages: E2E_MODELS picks the models).
+if has e2e; then
+  start=$(date +%s)
+  PYTHONPATH="$PWD/build-python/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 \
+    python3 scripts/e2e_bench.py --out "$OUT/e2e.json" --models ${E2E_MODELS:-gpt2 llama-1.25b} >"$OUT/e2e.log" 2>&1
+  rc=$?
+  log "e2e bench rc=$rc in $(( $(date +%s) - start ))s"
+  grep -vE "^\[transformers\]|^W[0-9]" "$OUT/e2e.log" | tail -14
   [ $rc -eq 0 ] || status=1
 fi
 
@@ -181,7 +193,7 @@ if has report; then
   # scripts/perf_report.py --merge in the repository).
   mkdir -p "$OUT/records"
   python3 scripts/perf_report.py --results "$OUT/records" --no-plots --out "$OUT/report.md" \
-    --merge $(ls "$OUT/fusekit_bench.json" "$OUT/torch_bench.json" "$OUT/norm_sweep.json" 2>/dev/null) >"$OUT/report.log" 2>&1
+    --merge $(ls "$OUT/fusekit_bench.json" "$OUT/torch_bench.json" "$OUT/norm_sweep.json" "$OUT/e2e.json" 2>/dev/null) >"$OUT/report.log" 2>&1
   cat "$OUT/report.md"
 fi
 exit $status

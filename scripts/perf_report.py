@@ -162,6 +162,14 @@ def merge_files(results_dir, paths, commit, date):
         device = device_key(device_name)
         out = os.path.join(results_dir, f"{device}-{date}.json")
         record = read_json(out) if os.path.exists(out) else empty_record(device, device_name, date)
+        if raw.get("kind") == "e2e":  # scripts/e2e_bench.py: one entry per run
+            entry = {k: raw[k] for k in ("torch", "transformers", "steps", "warmup", "agreement_steps", "models")
+                     if k in raw}
+            record.setdefault("e2e", []).append(dict(entry, commit=commit))
+            write_record(out, record)
+            print(f"merged {path} ({len(raw['models'])} models) into {os.path.relpath(out, ROOT)}")
+            written.append(out)
+            continue
         if raw.get("kind") == "norm_sweep":
             write_record(out, merge_norm_sweep(record, raw, commit))
             print(f"merged {path} ({len(raw['points'])} sweep points) into {os.path.relpath(out, ROOT)}")
@@ -414,6 +422,32 @@ def norm_sweep_table(date, entry):
     return lines
 
 
+E2E_LABEL = {"eager": "PyTorch eager", "compile": "torch.compile", "fusekit": "fusekit (patch)",
+             "fusekit_compile": "fusekit + torch.compile", "liger": "Liger-Kernel"}
+
+
+def e2e_table(date, entry):
+    lines = [f"`scripts/e2e_bench.py`, measured {date} (commit {entry['commit']}, PyTorch {entry.get('torch')}, "
+             f"transformers {entry.get('transformers')}): median of {entry.get('steps')} steps after "
+             f"{entry.get('warmup')} of warm-up, bf16 weights, AdamW, random init; the loss difference is the "
+             f"largest over {entry.get('agreement_steps')} steps at dropout 0 against eager.", ""]
+    for m in entry["models"]:
+        lines += [f"**{m['model']}**, batch {m['batch']} x {m['seq']}:", "",
+                  "| mode | ms/step | tokens/s | vs torch.compile | peak memory (GiB) | loss difference vs eager |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for mode, r in m["modes"].items():
+            label = E2E_LABEL.get(mode, mode)
+            if "median_step_ms" not in r:
+                lines.append(f"| {label} | {r.get('skipped') or r.get('error')} | | | | |")
+                continue
+            speed = f"{r['speedup_vs_compile']:.3f}" if "speedup_vs_compile" in r else "-"
+            diff = f"{r['max_loss_diff_vs_eager']:.2e}" if "max_loss_diff_vs_eager" in r else "-"
+            lines.append(f"| {label} | {r['median_step_ms']:.1f} | {r['tokens_per_s']:.0f} | {speed} | "
+                         f"{r['peak_memory_gib']:.2f} | {diff} |")
+        lines.append("")
+    return lines
+
+
 def render(records, plot_dir=None):
     devices = sorted({r["device"] for r in records})
     lines = [HEADER]
@@ -445,6 +479,12 @@ def render(records, plot_dir=None):
             if plot_dir and os.path.exists(os.path.join(plot_dir, f"{device}-norm-sweep.png")):
                 body += ["", f"![{title}](plots/{device}-norm-sweep.png)"]
             body.append("")
+        e2e = [(r["date"], e) for r in recs for e in r.get("e2e", [])]
+        if e2e:
+            date, entry = max(enumerate(e2e), key=lambda x: (x[1][0], x[0]))[1]
+            title = f"Training HuggingFace models end to end (PyTorch), {device.upper()}"
+            contents.append(f"- [{title}](#{re.sub(r'[^a-z0-9 _-]', '', title.lower()).replace(' ', '-')})")
+            body += [f"### {title}", ""] + e2e_table(date, entry) + [""]
         runs = [(r["date"], t) for r in recs for t in r.get("train_gpt", [])]
         if runs:
             title = f"Training GPT-2 124M end to end (apps/train_gpt against PyTorch), {device.upper()}"

@@ -118,6 +118,15 @@ class PerfReportTest(unittest.TestCase):
         self.assertIn("| layer_norm | plain | fwd | 4 | 90% | 1 of 2 | 86.4 (1000) | 90.7 | 1 |", text)
         self.assertIn("| layer_norm | plain | bwd | 1 | 85% | 0 of 1 | 93.3 (256) | 93.3 | 0 |", text)
 
+    def test_e2e_runs_are_kept_and_tabled(self):
+        text = self.run_report("e2e_bench.json")
+        rec = perf_report.read_json(os.path.join(self.results, "h100-2026-12-01.json"))
+        self.assertEqual([e["commit"] for e in rec["e2e"]], ["abc1234"])
+        self.assertIn("### Training HuggingFace models end to end (PyTorch), H100", text)
+        self.assertIn("| fusekit (patch) | 40.0 | 409600 | 1.250 | 18.00 | 5.00e-04 |", text)
+        self.assertIn("| PyTorch eager | 80.0 | 204800 | - | 30.50 | - |", text)
+        self.assertIn("| Liger-Kernel | NotImplementedError: Liger-Kernel patches no GPT-2 | | | | |", text)
+
 
 class NormSweepGridTest(unittest.TestCase):
     def test_the_grid_meets_the_sweep_rules(self):
