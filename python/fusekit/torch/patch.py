@@ -563,7 +563,8 @@ def fused_causal_lm_loss(hidden: Tensor, lm_head: torch.nn.Module, labels: Tenso
                          shift_labels: Optional[Tensor] = None) -> Tensor:
     """transformers' ForCausalLMLoss of lm_head(hidden) without the logits, through fusekit's
     linear_cross_entropy: labels shifted left (or shift_labels as given), the mean over counted
-    tokens, or the sum over num_items_in_batch; float32. Under torch.autocast the hidden states
+    tokens, or the sum over num_items_in_batch; float32 (a batch with every label ignored has mean
+    loss 0 where ForCausalLMLoss gives NaN). Under torch.autocast the hidden states
     and lm_head's parameters go in the autocast dtype, as lm_head's F.linear would take them."""
     weight, bias = lm_head.weight, lm_head.bias
     if torch.is_autocast_enabled(hidden.device.type):
