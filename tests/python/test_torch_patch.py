@@ -6,6 +6,7 @@ with and without padding; the fusekit ops that run; state_dicts unchanged; patch
 weights are loaded (on the meta device) and after from_pretrained; the report; autocast,
 torch.compile with zero graph breaks, and dropout with fresh masks."""
 import copy
+import inspect
 
 import pytest
 
@@ -177,6 +178,8 @@ def test_report_and_patching_twice(family, seed):
     assert len(fused) == 1 and fused[0].name == "" and "linear_cross_entropy" in fused[0].detail
     assert "logits are None" in fused[0].detail and "lm_head + loss" in text
     assert type(ours).__name__ == type(model).__name__  # config.architectures as before
+    # HF Trainer keeps the dataset columns that forward's signature names
+    assert inspect.signature(ours.forward) == inspect.signature(model.forward)
     again = fk.patch(ours)
     assert not again.patched
     inputs = batch(seed, "cpu", padded=False)

@@ -605,6 +605,9 @@ def _fused_loss_forward(original: Callable) -> Callable:
                             **{f: getattr(outputs, f, None) for f in fields})
     forward.__name__, forward.__qualname__ = original.__name__, original.__qualname__
     forward.__doc__ = original.__doc__
+    # The original's parameters for inspect.signature (HF Trainer keeps the dataset columns
+    # that forward's signature names).
+    forward.__signature__ = inspect.signature(original)
     return forward
 
 
