@@ -6,6 +6,7 @@ with and without padding; the fusekit ops that run; state_dicts unchanged; patch
 weights are loaded (on the meta device) and after from_pretrained; the report; autocast,
 torch.compile with zero graph breaks, and dropout with fresh masks."""
 import copy
+import inspect
 
 import pytest
 
@@ -19,7 +20,9 @@ F = torch.nn.functional
 VOCAB, BATCH, SEQ = 128, 2, 16
 COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-LLAMA_OPS = {"rms_norm_fwd", "rope_fwd", "attention_fwd", "gated_act_separate_fwd", "cross_entropy_fwd"}
+# In training with labels the loss comes from the last hidden states (linear_cross_entropy_fwd).
+LLAMA_OPS = {"rms_norm_fwd", "rope_fwd", "attention_fwd", "gated_act_separate_fwd",
+             "linear_cross_entropy_fwd"}
 
 
 def _gpt2(dropout):
@@ -31,7 +34,7 @@ def _gpt2(dropout):
 # family -> (a model from its tiny config with dropout p, the fusekit ops its forward runs)
 FAMILIES = {
     "gpt2": (_gpt2, {"layer_norm_fwd", "linear_fwd", "attention_fwd", "bias_act_dropout_fwd",
-                     "cross_entropy_fwd"}),
+                     "linear_cross_entropy_fwd"}),
     "llama": (lambda p: transformers.LlamaForCausalLM(transformers.LlamaConfig(**COMMON, attention_dropout=p)),
               LLAMA_OPS),
     "mistral": (lambda p: transformers.MistralForCausalLM(transformers.MistralConfig(
@@ -82,13 +85,21 @@ def batch(seed, device, padded):
     return dict(input_ids=ids, attention_mask=mask if padded else None, labels=labels)
 
 
+def without_labels(inputs):
+    return {k: v for k, v in inputs.items() if k != "labels"}
+
+
 def run(model, inputs):
-    """(logits, loss, {name: grad})."""
+    """(logits of a forward without labels, loss, {name: grad}); a patched model in training
+    returns no logits with labels."""
     model.zero_grad(set_to_none=True)
     out = model(**inputs)
     out.loss.backward()
-    return out.logits.detach(), out.loss.detach(), {n: p.grad for n, p in model.named_parameters()
-                                                    if p.grad is not None}
+    with torch.no_grad():
+        no_labels = model(**without_labels(inputs))
+    assert no_labels.loss is None
+    return no_labels.logits, out.loss.detach(), {n: p.grad for n, p in model.named_parameters()
+                                                 if p.grad is not None}
 
 
 def patched_copy(model):
@@ -163,7 +174,12 @@ def test_report_and_patching_twice(family, seed):
         assert "model.layers.0.self_attn.q_norm" in names
     if family == "gemma":
         assert "(1 + weight)" in text
-    assert any("linear_cross_entropy" in e.detail for e in report.not_patched)
+    fused = [e for e in report.patched if e.target == "lm_head + loss"]
+    assert len(fused) == 1 and fused[0].name == "" and "linear_cross_entropy" in fused[0].detail
+    assert "logits are None" in fused[0].detail and "lm_head + loss" in text
+    assert type(ours).__name__ == type(model).__name__  # config.architectures as before
+    # HF Trainer keeps the dataset columns that forward's signature names
+    assert inspect.signature(ours.forward) == inspect.signature(model.forward)
     again = fk.patch(ours)
     assert not again.patched
     inputs = batch(seed, "cpu", padded=False)
@@ -349,3 +365,96 @@ def test_softcapping_models_keep_their_attention(seed):
     report = fk.patch(model)
     assert model.config._attn_implementation == before
     assert any("softcapping" in e.detail for e in report.not_patched)
+
+
+def assert_same_training_step(model, ours, inputs):
+    """The patched model's loss and every parameter's gradient (tied ones once) equal the
+    unpatched model's; returns the patched model's output."""
+    model.zero_grad(set_to_none=True)
+    ours.zero_grad(set_to_none=True)
+    want = model(**inputs)
+    got = ours(**inputs)
+    want.loss.backward()
+    got.loss.backward()
+    torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-6)
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    grads2 = {n: p.grad for n, p in ours.named_parameters()}
+    assert set(grads2) == set(grads)
+    for name in grads:
+        assert grads2[name] is not None, name
+        assert rel(grads2[name], grads[name]) <= 1e-4, name
+    return got
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_fused_loss_with_num_items_in_batch(family, seed):
+    """sum / num_items_in_batch (gradient accumulation in HF's Trainer) as ForCausalLMLoss, with
+    ignore_index-padded labels; lm_head's weight (tied to the embedding in GPT-2 and Gemma) gets
+    the unpatched gradient."""
+    model = make_model(family, seed)
+    ours, _ = patched_copy(model)
+    inputs = dict(batch(seed, "cpu", padded=True), num_items_in_batch=torch.tensor(40))
+    out = assert_same_training_step(model, ours, inputs)
+    assert out.logits is None
+    if model.config.tie_word_embeddings:
+        assert ours.lm_head.weight is ours.get_input_embeddings().weight
+
+
+def test_fused_loss_with_an_lm_head_bias_and_shift_labels(seed):
+    model = make_model("llama", seed)
+    with torch.no_grad():
+        model.lm_head = torch.nn.Linear(64, VOCAB, bias=True)
+        model.lm_head.bias.normal_()
+    ours, report = patched_copy(model)
+    assert any(e.target == "lm_head + loss" for e in report.patched)
+    inputs = batch(seed, "cpu", padded=True)
+    assert_same_training_step(model, ours, inputs)
+    labels = inputs["labels"]
+    shifted = dict(inputs, shift_labels=torch.cat((labels[:, 1:], labels[:, :1]), 1))
+    assert_same_training_step(model, ours, shifted)
+
+
+def test_fused_loss_only_in_training_with_labels(seed):
+    """Without labels, in eval mode, or with fused_loss=False: the logits as before; the loss as
+    the unpatched model's in each case. return_dict=False leaves the None logits out of the
+    tuple."""
+    model = make_model("qwen2", seed)
+    ours, _ = patched_copy(model)
+    inputs = batch(seed, "cpu", padded=True)
+    want = model(**inputs)
+    logits = ours(**without_labels(inputs)).logits
+    assert rel(logits, want.logits.detach()) <= 1e-5
+    model.eval()
+    ours.eval()
+    evaluated = ours(**inputs)
+    torch.testing.assert_close(evaluated.loss, model(**inputs).loss, rtol=1e-5, atol=1e-6)
+    assert evaluated.logits is not None and rel(evaluated.logits, want.logits.detach()) <= 1e-5
+    ours.train()
+    as_tuple = ours(**inputs, return_dict=False)
+    torch.testing.assert_close(as_tuple[0], want.loss, rtol=1e-5, atol=1e-6)
+    assert not any(isinstance(t, torch.Tensor) and t.shape[-1] == VOCAB for t in as_tuple[1:])
+    model.train()
+    unfused = copy.deepcopy(model)
+    report = fk.patch(unfused, fused_loss=False)
+    assert not any(e.target == "lm_head + loss" for e in report.patched + report.not_patched)
+    assert unfused.loss_function is fk.causal_lm_loss and type(unfused) is type(model)
+    out = assert_same_training_step(model, unfused, inputs)
+    assert out.logits is not None
+
+
+@pytest.mark.parametrize("softcap", [30.0, None])
+def test_final_logit_softcapping_is_not_fused(softcap, seed):
+    """Gemma2's loss is of its soft-capped logits: not fused (the reason in the report), the loss
+    as before; without the soft-capping its forward is the plain causal-LM one, fused."""
+    torch.manual_seed(seed)
+    config = transformers.Gemma2Config(**COMMON, head_dim=16, final_logit_softcapping=softcap)
+    model = transformers.Gemma2ForCausalLM(config).train()
+    ours, report = patched_copy(model)
+    entries = [e for e in report.patched + report.not_patched if e.target == "lm_head + loss"]
+    assert len(entries) == 1
+    if softcap is None:
+        assert entries[0] in report.patched
+    else:
+        assert entries[0] in report.not_patched and "final_logit_softcapping" in entries[0].detail
+    out = assert_same_training_step(model, ours, batch(seed, "cpu", padded=True))
+    assert (out.logits is None) == (softcap is None)

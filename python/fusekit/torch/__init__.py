@@ -46,4 +46,5 @@ from .attention import attention, scaled_dot_product_attention  # noqa: F401
 from .fp8_norm import FP8RMSNorm, Fp8RMSNormOutput, fp8_quantize, fp8_rms_norm  # noqa: F401
 from .rope import apply_rotary_pos_emb, rope  # noqa: F401
 # After the families: patch() retargets modules to them.
-from .patch import PatchEntry, PatchReport, causal_lm_loss, patch  # noqa: F401
+from .patch import (  # noqa: F401
+    PatchEntry, PatchReport, causal_lm_loss, fused_causal_lm_loss, patch)

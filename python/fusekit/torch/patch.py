@@ -22,6 +22,13 @@ cheap check can tell:
   dropout     torch.nn.Dropout (fusekit's Dropout: the mask is regenerated in the backward)
   loss        the causal-LM loss (fusekit's cross_entropy on the logits, float32 from logits of any
               dtype) and torch.nn.CrossEntropyLoss modules
+  lm_head     causal-LM models whose forward is the base model, lm_head (an nn.Linear, tied or
+              not, bias or not) and the causal-LM loss: in training (model.train()) with labels
+              given as keywords, the loss comes from the last hidden states and lm_head's
+              parameters through fusekit's linear_cross_entropy, the (tokens, vocab) logits never
+              materialized, and the output's `logits` is None; without labels, or in eval mode,
+              the forward is the model's own (logits returned). Not where the logits are
+              post-processed (Gemma2/3's final_logit_softcapping, any other step in the forward)
 Parameters, buffers and state_dict keys stay as they are, so patching works before or after the
 weights are loaded (on the meta device too) and state_dicts move freely between patched and
 unpatched models. The probes run a module's forward (its hooks too) on small CPU tensors with
@@ -47,6 +54,7 @@ from .bias_act_dropout import Dropout
 from .cross_entropy import cross_entropy
 from .gated_act import gated_act_separate
 from .linear import TRANSPOSED_WEIGHT, linear as linear_op
+from .linear_cross_entropy import linear_cross_entropy
 from .norm import layer_norm, rms_norm
 from .rope import apply_rotary_pos_emb
 
@@ -339,34 +347,43 @@ def _unwrapped(fn: Callable) -> Callable:
     return fn
 
 
-def _rebound(fn: Callable, name: str, value) -> Callable:
-    """A copy of fn whose global `name` is `value` (the rest of its globals as they are now),
-    through the functools.wraps wrappers around it (each one's closure cell holding the wrapped
-    function gets the copy)."""
+def _with_innermost(fn: Callable, innermost: Callable) -> Callable:
+    """A copy of fn's chain of functools.wraps wrappers around `innermost` in place of the function
+    they wrap (each wrapper's closure cell holding the wrapped function gets the copy below it)."""
     inner = getattr(fn, "__wrapped__", None)
-    closure = fn.__closure__
-    if inner is not None:
-        new_inner = _rebound(inner, name, value)
-        cells = []
-        for cell in closure or ():
-            try:
-                held = cell.cell_contents
-            except ValueError:
-                held = None
-            cells.append(types.CellType(new_inner) if held is inner else cell)
-        closure, fn_globals = tuple(cells), fn.__globals__
-    else:
-        new_inner = None
-        fn_globals = dict(fn.__globals__)
-        fn_globals[name] = value
+    if inner is None:
+        return innermost
+    new_inner = _with_innermost(inner, innermost)
+    cells = []
+    for cell in fn.__closure__ or ():
+        try:
+            held = cell.cell_contents
+        except ValueError:
+            held = None
+        cells.append(types.CellType(new_inner) if held is inner else cell)
+    new = _function_copy(fn, fn.__globals__, tuple(cells))
+    new.__wrapped__ = new_inner
+    return new
+
+
+def _function_copy(fn: Callable, fn_globals: dict, closure) -> Callable:
     new = types.FunctionType(fn.__code__, fn_globals, fn.__name__, fn.__defaults__, closure)
     new.__kwdefaults__ = fn.__kwdefaults__
     new.__dict__.update(fn.__dict__)
     new.__qualname__, new.__doc__, new.__module__ = fn.__qualname__, fn.__doc__, fn.__module__
     new.__annotations__ = getattr(fn, "__annotations__", {})
-    if new_inner is not None:
-        new.__wrapped__ = new_inner
     return new
+
+
+def _rebound(fn: Callable, name: str, value) -> Callable:
+    """A copy of fn whose global `name` is `value` (the rest of its globals as they are now),
+    through the functools.wraps wrappers around it."""
+    inner = _unwrapped(fn)
+    inner_globals = dict(inner.__globals__)
+    inner_globals[name] = value
+    copy = _function_copy(inner, inner_globals, inner.__closure__)
+    copy.__dict__.pop("__wrapped__", None)
+    return _with_innermost(fn, copy)
 
 
 def _rope_adapter(hf_function: Callable) -> Optional[Callable]:
@@ -504,17 +521,19 @@ def causal_lm_loss(logits: Tensor, labels: Tensor, vocab_size: int,
     return loss / num_items_in_batch
 
 
-def _patch_loss(model: torch.nn.Module, report: PatchReport) -> None:
+def _patch_loss(model: torch.nn.Module, report: PatchReport) -> bool:
+    """Sets the model's loss_function to causal_lm_loss where it is ForCausalLMLoss; whether the
+    model's loss is the causal-LM loss (then the fused path may replace lm_head + loss)."""
     try:
         from transformers.loss.loss_utils import ForCausalLMLoss
     except ImportError:
-        return
+        return False
     if not hasattr(type(model), "loss_function"):
-        return
+        return False
     try:
         current = model.loss_function
     except Exception:
-        return
+        return False
     if current is causal_lm_loss:
         report._add(report.not_patched, "", "loss_function", "already fusekit")
     elif current is ForCausalLMLoss:
@@ -525,19 +544,134 @@ def _patch_loss(model: torch.nn.Module, report: PatchReport) -> None:
         current_name = getattr(current, "__name__", str(current))
         report._add(report.not_patched, "", f"loss_function ({current_name})",
                     "only the causal-LM loss is patched")
+        return False
+    return True
+
+
+# ---- lm_head + loss (fused linear cross-entropy) ----------------------------------------------
+#: What a transformers 5.x causal-LM forward may name besides its base model and output class when
+#: all it does after the base model is logits = lm_head(last hidden state), loss_function(logits).
+_CAUSAL_LM_NAMES = {"last_hidden_state", "slice_logits_to_keep", "lm_head", "loss_function",
+                    "config", "vocab_size", "cache", "hidden_states", "attentions",
+                    "cross_attentions"}
+#: Names of a final logit soft-capping branch (Gemma2/3), harmless where the config's value is None.
+_SOFTCAP_NAMES = {"final_logit_softcapping", "torch", "tanh"}
+
+
+def fused_causal_lm_loss(hidden: Tensor, lm_head: torch.nn.Module, labels: Tensor,
+                         num_items_in_batch: Optional[Tensor] = None, ignore_index: int = -100,
+                         shift_labels: Optional[Tensor] = None) -> Tensor:
+    """transformers' ForCausalLMLoss of lm_head(hidden) without the logits, through fusekit's
+    linear_cross_entropy: labels shifted left (or shift_labels as given), the mean over counted
+    tokens, or the sum over num_items_in_batch; float32 (a batch with every label ignored has mean
+    loss 0 where ForCausalLMLoss gives NaN). Under torch.autocast the hidden states
+    and lm_head's parameters go in the autocast dtype, as lm_head's F.linear would take them."""
+    weight, bias = lm_head.weight, lm_head.bias
+    if torch.is_autocast_enabled(hidden.device.type):
+        dtype = torch.get_autocast_dtype(hidden.device.type)
+        hidden, weight = hidden.to(dtype), weight.to(dtype)
+        bias = bias.to(dtype) if bias is not None else None
+    if shift_labels is None:
+        shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+    targets = shift_labels.reshape(-1).to(hidden.device)
+    hidden = hidden.reshape(-1, hidden.shape[-1])
+    if num_items_in_batch is None:
+        return linear_cross_entropy(hidden, weight, targets, bias, ignore_index=ignore_index)
+    loss = linear_cross_entropy(hidden, weight, targets, bias, ignore_index=ignore_index,
+                                reduction="sum")
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(loss.device)
+    return loss / num_items_in_batch
+
+
+def _fused_loss_forward(original: Callable) -> Callable:
+    """The innermost causal-LM forward: in training with labels (as keywords; input_ids alone
+    positional), the base model's last hidden state goes to fused_causal_lm_loss and the output's
+    logits are None; otherwise `original` runs as it is (the logits returned)."""
+    def forward(self, *args, **kwargs):
+        labels = kwargs.get("labels")
+        logits_to_keep = kwargs.get("logits_to_keep", 0)
+        if labels is None or not self.training or len(args) > 1 or \
+                not (isinstance(logits_to_keep, int) and logits_to_keep == 0):
+            return original(self, *args, **kwargs)
+        kwargs = {k: v for k, v in kwargs.items() if k not in ("labels", "logits_to_keep")}
+        outputs = getattr(self, self.base_model_prefix)(*args, **kwargs)
+        loss = fused_causal_lm_loss(
+            outputs.last_hidden_state, self.lm_head, labels,
+            num_items_in_batch=kwargs.get("num_items_in_batch"),
+            ignore_index=kwargs.get("ignore_index", -100), shift_labels=kwargs.get("shift_labels"))
+        output_class, fields = self._fusekit_causal_lm_output
+        return output_class(loss=loss, logits=None,
+                            **{f: getattr(outputs, f, None) for f in fields})
+    forward.__name__, forward.__qualname__ = original.__name__, original.__qualname__
+    forward.__doc__ = original.__doc__
+    # The original's parameters for inspect.signature (HF Trainer keeps the dataset columns
+    # that forward's signature names).
+    forward.__signature__ = inspect.signature(original)
+    return forward
+
+
+def _fusable_causal_lm(model: torch.nn.Module) -> Tuple[Optional[tuple], str]:
+    """((output class, its fields besides loss and logits), '') where the model's forward is
+    transformers' causal-LM forward (base model, lm_head an nn.Linear, loss_function, no
+    post-processing of the logits), else (None, why not)."""
+    forward = _unwrapped(type(model).forward)
+    code = getattr(forward, "__code__", None)
+    prefix = getattr(model, "base_model_prefix", None)
+    if code is None or not prefix or not isinstance(getattr(model, prefix, None), torch.nn.Module):
+        return None, "no base model attribute (base_model_prefix) its forward could call"
+    if type(getattr(model, "lm_head", None)) is not torch.nn.Linear:
+        return None, "lm_head is not a torch.nn.Linear"
+    try:
+        import typing
+        output_class = typing.get_type_hints(forward).get("return")
+    except Exception:
+        output_class = None
+    if not (isinstance(output_class, type) and dataclasses.is_dataclass(output_class)):
+        return None, "its forward's return type is not a transformers ModelOutput"
+    fields = tuple(f.name for f in dataclasses.fields(output_class))
+    if not {"loss", "logits"} <= set(fields):
+        return None, f"{output_class.__name__} has no loss and logits fields"
+    names = set(code.co_names) - _CAUSAL_LM_NAMES - {prefix, output_class.__name__}
+    if "final_logit_softcapping" in names:
+        cap = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
+        if cap is not None:
+            return None, (f"final_logit_softcapping={cap}: the loss is of the soft-capped logits, "
+                          "which a fused linear cross-entropy does not compute")
+        names -= _SOFTCAP_NAMES
+    if names:
+        return None, ("its forward does more than lm_head and loss_function after the base model "
+                      f"(it names {', '.join(sorted(names))})")
+    return (output_class, tuple(f for f in fields if f not in ("loss", "logits"))), ""
+
+
+def _patch_fused_loss(model: torch.nn.Module, report: PatchReport) -> None:
+    target = "lm_head + loss"
+    if getattr(type(model), "_fusekit_patch", None) == ("fused_loss",):
+        report._add(report.not_patched, "", target, "already fusekit")
         return
-    # Where fusekit.torch gains a fused linear cross-entropy (the loss from the last hidden states
-    # and lm_head's weight, no logits), the causal-LM forward's logits + loss go here.
-    report._add(report.not_patched, "", "lm_head + loss",
-                "fused linear cross-entropy: fusekit.torch has no linear_cross_entropy op yet")
+    output, why = _fusable_causal_lm(model)
+    if output is None:
+        report._add(report.not_patched, "", target, why)
+        return
+    cls = type(model)
+    forward = _with_innermost(cls.forward, _fused_loss_forward(_unwrapped(cls.forward)))
+    sub = _patched_class(cls, ("fused_loss",), forward, {"_fusekit_causal_lm_output": output})
+    # The class keeps its name: save_pretrained writes it into config.architectures.
+    sub.__name__, sub.__qualname__ = cls.__name__, cls.__qualname__
+    _retarget(model, sub)
+    report._add(report.patched, "", target,
+                "fusekit linear_cross_entropy from the last hidden states in training with labels "
+                "(no logits: the output's logits are None)")
 
 
 # ---- patch -------------------------------------------------------------------------------------
 def patch(model: torch.nn.Module, *, norms: bool = True, linear: bool = True, mlp: bool = True,
           rope: bool = True, attention: bool = True, dropout: bool = True,
-          loss: bool = True) -> PatchReport:
+          loss: bool = True, fused_loss: bool = True) -> PatchReport:
     """Retargets `model`'s modules to fusekit in place (see the module docstring for what each
-    part covers; each keyword turns one part off) and returns a PatchReport of what was patched
+    part covers; each keyword turns one part off; fused_loss=False keeps the logits in training,
+    the loss then fusekit's cross_entropy on them) and returns a PatchReport of what was patched
     and what was not, and why. Parameters, buffers, hooks and state_dict keys are unchanged;
     patching twice changes nothing more."""
     report = PatchReport(type(model).__name__)
@@ -601,8 +735,8 @@ def patch(model: torch.nn.Module, *, norms: bool = True, linear: bool = True, ml
                 report._add(report.not_patched, name, label, f"rope: {why}")
     if attention:
         _patch_attention(model, report)
-    if loss:
-        _patch_loss(model, report)
+    if loss and _patch_loss(model, report) and fused_loss:
+        _patch_fused_loss(model, report)
     if report.patched and hasattr(model, "config"):
         report._add(report.not_patched, "", "residual add + norm",
                     "not fused: that needs the decoder layers' forward")
