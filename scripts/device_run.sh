@@ -2,7 +2,8 @@
 # The one script for the GPU machine: build with all cores, run the whole test suite, the CLI
 # check, the benchmarks and the PyTorch side-by-side timings, and leave logs + JSON in $OUT.
 #   device tool: run(command="bash scripts/device_run.sh", carry=[".deps", ".whl"])
-# Stages can be narrowed: STAGES="build test bench torch sanitize" (default: all but norm_sweep and e2e;
+# Stages can be narrowed: STAGES="build test bench torch sanitize" (default: all but norm_sweep, e2e
+# and ddp (train_gpt --gpus N against one GPU, scripts/train_gpt_ddp_check.sh);
 # sanitize: scripts/sanitize_gpu.sh, every GPU test family under each compute-sanitizer tool).
 # python: the Python package built and its whole pytest suite run against CUDA PyTorch, plus the
 # example training script; overhead: host time of fusekit.torch over the direct C++ call per op
@@ -44,10 +45,14 @@ if has test; then
               "Norm*" "BiasActDropout*" "Linear*-LinearCrossEntropy*" "LinearCrossEntropy*" "Fp8Norm*" "Attention*"
               "CrossEntropy*" "GatedAct*" "Rope*" "Embedding*" "Optim*"})
   threads=$(( $(nproc) / ${#suites[@]} )); [ $threads -ge 1 ] || threads=1
+  # On a machine of several GPUs the runs take them in turns as their first device; every GPU stays
+  # visible (the tests of two GPUs).
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true); (( gpus >= 1 )) || gpus=1
   start=$(date +%s)
   for i in "${!suites[@]}"; do
+    order=$(for (( g = 0; g < gpus; ++g )); do echo $(( (i + g) % gpus )); done | paste -sd,)
     ( s=$(date +%s)
-      OMP_NUM_THREADS=$threads timeout "${TEST_TIMEOUT:-400}" stdbuf -oL "$BUILD/fusekit_tests" \
+      CUDA_VISIBLE_DEVICES=$order OMP_NUM_THREADS=$threads timeout "${TEST_TIMEOUT:-400}" stdbuf -oL "$BUILD/fusekit_tests" \
         --gtest_filter="${suites[$i]}" >"$OUT/tests-$i.log" 2>&1
       echo "$? $(( $(date +%s) - s ))" >"$OUT/tests-$i.rc" ) &
   done
@@ -70,6 +75,16 @@ if has sanitize; then
   rc=$?
   log "compute-sanitizer (every GPU test family x memcheck, racecheck, initcheck, synccheck) rc=$rc in $(( $(date +%s) - start ))s"
   tee -a "$OUT/summary.txt" <"$OUT/sanitize.log"
+  [ $rc -eq 0 ] || status=1
+fi
+
+# train_gpt's data parallelism against one GPU (needs 2 or more GPUs; not in the default stages).
+if has ddp; then
+  start=$(date +%s)
+  BUILD=$BUILD bash scripts/train_gpt_ddp_check.sh >"$OUT/ddp.log" 2>&1
+  rc=$?
+  log "train_gpt --gpus N check rc=$rc in $(( $(date +%s) - start ))s"
+  tail -30 "$OUT/ddp.log"
   [ $rc -eq 0 ] || status=1
 fi
 

@@ -55,7 +55,19 @@ done
 
 mkdir -p "$out/sanitize"
 : >"$out/sanitize-results.tsv"
+# On a machine of several GPUs the jobs take them in turns: job k sees GPU k mod n first (every
+# GPU stays visible, for the tests that use two).
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+(( gpus >= 1 )) || gpus=1
+gpu_order() {
+  local first=$(( $1 % gpus )) order=() i
+  for (( i = 0; i < gpus; ++i )); do order+=($(( (first + i) % gpus ))); done
+  local IFS=,
+  echo "${order[*]}"
+}
 run_one() {
+  local index=$1
+  shift
   local family=$1 tool=$2 filter=$3 shard=$4 count=$5 log="$out/sanitize/$1-$2-$4.log"
   local exclude=$large
   [ "$tool" = memcheck ] && exclude="$exclude:$api_error_tests"
@@ -69,7 +81,7 @@ run_one() {
   # (the CUTLASS GEMMs, attention, the norms) are checked.
   [ "$tool" = racecheck ] && extra=(--kernel-name-exclude kns=nvjet)
   local start=$(date +%s)
-  GTEST_TOTAL_SHARDS=$count GTEST_SHARD_INDEX=$shard OMP_NUM_THREADS=2 \
+  CUDA_VISIBLE_DEVICES=$(gpu_order "$index") GTEST_TOTAL_SHARDS=$count GTEST_SHARD_INDEX=$shard OMP_NUM_THREADS=2 \
     timeout "${SANITIZE_TIMEOUT:-540}" compute-sanitizer --tool "$tool" \
     ${extra[@]+"${extra[@]}"} --error-exitcode 9 --print-limit 20 \
     "$tests" --gtest_filter="$filter-$exclude" >"$log" 2>&1
@@ -79,18 +91,18 @@ run_one() {
   # One line per finished job, appended at once: a run stopped early keeps what finished.
   printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$family" "$tool" "$rc" "$secs" "$summary" "$gtest" >>"$out/sanitize-results.tsv"
 }
-export -f run_one
-export out tests large api_error_tests SANITIZE_TIMEOUT
+export -f run_one gpu_order
+export out tests large api_error_tests gpus SANITIZE_TIMEOUT
 
 jobs=()
 for family in $families; do
   for tool in $tools; do
     for shard in $(seq 0 $(( ${shards[$family]} - 1 ))); do
-      jobs+=("$family $tool ${filters[$family]} $shard ${shards[$family]}")
+      jobs+=("${#jobs[@]} $family $tool ${filters[$family]} $shard ${shards[$family]}")
     done
   done
 done
-printf '%s\n' "${jobs[@]}" | xargs -P "${SANITIZE_JOBS:-$(nproc)}" -L 1 bash -c 'run_one "$0" "$1" "$2" "$3" "$4"'
+printf '%s\n' "${jobs[@]}" | xargs -P "${SANITIZE_JOBS:-$(nproc)}" -L 1 bash -c 'run_one "$0" "$1" "$2" "$3" "$4" "$5"'
 
 status=0
 python3 - "$out" <<'PYEOF' || status=1
