@@ -170,6 +170,23 @@ def merge_files(results_dir, paths, commit, date):
             print(f"merged {path} ({len(raw['models'])} models) into {os.path.relpath(out, ROOT)}")
             written.append(out)
             continue
+        if raw.get("kind") == "sanitize":  # scripts/sanitize_gpu.sh: one entry per run
+            entry = {k: raw[k] for k in ("gpus", "sanitizers", "note") if k in raw}
+            entry["rows"] = entry.pop("sanitizers")
+            record.setdefault("sanitizers", []).append(dict(entry, commit=commit, script="scripts/sanitize_gpu.sh"))
+            write_record(out, record)
+            print(f"merged {path} ({len(entry['rows'])} family x tool rows) into {os.path.relpath(out, ROOT)}")
+            written.append(out)
+            continue
+        if raw.get("kind") == "train_gpt_ddp":  # scripts/train_gpt_ddp_check.py
+            entry = {k: raw[k] for k in ("gpus", "tolerance", "after_spike_relative_tolerance", "pass",
+                                         "per_gpu_throughput_vs_1_gpu", "summary", "throughput", "note") if k in raw}
+            record.setdefault("train_gpt_ddp", []).append(dict(entry, commit=commit,
+                                                               script="scripts/train_gpt_ddp_check.sh"))
+            write_record(out, record)
+            print(f"merged {path} (data-parallel check) into {os.path.relpath(out, ROOT)}")
+            written.append(out)
+            continue
         if raw.get("kind") == "norm_sweep":
             write_record(out, merge_norm_sweep(record, raw, commit))
             print(f"merged {path} ({len(raw['points'])} sweep points) into {os.path.relpath(out, ROOT)}")
@@ -448,6 +465,58 @@ def e2e_table(date, entry):
     return lines
 
 
+SANITIZER_TOOLS = ["memcheck", "racecheck", "initcheck", "synccheck"]
+
+
+def sanitizer_table(recs):
+    """The newest result of each (family, tool) over the device's records, with its date and commit."""
+    newest = {}
+    for rec in sorted(recs, key=lambda r: r["date"]):
+        for entry in rec.get("sanitizers", []):
+            for row in entry["rows"]:
+                newest[(row["family"], row["tool"])] = (rec["date"], entry["commit"], row)
+    if not newest:
+        return []
+    tools = [t for t in SANITIZER_TOOLS if any(k[1] == t for k in newest)]
+    lines = ["`scripts/sanitize_gpu.sh`: every GPU test family under each compute-sanitizer tool; the newest "
+             "run of each, as errors (date, commit). Hazards that racecheck reports inside cuBLASLt's own "
+             "kernels (nvjet_*) are counted apart.", "",
+             "| family | " + " | ".join(tools) + " |", "|---|" + "---|" * len(tools)]
+    for family in sorted({k[0] for k in newest}):
+        cells = []
+        for tool in tools:
+            if (family, tool) not in newest:
+                cells.append("not run")
+                continue
+            date, commit, row = newest[(family, tool)]
+            verdict = ("clean" if row["clean"] else
+                       "NOT CLEAN: " + ("no summary" if row["errors"] is None else f"{row['errors']} errors"))
+            cells.append(f"{verdict} ({date}, {commit})")
+        lines.append(f"| {family} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def ddp_table(recs):
+    runs = [(r["date"], e) for r in recs for e in r.get("train_gpt_ddp", [])]
+    if not runs:
+        return []
+    lines = ["`scripts/train_gpt_ddp_check.sh`: `train_gpt --gpus N` against one GPU at the same global batch, "
+             "and checkpoints resumed on another GPU count; the largest loss difference before the first loss "
+             "spike (absolute) and from it on (relative to the loss); tokens/s per GPU at N x the batch as a "
+             "fraction of one GPU's.", "",
+             "| date | commit | comparison | spike at step | before it | from it on | pass |",
+             "|---|---|---|---:|---:|---:|---|"]
+    for date, e in sorted(runs, key=lambda x: x[0]):
+        for name, c in e["summary"].items():
+            lines.append(f"| {date} | {e['commit']} | {name} | {c.get('spike_step') or '-'} | "
+                         f"{c['max_abs_loss_diff_before_spike']:.1e} | {c['max_rel_loss_diff_from_spike']:.2%} | "
+                         f"{'yes' if c['pass'] else 'NO'} |")
+        scaling = ", ".join(f"{k}: {v:.2f}" for k, v in e.get("per_gpu_throughput_vs_1_gpu", {}).items())
+        if scaling:
+            lines.append(f"| {date} | {e['commit']} | tokens/s per GPU vs 1 GPU | | {scaling} | | |")
+    return lines
+
+
 def render(records, plot_dir=None):
     devices = sorted({r["device"] for r in records})
     lines = [HEADER]
@@ -503,6 +572,11 @@ def render(records, plot_dir=None):
                             f"{t['tokens_per_s']['torch']:.0f} | {t['speedup_vs_torch']:.3f} | "
                             f"{abs(worst['diff']):.4f} ({worst['step']}) |")
             body.append("")
+        for title, table in ((f"Data-parallel training (apps/train_gpt --gpus N), {device.upper()}", ddp_table(recs)),
+                             (f"compute-sanitizer over the GPU tests, {device.upper()}", sanitizer_table(recs))):
+            if table:
+                contents.append(f"- [{title}](#{re.sub(r'[^a-z0-9 _-]', '', title.lower()).replace(' ', '-')})")
+                body += [f"### {title}", ""] + table + [""]
     lines += contents + [""] + body + [FOOTER]
     return "\n".join(lines)
 
