@@ -6,12 +6,15 @@
 // Shapes (all row-major; the last dimension of every matrix contiguous, rows any stride >= its
 // length, 16-byte multiples preferred, see "Fast paths" below):
 //   x     (..., K)   leading dimensions flattened into M rows with one row stride
-//   W     (N, K)     the nn.Linear weight layout
+//   W     (N, K)     the nn.Linear weight layout; or column-major, strides (1, ld) with ld >= N: the
+//                    transpose of a row-major (K, N) matrix, as GPT-2's Conv1D stores its weight,
+//                    which the GEMMs read transposed (no copy)
 //   bias  (N)        optional, contiguous
 //   y     (..., N)   M rows, same leading shape as x
 //   pre_activation (..., N), M rows: optional forward output (x W^T + b, rounded to the dtype),
 //                    the input of backward for every activation other than none
-//   dout  like y;  dx like x;  dW like W;  dbias like bias.
+//   dout  like y;  dx like x;  dW (N, K) in either of W's layouts (not necessarily W's own);
+//   dbias like bias.
 // M, N, K: 0 .. 2^31 - 1.
 //
 // Dtypes: x, W, bias, y, pre_activation, dout, dx, dW, dbias all share one dtype:
@@ -48,8 +51,9 @@
 //
 // Fast paths (otherwise the slower, still correct paths above are taken; nothing is refused for
 // alignment except a data pointer not aligned to its element size):
-//   the fused CUTLASS forward: f16/bf16, K and N multiples of 8, every row stride a multiple of 8
-//     elements, every pointer 16-byte aligned.
+//   the fused CUTLASS forward: f16/bf16, a row-major W, K and N multiples of 8, every row stride a
+//     multiple of 8 elements, every pointer 16-byte aligned. With a column-major W the forward
+//     takes the cuBLASLt paths, and the backward forms dz in the separate elementwise pass.
 //   cuBLASLt GELU_AUX_BIAS: the pre_activation row stride a multiple of 8 elements and its pointer
 //     16-byte aligned.
 #pragma once

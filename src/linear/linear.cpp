@@ -1,5 +1,6 @@
 // Public entry points of the linear family: argument checks, then dispatch on where the tensors
 // live (CPU reference or CUDA).
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <string>
@@ -84,8 +85,37 @@ RowLayout check_matrix(const ArgCheck& check, const TensorView& t, const char* n
   return l;
 }
 
-void check_weight_2d(const ArgCheck& check, const TensorView& w, const char* name) {
+// A weight (or its gradient): (N, K), stored either way round. Row-major (strides (ld, 1), the
+// nn.Linear layout) or column-major (strides (1, ld), ld >= N: the transpose of a row-major
+// (K, N) matrix, as GPT-2's Conv1D keeps its weight), which the GEMMs read transposed instead of
+// the caller copying it. A dimension of one element takes its stride as row-major does.
+struct WeightLayout {
+  std::int64_t rows = 0, cols = 0, ld = 0;
+  bool col_major = false;
+};
+
+WeightLayout check_weight(const ArgCheck& check, const TensorView& w, const char* name) {
   if (w.ndim != 2) check.fail(name, "a 2-D tensor (N, K)", "shape " + w.shape_string());
+  check.has_data(w, name);
+  WeightLayout l;
+  l.rows = w.shape[0];
+  l.cols = w.shape[1];
+  if (l.cols <= 1 || w.strides[1] == 1) {
+    const RowLayout r = check.rows(w, name);
+    l.ld = r.row_stride;
+    return l;
+  }
+  if (l.rows > 1 && w.strides[0] != 1)
+    check.fail(name,
+               "rows or columns contiguous: strides (ld, 1) with ld >= K (the nn.Linear layout) or (1, ld) "
+               "with ld >= N (the transpose of a row-major (K, N) matrix)",
+               "strides " + w.strides_string());
+  if (w.strides[1] < std::max<std::int64_t>(l.rows, 1))
+    check.fail(name, "a column stride of at least N = " + std::to_string(l.rows) + " (columns contiguous)",
+               "column stride " + std::to_string(w.strides[1]));
+  l.ld = w.strides[1];
+  l.col_major = true;
+  return l;
 }
 
 void* checked_workspace(const ArgCheck& check, const OptionalTensor& workspace, std::size_t need,
@@ -111,7 +141,8 @@ void* checked_workspace(const ArgCheck& check, const OptionalTensor& workspace, 
 // x (M, K) or (..., K) and weight (N, K): the checks forward and backward share, and the GEMM
 // sizes they imply.
 struct GemmOperands {
-  RowLayout x, weight;
+  RowLayout x;
+  WeightLayout weight;
   std::int64_t m = 0, n = 0, k = 0;
 };
 
@@ -121,9 +152,8 @@ GemmOperands check_gemm_operands(const ArgCheck& check, const TensorView& x,
   check_input_dtype(check, x, device);
   g.x = check.rows(x, "x");
   check.element_aligned(x, "x");
-  check_weight_2d(check, weight, "weight");
   check.dtype_is(weight, "weight", x.dtype, "as 'x'");
-  g.weight = check.rows(weight, "weight");
+  g.weight = check_weight(check, weight, "weight");
   if (g.weight.cols != g.x.cols)
     check.fail("weight", "shape (N, " + std::to_string(g.x.cols) + ") (K = x's last dimension)",
                weight.shape_string());
@@ -149,7 +179,8 @@ void set_gemm_operands(Params& p, const GemmOperands& g, const TensorView& x,
   p.x = x.data;
   p.ldx = g.x.row_stride;
   p.w = weight.data;
-  p.ldw = g.weight.row_stride;
+  p.ldw = g.weight.ld;
+  p.w_col_major = g.weight.col_major;
 }
 
 // bias and dbias: a vector of N elements in x's dtype.
@@ -267,10 +298,15 @@ void linear_backward(const TensorView& dout, const TensorView& x, const TensorVi
     p.lddx = l.row_stride;
   }
   if (dweight) {
-    check_weight_2d(check, *dweight, "dweight");
-    const RowLayout l = check_matrix(check, *dweight, "dweight", n, k, x.dtype, weight, "x");
+    check.dtype_is(*dweight, "dweight", x.dtype, "as 'x'");
+    const WeightLayout l = check_weight(check, *dweight, "dweight");
+    if (l.rows != n || l.cols != k)
+      check.fail("dweight", "shape (" + std::to_string(n) + ", " + std::to_string(k) + ") (as 'weight')",
+                 dweight->shape_string());
+    check.element_aligned(*dweight, "dweight");
     p.dw = dweight->data;
-    p.lddw = l.row_stride;
+    p.lddw = l.ld;
+    p.dw_col_major = l.col_major;
   }
   if (dbias) {
     check_bias_vector(check, *dbias, "dbias", n, x.dtype);

@@ -45,7 +45,8 @@ ForwardProblem forward_problem(const ForwardParams& p) {
   f.pre = p.pre != nullptr;
   f.pre_fits_aux = p.pre && p.ldpre % 8 == 0 && aligned16(p.pre);
   constexpr std::int64_t a = sm90::kFusedAlignmentElements;
-  f.cutlass_ok = (p.dtype == DType::f16 || p.dtype == DType::bf16) && p.k % a == 0 && p.n % a == 0 &&
+  // The fused kernel reads W K-major (row-major); a column-major W takes the cuBLASLt paths.
+  f.cutlass_ok = !p.w_col_major && (p.dtype == DType::f16 || p.dtype == DType::bf16) && p.k % a == 0 && p.n % a == 0 &&
                  p.ldx % a == 0 && p.ldw % a == 0 && p.ldy % a == 0 && (!p.pre || p.ldpre % a == 0);
   for (const void* ptr : {p.x, p.w, p.bias, static_cast<const void*>(p.y), static_cast<const void*>(p.pre)})
     if (ptr && !aligned16(ptr)) f.cutlass_ok = false;
@@ -63,7 +64,8 @@ BackwardProblem backward_problem(const BackwardParams& p) {
   b.dw = p.dw != nullptr;
   b.dbias = p.dbias != nullptr;
   constexpr std::int64_t a = sm90::kFusedAlignmentElements;
-  b.dz_in_dgrad_aligned = p.n % a == 0 && p.k % a == 0 && p.lddout % a == 0 && p.ldpre % a == 0 &&
+  // The dz-in-dgrad kernel reads W row-major too.
+  b.dz_in_dgrad_aligned = !p.w_col_major && p.n % a == 0 && p.k % a == 0 && p.lddout % a == 0 && p.ldpre % a == 0 &&
                           p.ldw % a == 0 && p.lddx % a == 0;
   for (const void* ptr : {p.dout, p.pre, p.w, static_cast<const void*>(p.dx)})
     if (!aligned16(ptr)) b.dz_in_dgrad_aligned = false;

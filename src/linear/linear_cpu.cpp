@@ -16,13 +16,20 @@ using Math = detail::ActivationMath<double>;
 
 namespace {
 
-// A row-major (rows, cols) matrix with row stride ld, as a dense double array.
+// Element (r, c) of a (rows, cols) matrix with leading dimension ld: row-major, or column-major
+// (W and dW may be either, linear_params.h).
+std::int64_t offset(std::int64_t r, std::int64_t c, std::int64_t ld, bool col_major) {
+  return col_major ? r + c * ld : r * ld + c;
+}
+
+// A (rows, cols) matrix as a dense row-major double array.
 std::vector<double> to_double(const void* data, DType dtype, std::int64_t rows, std::int64_t cols,
-                              std::int64_t ld) {
+                              std::int64_t ld, bool col_major = false) {
   std::vector<double> out(static_cast<std::size_t>(rows * cols));
 #pragma omp parallel for schedule(static)
   for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t c = 0; c < cols; ++c) out[r * cols + c] = load_as_double(data, dtype, r * ld + c);
+    for (std::int64_t c = 0; c < cols; ++c)
+      out[r * cols + c] = load_as_double(data, dtype, offset(r, c, ld, col_major));
   return out;
 }
 
@@ -31,7 +38,7 @@ std::vector<double> to_double(const void* data, DType dtype, std::int64_t rows, 
 void forward_cpu(const ForwardParams& p) {
   const std::int64_t m = p.m, n = p.n, k = p.k;
   const std::vector<double> x = to_double(p.x, p.dtype, m, k, p.ldx);
-  const std::vector<double> w = to_double(p.w, p.dtype, n, k, p.ldw);
+  const std::vector<double> w = to_double(p.w, p.dtype, n, k, p.ldw, p.w_col_major);
   const std::vector<double> b = p.bias ? to_double(p.bias, p.dtype, 1, n, n) : std::vector<double>(n, 0.0);
 #pragma omp parallel for schedule(dynamic, 4)
   for (std::int64_t r = 0; r < m; ++r) {
@@ -57,7 +64,8 @@ void backward_cpu(const BackwardParams& p) {
     for (std::int64_t i = 0; i < m * n; ++i) dz[i] *= Math::derivative(p.activation, pre[i], 0.0);
   }
   const std::vector<double> x = (p.dw && k > 0) ? to_double(p.x, p.dtype, m, k, p.ldx) : std::vector<double>();
-  const std::vector<double> w = (p.dx && k > 0) ? to_double(p.w, p.dtype, n, k, p.ldw) : std::vector<double>();
+  const std::vector<double> w =
+      (p.dx && k > 0) ? to_double(p.w, p.dtype, n, k, p.ldw, p.w_col_major) : std::vector<double>();
 
   if (p.dx) {  // dx[r, :] = sum_c dz[r, c] * w[c, :]
 #pragma omp parallel for schedule(dynamic, 4)
@@ -85,7 +93,8 @@ void backward_cpu(const BackwardParams& p) {
         }
       }
       if (p.dw)
-        for (std::int64_t i = 0; i < k; ++i) store_from_double(p.dw, p.dtype, c * p.lddw + i, acc[i]);
+        for (std::int64_t i = 0; i < k; ++i)
+          store_from_double(p.dw, p.dtype, offset(c, i, p.lddw, p.dw_col_major), acc[i]);
       if (p.dbias) store_from_double(p.dbias, p.dtype, c, db);
     }
   }

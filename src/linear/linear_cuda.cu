@@ -291,9 +291,10 @@ lt::Gemm column_major_gemm(DType dtype, std::int64_t m, std::int64_t n, std::int
   return g;
 }
 
-// y^T (N x M, column-major) = W (op T of the K x N column-major view of W) * x^T (K x M).
+// y^T (N x M, column-major) = W (op T of the K x N column-major view of a row-major W; a
+// column-major W is the N x K column-major matrix itself) * x^T (K x M).
 lt::Gemm forward_gemm(const ForwardParams& p, lt::Epilogue e, void* d, std::int64_t ldd) {
-  lt::Gemm g = column_major_gemm(p.dtype, p.n, p.m, p.k, {p.w, p.ldw, true}, {p.x, p.ldx, false},
+  lt::Gemm g = column_major_gemm(p.dtype, p.n, p.m, p.k, {p.w, p.ldw, !p.w_col_major}, {p.x, p.ldx, false},
                                  d, ldd);
   g.epilogue = e;
   g.bias = p.bias;
@@ -327,14 +328,18 @@ void run_unfused_forward(const ForwardParams& p, int device_index, cudaStream_t 
 
 // ---- backward ------------------------------------------------------------------------------
 
-// dx^T (K x M) = W^T (the K x N column-major view of W) * dz^T (N x M).
+// dx^T (K x M) = W^T (the K x N column-major view of a row-major W; op T of a column-major
+// W's N x K) * dz^T (N x M).
 lt::Gemm dx_gemm(const BackwardParams& p, const void* dz, std::int64_t lddz) {
-  return column_major_gemm(p.dtype, p.k, p.m, p.n, {p.w, p.ldw, false}, {dz, lddz, false}, p.dx,
+  return column_major_gemm(p.dtype, p.k, p.m, p.n, {p.w, p.ldw, p.w_col_major}, {dz, lddz, false}, p.dx,
                            p.lddx);
 }
 
-// dW^T (K x N) = x^T (K x M) * dz (op T of the N x M column-major view of dz).
+// Row-major dW: dW^T (K x N) = x^T (K x M) * dz (op T of the N x M column-major view of dz).
+// Column-major dW: dW (N x K) = dz^T (N x M) * x (op T of the K x M column-major view of x).
 lt::Gemm dw_gemm(const BackwardParams& p, const void* dz, std::int64_t lddz) {
+  if (p.dw_col_major)
+    return column_major_gemm(p.dtype, p.n, p.k, p.m, {dz, lddz, false}, {p.x, p.ldx, true}, p.dw, p.lddw);
   return column_major_gemm(p.dtype, p.k, p.n, p.m, {p.x, p.ldx, false}, {dz, lddz, true}, p.dw, p.lddw);
 }
 
@@ -355,12 +360,12 @@ struct ForwardKey {
   int device = 0;
   DType dtype = DType::bf16;
   Activation activation = Activation::none;
-  bool bias = false, pre = false, cutlass_ok = false, lt_ok = false;
+  bool bias = false, pre = false, cutlass_ok = false, lt_ok = false, w_col_major = false;
   std::int64_t m = 0, n = 0, k = 0, ldx = 0, ldw = 0, ldy = 0, ldpre = 0;
   bool operator==(const ForwardKey& o) const {
     return device == o.device && dtype == o.dtype && activation == o.activation &&
            bias == o.bias && pre == o.pre && cutlass_ok == o.cutlass_ok && lt_ok == o.lt_ok &&
-           m == o.m && n == o.n && k == o.k && ldx == o.ldx && ldw == o.ldw && ldy == o.ldy &&
+           w_col_major == o.w_col_major && m == o.m && n == o.n && k == o.k && ldx == o.ldx && ldw == o.ldw && ldy == o.ldy &&
            ldpre == o.ldpre;
   }
 };
@@ -370,8 +375,8 @@ struct ForwardKeyHash {
     std::size_t h = 1469598103934665603ull;
     auto mix = [&h](std::uint64_t v) { h = (h ^ v) * 1099511628211ull; };
     mix(std::uint64_t(k.device) << 8 | std::uint64_t(k.dtype));
-    mix(std::uint64_t(k.activation) << 4 | std::uint64_t(k.bias) << 3 | std::uint64_t(k.pre) << 2 |
-        std::uint64_t(k.cutlass_ok) << 1 | std::uint64_t(k.lt_ok));
+    mix(std::uint64_t(k.activation) << 5 | std::uint64_t(k.w_col_major) << 4 | std::uint64_t(k.bias) << 3 |
+        std::uint64_t(k.pre) << 2 | std::uint64_t(k.cutlass_ok) << 1 | std::uint64_t(k.lt_ok));
     for (std::int64_t v : {k.m, k.n, k.k, k.ldx, k.ldw, k.ldy, k.ldpre}) mix(std::uint64_t(v));
     return h;
   }
@@ -405,6 +410,7 @@ ForwardPath tuned_forward_path(const ForwardParams& p, const ForwardProblem& pro
   key.k = p.k;
   key.ldx = p.ldx;
   key.ldw = p.ldw;
+  key.w_col_major = p.w_col_major;
   key.ldy = p.ldy;
   key.ldpre = p.pre ? p.ldpre : 0;
 
@@ -585,7 +591,10 @@ void backward_cuda(const BackwardParams& p, int device_index, Stream stream_hand
   detail::DeviceGuard guard(kBackwardOp, device_index);
   const auto stream = static_cast<cudaStream_t>(stream_handle);
   if (p.m == 0) {  // empty sums
-    zero_rows(kBackwardOp, p.dw, p.n, p.k, p.lddw, p.dtype, stream);
+    if (p.dw_col_major)
+      zero_rows(kBackwardOp, p.dw, p.k, p.n, p.lddw, p.dtype, stream);
+    else
+      zero_rows(kBackwardOp, p.dw, p.n, p.k, p.lddw, p.dtype, stream);
     zero_rows(kBackwardOp, p.dbias, 1, p.n, p.n, p.dtype, stream);
     return;
   }

@@ -1,6 +1,7 @@
 // The validated, backend-neutral description of one linear call. The public entry points
 // (linear.cpp) check the arguments and fill these; each backend (CPU reference, CUDA) reads them.
 // Matrices are row-major with the given row strides (in elements); the last dimension contiguous.
+// W and dW may instead be column-major (w_col_major, dw_col_major: element (n, k) at n + k * ld).
 #pragma once
 
 #include <cstddef>
@@ -19,6 +20,7 @@ struct ForwardParams {
   std::int64_t ldx = 0;
   const void* w = nullptr;  // (n, k)
   std::int64_t ldw = 0;
+  bool w_col_major = false;
   const void* bias = nullptr;  // (n) or null
   void* y = nullptr;           // (m, n)
   std::int64_t ldy = 0;
@@ -38,12 +40,14 @@ struct BackwardParams {
   std::int64_t ldx = 0;
   const void* w = nullptr;  // (n, k)
   std::int64_t ldw = 0;
+  bool w_col_major = false;
   const void* pre = nullptr;  // (m, n); null only for Activation::none
   std::int64_t ldpre = 0;
   void* dx = nullptr;  // (m, k), each output may be null: not computed
   std::int64_t lddx = 0;
   void* dw = nullptr;  // (n, k)
   std::int64_t lddw = 0;
+  bool dw_col_major = false;
   void* dbias = nullptr;  // (n)
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;

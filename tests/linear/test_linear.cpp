@@ -78,6 +78,14 @@ Buffer matrix(DType dtype, Device d, std::int64_t rows, std::int64_t cols, std::
   return Buffer(dtype, d, {rows, cols}, {cols + pad, 1}, lead);
 }
 
+// A weight-shaped (n, k) test matrix: row-major like matrix(), or column-major (strides
+// (1, n + pad): the transpose of a row-major (k, n) matrix, GPT-2's Conv1D layout).
+Buffer weight_matrix(DType dtype, Device d, std::int64_t n, std::int64_t k, bool col_major, std::int64_t pad = 0,
+                     std::int64_t lead = 0) {
+  if (!col_major) return matrix(dtype, d, n, k, pad, lead);
+  return Buffer(dtype, d, {n, k}, {1, n + pad}, lead);
+}
+
 Buffer workspace_for(std::size_t bytes, Device d) {
   return Buffer(DType::u8, d, {static_cast<std::int64_t>(std::max<std::size_t>(bytes, 1))});
 }
@@ -143,11 +151,12 @@ struct ForwardCase {
   bool bias = true, pre = false;
   std::int64_t pad = 0;  // extra elements per row of x, W, y, pre
   std::int64_t lead = 0;  // elements before every tensor's first: pointers off 16-byte alignment
+  bool w_col_major = false;
   std::string str() const {
     return std::string("forward ") + dtype_name(dtype) + " " + activation_name(act) + " (M, N, K) = (" +
            std::to_string(m) + ", " + std::to_string(n) + ", " + std::to_string(k) + ")" +
            (bias ? " +bias" : "") + (pre ? " +pre" : "") + (pad ? " pad " + std::to_string(pad) : "") +
-           (lead ? " lead " + std::to_string(lead) : "");
+           (lead ? " lead " + std::to_string(lead) : "") + (w_col_major ? " W column-major" : "");
   }
 };
 
@@ -157,7 +166,8 @@ ForwardPath check_forward(const ForwardCase& c, std::uint64_t salt) {
   SCOPED_TRACE(c.str());
   auto rng = testing::make_rng(salt);
   const Device gpu = Device::cuda(0);
-  Buffer x = matrix(c.dtype, gpu, c.m, c.k, c.pad, c.lead), w = matrix(c.dtype, gpu, c.n, c.k, c.pad, c.lead);
+  Buffer x = matrix(c.dtype, gpu, c.m, c.k, c.pad, c.lead);
+  Buffer w = weight_matrix(c.dtype, gpu, c.n, c.k, c.w_col_major, c.pad, c.lead);
   Buffer y = matrix(c.dtype, gpu, c.m, c.n, c.pad, c.lead);
   std::optional<Buffer> bias, pre;
   const auto xv = normal_values(rng, c.m * c.k, 0.0, 1.0, c.dtype);
@@ -196,11 +206,13 @@ struct BackwardCase {
   bool dx = true, dw = true, dbias = true;
   std::int64_t pad = 0;
   std::int64_t lead = 0;  // elements before every tensor's first: pointers off 16-byte alignment
+  bool w_col_major = false, dw_col_major = false;
   std::string str() const {
     return std::string("backward ") + dtype_name(dtype) + " " + activation_name(act) +
            " (M, N, K) = (" + std::to_string(m) + ", " + std::to_string(n) + ", " +
            std::to_string(k) + ")" + (dx ? " dx" : "") + (dw ? " dW" : "") + (dbias ? " dbias" : "") +
-           (pad ? " pad " + std::to_string(pad) : "") + (lead ? " lead " + std::to_string(lead) : "");
+           (pad ? " pad " + std::to_string(pad) : "") + (lead ? " lead " + std::to_string(lead) : "") +
+           (w_col_major ? " W column-major" : "") + (dw_col_major ? " dW column-major" : "");
   }
 };
 
@@ -211,7 +223,8 @@ linear::BackwardPath check_backward(const BackwardCase& c, std::uint64_t salt, i
   auto rng = testing::make_rng(salt);
   const Device gpu = Device::cuda(device_index);
   Buffer dout = matrix(c.dtype, gpu, c.m, c.n, c.pad, c.lead), pre = matrix(c.dtype, gpu, c.m, c.n, c.pad, c.lead);
-  Buffer x = matrix(c.dtype, gpu, c.m, c.k, c.pad, c.lead), w = matrix(c.dtype, gpu, c.n, c.k, c.pad, c.lead);
+  Buffer x = matrix(c.dtype, gpu, c.m, c.k, c.pad, c.lead);
+  Buffer w = weight_matrix(c.dtype, gpu, c.n, c.k, c.w_col_major, c.pad, c.lead);
   const auto gv = normal_values(rng, c.m * c.n, 0.0, 1.0, c.dtype);
   const auto pv = normal_values(rng, c.m * c.n, 0.0, 1.5, c.dtype);
   const auto xv = normal_values(rng, c.m * c.k, 0.0, 1.0, c.dtype);
@@ -222,7 +235,7 @@ linear::BackwardPath check_backward(const BackwardCase& c, std::uint64_t salt, i
   w.set_values(wv);
   std::optional<Buffer> dx, dw, db;
   if (c.dx) dx.emplace(matrix(c.dtype, gpu, c.m, c.k, c.pad, c.lead));
-  if (c.dw) dw.emplace(matrix(c.dtype, gpu, c.n, c.k, c.pad, c.lead));
+  if (c.dw) dw.emplace(weight_matrix(c.dtype, gpu, c.n, c.k, c.dw_col_major, c.pad, c.lead));
   if (c.dbias) db.emplace(c.dtype, gpu, std::vector<std::int64_t>{c.n}, std::vector<std::int64_t>{}, c.lead);
   Buffer ws = workspace_for(linear_backward_workspace_size(c.m, c.n, c.k, c.dtype, c.act, gpu), gpu);
   const OptionalTensor pre_view = c.act == Activation::none ? std::nullopt : OptionalTensor(pre.view());
@@ -267,6 +280,42 @@ TEST(LinearCpu, ForwardMatchesFormula) {
         EXPECT_NEAR(pv[r * n + c], z, 1e-12);
         EXPECT_NEAR(yv[r * n + c], detail::ActivationMath<double>::forward(act, z, 0.0), 1e-12);
       }
+  }
+}
+
+// A column-major W (and dW) gives the row-major one's outputs exactly: the reference reads the
+// same values into the same float64 sums.
+TEST(LinearCpu, ColumnMajorWeightEqualsRowMajor) {
+  auto rng = testing::make_rng(3);
+  const Device cpu = Device::cpu();
+  const std::int64_t m = 6, n = 5, k = 7;
+  for (Activation act : {Activation::none, Activation::gelu_tanh}) {
+    SCOPED_TRACE(activation_name(act));
+    Buffer x(DType::f64, cpu, {m, k}), bias(DType::f64, cpu, {n}), dout(DType::f64, cpu, {m, n});
+    Buffer w_rows = weight_matrix(DType::f64, cpu, n, k, false), w_cols = weight_matrix(DType::f64, cpu, n, k, true, 3);
+    x.fill_normal(rng);
+    bias.fill_normal(rng);
+    dout.fill_normal(rng);
+    w_rows.fill_normal(rng, 0.0, 0.5);
+    w_cols.set_values(w_rows.values());
+    Buffer y_rows(DType::f64, cpu, {m, n}), y_cols(DType::f64, cpu, {m, n});
+    Buffer pre_rows(DType::f64, cpu, {m, n}), pre_cols(DType::f64, cpu, {m, n});
+    linear_forward(x.view(), w_rows.view(), bias.view(), act, y_rows.view(), pre_rows.view(), std::nullopt);
+    linear_forward(x.view(), w_cols.view(), bias.view(), act, y_cols.view(), pre_cols.view(), std::nullopt);
+    EXPECT_EQ(y_rows.values(), y_cols.values());
+    EXPECT_EQ(pre_rows.values(), pre_cols.values());
+    for (bool dw_col_major : {false, true}) {
+      Buffer dx_rows(DType::f64, cpu, {m, k}), dx_cols(DType::f64, cpu, {m, k});
+      Buffer dw_rows = weight_matrix(DType::f64, cpu, n, k, false);
+      Buffer dw_cols = weight_matrix(DType::f64, cpu, n, k, dw_col_major, 2);
+      dw_cols.poison();
+      linear_backward(dout.view(), x.view(), w_rows.view(), pre_rows.view(), act, dx_rows.view(), dw_rows.view(),
+                      std::nullopt, std::nullopt);
+      linear_backward(dout.view(), x.view(), w_cols.view(), pre_cols.view(), act, dx_cols.view(), dw_cols.view(),
+                      std::nullopt, std::nullopt);
+      EXPECT_EQ(dx_rows.values(), dx_cols.values());
+      EXPECT_EQ(dw_rows.values(), dw_cols.values()) << "dW column-major " << dw_col_major;
+    }
   }
 }
 
@@ -487,6 +536,30 @@ TEST(LinearErrors, MismatchedShapes) {
   TensorView y_half(f.yb.data(), DType::bf16, f.cpu, {32, 48});
   EXPECT_TRUE(has(error_of([&] { linear_forward(x_strided, f.w, f.b, Activation::none, y_half, std::nullopt, std::nullopt); }),
                   "argument 'x': expected a contiguous last dimension"));
+}
+
+// W and dW: rows contiguous or columns contiguous, nothing else.
+TEST(LinearErrors, WeightLayout) {
+  ErrorFixture f;
+  std::vector<std::uint16_t> big(48 * 64 + 8);
+  TensorView w_strided(big.data(), DType::bf16, f.cpu, {48, 32}, {64, 2});
+  EXPECT_EQ(error_of([&] { linear_forward(f.x, w_strided, f.b, Activation::none, f.y, std::nullopt, std::nullopt); }),
+            "fusekit.linear_forward: argument 'weight': expected rows or columns contiguous: strides (ld, 1) "
+            "with ld >= K (the nn.Linear layout) or (1, ld) with ld >= N (the transpose of a row-major (K, N) "
+            "matrix), got strides (64, 2)");
+  TensorView w_short(big.data(), DType::bf16, f.cpu, {48, 32}, {1, 40});
+  EXPECT_TRUE(has(error_of([&] { linear_forward(f.x, w_short, f.b, Activation::none, f.y, std::nullopt, std::nullopt); }),
+                  "argument 'weight': expected a column stride of at least N = 48 (columns contiguous), got column "
+                  "stride 40"));
+  TensorView w_cols(big.data(), DType::bf16, f.cpu, {48, 32}, {1, 48});
+  TensorView dw_strided(f.wb.data(), DType::bf16, f.cpu, {24, 32}, {32, 2});
+  EXPECT_TRUE(has(error_of([&] { linear_backward(f.y, f.x, w_cols, std::nullopt, Activation::none, std::nullopt,
+                                                 dw_strided, std::nullopt, std::nullopt); }),
+                  "argument 'dweight': expected rows or columns contiguous"));
+  TensorView dw_cols_wrong(f.wb.data(), DType::bf16, f.cpu, {32, 48}, {1, 32});
+  EXPECT_TRUE(has(error_of([&] { linear_backward(f.y, f.x, w_cols, std::nullopt, Activation::none, std::nullopt,
+                                                 dw_cols_wrong, std::nullopt, std::nullopt); }),
+                  "argument 'dweight': expected shape (48, 32) (as 'weight'), got (32, 48)"));
 }
 
 TEST(LinearErrors, DtypeMismatch) {
@@ -1056,6 +1129,34 @@ TEST(LinearGpu, UnalignedPointersAndOddRowStrides) {
         ++salt;
       }
   EXPECT_EQ(salt, 18);
+}
+
+// A column-major W (GPT-2's Conv1D layout) and dW in either layout: the cuBLASLt GEMMs read them
+// transposed. The fused CUTLASS forward and the dz-in-dgrad backward read W row-major: asked for
+// (as a test override), they are passed over for a column-major W.
+TEST(LinearGpu, ColumnMajorWeightMatchesReference) {
+  FUSEKIT_REQUIRE_GPU();
+  std::uint64_t salt = 9100;
+  PathOverride fused(ForwardPath::cutlass_fused);
+  BackwardPathOverride in_dgrad(linear::BackwardPath::dz_in_dgrad);
+  for (DType dt : {DType::bf16, DType::f16})
+    for (Activation act : {Activation::none, Activation::relu, Activation::gelu_tanh, Activation::silu})
+      for (auto [m, n, k, pad] : {std::array<std::int64_t, 4>{256, 768, 2304, 0}, std::array<std::int64_t, 4>{77, 130, 66, 3},
+                                  std::array<std::int64_t, 4>{128, 512, 1024, 8}}) {
+        for (bool pre : {false, true}) {
+          ForwardCase c{dt, act, m, n, k, true, pre, pad};
+          c.w_col_major = true;
+          EXPECT_NE(check_forward(c, salt++), ForwardPath::cutlass_fused) << c.str();
+        }
+        for (bool dw_col_major : {false, true}) {
+          BackwardCase c{dt, act, m, n, k, true, true, true, pad};
+          c.w_col_major = true;
+          c.dw_col_major = dw_col_major;
+          EXPECT_NE(check_backward(c, salt++), linear::BackwardPath::dz_in_dgrad) << c.str();
+          c.w_col_major = false;  // a row-major W with a column-major dW
+          if (dw_col_major) check_backward(c, salt++);
+        }
+      }
 }
 
 TEST(LinearGpu, WorkspaceErrors) {

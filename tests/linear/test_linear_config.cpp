@@ -57,6 +57,44 @@ linear::BackwardProblem backward(std::int64_t m, std::int64_t n, std::int64_t k,
   return p;
 }
 
+// The problem of a call from its parameters: a column-major W rules out the kernels that read W
+// row-major (the fused forward, the dz-in-dgrad backward), whatever its alignment.
+TEST(LinearConfig, ColumnMajorWeightTakesTheCublasltPaths) {
+  alignas(16) static std::uint16_t buffer[64];
+  linear::ForwardParams f;
+  f.m = 256;
+  f.n = 768;
+  f.k = 2304;
+  f.x = f.w = f.bias = buffer;
+  f.y = buffer;
+  f.ldx = f.k;
+  f.ldw = f.k;
+  f.ldy = f.n;
+  EXPECT_TRUE(linear::forward_problem(f).cutlass_ok);
+  f.w_col_major = true;
+  f.ldw = f.n;
+  EXPECT_FALSE(linear::forward_problem(f).cutlass_ok);
+  EXPECT_EQ(linear::choose_forward_path(linear::forward_problem(f), ForwardPath::cutlass_fused),
+            ForwardPath::cublaslt_epilogue);
+
+  linear::BackwardParams b;
+  b.m = 4096;
+  b.n = 4096;
+  b.k = 2048;
+  b.activation = Activation::gelu_tanh;
+  b.dout = b.x = b.w = b.pre = buffer;
+  b.dx = b.dw = buffer;
+  b.lddout = b.ldpre = b.n;
+  b.ldx = b.lddx = b.ldw = b.lddw = b.k;
+  EXPECT_TRUE(linear::backward_problem(b).dz_in_dgrad_aligned);
+  EXPECT_EQ(linear::choose_backward(linear::backward_problem(b), kH200).path, BackwardPath::dz_in_dgrad);
+  b.w_col_major = true;
+  b.ldw = b.n;
+  EXPECT_FALSE(linear::backward_problem(b).dz_in_dgrad_aligned);
+  EXPECT_EQ(linear::choose_backward(linear::backward_problem(b), kH200, BackwardPath::dz_in_dgrad).path,
+            BackwardPath::separate_dz);
+}
+
 TEST(LinearConfig, CublasltEpilogueTable) {
   using lt = linear::lt::Epilogue;
   EXPECT_EQ(linear::cublaslt_epilogue(forward(64, 64, 64, DType::bf16, Activation::none, false)), lt::none);
