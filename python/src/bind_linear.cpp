@@ -14,6 +14,21 @@ std::int64_t out_features(const TensorView& weight) {
   return weight.ndim > 0 ? weight.shape[0] : 0;
 }
 
+// A weight (N, K) that is the transposed view of a row-major (K, N) matrix (Hugging Face's Conv1D
+// keeps its weight so): linear reads it as it is, and its gradient is allocated the same way, so
+// that the (K, N) parameter's gradient is a plain transpose. fusekit/torch/linear.py's
+// _transposed is the same test.
+bool transposed_view(const TensorView& w) {
+  return w.ndim == 2 && w.shape[0] > 1 && w.strides[0] == 1 && w.strides[1] >= w.shape[0];
+}
+
+// The weight operand of the allocating entry points: a transposed view as it is, any other layout
+// made contiguous.
+TensorView weight_operand(OpCall& c, nb::handle weight) {
+  const TensorView w = c.tensor(weight, "weight", Access::read);
+  return transposed_view(w) ? w : c.contiguous(weight, "weight");
+}
+
 // The size query behind workspace='auto': `size` (linear_forward_workspace_size or
 // linear_backward_workspace_size) for x (..., K) and weight (N, K).
 template <typename SizeFn>
@@ -85,7 +100,7 @@ void bind_linear(nb::module_& m) {
         const Activation act = c.activation(activation);
         const bool save_pre_activation = c.flag(save_pre_activation_arg, "save_pre_activation");
         const TensorView xv = c.contiguous(x, "x");
-        const TensorView wv = c.contiguous(weight, "weight");
+        const TensorView wv = weight_operand(c, weight);
         const OptionalTensor bv = c.optional_contiguous(bias, "bias");
         const std::int64_t n = out_features(wv);
         TensorView yv;
@@ -116,14 +131,15 @@ void bind_linear(nb::module_& m) {
         const bool need_dbias = c.flag(need_dbias_arg, "need_dbias");
         const TensorView dov = c.contiguous(dout, "dout");
         const TensorView xv = c.contiguous(x, "x");
-        const TensorView wv = c.contiguous(weight, "weight");
+        const TensorView wv = weight_operand(c, weight);
         const OptionalTensor pv = c.optional_contiguous(pre_activation, "pre_activation");
         const std::int64_t n = out_features(wv);
         const std::int64_t k = rows_cols(xv).second;
         OptionalTensor dxv, dwv, dbv;
         nb::object dx = c.new_optional(need_dx, OpCall::spec_like(xv, xv.dtype, k), &dxv);
-        nb::object dweight =
-            c.new_optional(need_dweight, OpCall::spec_like(wv, wv.dtype, rows_cols(wv).second), &dwv);
+        OpCall::ArraySpec dweight_spec = OpCall::spec_like(wv, wv.dtype, rows_cols(wv).second);
+        dweight_spec.transposed = transposed_view(wv);
+        nb::object dweight = c.new_optional(need_dweight, dweight_spec, &dwv);
         nb::object dbias = c.new_optional(need_dbias, OpCall::spec(xv.dtype, {n}), &dbv);
         const OptionalTensor wsv =
             c.auto_workspace(linear_workspace(linear_backward_workspace_size, xv, wv, act));

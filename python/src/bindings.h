@@ -174,7 +174,7 @@ class OpCall : public ScalarArgs {
     return framework_scratch(bytes);
   }
 
-  // Several new contiguous arrays carved from ONE framework allocation (each 256-byte aligned),
+  // Several new contiguous (or, by spec, transposed 2-D) arrays carved from ONE framework allocation (each 256-byte aligned),
   // plus optionally `scratch_bytes` of u8 scratch memory for this call: one allocator call
   // instead of one per array, which is most of the host time of an op with several outputs.
   // The memory goes back to the framework when the last of the arrays is released, so group only
@@ -185,6 +185,9 @@ class OpCall : public ScalarArgs {
     int ndim;
     std::int64_t shape[kMaxDims];
     bool capsule = false;
+    // 2-D only: laid out as its transpose, strides (1, shape[0]) (a column-major matrix, as the
+    // gradient of a weight that is the transposed view of a row-major one).
+    bool transposed = false;
   };
   static ArraySpec spec(DType dtype, std::initializer_list<std::int64_t> shape, bool capsule = false);
   // The shape of `like` with its last size replaced by `last` (a 0-d `like` gives shape (last)).

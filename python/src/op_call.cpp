@@ -1,6 +1,7 @@
 // Array arguments -> TensorView, and the stream/device of a call (see bindings.h).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <string>
@@ -414,15 +415,22 @@ void* OpCall::allocate(const void* exchange_api, Device device, DType dtype, int
 nb::object OpCall::new_array(const ArraySpec& spec, TensorView* view) {
   const auto* api = static_cast<const dl::ExchangeApi*>(first_api_);
   if (api && !api->managed_tensor_to_py_object_no_sync) api = nullptr;
+  if (spec.transposed && spec.ndim != 2)
+    throw Error(ErrorKind::unsupported, op_, "only 2-D framework arrays are laid out transposed");
+  // A transposed array is allocated as its (shape[1], shape[0]) transpose, handed out through the
+  // framework's transpose(0, 1).
+  const std::int64_t stored[2] = {spec.transposed ? spec.shape[1] : 0, spec.transposed ? spec.shape[0] : 0};
   auto* out = static_cast<dl::ManagedTensorVersioned*>(
-      allocate(api, first_device_, spec.dtype, spec.ndim, spec.shape, "an output"));
+      allocate(api, first_device_, spec.dtype, spec.ndim, spec.transposed ? stored : spec.shape, "an output"));
   const dl::Tensor& t = out->dl_tensor;
+  const std::int64_t transposed_strides[2] = {1, std::max<std::int64_t>(spec.shape[0], 1)};
   *view = TensorView::from_arrays(static_cast<char*>(t.data) + t.byte_offset, spec.dtype, first_device_,
-                                  spec.ndim, spec.shape, nullptr);
+                                  spec.ndim, spec.shape, spec.transposed ? transposed_strides : nullptr);
   void* object = nullptr;
   if (api->managed_tensor_to_py_object_no_sync(out, &object) != 0 || !object)
     throw nb::python_error();  // the table took ownership of `out` either way
-  return nb::steal(static_cast<PyObject*>(object));
+  nb::object array = nb::steal(static_cast<PyObject*>(object));
+  return spec.transposed ? array.attr("transpose")(0, 1) : array;
 }
 
 nb::object OpCall::new_optional(bool wanted, const ArraySpec& spec, OptionalTensor* view) {
@@ -497,6 +505,8 @@ void OpCall::new_arrays(int count, const ArraySpec* specs, nb::object* objects, 
       fail("shape", "1 to " + std::to_string(kMaxDims) + " sizes", std::to_string(s.ndim));
     if (s.capsule && s.dtype != DType::f32)
       throw Error(ErrorKind::unsupported, op_, "opaque capsules hold float32 arrays only");
+    if (s.transposed && (s.ndim != 2 || s.capsule))
+      throw Error(ErrorKind::unsupported, op_, "only 2-D framework arrays are laid out transposed");
     std::size_t elements = 1;
     for (int d = 0; d < s.ndim; ++d) {
       if (s.shape[d] < 0) fail("shape", "non-negative sizes", std::to_string(s.shape[d]));
@@ -525,6 +535,10 @@ void OpCall::new_arrays(int count, const ArraySpec* specs, nb::object* objects, 
       v->strides[d] = stride;
       stride *= s.shape[d] > 0 ? s.shape[d] : 1;
     }
+    if (s.transposed) {
+      v->strides[0] = 1;
+      v->strides[1] = s.shape[0] > 0 ? s.shape[0] : 1;
+    }
     v->managed.version = owner->version;
     v->managed.manager_ctx = v;
     v->managed.deleter = release_shared_view;
@@ -538,7 +552,8 @@ void OpCall::new_arrays(int count, const ArraySpec* specs, nb::object* objects, 
     t.strides = v->strides;
     t.byte_offset = 0;
     made[i] = v;
-    views[i] = TensorView::from_arrays(t.data, s.dtype, first_device_, s.ndim, s.shape, nullptr);
+    views[i] = TensorView::from_arrays(t.data, s.dtype, first_device_, s.ndim, s.shape,
+                                       s.transposed ? v->strides : nullptr);
   }
   if (scratch) {
     if (scratch_bytes > 0) {

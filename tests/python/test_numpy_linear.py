@@ -102,6 +102,33 @@ def test_strided_rows(rng):
     check("y", out[:, :6], ref, "f32")
 
 
+@pytest.mark.parametrize("dtype", ["f64", "f32"])
+def test_weight_stored_transposed(rng, dtype):
+    """A (K, N) weight through its transposed view (Hugging Face's Conv1D layout), dweight written
+    into the transposed view of a padded (K, N + 3) array: the row-major weight's results, the
+    padding never written."""
+    dt = np_dtype(dtype)
+    x, weight, bias, dout = inputs(rng, (4, 3), 6, 10, dtype)
+    stored = np.ascontiguousarray(weight.T)  # (K, N)
+    y_ref, pre_ref = forward(x, weight, bias, "gelu_tanh")
+    y, pre = forward(x, stored.T, bias, "gelu_tanh")
+    np.testing.assert_array_equal(y, y_ref)
+    np.testing.assert_array_equal(pre, pre_ref)
+    dw_ref = np.full((6, 10), np.nan, dt)
+    fusekit.linear_backward(dout, x, weight, pre, "gelu_tanh", None, dw_ref, None)
+    padded = np.full((10, 9), np.nan, dt)
+    fusekit.linear_backward(dout, x, stored.T, pre, "gelu_tanh", None, padded[:, :6].T, None)
+    np.testing.assert_array_equal(padded[:, :6].T, dw_ref)
+    assert np.all(np.isnan(padded[:, 6:]))
+
+
+def test_weight_with_no_contiguous_dimension_is_refused(rng):
+    weight = np.zeros((12, 20), np.float32)[::2, ::2]  # (6, 10), strides (2 rows, 2 elements)
+    y = np.zeros((3, 6), np.float32)
+    check_invalid_argument(lambda: fusekit.linear_forward(np.zeros((3, 10), np.float32), weight, None, "none", y),
+                           "weight", "rows or columns contiguous")
+
+
 def test_empty_k_gives_bias(rng):
     """K = 0 (allowed by linear.h): x W^T is an empty sum, y = act(bias)."""
     bias = rng.standard_normal(5)

@@ -154,8 +154,6 @@ def test_torch_compile_weight_stored_transposed(device, seed):
     check_compiled_model(model, torch.randn(4, 16, 64, device=device), device, "fusekit.linear_fwd")
 
 
-@pytest.mark.skipif(not _linear_module.TRANSPOSED_WEIGHT,
-                    reason="this fusekit build copies a transposed (K, N) weight on each call")
 @pytest.mark.parametrize("device", DEVICES)
 def test_transposed_weight_is_read_in_place(device, seed):
     """Where fusekit's linear takes (K, N) weights, nothing copies them: no copy or clone runs in

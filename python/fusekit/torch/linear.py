@@ -10,10 +10,9 @@ Ops (all return fresh tensors; nothing is mutated):
 x is (..., K), weight (N, K), bias (N), all one dtype (float32, float16 or bfloat16; float64 on the
 CPU). Activations: none, relu, gelu_erf, gelu_tanh, squared_relu, silu (include/fusekit/linear.h).
 
-A weight stored as (K, N) (Hugging Face's Conv1D) goes in as its transposed view weight.t(): read in
-place where fusekit's linear takes such weights (TRANSPOSED_WEIGHT; dweight then comes back in the
-same layout, so that the (K, N) parameter's gradient is a plain transpose), else copied by
-fusekit._C on every call.
+A weight stored as (K, N) (Hugging Face's Conv1D) goes in as its transposed view weight.t(): fusekit's
+linear reads it in place (a column-major weight, include/fusekit/linear.h), and dweight comes back in
+the same layout, so that the (K, N) parameter's gradient is a plain transpose.
 """
 from __future__ import annotations
 
@@ -47,26 +46,9 @@ def _transposed(weight: Tensor) -> bool:
         weight.stride(1) >= weight.shape[0]
 
 
-def _takes_transposed_weight() -> bool:
-    """Whether fusekit._C's linear reads a transposed (K, N) weight in place (one tiny CPU call):
-    fusekit's C++ API refuses a weight whose K dimension is not contiguous where it does not."""
-    x, y = torch.ones(1, 2), torch.empty(1, 3)
-    try:
-        _C.linear_forward(x, torch.ones(2, 3).t(), None, "none", y)
-    except _C.InvalidArgumentError:
-        return False
-    return True
-
-
-#: fusekit's linear reads weight.t() of a (K, N) row-major weight (Hugging Face's Conv1D) without a
-#: copy, and returns its gradient in that layout.
-TRANSPOSED_WEIGHT = _takes_transposed_weight()
-
-
 def _new_dweight(weight: Tensor) -> Tensor:
-    """dweight as fusekit._C allocates it: weight's transposed layout where it reads that layout in
-    place, else contiguous (N, K)."""
-    if TRANSPOSED_WEIGHT and _transposed(weight):
+    """dweight as fusekit._C allocates it: a transposed weight's layout, else contiguous (N, K)."""
+    if _transposed(weight):
         return weight.new_empty((weight.shape[1], weight.shape[0])).t()
     return torch.empty_like(weight, memory_format=torch.contiguous_format)
 

@@ -53,7 +53,7 @@ from .attention import scaled_dot_product_attention
 from .bias_act_dropout import Dropout
 from .cross_entropy import cross_entropy
 from .gated_act import gated_act_separate
-from .linear import TRANSPOSED_WEIGHT, linear as linear_op
+from .linear import linear as linear_op
 from .linear_cross_entropy import linear_cross_entropy
 from .norm import layer_norm, rms_norm
 from .rope import apply_rotary_pos_emb
@@ -675,9 +675,7 @@ def patch(model: torch.nn.Module, *, norms: bool = True, linear: bool = True, ml
     and what was not, and why. Parameters, buffers, hooks and state_dict keys are unchanged;
     patching twice changes nothing more."""
     report = PatchReport(type(model).__name__)
-    conv1d_detail = "fusekit linear on weight.t()" + (
-        "" if TRANSPOSED_WEIGHT else " (copied on each call until fusekit's linear takes "
-                                     "(K, N) weights in place)")
+    conv1d_detail = "fusekit linear on weight.t(), read in place"
     for name, module in list(model.named_modules()):
         cls = type(module)
         label = cls.__name__
