@@ -174,12 +174,12 @@ class OpCall : public ScalarArgs {
     return framework_scratch(bytes);
   }
 
-  // Several new contiguous (or, by spec, transposed 2-D) arrays carved from ONE framework allocation (each 256-byte aligned),
-  // plus optionally `scratch_bytes` of u8 scratch memory for this call: one allocator call
-  // instead of one per array, which is most of the host time of an op with several outputs.
-  // The memory goes back to the framework when the last of the arrays is released, so group only
-  // arrays that live and die together. Each spec becomes the framework's tensor object, or an
-  // opaque capsule (float32 specs only) as new_f32_capsule makes.
+  // Several new contiguous (or, by spec, transposed 2-D) arrays carved from ONE framework
+  // allocation (each 256-byte aligned), plus optionally `scratch_bytes` of u8 scratch memory for
+  // this call: one allocator call instead of one per array, which is most of the host time of an
+  // op with several outputs. The memory goes back to the framework when the last of the arrays is
+  // released, so group only arrays that live and die together. Each spec becomes the framework's
+  // tensor object, or an opaque capsule (float32 specs only) as new_f32_capsule makes.
   struct ArraySpec {
     DType dtype;
     int ndim;
@@ -195,8 +195,8 @@ class OpCall : public ScalarArgs {
   void new_arrays(int count, const ArraySpec* specs, nb::object* objects, TensorView* views,
                   std::size_t scratch_bytes = 0, OptionalTensor* scratch = nullptr);
 
-  // One new contiguous array from the framework's allocator (see new_arrays), as the framework's
-  // tensor object: fusekit.torch allocates its outputs this way, inside the call.
+  // One new contiguous (or transposed 2-D) array from the framework's allocator (see new_arrays),
+  // as the framework's tensor object: fusekit.torch allocates its outputs this way, in the call.
   nb::object new_array(const ArraySpec& spec, TensorView* view);
   // new_array when `wanted`, else None and an empty `view` (an output the caller did not ask for).
   nb::object new_optional(bool wanted, const ArraySpec& spec, OptionalTensor* view);
