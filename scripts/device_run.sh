@@ -2,7 +2,8 @@
 # The one script for the GPU machine: build with all cores, run the whole test suite, the CLI
 # check, the benchmarks and the PyTorch side-by-side timings, and leave logs + JSON in $OUT.
 #   device tool: run(command="bash scripts/device_run.sh", carry=[".deps", ".whl"])
-# Stages can be narrowed: STAGES="build test bench torch sanitize" (default: all but norm_sweep, e2e
+# Stages can be narrowed: STAGES="build test bench torch sanitize" (default: all but norm_sweep, e2e,
+# torch_dist (fusekit.torch.patch under DDP and FSDP2 against one GPU, scripts/torch_dist_check.py)
 # and ddp (train_gpt --gpus N against one GPU, scripts/train_gpt_ddp_check.sh);
 # sanitize: scripts/sanitize_gpu.sh, every GPU test family under each compute-sanitizer tool).
 # python: the Python package built and its whole pytest suite run against CUDA PyTorch, plus the
@@ -112,7 +113,7 @@ fi
 # overhead, the norm sweep, and linear's and linear_cross_entropy's PyTorch comparisons
 # (torch_bench.py times fusekit.torch in turns with PyTorch when it can import it).
 torch_ops=" ${TORCH_OPS:-linear} "
-if has python || has overhead || has norm_sweep || has e2e ||
+if has python || has overhead || has norm_sweep || has e2e || has torch_dist ||
    { has torch && [[ "$torch_ops" == *" linear "* || "$torch_ops" == *" linear_cross_entropy "* ]]; }; then
   start=$(date +%s)
   FUSEKIT_PY_BUILD_ONLY=1 bash scripts/python_test.sh >"$OUT/python_build.log" 2>&1
@@ -156,6 +157,23 @@ if has e2e; then
   rc=$?
   log "e2e bench rc=$rc in $(( $(date +%s) - start ))s"
   grep -vE "^\[transformers\]|^W[0-9]" "$OUT/e2e.log" | tail -14
+  [ $rc -eq 0 ] || status=1
+fi
+
+# fusekit.torch.patch under DDP and FSDP2 (fully_shard), with and without torch.compile, on 2 and
+# (where present) 4 GPUs against the 1-GPU run of the same global batch (needs 2 or more GPUs; not in
+# the default stages; TORCH_DIST_MODELS picks the models). NCCL with NVLink multicast off.
+if has torch_dist; then
+  start=$(date +%s)
+  gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+  sizes=$(for w in 2 4; do [ "$w" -le "$gpus" ] && printf '%s ' "$w"; done)
+  NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
+  PYTHONPATH="$PWD/build-python/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 \
+    python3 scripts/torch_dist_check.py --out "$OUT/torch_dist.json" --world-sizes ${sizes:-2} \
+    --models ${TORCH_DIST_MODELS:-gpt2 llama-1.25b} >"$OUT/torch_dist.log" 2>&1
+  rc=$?
+  log "torch_dist check ($gpus GPUs, world sizes ${sizes:-none}) rc=$rc in $(( $(date +%s) - start ))s"
+  grep -vE "^\[transformers\]|^(\[rank[0-9]+\]:)?W[0-9]" "$OUT/torch_dist.log" | tail -30
   [ $rc -eq 0 ] || status=1
 fi
 
@@ -208,7 +226,8 @@ if has report; then
   # scripts/perf_report.py --merge in the repository).
   mkdir -p "$OUT/records"
   python3 scripts/perf_report.py --results "$OUT/records" --no-plots --out "$OUT/report.md" \
-    --merge $(ls "$OUT/fusekit_bench.json" "$OUT/torch_bench.json" "$OUT/norm_sweep.json" "$OUT/e2e.json" 2>/dev/null) >"$OUT/report.log" 2>&1
+    --merge $(ls "$OUT/fusekit_bench.json" "$OUT/torch_bench.json" "$OUT/norm_sweep.json" "$OUT/e2e.json" \
+      "$OUT/torch_dist.json" 2>/dev/null) >"$OUT/report.log" 2>&1
   cat "$OUT/report.md"
 fi
 exit $status

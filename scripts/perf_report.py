@@ -187,6 +187,15 @@ def merge_files(results_dir, paths, commit, date):
             print(f"merged {path} (data-parallel check) into {os.path.relpath(out, ROOT)}")
             written.append(out)
             continue
+        if raw.get("kind") == "torch_dist":  # scripts/torch_dist_check.py: one entry per run
+            entry = {k: raw[k] for k in ("torch", "transformers", "gpus", "backend", "dtype", "steps", "warmup",
+                                         "tolerance", "compile_backend", "pass", "models") if k in raw}
+            record.setdefault("torch_dist", []).append(dict(entry, commit=commit,
+                                                            script="scripts/torch_dist_check.py"))
+            write_record(out, record)
+            print(f"merged {path} (DDP / FSDP2 check, {len(raw['models'])} models) into {os.path.relpath(out, ROOT)}")
+            written.append(out)
+            continue
         if raw.get("kind") == "norm_sweep":
             write_record(out, merge_norm_sweep(record, raw, commit))
             print(f"merged {path} ({len(raw['points'])} sweep points) into {os.path.relpath(out, ROOT)}")
@@ -517,6 +526,36 @@ def ddp_table(recs):
     return lines
 
 
+TORCH_DIST_MODE = {"single": "1 process", "ddp": "DDP", "fsdp2": "FSDP2 (fully_shard)"}
+
+
+def torch_dist_table(recs):
+    runs = [(r["date"], e) for r in recs for e in r.get("torch_dist", [])]
+    if not runs:
+        return []
+    lines = ["`scripts/torch_dist_check.py`: a HuggingFace model patched with `fusekit.torch.patch` trained on "
+             "the same global batch in one process and in N (each rank its rows), dropout 0, AdamW; the largest "
+             "per-step loss difference from the 1-process run of the same compile setting; tokens/s per GPU from "
+             "the median step after warm-up; peak memory, the largest over the ranks.", "",
+             "| date | commit | model | run | GPUs | torch.compile | tokens/s per GPU | peak memory (GiB) | "
+             "loss difference | pass |", "|---|---|---|---|---:|---|---:|---:|---:|---|"]
+    for date, e in sorted(runs, key=lambda x: x[0]):
+        for m in e["models"]:
+            for r in m["runs"].values():
+                head = (f"| {date} | {e['commit']} | {m['model']} (batch {m['global_batch']} x {m['seq']}) | "
+                        f"{TORCH_DIST_MODE.get(r.get('mode'), r.get('mode'))} | {r.get('world_size', '-')} | "
+                        f"{'yes' if r.get('compile') else 'no'} |")
+                if "error" in r:
+                    lines.append(f"{head} {r['error'][:120]} | | | NO |")
+                    continue
+                diff = f"{r['max_abs_loss_diff']:.1e} (bar {r['tolerance']:.0e})" if "max_abs_loss_diff" in r \
+                    else "reference"
+                verdict = "-" if "pass" not in r else ("yes" if r["pass"] else "NO")
+                lines.append(f"{head} {r['tokens_per_s_per_gpu']:.0f} | {max(r['peak_memory_gib_per_rank']):.2f} | "
+                             f"{diff} | {verdict} |")
+    return lines
+
+
 def render(records, plot_dir=None):
     devices = sorted({r["device"] for r in records})
     lines = [HEADER]
@@ -573,6 +612,7 @@ def render(records, plot_dir=None):
                             f"{abs(worst['diff']):.4f} ({worst['step']}) |")
             body.append("")
         for title, table in ((f"Data-parallel training (apps/train_gpt --gpus N), {device.upper()}", ddp_table(recs)),
+                             (f"fusekit.torch.patch under DDP and FSDP2, {device.upper()}", torch_dist_table(recs)),
                              (f"compute-sanitizer over the GPU tests, {device.upper()}", sanitizer_table(recs))):
             if table:
                 contents.append(f"- [{title}](#{re.sub(r'[^a-z0-9 _-]', '', title.lower()).replace(' ', '-')})")

@@ -128,6 +128,19 @@ class PerfReportTest(unittest.TestCase):
         self.assertIn("| Liger-Kernel | NotImplementedError: Liger-Kernel patches no GPT-2 | | | | |", text)
 
 
+    def test_torch_dist_runs_are_kept_and_tabled(self):
+        text = self.run_report("torch_dist.json")
+        rec = perf_report.read_json(os.path.join(self.results, "h100-2026-12-01.json"))
+        self.assertEqual([(e["commit"], e["pass"], e["gpus"]) for e in rec["torch_dist"]], [("abc1234", False, 2)])
+        self.assertEqual(rec["torch_dist"][0]["models"][0]["runs"]["ddp_w2"]["tokens_per_s_per_gpu"], 78019.0)
+        self.assertIn("### fusekit.torch.patch under DDP and FSDP2, H100", text)
+        self.assertIn("| 2026-12-01 | abc1234 | gpt2 (batch 16 x 1024) | 1 process | 1 | no | 81920 | 30.50 | "
+                      "reference | - |", text)
+        self.assertIn("| 2026-12-01 | abc1234 | gpt2 (batch 16 x 1024) | DDP | 2 | no | 78019 | 17.50 | "
+                      "1.2e-03 (bar 2e-03) | yes |", text)
+        self.assertIn("| FSDP2 (fully_shard) | 2 | no | RuntimeError: rank 1 failed | | | NO |", text)
+
+
 class NormSweepGridTest(unittest.TestCase):
     def test_the_grid_meets_the_sweep_rules(self):
         widths = norm_sweep.widths()

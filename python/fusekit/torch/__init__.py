@@ -27,11 +27,16 @@ On a GPU fusekit has no kernels for (anything but Hopper), each op runs PyTorch'
 of the same function with one warning; set_fallback('strict') makes that an UnsupportedError and
 set_fallback('always') runs PyTorch's implementations everywhere (see _fallback.py).
 
+Distributed training: the ops compute on local tensors, so DistributedDataParallel and FSDP2
+(fully_shard, whose modules see unsharded local parameters in forward) work unchanged
+(scripts/torch_dist_check.py checks the losses); DTensor inputs (tensor parallelism) raise
+DTensorInputError naming the op and argument.
+
 Adding an op family: write fusekit/torch/<family>.py (custom ops with register_fake and
 register_autograd, functional forms, drop-ins decorated with @register_drop_in) and import its
 public names below (one line).
 """
-from ._common import DROP_INS, OutOfMemoryError, register_drop_in  # noqa: F401
+from ._common import DROP_INS, DTensorInputError, OutOfMemoryError, register_drop_in  # noqa: F401
 from ._fallback import get_fallback, set_fallback  # noqa: F401
 
 # One line per op family.

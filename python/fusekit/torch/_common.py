@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+import sys
 from typing import Dict, Optional, Sequence, Type
 
 import torch
@@ -196,6 +197,40 @@ def names_allocation_failure(op: str):
         return wrapper
 
     return decorate
+
+
+class DTensorInputError(_C.InvalidArgumentError):
+    """A fusekit.torch op got a DTensor (torch.distributed.tensor, as tensor parallelism hands
+    modules): fusekit's ops compute on local tensors and register no sharding rules. `op` and
+    `argument` name the call and the argument. FSDP2 (fully_shard) is unaffected: the modules it
+    wraps see local, unsharded parameters in their forward."""
+
+
+def _dtensor_class():
+    """torch.distributed.tensor.DTensor where that module has been imported (no DTensor can exist
+    before), else None: fusekit.torch does not import torch.distributed itself."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return getattr(module, "DTensor", None)
+
+
+def reject_dtensors(op: str, **tensors) -> None:
+    """Raises DTensorInputError for the first of `tensors` (argument name -> tensor or None) that
+    is a DTensor. The functional forms call it on their custom-op route, which every tensor
+    subclass takes, so plain tensors on the eager path pay nothing; a DTensor beside a plain first
+    argument reaches fusekit._C, whose check names the argument (no data pointer)."""
+    dtensor = _dtensor_class()
+    if dtensor is None:
+        return
+    for argument, t in tensors.items():
+        if isinstance(t, dtensor):
+            placements = ", ".join(str(p) for p in t.placements)
+            e = DTensorInputError(
+                f"fusekit.{op}: argument '{argument}': DTensor inputs are not supported (tensor "
+                f"parallelism): got a DTensor with placements ({placements}) on a mesh of shape "
+                f"{tuple(t.device_mesh.shape)}; pass local tensors (DTensor.to_local())")
+            e.op, e.argument, e.expected, e.got, e.kind = \
+                op, argument, "a local tensor", "a DTensor", "invalid_argument"
+            raise e
 
 
 def argument_type_error(op: str, argument: str, expected: str, value) -> _C.ArgumentTypeError:

@@ -37,6 +37,7 @@ from torch import Tensor
 from .. import _C
 from . import _fallback
 from ._common import (
+    reject_dtensors,
     names_allocation_failure,
     CUSTOM_OP,
     LOWER,
@@ -490,6 +491,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor] = None, *,
     args = (q, k, v, bias, scale, mask, window_left, window_right, dropout_p, seed, int(offset),
             cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), bool(deterministic))
     if mode == CUSTOM_OP:
+        reject_dtensors(op, q=q, k=k, v=v, bias=bias, cu_seqlens_q=cu_seqlens_q,
+                        cu_seqlens_k=cu_seqlens_k)
         out, _ = attention_fwd(*args)
     elif mode == RECORD:
         out = _apply(q, k, v, bias, (cu_seqlens_q, cu_seqlens_k, args[4:11] + args[13:], False))

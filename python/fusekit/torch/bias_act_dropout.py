@@ -21,6 +21,7 @@ from torch import Tensor
 from .. import _C
 from . import _fallback
 from ._common import (
+    reject_dtensors,
     names_allocation_failure,
     CUSTOM_OP,
     KEEP,
@@ -176,6 +177,7 @@ def bias_act_dropout(x: Tensor, bias: Optional[Tensor], activation="none", p: fl
     offset, slope = int(offset), float(slope)
     mode = eager_mode(x, bias)
     if mode == CUSTOM_OP:
+        reject_dtensors("bias_act_dropout", x=x, bias=bias)
         return bias_act_dropout_fwd(x, bias, name, p, seed_tensor(seed, p > 0.0), offset, slope)
     # A fresh seed from PyTorch's CPU generator, so that torch.manual_seed reproduces runs.
     seed = (draw_seed() if p > 0.0 else 0) if seed is None else seed_value(seed)

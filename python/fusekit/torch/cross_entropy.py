@@ -28,6 +28,7 @@ from torch import Tensor
 from .. import _C
 from . import _fallback
 from ._common import (
+    reject_dtensors,
     names_allocation_failure,
     NAMESPACE,
     NO_GRAD,
@@ -243,6 +244,7 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Optional[Tensor] = None
     elif mode == NO_GRAD:
         loss, _ = _forward(logits, targets, *args, False)
     else:
+        reject_dtensors("cross_entropy", input=input, target=target)
         loss, _ = cross_entropy_fwd(logits, targets, *args)
     if input.dim() == 1 and reduction == "none":
         loss = loss.reshape(())

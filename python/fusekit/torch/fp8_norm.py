@@ -32,6 +32,7 @@ from torch import Tensor
 from .. import _C
 from . import _fallback
 from ._common import (
+    reject_dtensors,
     names_allocation_failure,
     CUSTOM_OP,
     NAMESPACE,
@@ -273,6 +274,7 @@ def fp8_rms_norm(x: Tensor, normalized_shape: _ShapeLike, weight: Optional[Tenso
         return _fp8_rms_norm_pytorch(x, x_scales, weight, eps, group_size, fp8_dtype)
     mode = eager_mode(x, weight)
     if mode == CUSTOM_OP:
+        reject_dtensors("fp8_rms_norm", x=x, weight=weight, x_scales=x_scales)
         y, qy, qy_t, y_scale, _, _, _ = fp8_rms_norm_fwd(x, x_scales, weight, eps, group_size,
                                                           fp8_dtype)
         return Fp8RMSNormOutput(y, qy, qy_t, y_scale)

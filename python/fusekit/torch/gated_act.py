@@ -27,6 +27,7 @@ from torch import Tensor
 from .. import _C
 from . import _fallback
 from ._common import (
+    reject_dtensors,
     names_allocation_failure,
     CUSTOM_OP,
     NAMESPACE,
@@ -239,6 +240,7 @@ def gated_act(gate_up: Tensor, activation="silu", layout="halves") -> Tensor:
         return _apply(gate_up, name, layout)
     if mode == NO_GRAD:
         return _forward(gate_up, name, layout)
+    reject_dtensors("gated_act", gate_up=gate_up)
     return gated_act_fwd(gate_up, name, layout)
 
 
@@ -256,6 +258,7 @@ def gated_act_separate(gate: Tensor, up: Tensor, activation="silu") -> Tensor:
         return _apply_separate(gate, up, name)
     if mode == NO_GRAD:
         return _forward_separate(gate, up, name)
+    reject_dtensors("gated_act_separate", gate=gate, up=up)
     return gated_act_separate_fwd(gate, up, name)
 
 

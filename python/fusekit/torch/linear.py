@@ -24,6 +24,7 @@ from torch import Tensor
 from .. import _C
 from . import _fallback
 from ._common import (
+    reject_dtensors,
     names_allocation_failure,
     CUSTOM_OP,
     LOWER,
@@ -176,6 +177,7 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activation=
         return _apply(x, weight, bias, name)
     if mode == NO_GRAD:
         return _forward(x, weight, bias, name, False)[0]
+    reject_dtensors("linear", x=x, weight=weight, bias=bias)
     # The pre-activation is only kept when a backward may need it.
     save_pre = name != "none" and _records_grad(x, weight, bias)
     y, _ = linear_fwd(x, weight, bias, name, save_pre)

@@ -35,6 +35,7 @@ from torch import Tensor
 from .. import _C
 from . import _fallback
 from ._common import (
+    reject_dtensors,
     NAMESPACE,
     NO_GRAD,
     RECORD,
@@ -363,6 +364,7 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, bias: O
         return _apply(hidden, weight, bias, target, *args)
     if mode == NO_GRAD:
         return _forward(hidden, weight, bias, target, *args, False, False, False)[0]
+    reject_dtensors("linear_cross_entropy", hidden=hidden, weight=weight, target=target, bias=bias)
     have = _precomputed(reduction, _records_grad(hidden), _records_grad(weight), _records_grad(bias),
                         bias is not None)
     return linear_cross_entropy_fwd(hidden, weight, bias, target, *args, *have)[0]

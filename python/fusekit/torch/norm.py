@@ -29,6 +29,7 @@ from torch import Tensor
 from .. import _C
 from . import _fallback
 from ._common import (
+    reject_dtensors,
     names_allocation_failure,
     CUSTOM_OP,
     FP32,
@@ -463,6 +464,7 @@ def layer_norm_residual(x: Tensor, residual: Tensor, weight: Optional[Tensor] = 
     if not _fallback.all_fusekit and _fallback.use_pytorch("layer_norm_residual", x):
         total = x + residual
         return torch.nn.functional.layer_norm(total, (total.shape[-1],), weight, bias, eps), total
+    reject_dtensors("layer_norm_residual", x=x, residual=residual, weight=weight, bias=bias)
     y, total, _, _ = layer_norm_residual_fwd(x, residual, weight, bias, float(eps))
     return y, total
 
@@ -476,6 +478,7 @@ def rms_norm_residual(x: Tensor, residual: Tensor, weight: Optional[Tensor] = No
     if not _fallback.all_fusekit and _fallback.use_pytorch("rms_norm_residual", x):
         total = x + residual
         return torch.nn.functional.rms_norm(total, (total.shape[-1],), weight, eps), total
+    reject_dtensors("rms_norm_residual", x=x, residual=residual, weight=weight)
     y, total, _ = rms_norm_residual_fwd(x, residual, weight, float(eps))
     return y, total
 
@@ -538,6 +541,7 @@ def layer_norm(x: Tensor, normalized_shape: _ShapeLike, weight: Optional[Tensor]
     elif mode == NO_GRAD:
         y = _layer_norm_forward(x2.contiguous(), w, b, eps, None, None)
     else:
+        reject_dtensors("layer_norm", x=x, weight=weight, bias=bias)
         y, _, _ = layer_norm_fwd(x2, w, b, eps)
     return y if x2 is x else y.view(x.shape)
 
@@ -567,6 +571,7 @@ def rms_norm(x: Tensor, normalized_shape: _ShapeLike, weight: Optional[Tensor] =
     elif mode == NO_GRAD:
         y = _rms_norm_forward(x2.contiguous(), w, eps, None)
     else:
+        reject_dtensors("rms_norm", x=x, weight=weight)
         y, _ = rms_norm_fwd(x2, w, eps)
     return y if x2 is x else y.view(x.shape)
 

@@ -26,6 +26,7 @@ from torch import Tensor
 from .. import _C
 from . import _fallback
 from ._common import (
+    reject_dtensors,
     names_allocation_failure,
     CUSTOM_OP,
     NAMESPACE,
@@ -224,6 +225,7 @@ def rope(q: Tensor, k: Optional[Tensor] = None, position_ids: Optional[Tensor] =
         return _apply(*args)
     if mode == NO_GRAD:
         return _run(False, *args)
+    reject_dtensors("rope", q=q, k=k, position_ids=position_ids, inv_freq=inv_freq, cos=cos, sin=sin)
     q_out, k_out = rope_fwd(*args)
     return q_out, (k_out if k is not None else None)
 
