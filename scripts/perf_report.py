@@ -154,6 +154,24 @@ def merge_norm_sweep(record, raw, commit):
     return record
 
 
+# JSON kinds recorded whole: kind -> (record key, producing script (stored with the entry, or
+# None), fields kept, what the merge message counts).
+ENTRY_KINDS = {
+    "e2e": ("e2e", None, ("torch", "transformers", "steps", "warmup", "agreement_steps", "models"),
+            lambda raw: f"{len(raw['models'])} models"),
+    "sanitize": ("sanitizers", "scripts/sanitize_gpu.sh", ("gpus", "sanitizers", "note"),
+                 lambda raw: f"{len(raw['sanitizers'])} family x tool rows"),
+    "train_gpt_ddp": ("train_gpt_ddp", "scripts/train_gpt_ddp_check.sh",
+                      ("gpus", "tolerance", "after_spike_relative_tolerance", "pass", "per_gpu_throughput_vs_1_gpu",
+                       "summary", "throughput", "note"),
+                      lambda raw: "data-parallel check"),
+    "torch_dist": ("torch_dist", "scripts/torch_dist_check.py",
+                   ("torch", "transformers", "gpus", "backend", "dtype", "steps", "warmup", "tolerance",
+                    "compile_backend", "pass", "models"),
+                   lambda raw: f"DDP / FSDP2 check, {len(raw['models'])} models"),
+}
+
+
 def merge_files(results_dir, paths, commit, date):
     written = []
     for path in paths:
@@ -162,38 +180,15 @@ def merge_files(results_dir, paths, commit, date):
         device = device_key(device_name)
         out = os.path.join(results_dir, f"{device}-{date}.json")
         record = read_json(out) if os.path.exists(out) else empty_record(device, device_name, date)
-        if raw.get("kind") == "e2e":  # scripts/e2e_bench.py: one entry per run
-            entry = {k: raw[k] for k in ("torch", "transformers", "steps", "warmup", "agreement_steps", "models")
-                     if k in raw}
-            record.setdefault("e2e", []).append(dict(entry, commit=commit))
+        kind = ENTRY_KINDS.get(raw.get("kind"))
+        if kind:  # a run recorded whole, one entry per run with its commit
+            key, script, fields, what = kind
+            entry = {k: raw[k] for k in fields if k in raw}
+            if key == "sanitizers":
+                entry["rows"] = entry.pop("sanitizers")
+            record.setdefault(key, []).append(dict(entry, commit=commit, **({"script": script} if script else {})))
             write_record(out, record)
-            print(f"merged {path} ({len(raw['models'])} models) into {os.path.relpath(out, ROOT)}")
-            written.append(out)
-            continue
-        if raw.get("kind") == "sanitize":  # scripts/sanitize_gpu.sh: one entry per run
-            entry = {k: raw[k] for k in ("gpus", "sanitizers", "note") if k in raw}
-            entry["rows"] = entry.pop("sanitizers")
-            record.setdefault("sanitizers", []).append(dict(entry, commit=commit, script="scripts/sanitize_gpu.sh"))
-            write_record(out, record)
-            print(f"merged {path} ({len(entry['rows'])} family x tool rows) into {os.path.relpath(out, ROOT)}")
-            written.append(out)
-            continue
-        if raw.get("kind") == "train_gpt_ddp":  # scripts/train_gpt_ddp_check.py
-            entry = {k: raw[k] for k in ("gpus", "tolerance", "after_spike_relative_tolerance", "pass",
-                                         "per_gpu_throughput_vs_1_gpu", "summary", "throughput", "note") if k in raw}
-            record.setdefault("train_gpt_ddp", []).append(dict(entry, commit=commit,
-                                                               script="scripts/train_gpt_ddp_check.sh"))
-            write_record(out, record)
-            print(f"merged {path} (data-parallel check) into {os.path.relpath(out, ROOT)}")
-            written.append(out)
-            continue
-        if raw.get("kind") == "torch_dist":  # scripts/torch_dist_check.py: one entry per run
-            entry = {k: raw[k] for k in ("torch", "transformers", "gpus", "backend", "dtype", "steps", "warmup",
-                                         "tolerance", "compile_backend", "pass", "models") if k in raw}
-            record.setdefault("torch_dist", []).append(dict(entry, commit=commit,
-                                                            script="scripts/torch_dist_check.py"))
-            write_record(out, record)
-            print(f"merged {path} (DDP / FSDP2 check, {len(raw['models'])} models) into {os.path.relpath(out, ROOT)}")
+            print(f"merged {path} ({what(raw)}) into {os.path.relpath(out, ROOT)}")
             written.append(out)
             continue
         if raw.get("kind") == "norm_sweep":
