@@ -25,7 +25,6 @@ import argparse
 import json
 import math
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -36,12 +35,6 @@ from e2e_bench import batches, build_model, model_specs  # noqa: E402
 
 MODES = ["ddp", "fsdp2"]
 MAX_GRAD_NORM = 1.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def decoder_blocks(model):
@@ -80,7 +73,7 @@ def _worker(rank, world, jobs, out_path):
     import torch.distributed as dist
     device = _device(rank, world, jobs[0]["device"])
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world,
-                            init_method=f"tcp://127.0.0.1:{jobs[0]['port']}",
+                            init_method=f"file://{jobs[0]['rendezvous']}",
                             timeout=datetime.timedelta(minutes=10))
     results = []
     try:
@@ -167,10 +160,10 @@ def global_batch(batch, world_sizes):
     return math.lcm(batch, *world_sizes)
 
 
-def make_job(mode, compile_on, name, spec, args, device, port=0):
+def make_job(mode, compile_on, name, spec, args, device):
     return {"mode": mode, "compile": compile_on, "compile_backend": args.compile_backend, "spec": spec,
             "device": device, "steps": args.steps, "warmup": args.warmup, "seed": args.seed,
-            "global_batch": args.global_batch[name], "port": port}
+            "global_batch": args.global_batch[name]}
 
 
 def run_reference(job):
@@ -189,9 +182,9 @@ def run_reference(job):
 def run_distributed(world, jobs):
     """The jobs in `world` spawned processes (one process group); their results, rank 0's."""
     import torch.multiprocessing as mp
-    port = _free_port()
-    jobs = [dict(job, port=port) for job in jobs]
     with tempfile.TemporaryDirectory() as tmp:
+        # The ranks meet through a file in a fresh directory: no port to find free and then lose.
+        jobs = [dict(job, rendezvous=os.path.join(tmp, "rendezvous")) for job in jobs]
         out_path = os.path.join(tmp, "rank0.json")
         mp.spawn(_worker, args=(world, jobs, out_path), nprocs=world, join=True)
         with open(out_path) as f:

@@ -230,7 +230,14 @@ TensorView OpCall::tensor(nb::handle obj, const char* name, Access access) {
       "an array (NumPy, PyTorch, CuPy, JAX or any DLPack / buffer-protocol object)";
   if (!obj.is_valid() || obj.is_none()) fail(name, kExpected, "None");
   TensorView view;
-  if (import_exchange(obj, name, &view)) return view;
+  if (import_exchange(obj, name, &view)) {
+    // A DTensor (tensor parallelism) exports its metadata but no local data: name it rather than
+    // its null pointer. Checked only when the pointer is null, so plain arrays pay nothing.
+    if (view.data == nullptr && view.numel() > 0 && python_type_name(obj).find("DTensor") != std::string::npos)
+      fail(name, "a local tensor (DTensor inputs are not supported: tensor parallelism; pass DTensor.to_local())",
+           "a DTensor");
+    return view;
+  }
   if (capsule_view(obj, &view)) return view;
   // NumPy arrays of ml_dtypes' bfloat16 / float8 types: checked first, since their buffer export
   // claims plain unsigned integers.
