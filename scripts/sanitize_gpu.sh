@@ -24,7 +24,7 @@ declare -A filters=(
   [norm]="NormGpu.*"
   [norm_residual]="NormResidualGpu.*"
   [bias_act_dropout]="BiasActDropoutGpu.*"
-  [linear]="LinearGpu.*"
+  [linear]="LinearGpu*"
   [fp8_norm]="Fp8NormGpu.*"
   [attention]="AttentionGpu.*"
   [cross_entropy]="CrossEntropyGpu.*"
@@ -40,7 +40,7 @@ declare -A shards=([norm]=4 [norm_residual]=2 [bias_act_dropout]=2 [linear]=4 [f
                    [core]=1 [cross_entropy]=2 [linear_cross_entropy]=2 [gated_act]=3 [rope]=1 [embedding]=1
                    [optim]=1)
 # Where one tool's shards run longest (the sanitized runs' times), more of them.
-declare -A tool_shards=([linear:racecheck]=12 [linear:synccheck]=8 [linear_cross_entropy:racecheck]=4
+declare -A tool_shards=([linear:racecheck]=16 [linear:synccheck]=10 [linear_cross_entropy:racecheck]=4
                         [embedding:initcheck]=2)
 large="*BenchmarkShapes*:*LargerShapes*:*LongCausalSequence*"
 # Tests that provoke a CUDA API error on purpose (a launch that must fail without the shared-memory
@@ -49,11 +49,13 @@ api_error_tests="LaunchTuningGpu.StaticPlusDefaultDynamicNeedsTheOptIn"
 families=${SANITIZE_FAMILIES:-"norm norm_residual bias_act_dropout linear fp8_norm attention cross_entropy linear_cross_entropy gated_act rope embedding optim core"}
 tools=${SANITIZE_TOOLS:-"memcheck racecheck initcheck synccheck"}
 
-# Every GPU test suite (a name ending in Gpu) belongs to a family above: a new suite left out
-# would pass unsanitized without anyone noticing.
-covered="|$(IFS='|'; echo "${filters[*]}" | tr ':' '|')|"
-for suite in $("$tests" --gtest_list_tests | grep -oE '^[A-Za-z0-9_]+Gpu[A-Za-z0-9_]*\.' | sort -u); do
-  [[ "$covered" == *"|$suite*|"* ]] || { echo "sanitize_gpu: suite ${suite%.} is in no family's filter" >&2; exit 1; }
+# Every GPU test suite (a name with Gpu in it, parameterized ones as Prefix/Suite) belongs to a
+# family above: a new suite left out would pass unsanitized without anyone noticing.
+patterns=$(IFS=':'; echo "${filters[*]}" | tr ':' ' ')
+for suite in $("$tests" --gtest_list_tests | grep -oE '^[A-Za-z0-9_/]*Gpu[A-Za-z0-9_/]*\.' | sort -u); do
+  found=0
+  for pattern in $patterns; do [[ "${suite}test" == $pattern ]] && found=1; done
+  (( found )) || { echo "sanitize_gpu: suite ${suite%.} is in no family's filter" >&2; exit 1; }
 done
 
 mkdir -p "$out/sanitize"
@@ -80,12 +82,12 @@ run_one() {
   # no such kernel of its own, and under that budget synccheck failed to allocate its tracking for
   # the cuBLAS and cross-entropy launches ("Unable to allocate enough memory"): it keeps the default.
   # LinearGpu.BackwardRouting's GEMMs (4096 x 4096 x 2048: the routing depends on the size) outrun
-  # any limit under synccheck; the kernels it routes to run at the smaller shapes of the
-  # DzFormedInsideTheDgradGemm and BackwardRandomizedGrid tests.
+  # any limit under synccheck and racecheck; the kernels it routes to run at the smaller shapes of
+  # the LinearGpu/DzInDgrad and LinearGpu/BackwardGrid tests.
   if [ "$tool" = synccheck ]; then
     [ "$family" = linear_cross_entropy ] || extra=(--num-cuda-barriers 4096)
-    exclude="$exclude:LinearGpu.BackwardRouting"
   fi
+  [ "$tool" = synccheck ] || [ "$tool" = racecheck ] && exclude="$exclude:LinearGpu.BackwardRouting"
   # cuBLASLt's Hopper GEMMs (nvjet_*, NVIDIA's closed kernels behind the linear family) order
   # their shared memory through TMA and mbarriers, which racecheck does not follow: it reports
   # hazards in every one of them. Leaving them out (--kernel-name-exclude) makes racecheck fail

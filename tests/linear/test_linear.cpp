@@ -682,23 +682,37 @@ void draw_dtype_and_sizes(std::mt19937_64& rng, GemmCase& c) {
 // Padded rows (8 or 3 extra elements) in about a quarter of the cases.
 std::int64_t draw_pad(std::mt19937_64& rng) { return (rng() % 4 == 0) ? (rng() % 2 ? 8 : 3) : 0; }
 
-TEST(LinearGpu, ForwardRandomizedGridMatchesReference) {
-  FUSEKIT_REQUIRE_GPU();
-  auto rng = testing::make_rng(100);
-  int cases = 0;
-  for (Activation act : kActivations) {
-    for (int rep = 0; rep < 10; ++rep) {
-      ForwardCase c;
-      c.act = act;
-      draw_dtype_and_sizes(rng, c);
-      c.bias = rng() % 4 != 0;
-      c.pre = rng() % 2 == 0;
-      c.pad = draw_pad(rng);
-      check_forward(c, 1000 + cases++);
-    }
-  }
-  EXPECT_EQ(cases, 60);
+// The randomized grids and the forced-path sweeps run as one test per activation, shape or path
+// (LinearGpu/<suite>.<test>/<param>), so that the sanitizer runs (scripts/sanitize_gpu.sh) can
+// spread them over GoogleTest shards.
+std::string activation_param_name(const ::testing::TestParamInfo<Activation>& info) {
+  return activation_name(info.param);
 }
+
+class PerActivation : public ::testing::TestWithParam<Activation> {
+ protected:
+  int index() const {
+    return static_cast<int>(std::find(std::begin(kActivations), std::end(kActivations), GetParam()) -
+                            std::begin(kActivations));
+  }
+};
+
+using ForwardGrid = PerActivation;
+TEST_P(ForwardGrid, MatchesReference) {
+  FUSEKIT_REQUIRE_GPU();
+  auto rng = testing::make_rng(100 + index());
+  for (int rep = 0; rep < 10; ++rep) {
+    ForwardCase c;
+    c.act = GetParam();
+    draw_dtype_and_sizes(rng, c);
+    c.bias = rng() % 4 != 0;
+    c.pre = rng() % 2 == 0;
+    c.pad = draw_pad(rng);
+    check_forward(c, 1000 + 10 * index() + rep);
+  }
+}
+INSTANTIATE_TEST_SUITE_P(LinearGpu, ForwardGrid, ::testing::ValuesIn(kActivations),
+                         activation_param_name);
 
 // Every small K with dbias, in every dtype: cuBLASLt's fused BGRADB returned non-finite dbias for
 // K = 1 in f16 (found by the randomized grid); small K now sums dz in fusekit's own kernel.
@@ -744,25 +758,24 @@ TEST(LinearGpu, DbiasMatchesReference) {
   EXPECT_EQ(cases, 30);
 }
 
-TEST(LinearGpu, BackwardRandomizedGridMatchesReference) {
+using BackwardGrid = PerActivation;
+TEST_P(BackwardGrid, MatchesReference) {
   FUSEKIT_REQUIRE_GPU();
-  auto rng = testing::make_rng(101);
-  int cases = 0;
-  for (Activation act : kActivations) {
-    for (int rep = 0; rep < 10; ++rep) {
-      BackwardCase c;
-      c.act = act;
-      draw_dtype_and_sizes(rng, c);
-      c.dx = rng() % 5 != 0;
-      c.dw = rng() % 5 != 0;
-      c.dbias = rng() % 3 != 0;
-      if (!c.dx && !c.dw && !c.dbias) c.dbias = true;
-      c.pad = draw_pad(rng);
-      check_backward(c, 2000 + cases++);
-    }
+  auto rng = testing::make_rng(200 + index());
+  for (int rep = 0; rep < 10; ++rep) {
+    BackwardCase c;
+    c.act = GetParam();
+    draw_dtype_and_sizes(rng, c);
+    c.dx = rng() % 5 != 0;
+    c.dw = rng() % 5 != 0;
+    c.dbias = rng() % 3 != 0;
+    if (!c.dx && !c.dw && !c.dbias) c.dbias = true;
+    c.pad = draw_pad(rng);
+    check_backward(c, 2000 + 10 * index() + rep);
   }
-  EXPECT_EQ(cases, 60);
 }
+INSTANTIATE_TEST_SUITE_P(LinearGpu, BackwardGrid, ::testing::ValuesIn(kActivations),
+                         activation_param_name);
 
 // Several waves of CTAs and a partial last tile in M and N.
 TEST(LinearGpu, LargerShapesMatchReference) {
@@ -778,29 +791,34 @@ TEST(LinearGpu, LargerShapesMatchReference) {
 // activation and 16-bit dtype: rows formed before the kernel or not, a partial last row group,
 // tile and k-tile, several waves of tiles, N not a multiple of the 256-column unit, padded rows,
 // with and without dW and dbias. Every case must take the path (none may fall back unnoticed).
-TEST(LinearGpu, DzFormedInsideTheDgradGemmMatchesReference) {
+struct DgradShape {
+  std::int64_t m, n, k, pad, first_rows;
+  bool dw, dbias;
+};
+constexpr DgradShape kDgradShapes[] = {{1, 8, 8, 0, 0, true, true},          {129, 264, 136, 0, 0, true, true},
+                                       {1531, 2056, 1024, 0, 128, true, true}, {700, 4104, 72, 8, 256, false, true},
+                                       {2000, 1000, 520, 0, 0, true, false},   {333, 96, 2048, 8, 1024, true, true}};
+
+class DzInDgrad : public ::testing::TestWithParam<int> {};
+TEST_P(DzInDgrad, MatchesReference) {
   FUSEKIT_REQUIRE_GPU();
-  struct Shape {
-    std::int64_t m, n, k, pad, first_rows;
-    bool dw, dbias;
-  };
-  const Shape shapes[] = {{1, 8, 8, 0, 0, true, true},          {129, 264, 136, 0, 0, true, true},
-                          {1531, 2056, 1024, 0, 128, true, true}, {700, 4104, 72, 8, 256, false, true},
-                          {2000, 1000, 520, 0, 0, true, false},   {333, 96, 2048, 8, 1024, true, true}};
-  int salt = 0, cases = 0;
-  for (const Shape& s : shapes) {
-    BackwardPathOverride force(linear::BackwardPath::dz_in_dgrad, s.first_rows);
-    for (DType dtype : {DType::bf16, DType::f16}) {
-      for (Activation act : kActivations) {
-        if (act == Activation::none) continue;
-        const BackwardCase c{dtype, act, s.m, s.n, s.k, true, s.dw, s.dbias, s.pad};
-        SCOPED_TRACE("first rows " + std::to_string(s.first_rows));
-        EXPECT_EQ(check_backward(c, 8100 + salt++), linear::BackwardPath::dz_in_dgrad);
-        ++cases;
-      }
+  const DgradShape& s = kDgradShapes[GetParam()];
+  BackwardPathOverride force(linear::BackwardPath::dz_in_dgrad, s.first_rows);
+  int salt = 10 * GetParam();
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    for (Activation act : kActivations) {
+      if (act == Activation::none) continue;
+      const BackwardCase c{dtype, act, s.m, s.n, s.k, true, s.dw, s.dbias, s.pad};
+      SCOPED_TRACE("first rows " + std::to_string(s.first_rows));
+      EXPECT_EQ(check_backward(c, 8100 + salt++), linear::BackwardPath::dz_in_dgrad);
     }
   }
-  EXPECT_EQ(cases, 60);
+}
+INSTANTIATE_TEST_SUITE_P(LinearGpu, DzInDgrad,
+                         ::testing::Range(0, static_cast<int>(std::size(kDgradShapes))));
+
+TEST(LinearGpu, DzInDgradFallsBackWhereItCannotServe) {
+  FUSEKIT_REQUIRE_GPU();
   // What the path cannot serve falls back to the separate pass: f32, rows not 16-byte aligned.
   BackwardPathOverride force(linear::BackwardPath::dz_in_dgrad, 0);
   EXPECT_EQ(check_backward({DType::f32, Activation::relu, 64, 64, 64, true, true, true, 0}, 8200),
@@ -815,7 +833,7 @@ TEST(LinearGpu, DzFormedInsideTheDgradGemmMatchesReference) {
 TEST(LinearGpu, DzFormedInsideTheDgradGemmOnEveryGpu) {
   FUSEKIT_REQUIRE_GPU();
   const int gpus = cuda_device_count();
-  if (gpus < 2) GTEST_SKIP() << "one GPU: DzFormedInsideTheDgradGemmMatchesReference covers it";
+  if (gpus < 2) GTEST_SKIP() << "one GPU: LinearGpu/DzInDgrad covers it";
   BackwardPathOverride force(linear::BackwardPath::dz_in_dgrad, 0);
   for (int d = gpus - 1; d >= 0; --d) {
     SCOPED_TRACE("GPU " + std::to_string(d));
@@ -857,31 +875,37 @@ TEST(LinearGpu, BackwardRouting) {
 }
 
 // Every forward path, forced, for every activation it can serve.
-TEST(LinearGpu, EveryForwardPathMatchesReference) {
+class ForwardPathForced : public ::testing::TestWithParam<ForwardPath> {};
+TEST_P(ForwardPathForced, MatchesReference) {
   FUSEKIT_REQUIRE_GPU();
-  int salt = 0;
-  for (ForwardPath path : {ForwardPath::cutlass_fused, ForwardPath::cublaslt_epilogue, ForwardPath::unfused}) {
-    PathOverride force(path);
-    for (DType dt : {DType::bf16, DType::f16}) {
-      for (Activation act : kActivations) {
-        for (bool pre : {false, true}) {
-          for (auto [m, n, k] : {std::array<std::int64_t, 3>{333, 264, 136}, std::array<std::int64_t, 3>{1000, 1024, 512}}) {
-            const ForwardCase c{dt, act, m, n, k, (salt % 3) != 0, pre, 0};
-            const ForwardPath ran = check_forward(c, 4000 + salt++);
-            const bool lt_can = !pre ? (act == Activation::none || act == Activation::relu || act == Activation::gelu_tanh)
-                                     : act == Activation::gelu_tanh;
-            if (path == ForwardPath::cublaslt_epilogue && lt_can && ran == ForwardPath::unfused) {
-              // Legal: cuBLASLt offered no kernel for this epilogue and layout (reported, not failed).
-              std::printf("note: %s: cuBLASLt has no epilogue kernel, ran unfused\n", c.str().c_str());
-            } else if (path != ForwardPath::cublaslt_epilogue || lt_can) {
-              EXPECT_EQ(ran, path) << c.str();
-            }
+  const ForwardPath path = GetParam();
+  PathOverride force(path);
+  int salt = 100 * static_cast<int>(path);
+  for (DType dt : {DType::bf16, DType::f16}) {
+    for (Activation act : kActivations) {
+      for (bool pre : {false, true}) {
+        for (auto [m, n, k] : {std::array<std::int64_t, 3>{333, 264, 136}, std::array<std::int64_t, 3>{1000, 1024, 512}}) {
+          const ForwardCase c{dt, act, m, n, k, (salt % 3) != 0, pre, 0};
+          const ForwardPath ran = check_forward(c, 4000 + salt++);
+          const bool lt_can = !pre ? (act == Activation::none || act == Activation::relu || act == Activation::gelu_tanh)
+                                   : act == Activation::gelu_tanh;
+          if (path == ForwardPath::cublaslt_epilogue && lt_can && ran == ForwardPath::unfused) {
+            // Legal: cuBLASLt offered no kernel for this epilogue and layout (reported, not failed).
+            std::printf("note: %s: cuBLASLt has no epilogue kernel, ran unfused\n", c.str().c_str());
+          } else if (path != ForwardPath::cublaslt_epilogue || lt_can) {
+            EXPECT_EQ(ran, path) << c.str();
           }
         }
       }
     }
   }
 }
+INSTANTIATE_TEST_SUITE_P(LinearGpu, ForwardPathForced,
+                         ::testing::Values(ForwardPath::cutlass_fused, ForwardPath::cublaslt_epilogue,
+                                           ForwardPath::unfused),
+                         [](const ::testing::TestParamInfo<ForwardPath>& info) {
+                           return std::string(linear::forward_path_name(info.param));
+                         });
 
 // The untimed routing rules (autotuning off): what runs when nothing has been measured.
 TEST(LinearGpu, AutomaticRouting) {
