@@ -1,17 +1,13 @@
 #!/usr/bin/env bash
-# Why the dz-in-dgrad GEMM's tests end the process under racecheck: the tool's options, a plain
-# run, and racecheck variants on the smallest forced shape.
+# Why two linear tests end the process under racecheck: each alone, with the tool's info output,
+# its peak memory, and once with cuBLASLt's timed algorithm choice off.
 set -u
 b=${1:-build-device}; o=${2:-out}/diag; mkdir -p "$o"
 t=$b/fusekit_tests
-compute-sanitizer --help > "$o/help.txt" 2>&1
-f='LinearGpu/DzInDgrad.MatchesReference/0'
-$t --gtest_filter="$f" > "$o/plain.log" 2>&1; echo "plain rc=$?" >> "$o/rc.txt"
-run() { local name=$1; shift
-  timeout 200 compute-sanitizer "$@" $t --gtest_filter="$f" > "$o/$name.log" 2>&1
-  echo "$name rc=$?" >> "$o/rc.txt"; }
-run default --tool racecheck --print-level info --show-backtrace yes &
-run nomemcpy --tool racecheck --racecheck-memcpy-async no &
-run memcheck --tool memcheck &
+run() { local name=$1 filter=$2; shift 2
+  /usr/bin/time -v timeout 280 compute-sanitizer --tool racecheck --print-level info "$@" $t --gtest_filter="$filter" > "$o/$name.log" 2>&1
+  echo "$name rc=$? $(grep -E 'Maximum resident|Exit status|signal' "$o/$name.log" | tr '\n' ' ')" >> "$o/rc.txt"; }
+run reproducible LinearGpu.RunsAreBitwiseReproducible &
+run graph LinearGpu.FirstCallInsideGraphCapture &
+FUSEKIT_OVERRIDE=linear.autotune=off run reproducible_untuned LinearGpu.RunsAreBitwiseReproducible &
 wait
-dmesg 2>/dev/null | tail -20 > "$o/dmesg.txt"

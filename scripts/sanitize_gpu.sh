@@ -40,7 +40,7 @@ declare -A shards=([norm]=4 [norm_residual]=2 [bias_act_dropout]=2 [linear]=4 [f
                    [core]=1 [cross_entropy]=2 [linear_cross_entropy]=2 [gated_act]=3 [rope]=1 [embedding]=1
                    [optim]=1)
 # Where one tool's shards run longest (the sanitized runs' times), more of them.
-declare -A tool_shards=([linear:racecheck]=16 [linear:synccheck]=10 [linear_cross_entropy:racecheck]=4
+declare -A tool_shards=([linear:racecheck]=20 [linear:synccheck]=14 [linear_cross_entropy:racecheck]=4
                         [embedding:initcheck]=2)
 large="*BenchmarkShapes*:*LargerShapes*:*LongCausalSequence*"
 # Tests that provoke a CUDA API error on purpose (a launch that must fail without the shared-memory
