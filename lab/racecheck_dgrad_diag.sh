@@ -4,8 +4,9 @@
 set -u
 b=${1:-build-device}; o=${2:-out}/diag; mkdir -p "$o"
 t=$b/fusekit_tests
+timer=(); [ -x /usr/bin/time ] && timer=(/usr/bin/time -v)
 run() { local name=$1 filter=$2; shift 2
-  /usr/bin/time -v timeout 280 compute-sanitizer --tool racecheck --print-level info "$@" $t --gtest_filter="$filter" > "$o/$name.log" 2>&1
+  ${timer[@]+"${timer[@]}"} timeout 280 compute-sanitizer --tool racecheck --print-level info "$@" $t --gtest_filter="$filter" > "$o/$name.log" 2>&1
   echo "$name rc=$? $(grep -E 'Maximum resident|Exit status|signal' "$o/$name.log" | tr '\n' ' ')" >> "$o/rc.txt"; }
 run reproducible LinearGpu.RunsAreBitwiseReproducible &
 run graph LinearGpu.FirstCallInsideGraphCapture &
