@@ -493,8 +493,11 @@ def sanitizer_table(recs):
                 cells.append("not run")
                 continue
             date, commit, row = newest[(family, tool)]
+            ended = sum(1 for code in row.get("exit_codes", []) if code)
             verdict = ("clean" if row["clean"] else
-                       "NOT CLEAN: " + ("no summary" if row["errors"] is None else f"{row['errors']} errors"))
+                       "NOT CLEAN: " + ("no summary" if row["errors"] is None else
+                                        f"{row['errors']} errors" if row["errors"] else
+                                        f"0 errors, {ended} of {row['shards']} shards ended with an error"))
             cells.append(f"{verdict} ({date}, {commit})")
         lines.append(f"| {family} | " + " | ".join(cells) + " |")
     return lines
