@@ -13,6 +13,8 @@
 # compare: a second source tree (BASELINE, default .baseline: e.g. `git archive <rev>` of an
 # earlier commit, carried) is built too, and both builds' `fusekit bench` run in turns
 # (COMPARE_ROUNDS each); scripts/bench_compare.py prints every fusekit row's new/base ratio.
+# A build made elsewhere with the same CUDA (Release, sm_90a) can be carried instead of building
+# here: BUILD=build STAGES="test sanitize" with carry ["build/fusekit_tests", "build/fusekit"].
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -20,6 +22,7 @@ mkdir -p "$OUT"
 STAGES=${STAGES:-"build test check bench torch report python overhead sanitize"}
 BUILD=${BUILD:-build-device}
 export PATH=/usr/local/cuda/bin:$PATH
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 status=0
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
