@@ -164,8 +164,11 @@ struct BackwardPlan {
 std::optional<BackwardPlan> plan_backward(const BackwardProblem& problem, const detail::DeviceInfo& device,
                                           const KernelOccupancy& occupancy, const LaunchOverrides& overrides) {
   const int vec = vector_width(problem.element_bytes);
-  if (!problem.aligned || problem.cols % vec != 0) return std::nullopt;
-  const std::int64_t vectors = problem.cols / vec;
+  if (!problem.aligned) return std::nullopt;
+  // A row whose last vector is partial takes the row kernels' tail variants (masked last vector).
+  const std::int64_t vectors = (problem.cols + vec - 1) / vec;
+  const bool tail = problem.cols % vec != 0;
+  const std::int64_t pitch = vectors * vec;  // elements per row in shared memory
   const RowRule& rule = problem.from_output ? rule_for(kBackwardRowsFromY, vectors)
                         : problem.bias_grad ? rule_for(kBackwardRowsFromXWithDbias, vectors)
                                             : rule_for(kBackwardRowsFromX, vectors);
@@ -192,14 +195,15 @@ std::optional<BackwardPlan> plan_backward(const BackwardProblem& problem, const 
   auto pick = [&](Source source) {
     BackwardVariant v{iters, source, problem.bias_grad};
     v.dsum = problem.dsum;
+    v.tail = tail;
     BackwardVariant refined = v;
     if (full) refined.full_rows = true;
     else if (keep_g) refined.keep_g = true;
     return is_compiled(refined) ? refined : v;
   };
 
-  const std::size_t slot = std::size_t(plan.geometry.rows_per_block) * 2 * problem.cols * problem.element_bytes;
-  const std::size_t column = std::size_t(problem.cols) * sizeof(float);
+  const std::size_t slot = std::size_t(plan.geometry.rows_per_block) * 2 * pitch * problem.element_bytes;
+  const std::size_t column = std::size_t(pitch) * sizeof(float);
   const int max_stages = overrides.backward_stages > 0 ? overrides.backward_stages : kMaxStages;
   BackwardVariant v = pick(Source::x);
   int arrays = 1;
@@ -222,7 +226,7 @@ std::optional<BackwardPlan> plan_backward(const BackwardProblem& problem, const 
   plan.geometry.stages = stages;
   plan.smem_bytes = arrays * column + stages * slot;
   if (iters == 4 && problem.bias_grad && problem.cols >= kClusterMinCols)
-    plan.cluster_variant = BackwardVariant{4, v.source, true, false, true, false, problem.dsum};
+    plan.cluster_variant = BackwardVariant{4, v.source, true, false, true, false, problem.dsum, tail};
   return plan;
 }
 
@@ -250,8 +254,8 @@ ForwardLaunch choose_forward_launch(const ForwardProblem& problem, const detail:
   ForwardLaunch launch;
   const int vec = vector_width(problem.element_bytes);
   RowShape shape;
-  if (problem.aligned && problem.cols % vec == 0) {
-    const std::int64_t vectors = problem.cols / vec;
+  if (problem.aligned) {
+    const std::int64_t vectors = (problem.cols + vec - 1) / vec;
     shape = row_shape(rule_for(kForwardRows, vectors), vectors, overrides.forward_vectors);
   }
   if (shape.vectors_per_thread == 0) {
@@ -265,6 +269,7 @@ ForwardLaunch choose_forward_launch(const ForwardProblem& problem, const detail:
   // plain one does: the same row shapes. Its L2 request ahead covers both input rows, and the
   // distance comes from its own kernel's occupancy.
   launch.variant.residual = problem.residual;
+  launch.variant.tail = problem.cols % vec != 0;
   const bool full = problem.cols == std::int64_t(tpr) * shape.vectors_per_thread * vec && problem.has_weight;
   if (full && problem.kind == Kind::layer_norm && problem.has_bias) launch.variant.rows = ForwardRows::full_layer_norm;
   if (full && problem.kind == Kind::rms_norm && !problem.has_bias) launch.variant.rows = ForwardRows::full_rms_norm;
@@ -350,7 +355,7 @@ int backward_workspace_rows(std::int64_t rows, std::int64_t cols, int element_by
 }
 
 std::size_t partial_bytes(int partial_rows, std::int64_t cols) {
-  const std::size_t bytes = 2 * static_cast<std::size_t>(partial_rows) * cols * sizeof(float);
+  const std::size_t bytes = 2 * static_cast<std::size_t>(partial_rows) * partial_pitch(cols) * sizeof(float);
   return (bytes + 255) / 256 * 256;
 }
 
