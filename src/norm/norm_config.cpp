@@ -78,6 +78,17 @@ constexpr std::int64_t kClusterMinCols = 16384;
 constexpr std::int64_t kPartialGridVectors = 1024;
 constexpr int kPartialGridNumerator = 27, kPartialGridDenominator = 32;
 
+// Backward grids by rows per SM: each row group takes at least this many rows (the grid never
+// drops below one block per SM for it), so that a block's fixed costs - staging the weight
+// columns, filling its ring, a partial row of dweight / dbias written and read again by the
+// reduction - are shared by several rows. Batches of a few rows per SM keep one row per group:
+// their latency is one row's.
+struct GridRowRule {
+  std::int64_t max_rows_per_sm;
+  int min_rows_per_group;
+};
+constexpr GridRowRule kBackwardGridRows[] = {{8, 1}, {kAnyLength, 4}};
+
 template <std::size_t N>
 const RowRule& rule_for(const RowRule (&table)[N], std::int64_t vectors) {
   for (const RowRule& r : table)
@@ -128,6 +139,23 @@ int balanced_blocks(int max_blocks, int rows_per_block, std::int64_t rows, int m
   blocks = std::min<std::int64_t>(blocks, (groups + rows_per_block - 1) / rows_per_block);
   blocks = (blocks + multiple - 1) / multiple * multiple;
   return static_cast<int>(std::max<std::int64_t>(multiple, blocks));
+}
+
+// The most blocks (a multiple of `multiple`) a backward of `rows` rows may take under
+// kBackwardGridRows.
+int few_rows_blocks(std::int64_t rows, int rows_per_block, int multiple, const detail::DeviceInfo& device) {
+  const std::int64_t rows_per_sm = (rows + device.sm_count - 1) / device.sm_count;
+  int min_rows = 1;
+  for (const GridRowRule& r : kBackwardGridRows)
+    if (rows_per_sm <= r.max_rows_per_sm) {
+      min_rows = r.min_rows_per_group;
+      break;
+    }
+  if (min_rows <= 1) return std::numeric_limits<int>::max();
+  const std::int64_t groups = (rows + min_rows - 1) / min_rows;
+  const std::int64_t blocks = std::max<std::int64_t>((groups + rows_per_block - 1) / rows_per_block, device.sm_count);
+  const std::int64_t rounded = (blocks + multiple - 1) / multiple * multiple;
+  return static_cast<int>(std::min<std::int64_t>(rounded, std::numeric_limits<int>::max() / 2));
 }
 
 // Shared memory one block of `v` may take for its ring without lowering the blocks per SM below
@@ -318,6 +346,7 @@ BackwardLaunch choose_backward_launch(const BackwardProblem& problem, const deta
     const int vec = vector_width(problem.element_bytes);
     if (problem.bias_grad && !problem.from_output && problem.cols == kPartialGridVectors * vec && launch.cluster == 1)
       max_blocks = std::min(max_blocks, device.sm_count * kPartialGridNumerator / kPartialGridDenominator);
+    max_blocks = std::min(max_blocks, few_rows_blocks(problem.rows, plan->geometry.rows_per_block, launch.cluster, device));
     launch.grid = balanced_blocks(max_blocks, plan->geometry.rows_per_block, problem.rows, launch.cluster);
   }
   launch.partial_rows = launch.grid / launch.cluster;

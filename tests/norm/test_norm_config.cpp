@@ -443,6 +443,32 @@ TEST(NormConfig, PartialLastVectorTakesTheRowKernels) {
   EXPECT_EQ(partial_pitch(1001), 1008);
 }
 
+// Batches of more than 8 rows per SM: every row group takes at least 4 rows, unless that would
+// leave fewer blocks than SMs; so a few thousand rows write a few partial rows per SM, not one per
+// resident block slot (2048 rows of 2048 LayerNorm: 128 blocks of 4 groups, not 256).
+TEST(NormConfig, FewRowsPerSmShareBlocks) {
+  for (const auto& device : {h100(), h200()}) {
+    BackwardLaunch l = backward_on(device, backward_problem(Kind::layer_norm, 2048, 2048));
+    EXPECT_EQ(l.geometry.rows_per_block, 4);
+    EXPECT_EQ(l.grid, 128);
+    EXPECT_EQ(l.partial_rows, 128);
+    for (std::int64_t cols : {64, 1000, 1024, 2048, 3001, 4096, 8192, 16384})
+      for (std::int64_t rows : {1000, 1100, 2048, 3000, 4096, 16384})
+        for (bool from_output : {false, true})
+          for (Kind kind : {Kind::layer_norm, Kind::rms_norm}) {
+            l = backward_on(device, backward_problem(kind, rows, cols, from_output));
+            SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(cols));
+            if (l.generic) continue;
+            const std::int64_t rows_per_sm = (rows + device.sm_count - 1) / device.sm_count;
+            const std::int64_t groups = std::int64_t(l.grid) * l.geometry.rows_per_block;
+            if (rows_per_sm > 8 && l.grid > (device.sm_count + l.cluster - 1) / l.cluster * l.cluster) {
+              // At least 4 rows per group: the last block may hold the only short groups.
+              EXPECT_GE(rows, (groups - l.geometry.rows_per_block) * 4);
+            }
+          }
+  }
+}
+
 TEST(NormConfig, H100AndH200TakeTheSameLaunches) {
   // The norm tables key on the SMs and their shared memory, which the two share.
   for (std::int64_t cols : {256, 768, 1024, 2048, 4096, 5120, 8192, 12288, 16384})
