@@ -445,13 +445,16 @@ TEST(NormConfig, PartialLastVectorTakesTheRowKernels) {
 
 // Batches of more than 8 rows per SM: every row group takes at least 4 rows, unless that would
 // leave fewer blocks than SMs; so a few thousand rows write a few partial rows per SM, not one per
-// resident block slot (2048 rows of 2048 LayerNorm: 128 blocks of 4 groups, not 256).
+// resident block slot (LayerNorm (2048, 1024): 128 blocks of 4 two-warp groups, where two blocks
+// per SM would give 256 blocks of 2 rows per group; (4096, 1024) already had 4 rows per group).
 TEST(NormConfig, FewRowsPerSmShareBlocks) {
   for (const auto& device : {h100(), h200()}) {
-    BackwardLaunch l = backward_on(device, backward_problem(Kind::layer_norm, 2048, 2048));
+    BackwardLaunch l = backward_on(device, backward_problem(Kind::layer_norm, 2048, 1024));
     EXPECT_EQ(l.geometry.rows_per_block, 4);
     EXPECT_EQ(l.grid, 128);
     EXPECT_EQ(l.partial_rows, 128);
+    l = backward_on(device, backward_problem(Kind::layer_norm, 4096, 1024));
+    EXPECT_EQ(l.grid, 256);
     for (std::int64_t cols : {64, 1000, 1024, 2048, 3001, 4096, 8192, 16384})
       for (std::int64_t rows : {1000, 1100, 2048, 3000, 4096, 16384})
         for (bool from_output : {false, true})
