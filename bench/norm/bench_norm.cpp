@@ -41,7 +41,15 @@ void bench_norm(Report& report, const std::string& only) {
     const std::string op = std::string(rms ? "rms_norm" : "layer_norm") + (residual ? "_residual" : "");
     if (!only.empty() && only != op && only != "norm") continue;
     for (auto [rows, cols] : shapes) {
-      const auto [elems, bytes, ld, alloc] = bf16_row_tensors(rows, cols);  // x, y, dy, dx
+      RowTensors layout = bf16_row_tensors(rows, cols);  // x, y, dy, dx
+      if (cols % 8 != 0) {
+        // N off the 16-byte vector (--shapes): rows 16-byte aligned (stride rounded up to 8
+        // elements), which the row kernels' masked last vector needs; packed rows of such N start
+        // misaligned and take the generic kernels.
+        layout.ld = (layout.ld + 7) / 8 * 8;
+        layout.alloc = std::size_t(rows) * layout.ld * 2;
+      }
+      const auto [elems, bytes, ld, alloc] = layout;
       // Row tensors the forward moves (x, y; residual, sum) and the backward (dy, x, dx; sum, dsum).
       const int fwd_tensors = residual ? 4 : 2, bwd_tensors = residual ? 4 : 3;
       const int rotations = rotations_for(fwd_tensors * alloc);

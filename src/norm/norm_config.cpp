@@ -78,6 +78,17 @@ constexpr std::int64_t kClusterMinCols = 16384;
 constexpr std::int64_t kPartialGridVectors = 1024;
 constexpr int kPartialGridNumerator = 27, kPartialGridDenominator = 32;
 
+// Backward grids by rows per SM: each row group takes at least this many rows (the grid never
+// drops below one block per SM for it), so that a block's fixed costs - staging the weight
+// columns, filling its ring, a partial row of dweight / dbias written and read again by the
+// reduction - are shared by several rows. Batches of a few rows per SM keep one row per group:
+// their latency is one row's.
+struct GridRowRule {
+  std::int64_t max_rows_per_sm;
+  int min_rows_per_group;
+};
+constexpr GridRowRule kBackwardGridRows[] = {{8, 1}, {kAnyLength, 4}};
+
 template <std::size_t N>
 const RowRule& rule_for(const RowRule (&table)[N], std::int64_t vectors) {
   for (const RowRule& r : table)
@@ -130,6 +141,23 @@ int balanced_blocks(int max_blocks, int rows_per_block, std::int64_t rows, int m
   return static_cast<int>(std::max<std::int64_t>(multiple, blocks));
 }
 
+// The most blocks (a multiple of `multiple`) a backward of `rows` rows may take under
+// kBackwardGridRows.
+int few_rows_blocks(std::int64_t rows, int rows_per_block, int multiple, const detail::DeviceInfo& device) {
+  const std::int64_t rows_per_sm = (rows + device.sm_count - 1) / device.sm_count;
+  int min_rows = 1;
+  for (const GridRowRule& r : kBackwardGridRows)
+    if (rows_per_sm <= r.max_rows_per_sm) {
+      min_rows = r.min_rows_per_group;
+      break;
+    }
+  if (min_rows <= 1) return std::numeric_limits<int>::max();
+  const std::int64_t groups = (rows + min_rows - 1) / min_rows;
+  const std::int64_t blocks = std::max<std::int64_t>((groups + rows_per_block - 1) / rows_per_block, device.sm_count);
+  const std::int64_t rounded = (blocks + multiple - 1) / multiple * multiple;
+  return static_cast<int>(std::min<std::int64_t>(rounded, std::numeric_limits<int>::max() / 2));
+}
+
 // Shared memory one block of `v` may take for its ring without lowering the blocks per SM below
 // what its registers and threads allow, or below `blocks_cap` when that is smaller (an SM holds
 // about the opt-in limit plus 1 KB, and 1 KB of it is reserved per block).
@@ -164,8 +192,11 @@ struct BackwardPlan {
 std::optional<BackwardPlan> plan_backward(const BackwardProblem& problem, const detail::DeviceInfo& device,
                                           const KernelOccupancy& occupancy, const LaunchOverrides& overrides) {
   const int vec = vector_width(problem.element_bytes);
-  if (!problem.aligned || problem.cols % vec != 0) return std::nullopt;
-  const std::int64_t vectors = problem.cols / vec;
+  if (!problem.aligned) return std::nullopt;
+  // A row whose last vector is partial takes the row kernels' tail variants (masked last vector).
+  const std::int64_t vectors = (problem.cols + vec - 1) / vec;
+  const bool tail = problem.cols % vec != 0;
+  const std::int64_t pitch = vectors * vec;  // elements per row in shared memory
   const RowRule& rule = problem.from_output ? rule_for(kBackwardRowsFromY, vectors)
                         : problem.bias_grad ? rule_for(kBackwardRowsFromXWithDbias, vectors)
                                             : rule_for(kBackwardRowsFromX, vectors);
@@ -192,14 +223,15 @@ std::optional<BackwardPlan> plan_backward(const BackwardProblem& problem, const 
   auto pick = [&](Source source) {
     BackwardVariant v{iters, source, problem.bias_grad};
     v.dsum = problem.dsum;
+    v.tail = tail;
     BackwardVariant refined = v;
     if (full) refined.full_rows = true;
     else if (keep_g) refined.keep_g = true;
     return is_compiled(refined) ? refined : v;
   };
 
-  const std::size_t slot = std::size_t(plan.geometry.rows_per_block) * 2 * problem.cols * problem.element_bytes;
-  const std::size_t column = std::size_t(problem.cols) * sizeof(float);
+  const std::size_t slot = std::size_t(plan.geometry.rows_per_block) * 2 * pitch * problem.element_bytes;
+  const std::size_t column = std::size_t(pitch) * sizeof(float);
   const int max_stages = overrides.backward_stages > 0 ? overrides.backward_stages : kMaxStages;
   BackwardVariant v = pick(Source::x);
   int arrays = 1;
@@ -222,7 +254,7 @@ std::optional<BackwardPlan> plan_backward(const BackwardProblem& problem, const 
   plan.geometry.stages = stages;
   plan.smem_bytes = arrays * column + stages * slot;
   if (iters == 4 && problem.bias_grad && problem.cols >= kClusterMinCols)
-    plan.cluster_variant = BackwardVariant{4, v.source, true, false, true, false, problem.dsum};
+    plan.cluster_variant = BackwardVariant{4, v.source, true, false, true, false, problem.dsum, tail};
   return plan;
 }
 
@@ -250,8 +282,8 @@ ForwardLaunch choose_forward_launch(const ForwardProblem& problem, const detail:
   ForwardLaunch launch;
   const int vec = vector_width(problem.element_bytes);
   RowShape shape;
-  if (problem.aligned && problem.cols % vec == 0) {
-    const std::int64_t vectors = problem.cols / vec;
+  if (problem.aligned) {
+    const std::int64_t vectors = (problem.cols + vec - 1) / vec;
     shape = row_shape(rule_for(kForwardRows, vectors), vectors, overrides.forward_vectors);
   }
   if (shape.vectors_per_thread == 0) {
@@ -265,6 +297,7 @@ ForwardLaunch choose_forward_launch(const ForwardProblem& problem, const detail:
   // plain one does: the same row shapes. Its L2 request ahead covers both input rows, and the
   // distance comes from its own kernel's occupancy.
   launch.variant.residual = problem.residual;
+  launch.variant.tail = problem.cols % vec != 0;
   const bool full = problem.cols == std::int64_t(tpr) * shape.vectors_per_thread * vec && problem.has_weight;
   if (full && problem.kind == Kind::layer_norm && problem.has_bias) launch.variant.rows = ForwardRows::full_layer_norm;
   if (full && problem.kind == Kind::rms_norm && !problem.has_bias) launch.variant.rows = ForwardRows::full_rms_norm;
@@ -313,6 +346,7 @@ BackwardLaunch choose_backward_launch(const BackwardProblem& problem, const deta
     const int vec = vector_width(problem.element_bytes);
     if (problem.bias_grad && !problem.from_output && problem.cols == kPartialGridVectors * vec && launch.cluster == 1)
       max_blocks = std::min(max_blocks, device.sm_count * kPartialGridNumerator / kPartialGridDenominator);
+    max_blocks = std::min(max_blocks, few_rows_blocks(problem.rows, plan->geometry.rows_per_block, launch.cluster, device));
     launch.grid = balanced_blocks(max_blocks, plan->geometry.rows_per_block, problem.rows, launch.cluster);
   }
   launch.partial_rows = launch.grid / launch.cluster;
@@ -350,7 +384,7 @@ int backward_workspace_rows(std::int64_t rows, std::int64_t cols, int element_by
 }
 
 std::size_t partial_bytes(int partial_rows, std::int64_t cols) {
-  const std::size_t bytes = 2 * static_cast<std::size_t>(partial_rows) * cols * sizeof(float);
+  const std::size_t bytes = 2 * static_cast<std::size_t>(partial_rows) * partial_pitch(cols) * sizeof(float);
   return (bytes + 255) / 256 * 256;
 }
 

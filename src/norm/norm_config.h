@@ -38,6 +38,7 @@ struct ForwardVariant {
   int vectors_per_thread = 1;  // 16-byte vectors of a row per thread: 1..4
   ForwardRows rows = ForwardRows::any;
   bool residual = false;  // normalizes round(x + residual), optionally writing the sum
+  bool tail = false;      // N is not a multiple of the vector: the row's last vector is partial (rows any)
 };
 
 // Where the backward's x_hat comes from.
@@ -56,10 +57,11 @@ struct BackwardVariant {
   bool cluster = false;    // launched in clusters whose blocks pre-sum their partial rows
   bool keep_g = false;     // g = dy * w stays in registers from the first pass to the second
   bool dsum = false;       // the residual backward: dx += dsum (from x, i.e. the saved sum, only)
+  bool tail = false;       // N is not a multiple of the vector: the row's last vector is partial
 
   constexpr int pack() const {
     return vectors_per_thread | static_cast<int>(source) << 3 | int(bias_grad) << 5 | int(full_rows) << 6 |
-           int(cluster) << 7 | int(keep_g) << 8 | int(dsum) << 9;
+           int(cluster) << 7 | int(keep_g) << 8 | int(dsum) << 9 | int(tail) << 10;
   }
   static constexpr BackwardVariant unpack(int packed) {
     BackwardVariant v;
@@ -70,13 +72,15 @@ struct BackwardVariant {
     v.cluster = (packed >> 7) & 1;
     v.keep_g = (packed >> 8) & 1;
     v.dsum = (packed >> 9) & 1;
+    v.tail = (packed >> 10) & 1;
     return v;
   }
   constexpr bool operator==(const BackwardVariant& o) const { return pack() == o.pack(); }
 };
 
-// Every compiled backward variant (per element and weight type). A choice falls back to the
-// plain variant where a refinement (full rows, kept g) is not compiled.
+// Every compiled backward variant (per element and weight type), each also compiled with a
+// partial last vector (tail) where it is not a full-row or kept-g one (is_compiled). A choice
+// falls back to the plain variant where a refinement (full rows, kept g) is not compiled.
 inline constexpr BackwardVariant kBackwardVariants[] = {
     // Plain: any row, with and without dbias, each source.
     {1, Source::x, false}, {2, Source::x, false}, {3, Source::x, false}, {4, Source::x, false},
@@ -105,11 +109,21 @@ inline constexpr BackwardVariant kBackwardVariants[] = {
     {4, Source::x, true, false, true, false, true},
 };
 
+// Whether a listed variant also has a tail twin (rows of a partial last vector are never full;
+// kept g is a refinement the tail rows do without).
+constexpr bool has_tail_twin(const BackwardVariant& v) { return !v.tail && !v.full_rows && !v.keep_g; }
+
 constexpr bool is_compiled(const BackwardVariant& v) {
+  BackwardVariant listed = v;
+  listed.tail = false;
   for (const BackwardVariant& c : kBackwardVariants)
-    if (c == v) return true;
+    if (c == listed) return !v.tail || has_tail_twin(listed);
   return false;
 }
+
+// Elements per row of the workspace's dweight / dbias partial rows: N rounded up to 8, so that
+// the row kernels' 16-byte stores of a partial last vector stay inside the row.
+constexpr std::int64_t partial_pitch(std::int64_t cols) { return (cols + 7) / 8 * 8; }
 
 // ---- inputs -----------------------------------------------------------------------------------
 
@@ -147,7 +161,7 @@ struct ForwardProblem {
   Kind kind = Kind::layer_norm;
   bool has_weight = true, has_bias = true;
   bool residual = false;  // the residual forward: x + residual normalized (4 row tensors moved, not 2)
-  bool aligned = true;  // row strides and pointers allow 16-byte vectors (N is checked here)
+  bool aligned = true;  // row strides and pointers allow 16-byte vectors (any N: a partial last vector is masked)
 };
 
 struct BackwardProblem {

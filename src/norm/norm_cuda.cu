@@ -17,6 +17,7 @@
 #include "norm/norm_config.h"
 #include "norm/norm_kernels.cuh"
 #include "norm/norm_params.h"
+#include "norm/norm_tail_kernels.h"
 
 namespace fusekit::norm {
 namespace {
@@ -26,7 +27,8 @@ using detail::blocks_per_sm;
 
 bool aligned16(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; }
 
-// Whether row strides and pointers allow the row kernels' 16-byte vectors (N is the config's test).
+// Whether row strides and pointers allow the row kernels' 16-byte vectors (any N: a partial last
+// vector takes the tail variants).
 template <typename T>
 bool vector_aligned(std::initializer_list<std::int64_t> row_strides, std::initializer_list<const void*> pointers) {
   constexpr int kVec = 16 / sizeof(T);
@@ -54,9 +56,6 @@ void dispatch_types(DType dtype, DType weight_dtype, F&& f) {
   }
 }
 
-using ForwardKernel = void (*)(ForwardParams, RowGeometry);
-using BackwardKernel = void (*)(BackwardParams, RowGeometry, float*, float*);
-
 template <typename T, typename W, int ITERS, bool RESIDUAL>
 ForwardKernel forward_kernel_rows(ForwardRows rows) {
   switch (rows) {
@@ -79,6 +78,7 @@ ForwardKernel forward_kernel_iters(const ForwardVariant& v) {
 
 template <typename T, typename W>
 ForwardKernel forward_kernel(const ForwardVariant& v) {
+  if (v.tail) return forward_tail_kernel<T, W>(v);
   return v.residual ? forward_kernel_iters<T, W, true>(v) : forward_kernel_iters<T, W, false>(v);
 }
 
@@ -93,7 +93,8 @@ BackwardKernel find_backward_kernel(const BackwardVariant& v, std::index_sequenc
 template <typename T, typename W>
 BackwardKernel backward_kernel(const char* op, const BackwardVariant& v) {
   constexpr std::size_t kCount = sizeof(kBackwardVariants) / sizeof(kBackwardVariants[0]);
-  const BackwardKernel kernel = find_backward_kernel<T, W>(v, std::make_index_sequence<kCount>{});
+  const BackwardKernel kernel =
+      v.tail ? backward_tail_kernel<T, W>(v) : find_backward_kernel<T, W>(v, std::make_index_sequence<kCount>{});
   if (!kernel) throw Error(ErrorKind::unsupported, op, "a backward kernel variant that is not compiled");
   return kernel;
 }
@@ -249,7 +250,7 @@ void launch_backward(const BackwardParams& p, int device_index, cudaStream_t str
                   std::to_string(p.workspace_bytes) + " bytes");
     }
     partial_dw = static_cast<float*>(p.workspace);
-    partial_db = partial_dw + std::int64_t(launch.partial_rows) * p.cols;
+    partial_db = partial_dw + std::int64_t(launch.partial_rows) * partial_pitch(p.cols);
   }
   if (launch.generic) {
     backward_generic_kernel<T, W><<<launch.grid, kGenericThreads, 0, stream>>>(p, partial_dw, partial_db);
@@ -279,6 +280,7 @@ void launch_backward(const BackwardParams& p, int device_index, cudaStream_t str
     auto* kernel = launch.reduce_columns_per_thread == 4 ? reduce_partials_kernel<W, 4> : reduce_partials_kernel<W, 1>;
     detail::check_cuda(cudaLaunchKernelEx(&config, kernel, static_cast<const float*>(partial_dw),
                                           static_cast<const float*>(partial_db), launch.partial_rows, p.cols,
+                                          partial_pitch(p.cols),
                                           static_cast<W*>(p.dweight), static_cast<W*>(p.dbias)),
                        op, "norm partial-sum reduction kernel");
   }

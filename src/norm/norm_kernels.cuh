@@ -18,6 +18,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "core/device_vector.cuh"
@@ -56,6 +57,56 @@ __device__ __forceinline__ void load_shared_columns(const float* base, int cols,
     out[4 * c + 2] = v.z;
     out[4 * c + 3] = v.w;
   }
+}
+
+// cp.async of a partial vector into the backward's ring (sm_80+), tracked by an mbarrier.
+// 16 bytes into shared memory of which the first `src_bytes` (0..16) come from global memory
+// and the rest are zero (cp.async with zero fill: nothing past src + src_bytes is read). Both
+// addresses 16-byte aligned. Completion: cp_async_mbarrier_arrive_noinc.
+__device__ __forceinline__ void cp_async_16_zero_fill(void* dst, const void* src, unsigned src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(detail::device::shared_address(dst)),
+               "l"(src), "r"(src_bytes)
+               : "memory");
+}
+// One arrival on `bar`, made when every cp.async this thread issued before has landed (counted
+// in the barrier's expected arrivals: .noinc).
+__device__ __forceinline__ void cp_async_mbarrier_arrive_noinc(std::uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(detail::device::shared_address(bar))
+               : "memory");
+}
+
+// ---- a row's partial last vector (rows whose N is not a multiple of the vector) -------------------
+// Only the row's elements are touched, one element access each: nothing past N is read or written.
+
+// The first `count` (0 < count < 16 / sizeof(T)) elements at p (16-byte aligned) as a vector
+// whose further elements are zero bits (0.0 in every float type).
+template <typename T>
+__device__ __forceinline__ uint4 load_partial16(const T* p, int count) {
+  using Bits = std::conditional_t<sizeof(T) == 2, unsigned short, unsigned>;
+  constexpr int kVec = 16 / sizeof(T);
+  const Bits* src = reinterpret_cast<const Bits*>(p);
+  Bits e[kVec];
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) e[i] = i < count ? src[i] : Bits(0);
+  return detail::device::bit_copy<uint4>(e);
+}
+// Stores the first `count` elements of the vector `v` at p.
+template <typename T>
+__device__ __forceinline__ void store_partial16(T* p, const uint4 v, int count) {
+  using Bits = std::conditional_t<sizeof(T) == 2, unsigned short, unsigned>;
+  constexpr int kVec = 16 / sizeof(T);
+  Bits* dst = reinterpret_cast<Bits*>(p);
+  Bits e[kVec];
+  memcpy(e, &v, sizeof(e));
+#pragma unroll
+  for (int i = 0; i < kVec; ++i)
+    if (i < count) dst[i] = e[i];
+}
+// VEC per-column parameters at p as floats, `fill` past the first `count`.
+template <typename W, int VEC>
+__device__ __forceinline__ void load_partial_floats(const W* p, int count, float fill, float (&out)[VEC]) {
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) out[i] = i < count ? to_float(p[i]) : fill;
 }
 
 // Bulk copies (TMA, sm_90) into shared memory with mbarrier completion: core/device_vector.cuh.
@@ -145,12 +196,18 @@ inline constexpr int kMaxWarpsPerBlock = 32;
 // RESIDUAL: the row is round(x + residual) in T, formed as the row is loaded (the float sum of two
 // T values rounded once to T is the correctly rounded sum, as the CPU reference's) and written to
 // p.sum, when given, beside y.
+//
+// TAIL: N is not a multiple of kVec. The row's last vector is partial: its elements past N are
+// loaded as zeros (one element load each, nothing past N read), set to the shift K for
+// LayerNorm's sums so that they add exactly 0, and never stored. Without TAIL none of that code
+// exists.
 inline constexpr int kForwardMinBlocks = 2;
-template <typename T, typename W, int ITERS, ForwardRows ROWS, bool RESIDUAL>
+template <typename T, typename W, int ITERS, ForwardRows ROWS, bool RESIDUAL, bool TAIL = false>
 __global__ void __launch_bounds__(512, kForwardMinBlocks)
     forward_registers_kernel(ForwardParams p, RowGeometry geo) {
   constexpr int kVec = 16 / sizeof(T);
   constexpr bool kFull = ROWS != ForwardRows::any;  // cols == threads_per_row * ITERS * kVec, weight given
+  static_assert(!(kFull && TAIL), "full rows have no partial vector");
   // Weights in the input's type only (one 16-byte load per vector): float32 weights of 16-bit
   // inputs would hold twice the registers.
   constexpr bool kEarlyWeight = kFull && kVec * sizeof(W) == 16;
@@ -171,6 +228,23 @@ __global__ void __launch_bounds__(512, kForwardMinBlocks)
   const int col0 = t * kVec;
   // Vectors past the row end (only the last may be) hold zeros and are skipped by the passes.
   auto in_row = [&](int it) { return kFull || col0 + it * step < cols; };
+  // Elements of the row in vector `it` (kVec for every vector but a TAIL row's last).
+  auto count_in_row = [&](int it) { return TAIL ? min(kVec, cols - (col0 + it * step)) : kVec; };
+  auto partial = [&](int it) { return TAIL && col0 + it * step + kVec > cols; };
+  // A vector of a row tensor at `at` (a vector's first column).
+  auto load_vector = [&](const T* at, int it) {
+    if (partial(it)) return load_partial16<T>(at, count_in_row(it));
+    return *reinterpret_cast<const uint4*>(at);
+  };
+  auto store_vector = [&](T* at, int it, const uint4 v) {
+    if (partial(it)) store_partial16<T>(at, v, count_in_row(it));
+    else *reinterpret_cast<uint4*>(at) = v;
+  };
+  // kVec weights or biases of vector `it` as floats (`fill` past N).
+  auto load_params = [&](const W* at, int it, float fill, float (&out)[kVec]) {
+    if (partial(it)) load_partial_floats<W, kVec>(at, count_in_row(it), fill, out);
+    else load_floats<W, kVec, LoadPath::read_only>(at, out);
+  };
   int phase = 0;
 
   // A row's 16-byte vectors (zeros past the row end or for rows past the last) and, for
@@ -183,7 +257,7 @@ __global__ void __launch_bounds__(512, kForwardMinBlocks)
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
       raw[it] = make_uint4(0, 0, 0, 0);
-      if (valid_row && in_row(it)) raw[it] = *reinterpret_cast<const uint4*>(x + col0 + it * step);
+      if (valid_row && in_row(it)) raw[it] = load_vector(x + col0 + it * step, it);
     }
     if constexpr (RESIDUAL) {
       const T* __restrict__ res = static_cast<const T*>(p.residual) + row * p.residual_row_stride;
@@ -191,7 +265,7 @@ __global__ void __launch_bounds__(512, kForwardMinBlocks)
 #pragma unroll
       for (int it = 0; it < ITERS; ++it) {
         res_raw[it] = make_uint4(0, 0, 0, 0);
-        if (valid_row && in_row(it)) res_raw[it] = *reinterpret_cast<const uint4*>(res + col0 + it * step);
+        if (valid_row && in_row(it)) res_raw[it] = load_vector(res + col0 + it * step, it);
       }
 #pragma unroll
       for (int it = 0; it < ITERS; ++it) {
@@ -238,6 +312,12 @@ __global__ void __launch_bounds__(512, kForwardMinBlocks)
       float v[kVec];
       unpack16<T>(raw[it], v);
       if (layer_norm) {
+        if (partial(it)) {
+          // Past N, d = 0 exactly.
+#pragma unroll
+          for (int i = 0; i < kVec; ++i)
+            if (i >= count_in_row(it)) v[i] = shift_k;
+        }
 #pragma unroll
         for (int i = 0; i < kVec; ++i) {
           const float d = v[i] - shift_k;
@@ -285,7 +365,7 @@ __global__ void __launch_bounds__(512, kForwardMinBlocks)
       if (!in_row(it)) continue;
       const int col = col0 + it * step;
       if constexpr (RESIDUAL) {
-        if (sum) *reinterpret_cast<uint4*>(sum + col) = raw[it];
+        if (sum) store_vector(sum + col, it, raw[it]);
       }
       float v[kVec], out[kVec];
       unpack16<T>(raw[it], v);
@@ -310,10 +390,10 @@ __global__ void __launch_bounds__(512, kForwardMinBlocks)
         }
       } else if (has_weight) {
         float w[kVec];
-        load_floats<W, kVec, LoadPath::read_only>(weight + col, w);
+        load_params(weight + col, it, 1.0f, w);
         if (has_bias) {
           float b[kVec];
-          load_floats<W, kVec, LoadPath::read_only>(bias + col, b);
+          load_params(bias + col, it, 0.0f, b);
 #pragma unroll
           for (int i = 0; i < kVec; ++i) out[i] = fmaf(fmaf(v[i], rstd, shift), w[i], b[i]);
         } else {
@@ -322,14 +402,14 @@ __global__ void __launch_bounds__(512, kForwardMinBlocks)
         }
       } else if (has_bias) {
         float b[kVec];
-        load_floats<W, kVec, LoadPath::read_only>(bias + col, b);
+        load_params(bias + col, it, 0.0f, b);
 #pragma unroll
         for (int i = 0; i < kVec; ++i) out[i] = fmaf(v[i], rstd, shift) + b[i];
       } else {
 #pragma unroll
         for (int i = 0; i < kVec; ++i) out[i] = fmaf(v[i], rstd, shift);
       }
-      *reinterpret_cast<uint4*>(y + col) = pack16<T>(out);
+      store_vector(y + col, it, pack16<T>(out));
     }
     if (t == 0) {
       if (p.mean) p.mean[row] = mean;
@@ -342,14 +422,14 @@ __global__ void __launch_bounds__(512, kForwardMinBlocks)
 // The blocks of a thread-block cluster sum their partial rows through distributed shared memory
 // before any goes to global memory, so the workspace holds one partial row per cluster instead of
 // one per block (at N = 16384, 132 per-block rows are 8.6 MB written and read again, 17 MB with
-// dbias). `block_sums` holds this
-// block's dweight (and, with BIAS_GRAD, dbias after it) for `cols` columns (a multiple of 4).
-// Block rank r sums the r-th slice of the columns over the cluster's blocks in rank order (a
-// fixed order: the result does not depend on timing) into partial row blockIdx.x / cluster
-// size. Every thread of every block of the cluster must call it.
+// dbias). `block_sums` holds this block's dweight (and, with BIAS_GRAD, dbias `cols` floats
+// after it) for `cols` columns (a multiple of 4, at most `partial_stride`, the floats between
+// partial rows). Block rank r sums the r-th slice of the columns over the cluster's blocks in
+// rank order (a fixed order: the result does not depend on timing) into partial row blockIdx.x /
+// cluster size. Every thread of every block of the cluster must call it.
 template <bool BIAS_GRAD>
-__device__ __forceinline__ void cluster_sum_partials(float* block_sums, int cols, float* __restrict__ partial_dw,
-                                                     float* __restrict__ partial_db) {
+__device__ __forceinline__ void cluster_sum_partials(float* block_sums, int cols, std::int64_t partial_stride,
+                                                     float* __restrict__ partial_dw, float* __restrict__ partial_db) {
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
   // Release this block's sums to the cluster, acquire the others'.
@@ -362,7 +442,7 @@ __device__ __forceinline__ void cluster_sum_partials(float* block_sums, int cols
   const std::int64_t row = blockIdx.x / blocks;
   const int arrays = BIAS_GRAD ? 2 : 1;
   for (int a = 0; a < arrays; ++a) {
-    float* out = (a == 0 ? partial_dw : partial_db) + row * cols;
+    float* out = (a == 0 ? partial_dw : partial_db) + row * partial_stride;
     for (int u = begin + static_cast<int>(threadIdx.x); u < end; u += static_cast<int>(blockDim.x)) {
       float4 total = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       for (int b = 0; b < blocks; ++b) {
@@ -398,6 +478,12 @@ __device__ __forceinline__ void cluster_sum_partials(float* block_sums, int cols
 //  keep_g: g = dy * w stays in registers from the first pass to the second, which then reads only
 //    the input from the ring: no dy or weight loads, no unpack of dy and no multiply per element
 //    there, for one register per element held across the row reduction.
+//  tail: N is not a multiple of VEC. Shared-memory rows and columns take `pitch` = N rounded up
+//    to VEC elements; the ring gets the row's whole vectors by bulk copy and the partial last one
+//    by a zero-filling cp.async (nothing past N read), which the slot's full barrier counts as its
+//    second arrival. Past N, dy and the input are zero and the weight 1 (1/w 1, b 0), so those
+//    columns add exactly 0 to every sum; dx is stored per element up to N. Without tail none of
+//    that code exists.
 // Two vectors per thread from x without dbias pay only at two 512-thread blocks per SM, i.e. at
 // most 64 registers: the launch bounds hold the compiler to that (bench: rms_norm bwd (8192,
 // 8192), H200).
@@ -409,7 +495,7 @@ struct Backward {
   static constexpr int kIters = kVariant.vectors_per_thread;
   static constexpr Source kSource = kVariant.source;
   static constexpr bool kBiasGrad = kVariant.bias_grad, kFullRows = kVariant.full_rows, kCluster = kVariant.cluster,
-                        kKeepG = kVariant.keep_g, kDsum = kVariant.dsum;
+                        kKeepG = kVariant.keep_g, kDsum = kVariant.dsum, kTail = kVariant.tail;
   static constexpr int kMinBlocks = kIters == 2 && kSource == Source::x && !kBiasGrad && !kKeepG ? 2 : 1;
 };
 template <typename T, typename W, int VARIANT>
@@ -425,7 +511,12 @@ __global__ void __launch_bounds__(512, Backward<VARIANT>::kMinBlocks)
   const int group = threadIdx.x / tpr, t = threadIdx.x - group * tpr;
   const RowTeam team(tpr, group, t);
   const int cols = static_cast<int>(p.cols);
-  const unsigned row_bytes = static_cast<unsigned>(cols * sizeof(T));
+  // Elements per row in shared memory (the ring, the columns, the dweight / dbias tree).
+  const int pitch = V::kTail ? (cols + kVec - 1) / kVec * kVec : cols;
+  // Bytes of a row the bulk copies move (its whole vectors) and of its partial last vector.
+  const unsigned row_bytes = static_cast<unsigned>(V::kTail ? cols / kVec * 16 : cols * sizeof(T));
+  [[maybe_unused]] const unsigned tail_bytes = static_cast<unsigned>(V::kTail ? cols % kVec * sizeof(T) : 0);
+  const std::int64_t partial_stride = partial_pitch(cols);
   const bool layer_norm = p.kind == Kind::layer_norm;
   constexpr bool kFromOutput = V::kSource != Source::x;
   const bool needs_mean = layer_norm && !kFromOutput;
@@ -435,9 +526,9 @@ __global__ void __launch_bounds__(512, Backward<VARIANT>::kMinBlocks)
   constexpr bool cached = V::kSource != Source::y_uncached;
   constexpr int arrays = V::kSource == Source::y ? 3 : 1;
   float* col_w = reinterpret_cast<float*>(smem);
-  float* col_inv_w = col_w + cols;
-  float* col_shift = col_inv_w + cols;
-  T* ring = reinterpret_cast<T*>(col_w + arrays * cols) + std::size_t(group) * stages * 2 * cols;
+  float* col_inv_w = col_w + pitch;
+  float* col_shift = col_inv_w + pitch;
+  T* ring = reinterpret_cast<T*>(col_w + arrays * pitch) + std::size_t(group) * stages * 2 * pitch;
   std::uint64_t* full = full_bar + group * kMaxStages;
   std::uint64_t* empty = empty_bar + group * kMaxStages;
   const W* __restrict__ weight = static_cast<const W*>(p.weight);
@@ -449,7 +540,7 @@ __global__ void __launch_bounds__(512, Backward<VARIANT>::kMinBlocks)
   const std::int64_t first_row = std::int64_t(blockIdx.x) * rpb + group;
 
   if (t < stages) {
-    mbarrier_init(&full[t], 1);
+    mbarrier_init(&full[t], V::kTail ? 2 : 1);
     mbarrier_init(&empty[t], tpr);
   }
   mbarrier_init_fence();
@@ -460,10 +551,22 @@ __global__ void __launch_bounds__(512, Backward<VARIANT>::kMinBlocks)
     const std::int64_t row = first_row + k * stride_rows;
     if (row >= rows) return;
     const int slot = k % stages;
-    T* dst = ring + slot * 2 * cols;
+    T* dst = ring + slot * 2 * pitch;
+    const T* src_dy = dy + row * p.dy_row_stride;
+    const T* src_in = in + row * p.input_row_stride;
+    if constexpr (V::kTail) {
+      const int at = cols / kVec * kVec;
+      cp_async_16_zero_fill(dst + at, src_dy + at, tail_bytes);
+      cp_async_16_zero_fill(dst + pitch + at, src_in + at, tail_bytes);
+      cp_async_mbarrier_arrive_noinc(&full[slot]);
+      if (row_bytes == 0) {  // rows shorter than one vector
+        mbarrier_arrive(&full[slot]);
+        return;
+      }
+    }
     mbarrier_arrive_expect_tx(&full[slot], 2 * row_bytes);
-    bulk_copy_to_shared(dst, dy + row * p.dy_row_stride, row_bytes, &full[slot]);
-    bulk_copy_to_shared(dst + cols, in + row * p.input_row_stride, row_bytes, &full[slot]);
+    bulk_copy_to_shared(dst, src_dy, row_bytes, &full[slot]);
+    bulk_copy_to_shared(dst + pitch, src_in, row_bytes, &full[slot]);
   };
   if (t == 0) {
     for (int k = 0; k < stages - 1; ++k) issue(k);
@@ -474,17 +577,27 @@ __global__ void __launch_bounds__(512, Backward<VARIANT>::kMinBlocks)
   struct Columns {
     float4 w, b;
   };
+  // Four columns at 4u as floats, `fill` past N (tail rows: a unit may lie partly or wholly past it).
+  auto load4_columns = [&](const W* base, int u, float fill) {
+    if (V::kTail && 4 * u + 4 > cols) {
+      float f[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) f[i] = 4 * u + i < cols ? to_float(base[4 * u + i]) : fill;
+      return make_float4(f[0], f[1], f[2], f[3]);
+    }
+    return load4_floats(base + 4 * u);
+  };
   detail::device::staged_for_each<4>(
-      cols / 4,
+      pitch / 4,
       [&](int u) {
         Columns v{};
-        v.w = weight ? load4_floats(weight + 4 * u) : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+        v.w = weight ? load4_columns(weight, u, 1.0f) : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
         if constexpr (kFromOutput && cached)
-          v.b = bias ? load4_floats(bias + 4 * u) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          v.b = bias ? load4_columns(bias, u, 0.0f) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         return v;
       },
       [&](int u, const Columns& v) {
-        const int slot = column_slot<kVec>(u, cols);
+        const int slot = column_slot<kVec>(u, pitch);
         reinterpret_cast<float4*>(col_w)[slot] = v.w;
         if constexpr (kFromOutput && cached) {
           reinterpret_cast<float4*>(col_inv_w)[slot] =
@@ -510,19 +623,21 @@ __global__ void __launch_bounds__(512, Backward<VARIANT>::kMinBlocks)
   const int step = tpr * kVec;
   const int col0 = t * kVec;
   auto in_row = [&](int it) { return V::kFullRows || col0 + it * step < cols; };
+  [[maybe_unused]] auto partial = [&](int it) { return V::kTail && col0 + it * step + kVec > cols; };
   // From y: x_hat = (y - b) * (1/w), per column. y - b first: when x_hat is small against b / w,
   // y * (1/w) - b / w would cancel two large rounded terms (seen as f32 dweight errors 3x the
   // float32 summation bound on random draws with small weights).
   auto from_y_factors = [&](int col, float (&inv_w)[kVec], float (&sh)[kVec]) {
     if constexpr (cached) {
-      load_shared_columns<kVec>(col_inv_w, cols, col, inv_w);
-      load_shared_columns<kVec>(col_shift, cols, col, sh);
+      load_shared_columns<kVec>(col_inv_w, pitch, col, inv_w);
+      load_shared_columns<kVec>(col_shift, pitch, col, sh);
     } else {
 #pragma unroll
       for (int i = 0; i < kVec; ++i) {
-        const float w = weight ? to_float(weight[col + i]) : 1.0f;
+        const bool in = !V::kTail || col + i < cols;  // past N: 1/w = 1, b = 0
+        const float w = weight && in ? to_float(weight[col + i]) : 1.0f;
         inv_w[i] = 1.0f / w;
-        sh[i] = bias ? to_float(bias[col + i]) : 0.0f;
+        sh[i] = bias && in ? to_float(bias[col + i]) : 0.0f;
       }
     }
   };
@@ -547,8 +662,8 @@ __global__ void __launch_bounds__(512, Backward<VARIANT>::kMinBlocks)
       issue(k + stages - 1);
     }
     mbarrier_wait(&full[slot], parity);
-    const T* r_dy = ring + slot * 2 * cols;
-    const T* r_in = r_dy + cols;
+    const T* r_dy = ring + slot * 2 * pitch;
+    const T* r_in = r_dy + pitch;
     const float shift = -mean * rstd;
 
     // sum(g) and sum(g * x_hat) with g = dy * w, one accumulator pair per vector.
@@ -562,7 +677,7 @@ __global__ void __launch_bounds__(512, Backward<VARIANT>::kMinBlocks)
       float d[kVec], v[kVec], w[kVec];
       unpack16<T>(*reinterpret_cast<const uint4*>(r_dy + col), d);
       unpack16<T>(*reinterpret_cast<const uint4*>(r_in + col), v);
-      load_shared_columns<kVec>(col_w, cols, col, w);
+      load_shared_columns<kVec>(col_w, pitch, col, w);
       float xh[kVec];
       if constexpr (kFromOutput) {
         float inv_w[kVec], sh[kVec];
@@ -616,7 +731,7 @@ __global__ void __launch_bounds__(512, Backward<VARIANT>::kMinBlocks)
           for (int i = 0; i < kVec; ++i) d[i] = kept_g[it][i], w[i] = 1.0f;
         } else {
           unpack16<T>(*reinterpret_cast<const uint4*>(r_dy + col), d);
-          load_shared_columns<kVec>(col_w, cols, col, w);
+          load_shared_columns<kVec>(col_w, pitch, col, w);
         }
         if constexpr (kFromOutput) {
           float inv_w[kVec], sh[kVec];
@@ -629,11 +744,14 @@ __global__ void __launch_bounds__(512, Backward<VARIANT>::kMinBlocks)
         }
         if constexpr (V::kDsum) {
           float skip[kVec];
-          unpack16<T>(*reinterpret_cast<const uint4*>(dsum + it * step), skip);
+          unpack16<T>(partial(it) ? load_partial16<T>(dsum + it * step, cols - col)
+                                  : *reinterpret_cast<const uint4*>(dsum + it * step),
+                      skip);
 #pragma unroll
           for (int i = 0; i < kVec; ++i) out[i] += skip[i];
         }
-        *reinterpret_cast<uint4*>(dx + it * step) = pack16<T>(out);
+        if (partial(it)) store_partial16<T>(dx + it * step, pack16<T>(out), cols - col);
+        else *reinterpret_cast<uint4*>(dx + it * step) = pack16<T>(out);
       }
     }
     mbarrier_arrive(&empty[slot]);
@@ -654,7 +772,7 @@ __global__ void __launch_bounds__(512, Backward<VARIANT>::kMinBlocks)
     // fixed, so the sums are bitwise reproducible. A round's slots (g - 1 = s - 1 mod 2s) are
     // never those the previous round read (s/2 - 1 mod s), so one barrier per round suffices.
     __syncthreads();
-    float* combine = reinterpret_cast<float*>(col_w + arrays * cols);
+    float* combine = reinterpret_cast<float*>(col_w + arrays * pitch);
     for (int s = 1; s < rpb; s *= 2) {
       if (group % (2 * s) == s) {
 #pragma unroll
@@ -663,8 +781,8 @@ __global__ void __launch_bounds__(512, Backward<VARIANT>::kMinBlocks)
 #pragma unroll
           for (int i = 0; i < kVec; ++i) {
             const int c = col0 + it * step + i;
-            combine[((group - 1) * 2 + 0) * cols + c] = acc_dw[it][i];
-            if constexpr (V::kBiasGrad) combine[((group - 1) * 2 + 1) * cols + c] = acc_db[it][i];
+            combine[((group - 1) * 2 + 0) * pitch + c] = acc_dw[it][i];
+            if constexpr (V::kBiasGrad) combine[((group - 1) * 2 + 1) * pitch + c] = acc_db[it][i];
           }
         }
       }
@@ -677,8 +795,8 @@ __global__ void __launch_bounds__(512, Backward<VARIANT>::kMinBlocks)
 #pragma unroll
           for (int i = 0; i < kVec; ++i) {
             const int c = col0 + it * step + i;
-            acc_dw[it][i] += combine[((src - 1) * 2 + 0) * cols + c];
-            if constexpr (V::kBiasGrad) acc_db[it][i] += combine[((src - 1) * 2 + 1) * cols + c];
+            acc_dw[it][i] += combine[((src - 1) * 2 + 0) * pitch + c];
+            if constexpr (V::kBiasGrad) acc_db[it][i] += combine[((src - 1) * 2 + 1) * pitch + c];
           }
         }
       }
@@ -688,14 +806,16 @@ __global__ void __launch_bounds__(512, Backward<VARIANT>::kMinBlocks)
   // From y the per-column x_hat factor 1/w is already inside acc_dw (x_hat = (y - b) / w).
   // Group 0 now holds the block's sums. It writes them as the block's partial row, or, in a
   // cluster, to shared memory (the ring, past the tree's slots), from where the cluster's blocks
-  // sum them into one partial row. The tree's slots and block_sums take 2 * rpb * cols floats, and
-  // the ring holds rpb * stages * 2 * cols elements of T: enough for stages >= 2 and 16-bit T.
-  float* block_sums = reinterpret_cast<float*>(col_w + arrays * cols) + std::size_t(rpb - 1) * 2 * cols;
+  // sum them into one partial row. The tree's slots and block_sums take 2 * rpb * pitch floats, and
+  // the ring holds rpb * stages * 2 * pitch elements of T: enough for stages >= 2 and 16-bit T.
+  // Partial rows are partial_pitch(N) floats apart: a partial last vector's columns past N (zero
+  // sums) stay inside the row.
+  float* block_sums = reinterpret_cast<float*>(col_w + arrays * pitch) + std::size_t(rpb - 1) * 2 * pitch;
   // With one row group per block no tree ran: other warps may still read their last row from the
   // ring that block_sums overwrites.
   if constexpr (V::kCluster) __syncthreads();
-  float* out_dw = V::kCluster ? block_sums : partial_dw + std::int64_t(blockIdx.x) * cols;
-  float* out_db = V::kCluster ? block_sums + cols : partial_db + std::int64_t(blockIdx.x) * cols;
+  float* out_dw = V::kCluster ? block_sums : partial_dw + std::int64_t(blockIdx.x) * partial_stride;
+  float* out_db = V::kCluster ? block_sums + pitch : partial_db + std::int64_t(blockIdx.x) * partial_stride;
   if (!V::kCluster || group == 0) {
 #pragma unroll
     for (int it = 0; it < V::kIters; ++it) {
@@ -711,7 +831,8 @@ __global__ void __launch_bounds__(512, Backward<VARIANT>::kMinBlocks)
       }
     }
   }
-  if constexpr (V::kCluster) cluster_sum_partials<V::kBiasGrad>(block_sums, cols, partial_dw, partial_db);
+  if constexpr (V::kCluster)
+    cluster_sum_partials<V::kBiasGrad>(block_sums, pitch, partial_stride, partial_dw, partial_db);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -781,8 +902,8 @@ __global__ void __launch_bounds__(kGenericThreads)
   const W* __restrict__ bias = static_cast<const W*>(p.bias);
   const bool layer_norm = p.kind == Kind::layer_norm;
   const float inv_cols = 1.0f / static_cast<float>(p.cols);
-  float* my_dw = partial_dw ? partial_dw + std::int64_t(blockIdx.x) * p.cols : nullptr;
-  float* my_db = partial_db ? partial_db + std::int64_t(blockIdx.x) * p.cols : nullptr;
+  float* my_dw = partial_dw ? partial_dw + std::int64_t(blockIdx.x) * partial_pitch(p.cols) : nullptr;
+  float* my_db = partial_db ? partial_db + std::int64_t(blockIdx.x) * partial_pitch(p.cols) : nullptr;
   if (my_dw) {
     for (std::int64_t c = threadIdx.x; c < p.cols; c += kGenericThreads) my_dw[c] = my_db[c] = 0.0f;
   }
@@ -827,7 +948,7 @@ __global__ void __launch_bounds__(kGenericThreads)
   }
 }
 
-// Sums partials[slots][cols] over slots, in a fixed order, into out[cols]. Block (32, 32): thread
+// Sums partials[slots][cols] (rows `pitch` floats apart) over slots, in a fixed order, into out[cols]. Block (32, 32): thread
 // x owns VEC consecutive columns (16-byte loads when VEC = 4: a block row reads 512 contiguous
 // bytes of one partial row), threadIdx.y strides over slots, and the 32 per-thread sums are then
 // added in y order. blockIdx.y selects dweight (0) or dbias (1). Four columns per thread launch a
@@ -835,7 +956,7 @@ __global__ void __launch_bounds__(kGenericThreads)
 template <typename W, int VEC>
 __global__ void __launch_bounds__(1024)
     reduce_partials_kernel(const float* __restrict__ partial_dw, const float* __restrict__ partial_db,
-                           int slots, std::int64_t cols, W* __restrict__ dweight,
+                           int slots, std::int64_t cols, std::int64_t pitch, W* __restrict__ dweight,
                            W* __restrict__ dbias) {
   static_assert(VEC == 1 || VEC == 4, "one column or four per thread");
   using Vec = std::conditional_t<VEC == 4, float4, float>;
@@ -858,7 +979,7 @@ __global__ void __launch_bounds__(1024)
   if (col < cols) {
 #pragma unroll 4
     for (int slot = threadIdx.y; slot < slots; slot += 32)
-      add(s, *reinterpret_cast<const Vec*>(partial + std::int64_t(slot) * cols + col));
+      add(s, *reinterpret_cast<const Vec*>(partial + std::int64_t(slot) * pitch + col));
   }
   sums[threadIdx.y][threadIdx.x] = s;
   __syncthreads();

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/convert.h"
@@ -42,11 +43,19 @@ struct Case {
   bool residual = false;
   bool sum_absent = false;
   bool with_dsum = true;
+  // Every row tensor's row stride rounded up to a multiple of 8 elements (16 bytes in every dtype),
+  // so that any N takes the row kernels (a partial last vector when N is not a multiple of 8).
+  bool vector_rows = false;
+  // Row stride of a row tensor with `pad` elements after each row.
+  std::int64_t stride(std::int64_t pad) const {
+    const std::int64_t s = cols + pad;
+    return vector_rows ? (s + 7) / 8 * 8 : s;
+  }
   std::string str() const {
     return std::string(kind_name(kind)) + " " + dtype_name(dtype) + "/w:" + dtype_name(weight_dtype) +
            " (" + std::to_string(rows) + ", " + std::to_string(cols) + ")" + (weight ? " +w" : "") +
            (bias ? " +b" : "") + (row_pad ? " pad " + std::to_string(row_pad) : "") +
-           (lead ? " lead " + std::to_string(lead) : "") +
+           (lead ? " lead " + std::to_string(lead) : "") + (vector_rows ? " vector rows" : "") +
            (residual ? std::string(" residual") + (sum_absent ? " -sum" : "") + (with_dsum ? " +dsum" : "") : "");
   }
 };
@@ -63,10 +72,10 @@ struct Problem {
 
   Problem(const Case& c_, Device d)
       : c(c_), device(d),
-        x(c.dtype, d, {c.rows, c.cols}, {c.cols + c.row_pad, 1}, c.lead),
-        y(c.dtype, d, {c.rows, c.cols}, {c.cols + c.row_pad, 1}, c.lead),
-        dy(c.dtype, d, {c.rows, c.cols}, {}, c.lead),
-        dx(c.dtype, d, {c.rows, c.cols}, {c.cols + c.row_pad, 1}, c.lead),
+        x(c.dtype, d, {c.rows, c.cols}, {c.stride(c.row_pad), 1}, c.lead),
+        y(c.dtype, d, {c.rows, c.cols}, {c.stride(c.row_pad), 1}, c.lead),
+        dy(c.dtype, d, {c.rows, c.cols}, {c.stride(0), 1}, c.lead),
+        dx(c.dtype, d, {c.rows, c.cols}, {c.stride(c.row_pad), 1}, c.lead),
         mean(DType::f32, d, {c.rows}), rstd(DType::f32, d, {c.rows}) {
     const std::vector<std::int64_t> row{c.cols};
     if (c.weight) {
@@ -79,12 +88,13 @@ struct Problem {
     }
     if (c.residual) {
       // Row strides of their own: the residual unpadded, sum and dsum padded like x.
-      residual.emplace(c.dtype, d, std::vector<std::int64_t>{c.rows, c.cols}, std::vector<std::int64_t>{}, c.lead);
+      residual.emplace(c.dtype, d, std::vector<std::int64_t>{c.rows, c.cols},
+                       std::vector<std::int64_t>{c.stride(0), 1}, c.lead);
       sum.emplace(c.dtype, d, std::vector<std::int64_t>{c.rows, c.cols},
-                  std::vector<std::int64_t>{c.cols + c.row_pad, 1}, c.lead);
+                  std::vector<std::int64_t>{c.stride(c.row_pad), 1}, c.lead);
       if (c.with_dsum)
         dsum.emplace(c.dtype, d, std::vector<std::int64_t>{c.rows, c.cols},
-                     std::vector<std::int64_t>{c.cols + 2 * c.row_pad, 1}, c.lead);
+                     std::vector<std::int64_t>{c.stride(2 * c.row_pad), 1}, c.lead);
     }
     const std::size_t ws = norm_backward_workspace_size(c.rows, c.cols, c.dtype, d);
     if (ws > 0) workspace.emplace(DType::u8, d, std::vector<std::int64_t>{static_cast<std::int64_t>(ws)});
@@ -246,6 +256,14 @@ void check_gpu_against_cpu(const Case& c, std::uint64_t salt, bool from_output) 
     g_norm = std::sqrt(g_norm);
   }
   EXPECT_TRUE(close_to_reference(gpu.dx.values(), cpu.dx.values(), c.dtype, "dx", g_norm));
+  // Nothing past N is written (the row padding of y, the sum, dx stays poisoned).
+  const std::int64_t pad = c.stride(c.row_pad) - c.cols;
+  if (pad > 0) {
+    EXPECT_EQ(testing::poisoned_padding(gpu.y, c.rows, c.cols, pad), (c.rows - 1) * pad) << "y padding written";
+    EXPECT_EQ(testing::poisoned_padding(gpu.dx, c.rows, c.cols, pad), (c.rows - 1) * pad) << "dx padding written";
+    if (c.residual)
+      EXPECT_EQ(testing::poisoned_padding(*gpu.sum, c.rows, c.cols, pad), (c.rows - 1) * pad) << "sum padding written";
+  }
 
   if (gpu.dweight || gpu.dbias) {
     // Per-element terms of the column sums, for the float32 reduction baseline.
@@ -922,6 +940,115 @@ TEST(NormResidualGpu, PaddingAndLeadAreNeverWritten) {
       EXPECT_EQ(testing::poisoned_padding(*b, c.rows, c.cols, c.row_pad), (c.rows - 1) * c.row_pad);
       EXPECT_TRUE(b->lead_untouched());
     }
+  }
+}
+
+// ---- rows whose N is not a multiple of the 16-byte vector ------------------------------------------
+
+// The (x, weight) dtype pairings the kernels are compiled for.
+constexpr std::pair<DType, DType> kTypePairings[] = {{DType::f32, DType::f32},
+                                                     {DType::f16, DType::f16},
+                                                     {DType::f16, DType::f32},
+                                                     {DType::bf16, DType::bf16},
+                                                     {DType::bf16, DType::f32}};
+
+// A case whose row strides are multiples of 8 elements (vector_rows): any N takes the row kernels,
+// N % 8 != 0 (N % 4 != 0 in f32) their masked last vector.
+Case vector_rows_case(Kind kind, bool residual, int pairing, std::int64_t rows, std::int64_t cols) {
+  Case c{kind, kTypePairings[pairing].first, kTypePairings[pairing].second, rows, cols, true, true};
+  c.residual = residual;
+  c.vector_rows = true;
+  return c;
+}
+
+// Every N from 1 to 1024, plain and residual, on the vector path. The norm and the dtype pairing
+// go round with (N + N / 8) % 10, so that each of the 10 (norm, pairing) combinations meets every
+// N % 8 several times; from y on every third group of 8 N (plain), weight or bias absent, dsum or
+// the sum absent, rows padded past the rounded stride now and then. Each case checks the row
+// padding of y, the sum and dx unwritten.
+TEST(NormTailGpu, EveryRowLengthUpTo1024) {
+  FUSEKIT_REQUIRE_GPU();
+  int salt = 0;
+  for (std::int64_t cols = 1; cols <= 1024; ++cols)
+    for (bool residual : {false, true}) {
+      const int combination = static_cast<int>((cols + cols / 8) % 10);
+      Case c = vector_rows_case(combination % 2 ? Kind::rms : Kind::layer, residual, combination / 2, 2 + salt % 3, cols);
+      c.weight = salt % 7 != 3;
+      c.bias = salt % 5 != 2;
+      c.row_pad = salt % 4 == 1 ? 8 : 0;
+      c.with_dsum = salt % 3 != 0;
+      c.sum_absent = salt % 6 == 5;
+      check_gpu_against_cpu(c, 20000 + salt, !residual && (cols / 8) % 3 == 1);
+      ++salt;
+    }
+  EXPECT_EQ(salt, 2048);
+}
+
+// Row lengths drawn up to 65536 (most of them N % 8 != 0), every norm, pairing and variant at
+// random, rows for about a million elements (the f32 rows past 8192 and 16-bit rows past 16384
+// take the generic kernel); then short partial rows over 4099 rows, so that every row group's ring
+// slots are refilled (the partial vector's cp.async into a slot the group has left).
+TEST(NormTailGpu, RandomRowLengthsUpTo65536) {
+  FUSEKIT_REQUIRE_GPU();
+  auto rng = testing::make_rng(300);
+  int salt = 0;
+  auto run = [&](std::int64_t rows, std::int64_t cols) {
+    Case c = vector_rows_case(rng() % 2 ? Kind::rms : Kind::layer, rng() % 2 == 0, static_cast<int>(rng() % 5), rows,
+                              cols);
+    c.weight = rng() % 6 != 0;
+    c.bias = rng() % 4 != 0;
+    c.row_pad = rng() % 4 == 0 ? 8 : 0;
+    c.with_dsum = rng() % 4 != 0;
+    c.sum_absent = rng() % 5 == 0;
+    check_gpu_against_cpu(c, 21000 + salt++, !c.residual && rng() % 3 == 0);
+  };
+  for (int i = 0; i < 40; ++i) {
+    std::int64_t cols = 1025 + static_cast<std::int64_t>(rng() % 64512);
+    if (i % 4 != 0 && cols % 8 == 0) cols += 1 + static_cast<std::int64_t>(rng() % 7);
+    run(std::max<std::int64_t>(2, (1 << 20) / cols), cols);
+  }
+  for (std::int64_t cols : {1, 7, 9, 63, 65, 100, 127, 129, 255, 257, 1001, 1023}) run(4099, cols);
+  EXPECT_EQ(salt, 52);
+}
+
+// Gradients of partial-vector rows, bitwise the same run to run (plain and residual).
+TEST(NormTailGpu, BackwardIsBitwiseDeterministic) {
+  FUSEKIT_REQUIRE_GPU();
+  auto rng = testing::make_rng(301);
+  for (std::int64_t cols : {1001, 3001, 12289})
+    for (bool residual : {false, true}) {
+      Case c = vector_rows_case(Kind::layer, residual, residual ? 4 : 3, 4096, cols);
+      SCOPED_TRACE(c.str());
+      Problem p(c, Device::cuda(0));
+      fill_inputs(p, rng);
+      p.forward(1e-5f);
+      EXPECT_TRUE(testing::same_bytes_every_run(
+          [&] {
+            p.dx.poison();
+            p.dweight->poison();
+            p.dbias->poison();
+            p.backward(false);
+          },
+          {&*p.dweight, &*p.dbias, &p.dx}));
+    }
+}
+
+// The override keys on partial-vector rows: other vectors per thread, a shallower ring, smaller
+// blocks; each still matches the reference.
+TEST(NormTailGpu, OverriddenLaunchesMatchCpuReference) {
+  FUSEKIT_REQUIRE_GPU();
+  struct Cleared {
+    ~Cleared() { detail::clear_overrides(); }
+  } cleared;
+  int salt = 0;
+  for (const char* overrides : {"norm.backward.stages=2", "norm.backward.vectors=1", "norm.backward.vectors=4",
+                                "norm.backward.block=128", "norm.forward.vectors=1", "norm.forward.vectors=3"}) {
+    SCOPED_TRACE(overrides);
+    detail::clear_overrides();
+    detail::set_overrides(overrides);
+    for (std::int64_t cols : {1001, 2047, 5121})
+      for (bool from_output : {false, true})
+        check_gpu_against_cpu(vector_rows_case(Kind::layer, false, 3, 300, cols), 22000 + salt++, from_output);
   }
 }
 

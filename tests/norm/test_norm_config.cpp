@@ -33,11 +33,13 @@ class HopperOccupancy final : public KernelOccupancy {
     return by_vectors_and_rows[v.vectors_per_thread][static_cast<int>(v.rows)];
   }
   static int registers(const BackwardVariant& variant) {
-    // The residual backward's variants (dx += dsum): a few registers more than the plain ones.
+    // The residual backward's variants (dx += dsum) and the tail variants (a partial last
+    // vector): a few registers more than the plain ones.
     BackwardVariant v = variant;
     v.dsum = false;
-    const int dsum_registers = variant.dsum ? std::min(8, 128 - plain_registers(v)) : 0;
-    return plain_registers(v) + dsum_registers;
+    v.tail = false;
+    const int extra = (variant.dsum ? 8 : 0) + (variant.tail ? 4 : 0);
+    return plain_registers(v) + std::min(extra, 128 - plain_registers(v));
   }
   static int plain_registers(const BackwardVariant& v) {
     struct Row {
@@ -266,15 +268,18 @@ TEST(NormConfig, ResidualBackwardTakesTheDsumTwinOfThePlainVariant) {
 
 TEST(NormConfig, ForwardFallsBackToTheGenericKernel) {
   const auto device = h100();
-  // Partial last vectors: the row kernel with bounds tests.
+  // Threads whose last vector lies past the row: the row kernel with bounds tests.
   ForwardLaunch l = forward_on(device, forward_problem(Kind::layer_norm, 100, 1000));
   EXPECT_FALSE(l.generic);
   EXPECT_EQ(l.variant.rows, ForwardRows::any);
-  // N not a multiple of the vector, misaligned rows, rows over 512 threads of 4 vectors.
-  ForwardProblem odd = forward_problem(Kind::layer_norm, 100, 1001);
+  EXPECT_FALSE(l.variant.tail);
+  // Misaligned rows (any N), rows over 512 threads of 4 vectors.
   ForwardProblem misaligned = forward_problem(Kind::layer_norm, 100, 1024);
   misaligned.aligned = false;
-  for (const ForwardProblem& p : {odd, misaligned, forward_problem(Kind::rms_norm, 100, 32768)}) {
+  ForwardProblem misaligned_odd = forward_problem(Kind::layer_norm, 100, 1001);
+  misaligned_odd.aligned = false;
+  for (const ForwardProblem& p : {misaligned, misaligned_odd, forward_problem(Kind::rms_norm, 100, 32768),
+                                  forward_problem(Kind::rms_norm, 100, 16385)}) {
     l = forward_on(device, p);
     EXPECT_TRUE(l.generic);
     EXPECT_EQ(l.block_threads, kGenericThreads);
@@ -365,14 +370,105 @@ TEST(NormConfig, BackwardFallsBackToTheGenericKernel) {
   const auto device = h100();
   BackwardProblem misaligned = backward_problem(Kind::layer_norm, 1000, 4096);
   misaligned.aligned = false;
-  for (const BackwardProblem& p : {backward_problem(Kind::layer_norm, 1000, 4100), misaligned,
-                                   backward_problem(Kind::rms_norm, 1000, 65536)}) {
+  BackwardProblem misaligned_odd = backward_problem(Kind::layer_norm, 1000, 4100);
+  misaligned_odd.aligned = false;
+  for (const BackwardProblem& p : {misaligned_odd, misaligned, backward_problem(Kind::rms_norm, 1000, 65536),
+                                   backward_problem(Kind::rms_norm, 1000, 16385)}) {
     const BackwardLaunch l = backward_on(device, p);
     EXPECT_TRUE(l.generic);
     EXPECT_EQ(l.block_threads, kGenericThreads);
     EXPECT_EQ(l.grid, 132 * 2);  // two 512-thread blocks of 54 registers per SM
     EXPECT_EQ(l.cluster, 1);
     EXPECT_EQ(l.partial_rows, l.grid);
+  }
+}
+
+// N not a multiple of the vector, with aligned pointers and row strides: the row kernels' tail
+// variants (a masked last vector) at the row shape of N rounded up to whole vectors, never the
+// generic kernel; misaligned, the generic kernel still.
+TEST(NormConfig, PartialLastVectorTakesTheRowKernels) {
+  for (const auto& device : {h100(), h200()})
+    for (int bytes : {2, 4}) {
+      const int vec = 16 / bytes;
+      for (std::int64_t cols : {1, 3, 7, 9, 100, 1001, 1023, 1025, 2047, 4097, 5121, 8191, 12289, 16383, 16385}) {
+        if (cols % vec == 0) continue;
+        const std::int64_t rounded = (cols + vec - 1) / vec * vec;
+        if (rounded / vec > 2048) continue;  // past 512 threads of 4 vectors: generic
+        SCOPED_TRACE(std::to_string(cols) + ", " + std::to_string(bytes) + " bytes");
+        for (Kind kind : {Kind::layer_norm, Kind::rms_norm}) {
+          const ForwardLaunch f = forward_on(device, forward_problem(kind, 4096, cols, bytes));
+          const ForwardLaunch f_rounded = forward_on(device, forward_problem(kind, 4096, rounded, bytes));
+          EXPECT_FALSE(f.generic);
+          EXPECT_TRUE(f.variant.tail);
+          EXPECT_EQ(f.variant.rows, ForwardRows::any);
+          EXPECT_EQ(f.variant.vectors_per_thread, f_rounded.variant.vectors_per_thread);
+          EXPECT_EQ(f.geometry.threads_per_row, f_rounded.geometry.threads_per_row);
+          ForwardProblem misaligned = forward_problem(kind, 4096, cols, bytes);
+          misaligned.aligned = false;
+          EXPECT_TRUE(forward_on(device, misaligned).generic);
+          for (bool from_output : {false, true}) {
+            const BackwardLaunch b = backward_on(device, backward_problem(kind, 4096, cols, from_output, bytes));
+            const BackwardLaunch b_rounded =
+                backward_on(device, backward_problem(kind, 4096, rounded, from_output, bytes));
+            EXPECT_FALSE(b.generic);
+            EXPECT_TRUE(b.variant.tail);
+            EXPECT_TRUE(is_compiled(b.variant));
+            EXPECT_FALSE(b.variant.full_rows);
+            EXPECT_FALSE(b.variant.keep_g);
+            EXPECT_EQ(b.variant.vectors_per_thread, b_rounded.variant.vectors_per_thread);
+            EXPECT_EQ(b.geometry.threads_per_row, b_rounded.geometry.threads_per_row);
+            BackwardProblem misaligned_b = backward_problem(kind, 4096, cols, from_output, bytes);
+            misaligned_b.aligned = false;
+            EXPECT_TRUE(backward_on(device, misaligned_b).generic);
+          }
+          // The residual backward: the dsum twin of the tail variant.
+          BackwardProblem residual = backward_problem(kind, 4096, cols, false, bytes);
+          residual.dsum = true;
+          const BackwardLaunch r = backward_on(device, residual);
+          EXPECT_FALSE(r.generic);
+          EXPECT_TRUE(r.variant.tail && r.variant.dsum);
+          EXPECT_TRUE(is_compiled(r.variant));
+        }
+      }
+    }
+  // The tail variants exist for every listed variant but the full-row and kept-g refinements.
+  for (const BackwardVariant& v : kBackwardVariants) {
+    BackwardVariant tail = v;
+    tail.tail = true;
+    EXPECT_EQ(is_compiled(tail), !v.full_rows && !v.keep_g);
+    EXPECT_TRUE(BackwardVariant::unpack(tail.pack()) == tail);
+  }
+  EXPECT_EQ(partial_pitch(1), 8);
+  EXPECT_EQ(partial_pitch(1024), 1024);
+  EXPECT_EQ(partial_pitch(1001), 1008);
+}
+
+// Batches of more than 8 rows per SM: every row group takes at least 4 rows, unless that would
+// leave fewer blocks than SMs; so a few thousand rows write a few partial rows per SM, not one per
+// resident block slot (LayerNorm (2048, 1024): 128 blocks of 4 two-warp groups, where two blocks
+// per SM would give 256 blocks of 2 rows per group; (4096, 1024) already had 4 rows per group).
+TEST(NormConfig, FewRowsPerSmShareBlocks) {
+  for (const auto& device : {h100(), h200()}) {
+    BackwardLaunch l = backward_on(device, backward_problem(Kind::layer_norm, 2048, 1024));
+    EXPECT_EQ(l.geometry.rows_per_block, 4);
+    EXPECT_EQ(l.grid, 128);
+    EXPECT_EQ(l.partial_rows, 128);
+    l = backward_on(device, backward_problem(Kind::layer_norm, 4096, 1024));
+    EXPECT_EQ(l.grid, 256);
+    for (std::int64_t cols : {64, 1000, 1024, 2048, 3001, 4096, 8192, 16384})
+      for (std::int64_t rows : {1000, 1100, 2048, 3000, 4096, 16384})
+        for (bool from_output : {false, true})
+          for (Kind kind : {Kind::layer_norm, Kind::rms_norm}) {
+            l = backward_on(device, backward_problem(kind, rows, cols, from_output));
+            SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(cols));
+            if (l.generic) continue;
+            const std::int64_t rows_per_sm = (rows + device.sm_count - 1) / device.sm_count;
+            const std::int64_t groups = std::int64_t(l.grid) * l.geometry.rows_per_block;
+            if (rows_per_sm > 8 && l.grid > (device.sm_count + l.cluster - 1) / l.cluster * l.cluster) {
+              // At least 4 rows per group: the last block may hold the only short groups.
+              EXPECT_GE(rows, (groups - l.geometry.rows_per_block) * 4);
+            }
+          }
   }
 }
 
@@ -411,7 +507,7 @@ TEST(NormConfig, EveryForwardLaunchCoversItsRows) {
           if (l.generic) continue;
           const int vec = 16 / bytes;
           const int tpr = l.geometry.threads_per_row, vpt = l.variant.vectors_per_thread;
-          ASSERT_EQ(cols % vec, 0);
+          ASSERT_EQ(l.variant.tail, cols % vec != 0);
           ASSERT_EQ(tpr % 32, 0);
           ASSERT_LE(tpr, kMaxThreadsPerRow);
           ASSERT_GE(vpt, 1);
@@ -445,6 +541,7 @@ TEST(NormConfig, EveryBackwardLaunchFitsAndTheWorkspaceHoldsIt) {
               const int vec = 16 / bytes;
               const int tpr = l.geometry.threads_per_row, vpt = l.variant.vectors_per_thread;
               ASSERT_TRUE(is_compiled(l.variant));
+              ASSERT_EQ(l.variant.tail, cols % vec != 0);
               ASSERT_EQ(l.variant.cluster, l.cluster > 1);
               ASSERT_EQ(l.variant.bias_grad, p.bias_grad);
               ASSERT_EQ(l.variant.source == Source::x, !from_output);
@@ -459,8 +556,10 @@ TEST(NormConfig, EveryBackwardLaunchFitsAndTheWorkspaceHoldsIt) {
               ASSERT_LE(l.block_threads, 512);
               ASSERT_GE(l.geometry.stages, 2);
               ASSERT_LE(l.geometry.stages, kMaxStages);
-              const std::size_t columns = (l.geometry.cached_columns ? 3 : 1) * cols * sizeof(float);
-              const std::size_t ring = std::size_t(l.geometry.stages) * l.geometry.rows_per_block * 2 * cols * bytes;
+              // Shared-memory rows of whole vectors (a partial last vector rounded up).
+              const std::int64_t pitch = (cols + vec - 1) / vec * vec;
+              const std::size_t columns = (l.geometry.cached_columns ? 3 : 1) * pitch * sizeof(float);
+              const std::size_t ring = std::size_t(l.geometry.stages) * l.geometry.rows_per_block * 2 * pitch * bytes;
               ASSERT_EQ(l.smem_bytes, columns + ring);
               ASSERT_LE(l.smem_bytes + HopperOccupancy::kBackwardStaticSmem, device.max_smem_per_block_optin);
               // Every row group has at least one row to start with.
