@@ -21,7 +21,7 @@ tests="$build/fusekit_tests"
 [ -x "$tests" ] || { echo "sanitize_gpu: $tests not built" >&2; exit 1; }
 
 declare -A filters=(
-  [norm]="NormGpu.*"
+  [norm]="NormGpu.*:NormTailGpu*"
   [norm_residual]="NormResidualGpu.*"
   [bias_act_dropout]="BiasActDropoutGpu.*"
   [linear]="LinearGpu*"

@@ -965,11 +965,14 @@ Case vector_rows_case(Kind kind, bool residual, int pairing, std::int64_t rows, 
 // go round with (N + N / 8) % 10, so that each of the 10 (norm, pairing) combinations meets every
 // N % 8 several times; from y on every third group of 8 N (plain), weight or bias absent, dsum or
 // the sum absent, rows padded past the rounded stride now and then. Each case checks the row
-// padding of y, the sum and dx unwritten.
-TEST(NormTailGpu, EveryRowLengthUpTo1024) {
+// padding of y, the sum and dx unwritten. Eight blocks of 128 N, one test each, so that the
+// sanitizer shards spread them.
+class EveryRowLength : public ::testing::TestWithParam<int> {};
+
+TEST_P(EveryRowLength, UpTo1024) {
   FUSEKIT_REQUIRE_GPU();
-  int salt = 0;
-  for (std::int64_t cols = 1; cols <= 1024; ++cols)
+  int salt = 256 * GetParam();
+  for (std::int64_t cols = 128 * GetParam() + 1; cols <= 128 * (GetParam() + 1); ++cols)
     for (bool residual : {false, true}) {
       const int combination = static_cast<int>((cols + cols / 8) % 10);
       Case c = vector_rows_case(combination % 2 ? Kind::rms : Kind::layer, residual, combination / 2, 2 + salt % 3, cols);
@@ -981,8 +984,10 @@ TEST(NormTailGpu, EveryRowLengthUpTo1024) {
       check_gpu_against_cpu(c, 20000 + salt, !residual && (cols / 8) % 3 == 1);
       ++salt;
     }
-  EXPECT_EQ(salt, 2048);
+  EXPECT_EQ(salt, 256 * (GetParam() + 1));
 }
+
+INSTANTIATE_TEST_SUITE_P(NormTailGpu, EveryRowLength, ::testing::Range(0, 8));
 
 // Row lengths drawn up to 65536 (most of them N % 8 != 0), every norm, pairing and variant at
 // random, rows for about a million elements (the f32 rows past 8192 and 16-bit rows past 16384
