@@ -59,22 +59,6 @@ __device__ __forceinline__ void load_shared_columns(const float* base, int cols,
   }
 }
 
-// cp.async of a partial vector into the backward's ring (sm_80+), tracked by an mbarrier.
-// 16 bytes into shared memory of which the first `src_bytes` (0..16) come from global memory
-// and the rest are zero (cp.async with zero fill: nothing past src + src_bytes is read). Both
-// addresses 16-byte aligned. Completion: cp_async_mbarrier_arrive_noinc.
-__device__ __forceinline__ void cp_async_16_zero_fill(void* dst, const void* src, unsigned src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(detail::device::shared_address(dst)),
-               "l"(src), "r"(src_bytes)
-               : "memory");
-}
-// One arrival on `bar`, made when every cp.async this thread issued before has landed (counted
-// in the barrier's expected arrivals: .noinc).
-__device__ __forceinline__ void cp_async_mbarrier_arrive_noinc(std::uint64_t* bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(detail::device::shared_address(bar))
-               : "memory");
-}
-
 // ---- a row's partial last vector (rows whose N is not a multiple of the vector) -------------------
 // Only the row's elements are touched, one element access each: nothing past N is read or written.
 
@@ -479,9 +463,9 @@ __device__ __forceinline__ void cluster_sum_partials(float* block_sums, int cols
 //    the input from the ring: no dy or weight loads, no unpack of dy and no multiply per element
 //    there, for one register per element held across the row reduction.
 //  tail: N is not a multiple of VEC. Shared-memory rows and columns take `pitch` = N rounded up
-//    to VEC elements; the ring gets the row's whole vectors by bulk copy and the partial last one
-//    by a zero-filling cp.async (nothing past N read), which the slot's full barrier counts as its
-//    second arrival. Past N, dy and the input are zero and the weight 1 (1/w 1, b 0), so those
+//    to VEC elements; the ring gets the row's whole vectors by bulk copy, and the thread whose
+//    vector is the partial last one reads it per element into registers, a row ahead (nothing
+//    past N read). Past N, dy and the input are zero and the weight 1 (1/w 1, b 0), so those
 //    columns add exactly 0 to every sum; dx is stored per element up to N. Without tail none of
 //    that code exists.
 // Two vectors per thread from x without dbias pay only at two 512-thread blocks per SM, i.e. at
@@ -513,9 +497,9 @@ __global__ void __launch_bounds__(512, Backward<VARIANT>::kMinBlocks)
   const int cols = static_cast<int>(p.cols);
   // Elements per row in shared memory (the ring, the columns, the dweight / dbias tree).
   const int pitch = V::kTail ? (cols + kVec - 1) / kVec * kVec : cols;
-  // Bytes of a row the bulk copies move (its whole vectors) and of its partial last vector.
+  // Bytes of a row the bulk copies move: its whole vectors (a partial last vector is read by the
+  // thread that owns it, below).
   const unsigned row_bytes = static_cast<unsigned>(V::kTail ? cols / kVec * 16 : cols * sizeof(T));
-  [[maybe_unused]] const unsigned tail_bytes = static_cast<unsigned>(V::kTail ? cols % kVec * sizeof(T) : 0);
   const std::int64_t partial_stride = partial_pitch(cols);
   const bool layer_norm = p.kind == Kind::layer_norm;
   constexpr bool kFromOutput = V::kSource != Source::x;
@@ -540,7 +524,7 @@ __global__ void __launch_bounds__(512, Backward<VARIANT>::kMinBlocks)
   const std::int64_t first_row = std::int64_t(blockIdx.x) * rpb + group;
 
   if (t < stages) {
-    mbarrier_init(&full[t], V::kTail ? 2 : 1);
+    mbarrier_init(&full[t], 1);
     mbarrier_init(&empty[t], tpr);
   }
   mbarrier_init_fence();
@@ -554,15 +538,9 @@ __global__ void __launch_bounds__(512, Backward<VARIANT>::kMinBlocks)
     T* dst = ring + slot * 2 * pitch;
     const T* src_dy = dy + row * p.dy_row_stride;
     const T* src_in = in + row * p.input_row_stride;
-    if constexpr (V::kTail) {
-      const int at = cols / kVec * kVec;
-      cp_async_16_zero_fill(dst + at, src_dy + at, tail_bytes);
-      cp_async_16_zero_fill(dst + pitch + at, src_in + at, tail_bytes);
-      cp_async_mbarrier_arrive_noinc(&full[slot]);
-      if (row_bytes == 0) {  // rows shorter than one vector
-        mbarrier_arrive(&full[slot]);
-        return;
-      }
+    if (V::kTail && row_bytes == 0) {  // rows shorter than one vector: nothing to copy
+      mbarrier_arrive(&full[slot]);
+      return;
     }
     mbarrier_arrive_expect_tx(&full[slot], 2 * row_bytes);
     bulk_copy_to_shared(dst, src_dy, row_bytes, &full[slot]);
@@ -624,6 +602,19 @@ __global__ void __launch_bounds__(512, Backward<VARIANT>::kMinBlocks)
   const int col0 = t * kVec;
   auto in_row = [&](int it) { return V::kFullRows || col0 + it * step < cols; };
   [[maybe_unused]] auto partial = [&](int it) { return V::kTail && col0 + it * step + kVec > cols; };
+  // A tail row's partial last vector of dy and of the input: read from global memory by the one
+  // thread whose vector it is, one element load each (nothing past N read; a 16-byte copy into the
+  // ring would read past the end of the last row), the next row's while this one is processed.
+  // Elements past N are zero.
+  [[maybe_unused]] const int tail_col = cols / kVec * kVec;
+  [[maybe_unused]] const bool tail_owner =
+      V::kTail && tail_col >= col0 && (tail_col - col0) % step == 0 && (tail_col - col0) / step < V::kIters;
+  [[maybe_unused]] uint4 tail_dy = make_uint4(0, 0, 0, 0), tail_in = tail_dy, tail_dy_next = tail_dy,
+                         tail_in_next = tail_dy;
+  [[maybe_unused]] auto load_tail = [&](std::int64_t row, uint4& d, uint4& v) {
+    d = load_partial16<T>(dy + row * p.dy_row_stride + tail_col, cols - tail_col);
+    v = load_partial16<T>(in + row * p.input_row_stride + tail_col, cols - tail_col);
+  };
   // From y: x_hat = (y - b) * (1/w), per column. y - b first: when x_hat is small against b / w,
   // y * (1/w) - b / w would cancel two large rounded terms (seen as f32 dweight errors 3x the
   // float32 summation bound on random draws with small weights).
@@ -646,15 +637,18 @@ __global__ void __launch_bounds__(512, Backward<VARIANT>::kMinBlocks)
   if (first_row < rows) {
     rstd_next = p.rstd[first_row];
     if (needs_mean) mean_next = p.mean[first_row];
+    if (tail_owner) load_tail(first_row, tail_dy_next, tail_in_next);
   }
   int slot = 0, parity = 0, prev_slot = stages - 1, prev_parity = 1, phase = 0;
   for (int k = 0;; ++k) {
     const std::int64_t row = first_row + k * stride_rows;
     if (row >= rows) break;
     const float rstd = rstd_next, mean = mean_next;
+    if constexpr (V::kTail) tail_dy = tail_dy_next, tail_in = tail_in_next;
     if (row + stride_rows < rows) {
       rstd_next = p.rstd[row + stride_rows];
       if (needs_mean) mean_next = p.mean[row + stride_rows];
+      if (tail_owner) load_tail(row + stride_rows, tail_dy_next, tail_in_next);
     }
     if (t == 0) {
       // Row k + stages - 1 reuses the slot of row k - 1: wait until the group has left it.
@@ -664,6 +658,13 @@ __global__ void __launch_bounds__(512, Backward<VARIANT>::kMinBlocks)
     mbarrier_wait(&full[slot], parity);
     const T* r_dy = ring + slot * 2 * pitch;
     const T* r_in = r_dy + pitch;
+    // A vector of dy or of the input: from the ring, or a partial last one from the registers.
+    auto dy_vector = [&](int it, int col) {
+      return partial(it) ? tail_dy : *reinterpret_cast<const uint4*>(r_dy + col);
+    };
+    auto in_vector = [&](int it, int col) {
+      return partial(it) ? tail_in : *reinterpret_cast<const uint4*>(r_in + col);
+    };
     const float shift = -mean * rstd;
 
     // sum(g) and sum(g * x_hat) with g = dy * w, one accumulator pair per vector.
@@ -675,8 +676,8 @@ __global__ void __launch_bounds__(512, Backward<VARIANT>::kMinBlocks)
       if (!in_row(it)) continue;
       const int col = col0 + it * step;
       float d[kVec], v[kVec], w[kVec];
-      unpack16<T>(*reinterpret_cast<const uint4*>(r_dy + col), d);
-      unpack16<T>(*reinterpret_cast<const uint4*>(r_in + col), v);
+      unpack16<T>(dy_vector(it, col), d);
+      unpack16<T>(in_vector(it, col), v);
       load_shared_columns<kVec>(col_w, pitch, col, w);
       float xh[kVec];
       if constexpr (kFromOutput) {
@@ -686,7 +687,7 @@ __global__ void __launch_bounds__(512, Backward<VARIANT>::kMinBlocks)
         for (int i = 0; i < kVec; ++i) xh[i] = (v[i] - sh[i]) * inv_w[i];
       } else {
 #pragma unroll
-        for (int i = 0; i < kVec; ++i) xh[i] = fmaf(v[i], rstd, shift);
+        for (int i = 0; i < kVec; ++i) xh[i] = (v[i] - mean) * rstd;
       }
 #pragma unroll
       for (int i = 0; i < kVec; ++i) {
@@ -723,14 +724,14 @@ __global__ void __launch_bounds__(512, Backward<VARIANT>::kMinBlocks)
         if (!in_row(it)) continue;
         const int col = col0 + it * step;
         float d[kVec], v[kVec], w[kVec], out[kVec];
-        unpack16<T>(*reinterpret_cast<const uint4*>(r_in + col), v);
+        unpack16<T>(in_vector(it, col), v);
         if constexpr (V::kKeepG) {
           // d * w below then equals the kept g exactly (x * 1.0f == x), and the compiler drops
           // the multiply: the two branches share the dx expressions that follow.
 #pragma unroll
           for (int i = 0; i < kVec; ++i) d[i] = kept_g[it][i], w[i] = 1.0f;
         } else {
-          unpack16<T>(*reinterpret_cast<const uint4*>(r_dy + col), d);
+          unpack16<T>(dy_vector(it, col), d);
           load_shared_columns<kVec>(col_w, pitch, col, w);
         }
         if constexpr (kFromOutput) {
