@@ -6,8 +6,9 @@ The records are bench/results/<device>-<date>.json (schema: bench/results/README
      (what `fusekit bench --json` and scripts/torch_bench.py write on the GPU machine); each run's
      rows replace the rows of the same kind in the file of its device and date;
   2. regenerates docs/performance.md: for each device and op family, one table of the newest
-     fusekit rows beside PyTorch eager, torch.compile and the SDPA backends where they apply, with
-     % of the copy ceiling (memory-bound ops) or of the bf16 GEMM ceiling (matrix ops);
+     fusekit row of every shape beside PyTorch eager, torch.compile and the SDPA backends where
+     they apply, with % of the copy ceiling (memory-bound ops) or of the bf16 GEMM ceiling
+     (matrix ops);
   3. draws one PNG per device and family into docs/plots/ (matplotlib; without it the tables are
      still written and the script says so).
 
@@ -217,24 +218,21 @@ def load_records(results_dir):
 # ---- selection -------------------------------------------------------------------------------
 
 def current_rows(records, device, family):
-    """The newest row of each key for one device and family, and the fusekit rows of the newest
-    date that has any (what the table shows). Each row is paired with its record."""
+    """The newest row of each key for one device and family, and of those the fusekit rows (what
+    the table shows: a shape measured only on an older date keeps its row, the provenance line
+    names every date). Each row is paired with its record."""
     newest = {}
     for rec in sorted((r for r in records if r["device"] == device), key=lambda r: r["date"]):
         for r in rec["rows"]:
             if r["family"] == family:
                 newest[row_key(r)] = (r, rec)
-    fusekit_dates = [rec["date"] for r, rec in newest.values() if r["impl"] == "fusekit"]
-    if not fusekit_dates:
-        return newest, []
-    last = max(fusekit_dates)
-    main = [(r, rec) for r, rec in newest.values() if r["impl"] == "fusekit" and rec["date"] == last]
+    main = [(r, rec) for r, rec in newest.values() if r["impl"] == "fusekit"]
+    # Oldest date first, each date's rows in the order its benchmark printed them.
     order = {}
-    for rec in records:  # the order the benchmark printed them in
-        if rec["device"] == device and rec["date"] == last:
-            for i, r in enumerate(rec["rows"]):
-                order.setdefault(row_key(r), i)
-    main.sort(key=lambda p: order.get(row_key(p[0]), 0))
+    for rec in sorted((r for r in records if r["device"] == device), key=lambda r: r["date"]):
+        for i, r in enumerate(rec["rows"]):
+            order[(rec["date"], row_key(r))] = i
+    main.sort(key=lambda p: (p[1]["date"], order.get((p[1]["date"], row_key(p[0])), 0)))
     return newest, main
 
 

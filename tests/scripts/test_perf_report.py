@@ -104,6 +104,20 @@ class PerfReportTest(unittest.TestCase):
         self.assertIn("| rms_norm | fwd | (16384, 4096) | 90.0 |", text)
         self.assertIn("Measured 2026-12-02 (commit def5678)", text)
 
+    def test_a_shape_measured_only_earlier_keeps_its_row(self):
+        self.run_report("fusekit_bench.json", "torch_bench.json", date="2026-12-01")
+        later = perf_report.read_json(os.path.join(FIXTURES, "fusekit_bench.json"))
+        first = dict(later["rows"][0], shape="(16384, 4095)", time_us=120.0)
+        later["rows"] = [first]
+        path = os.path.join(self.dir, "other_shape.json")
+        with open(path, "w") as f:
+            json.dump(later, f)
+        perf_report.merge_files(self.results, [path], "def5678", "2026-12-02")
+        text = self.run_report(date="2026-12-02")
+        self.assertIn("| rms_norm | fwd | (16384, 4096) |", text)
+        self.assertIn("| rms_norm | fwd | (16384, 4095) | 120.0 |", text)
+        self.assertIn("Measured 2026-12-01, 2026-12-02 (commit abc1234, def5678)", text)
+
     def test_norm_sweep_parts_add_up_and_the_table_gives_the_verdicts(self):
         text = self.run_report("norm_sweep_part1.json", "norm_sweep_part2.json")
         rec = perf_report.read_json(os.path.join(self.results, "h100-2026-12-01.json"))
