@@ -92,14 +92,18 @@ class PerfReportTest(unittest.TestCase):
         self.assertIn("| fwd+bwd | (8192, 32000, 4096) | 9500.0 | 9000.0 | 1.056 |", text)
         self.assertNotIn("cuBLAS plain us", text)
 
+    def merge_later_run(self, run):
+        """Merges a fusekit_bench run as commit def5678 of 2026-12-02."""
+        path = os.path.join(self.dir, "later.json")
+        with open(path, "w") as f:
+            json.dump(run, f)
+        perf_report.merge_files(self.results, [path], "def5678", "2026-12-02")
+
     def test_newest_date_wins(self):
         self.run_report("fusekit_bench.json", "torch_bench.json", date="2026-12-01")
         faster = perf_report.read_json(os.path.join(FIXTURES, "fusekit_bench.json"))
         faster["rows"][0]["time_us"] = 90.0
-        path = os.path.join(self.dir, "faster.json")
-        with open(path, "w") as f:
-            json.dump(faster, f)
-        perf_report.merge_files(self.results, [path], "def5678", "2026-12-02")
+        self.merge_later_run(faster)
         text = self.run_report(date="2026-12-02")
         self.assertIn("| rms_norm | fwd | (16384, 4096) | 90.0 |", text)
         self.assertIn("Measured 2026-12-02 (commit def5678)", text)
@@ -109,10 +113,7 @@ class PerfReportTest(unittest.TestCase):
         later = perf_report.read_json(os.path.join(FIXTURES, "fusekit_bench.json"))
         first = dict(later["rows"][0], shape="(16384, 4095)", time_us=120.0)
         later["rows"] = [first]
-        path = os.path.join(self.dir, "other_shape.json")
-        with open(path, "w") as f:
-            json.dump(later, f)
-        perf_report.merge_files(self.results, [path], "def5678", "2026-12-02")
+        self.merge_later_run(later)
         text = self.run_report(date="2026-12-02")
         self.assertIn("| rms_norm | fwd | (16384, 4096) |", text)
         self.assertIn("| rms_norm | fwd | (16384, 4095) | 120.0 |", text)
