@@ -5,11 +5,13 @@
 // Kernels (cross_entropy_kernels.cuh):
 //  * the row kernel (forward, and forward + backward): a row is split over `cluster` blocks, a
 //    thread-block cluster whose blocks combine their slices' statistics (max, sum of exp, sum of
-//    logits) through distributed shared memory. The fused call then sweeps its slice a second
-//    time for the gradient, right after the first: that second read is served by L2 as long as
-//    the bytes all resident blocks read between their two sweeps fit in it. A block's slice is
-//    therefore kept to kFusedSliceBytes: with about four 256-thread blocks per SM, 132 SMs x 4 x
-//    32 KB = 17 MB, a third of an H100's L2. A V = 128256 bf16 row (256 KB) takes 8 blocks.
+//    logits) through distributed shared memory. The fused call then writes the gradient of its
+//    slice. A slice of one sweep (kMaxThreads x kVectorsPerThread 16-byte vectors, 32 KB) stays
+//    in registers from the statistics to the gradient, so the logits are read once: the fused
+//    call's cluster is the smallest that cuts a row into such slices, up to kMaxCluster (16, a
+//    non-portable size Hopper allows): rows up to 512 KB (V = 262144 in bf16, 131072 in f32).
+//    Longer rows sweep their slices a second time, from L2 while the bytes all resident blocks
+//    read between their two sweeps fit in it.
 //  * the backward kernel: lse is known, so a row's columns split over `chunks` independent blocks
 //    (grid.y) of kBackwardChunkBytes each.
 // Few rows (a small batch) spread further, so that the grid still fills the GPU: a row splits
@@ -32,7 +34,8 @@ inline constexpr int kVectorsPerThread = 8;  // 16-byte loads each thread has in
 inline constexpr int kMinThreads = 64;
 inline constexpr int kMaxThreads = 256;
 inline constexpr int kMinBlocksPerSm = 4;  // the occupancy the kernels are built for (launch bounds)
-inline constexpr int kMaxCluster = 8;      // the portable cluster size
+inline constexpr int kMaxCluster = 16;          // the fused call's largest (non-portable) cluster
+inline constexpr int kMaxPortableCluster = 8;   // the forward's largest: the portable size
 inline constexpr int kMaxChunks = 1024;
 
 inline constexpr std::int64_t kFusedSliceBytes = 32 * 1024;
@@ -59,7 +62,7 @@ struct Launch {
 // 0: the table decides.
 struct LaunchOverrides {
   int threads = 0;  // 64, 128 or 256
-  int cluster = 0;  // 1, 2, 4 or 8 (forward and fused)
+  int cluster = 0;  // 1, 2, 4, 8 or 16 (forward and fused)
   int chunks = 0;   // 1 .. kMaxChunks (backward)
 };
 // Reads the cross_entropy.* override keys.
@@ -67,6 +70,9 @@ LaunchOverrides read_launch_overrides();
 
 Launch choose_launch(const Problem& problem, const detail::DeviceInfo& device,
                      const LaunchOverrides& overrides = {});
+
+// Whether the fused call's slices are one sweep of its blocks (held in registers: one read).
+bool fused_slice_resident(const Problem& problem, const Launch& launch);
 
 // Bytes of the slice one block of `launch` covers in a row of `problem` (rounded up).
 std::int64_t slice_bytes(const Problem& problem, const Launch& launch);

@@ -70,6 +70,8 @@ void launch(Kernel kernel, dim3 grid, int threads, int cluster, bool dependent, 
             const KernelParams& params, const char* op, const char* what) {
   cudaLaunchAttribute attributes[2] = {};
   unsigned count = 0;
+  if (cluster > kMaxPortableCluster)  // 16: a non-portable size, allowed per kernel
+    detail::check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1), op, what);
   if (cluster > 1) {
     attributes[count].id = cudaLaunchAttributeClusterDimension;
     attributes[count].val.clusterDim.x = static_cast<unsigned>(cluster);

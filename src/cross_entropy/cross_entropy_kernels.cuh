@@ -6,8 +6,9 @@
 //    exp(x - max) and (label smoothing) the sum of the logits; the block combines its threads'
 //    statistics in a fixed order, the cluster its blocks' in rank order through distributed
 //    shared memory, so every block holds the row's statistics bitwise alike. Block 0 writes the
-//    row's loss and lse. The fused kernel then sweeps its slice again (from L2: it was just read)
-//    and writes the gradient.
+//    row's loss and lse. The fused kernel then writes the gradient: from the registers that still
+//    hold its slice where the slice is one sweep (the config sizes clusters for that: the logits
+//    are read once), else by sweeping the slice again (from L2: it was just read).
 //  * backward_kernel<T, Index>: the gradient from the saved lse; a row's columns split over
 //    independent blocks (grid.y).
 //  * mean_scale_kernel: the mean's gradient scale dloss / N, N the rows not ignored (one block,
@@ -156,28 +157,32 @@ __device__ __forceinline__ Stats block_stats(Stats v, Stats* slots) {
   return total;
 }
 
-// Sweep 1 over this block's part of a row: its scalars, then its vectors U at a time. The U loads
-// of a thread go out together; the values are unpacked from them again for each use (for 16-bit
-// types a shift or a mask per element) rather than held as floats, which keeps U = 8 loads in
-// flight per thread within the registers of four blocks per SM.
+// One sweep of a thread over a slice's vectors: vectors base, base + threads, ... (U of them, those
+// below `end`), loaded together so that U 16-byte loads are in flight per thread. The values are
+// unpacked from the raw words again for each use (for 16-bit types a shift or a mask per element)
+// rather than held as floats, which keeps U = 8 loads within the registers of four blocks per SM.
 template <typename T>
-__device__ __forceinline__ Stats slice_stats(const T* __restrict__ x, const RowSpan& span, Range scalars,
-                                             Range vectors, bool sum_logits) {
-  constexpr int VEC = kVectorBytes / sizeof(T), U = kVectorsPerThread;
-  const int threads = blockDim.x;
-  Stats st = empty_stats();
-  for (int i = scalars.begin + static_cast<int>(threadIdx.x); i < scalars.end; i += threads)
-    accumulate_one(st, to_float(x[span.scalar_column(i, VEC)]), sum_logits);
-  const uint4* __restrict__ body = reinterpret_cast<const uint4*>(x + span.head);
-  for (int base = vectors.begin + static_cast<int>(threadIdx.x); base < vectors.end; base += U * threads) {
-    uint4 raw[U];
+struct Sweep {
+  static constexpr int VEC = kVectorBytes / sizeof(T), U = kVectorsPerThread;
+  uint4 raw[U];
+  int base = 0, end = 0, threads = 0;
+
+  __device__ __forceinline__ bool has(int u) const { return base + u * threads < end; }
+
+  // EVICT_FIRST: the loads are the data's last use (streamed past L2's other lines).
+  template <bool EVICT_FIRST = false>
+  __device__ __forceinline__ void load(const uint4* __restrict__ body) {
 #pragma unroll
     for (int u = 0; u < U; ++u)
-      if (base + u * threads < vectors.end) raw[u] = body[base + u * threads];
+      if (has(u)) raw[u] = EVICT_FIRST ? __ldcs(body + base + u * threads) : body[base + u * threads];
+  }
+
+  // Adds the sweep's values to `st`: their max first, then one rescale of the running sum.
+  __device__ __forceinline__ void accumulate(Stats& st, bool sum_logits) const {
     float batch_max = negative_infinity();
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      if (base + u * threads >= vectors.end) continue;
+      if (!has(u)) continue;
       float v[VEC];
       unpack16<T>(raw[u], v);
 #pragma unroll
@@ -188,7 +193,7 @@ __device__ __forceinline__ Stats slice_stats(const T* __restrict__ x, const RowS
       float part = 0.0f;
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        if (base + u * threads >= vectors.end) continue;
+        if (!has(u)) continue;
         float v[VEC];
         unpack16<T>(raw[u], v);
 #pragma unroll
@@ -201,13 +206,41 @@ __device__ __forceinline__ Stats slice_stats(const T* __restrict__ x, const RowS
     if (sum_logits) {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        if (base + u * threads >= vectors.end) continue;
+        if (!has(u)) continue;
         float v[VEC];
         unpack16<T>(raw[u], v);
 #pragma unroll
         for (int i = 0; i < VEC; ++i) st.logits += v[i];
       }
     }
+  }
+};
+
+// The statistics of this block's scalars of a row (its part of the head and tail).
+template <typename T>
+__device__ __forceinline__ Stats scalar_stats(const T* __restrict__ x, const RowSpan& span, Range scalars,
+                                              bool sum_logits) {
+  constexpr int VEC = kVectorBytes / sizeof(T);
+  Stats st = empty_stats();
+  for (int i = scalars.begin + static_cast<int>(threadIdx.x); i < scalars.end; i += blockDim.x)
+    accumulate_one(st, to_float(x[span.scalar_column(i, VEC)]), sum_logits);
+  return st;
+}
+
+// Sweep 1 over this block's part of a row: its scalars, then its vectors one sweep at a time.
+template <typename T>
+__device__ __forceinline__ Stats slice_stats(const T* __restrict__ x, const RowSpan& span, Range scalars,
+                                             Range vectors, bool sum_logits) {
+  Stats st = scalar_stats(x, span, scalars, sum_logits);
+  const uint4* __restrict__ body = reinterpret_cast<const uint4*>(x + span.head);
+  Sweep<T> sweep;
+  sweep.end = vectors.end;
+  sweep.threads = blockDim.x;
+  for (int base = vectors.begin + static_cast<int>(threadIdx.x); base < vectors.end;
+       base += kVectorsPerThread * sweep.threads) {
+    sweep.base = base;
+    sweep.load(body);
+    sweep.accumulate(st, sum_logits);
   }
   return st;
 }
@@ -227,13 +260,47 @@ struct GradientTerms {
   }
 };
 
-// Writes this block's part of a row's gradient. An ignored row gets zeros without a read (`lse`
-// is then not used). Otherwise the row's scale is read, after the kernel that produced it (if
-// any) has completed. The loads are the logits' last use (evict-first); the stores stream.
+// The row's gradient terms. The row's scale is read after the kernel that produced it (if any)
+// has completed; an invalid target makes the row's gradient NaN.
+__device__ __forceinline__ GradientTerms gradient_terms(const KernelParams& p, std::int64_t row, std::int64_t target,
+                                                        bool in_range, float lse) {
+  wait_for_prerequisite_grid();  // the scale may come from mean_scale_kernel (a no-op otherwise)
+  float g = p.grad_scale ? p.grad_scale[row * p.grad_scale_stride] : 1.0f;
+  if (!in_range) g = quiet_nan();
+  GradientTerms terms;
+  terms.a = g * fmaf(2.0f * p.z_loss, lse, 1.0f);
+  terms.b = g * p.smoothing_per_class;
+  terms.c = g * p.one_minus_smoothing;
+  terms.lse = lse;
+  terms.target = target;
+  return terms;
+}
+
+// The gradient of one sweep's vectors, stored streaming (dx_body: the row's vectors in dlogits).
+template <typename T>
+__device__ __forceinline__ void store_gradient(const GradientTerms& terms, const Sweep<T>& sweep, int head,
+                                               uint4* __restrict__ dx_body) {
+  constexpr int VEC = Sweep<T>::VEC;
+#pragma unroll
+  for (int u = 0; u < kVectorsPerThread; ++u) {
+    if (!sweep.has(u)) continue;
+    const int j = sweep.base + u * sweep.threads;
+    float v[VEC];
+    unpack16<T>(sweep.raw[u], v);
+    const std::int64_t col0 = head + std::int64_t(j) * VEC;
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) v[i] = terms.at(v[i], col0 + i);
+    __stcs(dx_body + j, pack16<T>(v));
+  }
+}
+
+// This block's part of a row of dlogits: zeros for an ignored row (nothing is read, `terms` is
+// not used), else the gradient of its scalars (read again) and of its vectors: from `held` where
+// `resident` (the block's one sweep, already loaded), else read again from memory.
 template <typename T>
 __device__ __forceinline__ void write_gradient(const KernelParams& p, std::int64_t row, const T* __restrict__ x,
-                                               const RowSpan& span, Range scalars, Range vectors,
-                                               std::int64_t target, bool ignored, bool in_range, float lse) {
+                                               const RowSpan& span, Range scalars, Range vectors, bool ignored,
+                                               const GradientTerms& terms, const Sweep<T>& held, bool resident) {
   constexpr int VEC = kVectorBytes / sizeof(T), U = kVectorsPerThread;
   const int threads = blockDim.x;
   T* __restrict__ dx = static_cast<T*>(p.dlogits) + row * p.dlogits_row_stride;
@@ -245,41 +312,25 @@ __device__ __forceinline__ void write_gradient(const KernelParams& p, std::int64
       __stcs(dx_body + j, make_uint4(0u, 0u, 0u, 0u));
     return;
   }
-  wait_for_prerequisite_grid();  // the scale may come from mean_scale_kernel (a no-op otherwise)
-  float g = p.grad_scale ? p.grad_scale[row * p.grad_scale_stride] : 1.0f;
-  if (!in_range) g = quiet_nan();  // an invalid target: the row's gradient is NaN
-  GradientTerms terms;
-  terms.a = g * fmaf(2.0f * p.z_loss, lse, 1.0f);
-  terms.b = g * p.smoothing_per_class;
-  terms.c = g * p.one_minus_smoothing;
-  terms.lse = lse;
-  terms.target = target;
-
   for (int i = scalars.begin + static_cast<int>(threadIdx.x); i < scalars.end; i += threads) {
     const int col = span.scalar_column(i, VEC);
     dx[col] = from_float<T>(terms.at(to_float(x[col]), col));
   }
+  if (resident) {
+    store_gradient(terms, held, span.head, dx_body);
+    return;
+  }
   // The sweeps in reverse: the fused kernel's second pass then reads first what its first pass read
   // last, which L2 is likeliest still to hold when a slice does not fit entirely.
   const uint4* __restrict__ body = reinterpret_cast<const uint4*>(x + span.head);
-  const int sweep = U * threads;
-  for (int k = (vectors.end - vectors.begin + sweep - 1) / sweep - 1; k >= 0; --k) {
-    const int base = vectors.begin + k * sweep + static_cast<int>(threadIdx.x);
-    uint4 raw[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (base + u * threads < vectors.end) raw[u] = __ldcs(body + base + u * threads);
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int j = base + u * threads;
-      if (j >= vectors.end) continue;
-      float v[VEC];
-      unpack16<T>(raw[u], v);
-      const std::int64_t col0 = span.head + std::int64_t(j) * VEC;
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) v[i] = terms.at(v[i], col0 + i);
-      __stcs(dx_body + j, pack16<T>(v));
-    }
+  Sweep<T> sweep;
+  sweep.end = vectors.end;
+  sweep.threads = threads;
+  const int stride = U * threads;
+  for (int k = (vectors.end - vectors.begin + stride - 1) / stride - 1; k >= 0; --k) {
+    sweep.base = vectors.begin + k * stride + static_cast<int>(threadIdx.x);
+    sweep.load<true>(body);
+    store_gradient(terms, sweep, span.head, dx_body);
   }
 }
 
@@ -312,7 +363,22 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocksPerSm) row_kernel(const
 
   const RowSpan span = row_span(x, p.cols, p.vector_ok);
   const Range scalars = part_of(span.scalars, rank, parts), vectors = part_of(span.vectors, rank, parts);
-  Stats st = block_stats(slice_stats(x, span, scalars, vectors, p.sum_logits), warp_slots);
+  // The fused kernel keeps a slice of one sweep in registers from its statistics to its gradient:
+  // the logits are read once. Longer slices are read again (from L2, mostly).
+  Sweep<T> sweep;
+  const bool resident = GRADIENT && vectors.end - vectors.begin <= kVectorsPerThread * static_cast<int>(blockDim.x);
+  Stats st;
+  if (resident) {
+    st = scalar_stats(x, span, scalars, p.sum_logits);
+    sweep.base = vectors.begin + static_cast<int>(threadIdx.x);
+    sweep.end = vectors.end;
+    sweep.threads = blockDim.x;
+    sweep.load(reinterpret_cast<const uint4*>(x + span.head));
+    sweep.accumulate(st, p.sum_logits);
+  } else {
+    st = slice_stats(x, span, scalars, vectors, p.sum_logits);
+  }
+  st = block_stats(st, warp_slots);
   if (parts > 1) {
     cg::cluster_group cluster = cg::this_cluster();
     if (threadIdx.x == 0) block_total = st;
@@ -332,7 +398,10 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocksPerSm) row_kernel(const
     p.row_loss[row] = loss;
     if (p.lse) p.lse[row] = lse;
   }
-  if constexpr (GRADIENT) write_gradient(p, row, x, span, scalars, vectors, target, ignored, in_range, lse);
+  if constexpr (GRADIENT) {
+    const GradientTerms terms = ignored ? GradientTerms{} : gradient_terms(p, row, target, in_range, lse);
+    write_gradient(p, row, x, span, scalars, vectors, ignored, terms, sweep, resident);
+  }
   // No block leaves (freeing its shared memory) while another may still read its statistics.
   if (parts > 1) cg::this_cluster().barrier_wait();
 }
@@ -347,9 +416,10 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocksPerSm) backward_kernel(
   const bool in_range = target >= 0 && target < p.cols;
   const RowSpan span = row_span(x, p.cols, p.vector_ok);
   const int part = blockIdx.y, parts = gridDim.y;
-  const float lse = ignored ? 0.0f : p.lse[row];
-  write_gradient(p, row, x, span, part_of(span.scalars, part, parts), part_of(span.vectors, part, parts), target,
-                 ignored, in_range, lse);
+  const GradientTerms terms = ignored ? GradientTerms{} : gradient_terms(p, row, target, in_range, p.lse[row]);
+  const Sweep<T> none{};
+  write_gradient<T>(p, row, x, span, part_of(span.scalars, part, parts), part_of(span.vectors, part, parts), ignored,
+                    terms, none, false);
 }
 
 // ---- one-block reductions over the rows ------------------------------------------------------

@@ -525,7 +525,7 @@ TEST(CrossEntropyGpu, RandomizedGridMatchesCpuReference) {
 TEST(CrossEntropyGpu, ForcedLaunchShapesMatchCpuReference) {
   FUSEKIT_REQUIRE_GPU();
   int salt = 0;
-  for (const char* cluster : {"1", "2", "4", "8"})
+  for (const char* cluster : {"1", "2", "4", "8", "16"})
     for (const char* threads : {"64", "128", "256"})
       for (std::int64_t cols : {7, 1001, 20003}) {
         ScopedOverride c_override("cross_entropy.cluster", cluster), t_override("cross_entropy.threads", threads),

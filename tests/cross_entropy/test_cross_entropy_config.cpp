@@ -29,18 +29,21 @@ constexpr Pass kPasses[] = {Pass::forward, Pass::backward, Pass::forward_backwar
 TEST(CrossEntropyConfig, BenchmarkShapes) {
   for (const detail::DeviceInfo& d : {testing::h100_device(), testing::h200_device()}) {
     for (std::int64_t rows : {8192, 16384}) {
-      // The fused kernel splits a row into clusters of <= 32 KB slices (8 blocks at most).
+      // The fused kernel splits a row into clusters of <= 32 KB slices (16 blocks at most), each
+      // held in registers.
       struct Expected {
         std::int64_t cols;
         int cluster, chunks;
       };
       for (const Expected& e : {Expected{32000, 2, 2}, Expected{50257, 4, 4}, Expected{128256, 8, 8},
-                                Expected{151936, 8, 10}, Expected{262144, 8, 16}}) {
+                                Expected{151936, 16, 10}, Expected{262144, 16, 16}}) {
         SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(e.cols));
-        const Launch fused = choose_launch(problem(rows, e.cols, 2, Pass::forward_backward), d);
+        const Problem fused_problem = problem(rows, e.cols, 2, Pass::forward_backward);
+        const Launch fused = choose_launch(fused_problem, d);
         EXPECT_EQ(fused.cluster, e.cluster);
         EXPECT_EQ(fused.threads, kMaxThreads);
         EXPECT_EQ(fused.blocks, rows * e.cluster);
+        EXPECT_TRUE(fused_slice_resident(fused_problem, fused));
         // The forward has no second sweep: one block per row is enough rows in flight.
         const Launch forward = choose_launch(problem(rows, e.cols, 2, Pass::forward), d);
         EXPECT_EQ(forward.cluster, 1);
@@ -118,15 +121,24 @@ TEST(CrossEntropyConfig, EveryLaunchCoversTheProblem) {
               ASSERT_EQ(l.blocks, rows);
             } else {
               ASSERT_EQ(l.chunks, 1);
-              ASSERT_TRUE(l.cluster == 1 || l.cluster == 2 || l.cluster == 4 || l.cluster == 8);
+              ASSERT_TRUE(l.cluster == 1 || l.cluster == 2 || l.cluster == 4 || l.cluster == 8 || l.cluster == 16);
+              if (pass == Pass::forward) ASSERT_LE(l.cluster, kMaxPortableCluster);
               ASSERT_EQ(l.blocks, rows * l.cluster);
               ASSERT_LE(l.blocks, INT_MAX);  // grid.x
             }
-            // The fused kernel's slices stay within what L2 serves back, unless the cluster is at
-            // its largest (or grid.x cannot hold more blocks).
-            if (pass == Pass::forward_backward && l.cluster < kMaxCluster && rows <= INT_MAX / kMaxCluster) {
-              ASSERT_LE(slice_bytes(p, l), kFusedSliceBytes);
+            // The fused kernel's slices are one sweep, held in registers, up to rows of
+            // kMaxCluster slices (unless grid.x cannot hold that many blocks); longer rows take
+            // the largest cluster.
+            if (pass == Pass::forward_backward && rows <= INT_MAX / kMaxCluster) {
+              if (cols * bytes <= kMaxCluster * kFusedSliceBytes) {
+                ASSERT_LE(slice_bytes(p, l), kFusedSliceBytes);
+                ASSERT_TRUE(fused_slice_resident(p, l));
+              } else {
+                ASSERT_EQ(l.cluster, kMaxCluster);
+                ASSERT_FALSE(fused_slice_resident(p, l));
+              }
             }
+            if (pass != Pass::forward_backward) ASSERT_FALSE(fused_slice_resident(p, l));
             ++checked;
           }
   EXPECT_EQ(checked, 4 * 8 * 11 * 2 * 3);
