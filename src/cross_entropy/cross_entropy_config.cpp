@@ -39,14 +39,15 @@ LaunchOverrides read_launch_overrides() {
   LaunchOverrides o;
   if (auto v = detail::override_choice<int>("cross_entropy.threads", {{"64", 64}, {"128", 128}, {"256", 256}}))
     o.threads = *v;
-  if (auto v = detail::override_choice<int>("cross_entropy.cluster", {{"1", 1}, {"2", 2}, {"4", 4}, {"8", 8}, {"16", 16}}))
+  if (auto v = detail::override_choice<int>("cross_entropy.cluster", {{"1", 1}, {"2", 2}, {"4", 4}, {"8", 8}}))
     o.cluster = *v;
   if (auto v = detail::override_int("cross_entropy.backward.chunks", 1, kMaxChunks)) o.chunks = static_cast<int>(*v);
+  if (auto v = detail::override_choice<int>("cross_entropy.staged", {{"on", 1}, {"off", -1}})) o.staged = *v;
   return o;
 }
 
 bool fused_slice_resident(const Problem& problem, const Launch& launch) {
-  if (problem.pass != Pass::forward_backward) return false;
+  if (problem.pass != Pass::forward_backward || launch.staged) return false;
   // The kernel's test: a block's aligned vectors (at most the slice's bytes over 16, rounded up)
   // within one sweep of its threads.
   return ceil_div(slice_bytes(problem, launch), kVectorBytes) <= std::int64_t(launch.threads) * kVectorsPerThread;
@@ -66,10 +67,18 @@ Launch choose_launch(const Problem& p, const detail::DeviceInfo& device, const L
     if (o.chunks > 0) l.chunks = o.chunks;
     l.blocks = p.rows;
   } else {
-    const bool fused = p.pass == Pass::forward_backward;
-    if (fused)
+    const bool fits = row_bytes <= kStagedRowBytes;
+    l.staged = o.staged != 0 ? o.staged > 0 && fits
+                             : fits && o.cluster == 0 && p.rows >= std::int64_t(kStagedMinRowsPerSm) * device.sm_count;
+    if (l.staged) {
+      l.blocks = p.rows;
+      l.smem_bytes = static_cast<std::size_t>(ceil_div(row_bytes, kVectorBytes) * kVectorBytes);
+      l.threads = o.threads > 0 ? o.threads : threads_for(row_bytes);
+      return l;
+    }
+    if (p.pass == Pass::forward_backward)
       while (l.cluster < kMaxCluster && ceil_div(row_bytes, l.cluster) > kFusedSliceBytes) l.cluster *= 2;
-    l.cluster = spread_small_batches(p, l.cluster, fused ? kMaxCluster : kMaxPortableCluster, true, device.sm_count);
+    l.cluster = spread_small_batches(p, l.cluster, kMaxCluster, true, device.sm_count);
     if (o.cluster > 0) l.cluster = o.cluster;
     // grid.x holds at most 2^31 - 1 blocks.
     while (l.cluster > 1 && p.rows * l.cluster > INT_MAX) l.cluster /= 2;

@@ -3,15 +3,21 @@
 // cross_entropy_cuda.cu launches what they return.
 //
 // Kernels (cross_entropy_kernels.cuh):
-//  * the row kernel (forward, and forward + backward): a row is split over `cluster` blocks, a
+//  * the staged row kernel (forward, and forward + backward; rows of at most kStagedRowBytes in a
+//    batch of at least kStagedMinRowsPerSm rows per SM): one block per row, the row's aligned
+//    vectors brought into shared memory by bulk copies (TMA) in kStagedChunks pieces, the
+//    statistics formed as the pieces arrive, the gradient written from shared memory. The logits
+//    are read once, with a whole row's loads in flight per block, and no cluster: blocks of a
+//    cluster are scheduled together and wait for each other, which at these row lengths costs
+//    more than a second read (bench: cross_entropy fwd (8192, 32000), `--override
+//    cross_entropy.cluster=2`: 50% of copy against 70% with one block per row).
+//  * the row kernel (the other forward and fused calls): a row is split over `cluster` blocks, a
 //    thread-block cluster whose blocks combine their slices' statistics (max, sum of exp, sum of
 //    logits) through distributed shared memory. The fused call then writes the gradient of its
-//    slice. A slice of one sweep (kMaxThreads x kVectorsPerThread 16-byte vectors, 32 KB) stays
-//    in registers from the statistics to the gradient, so the logits are read once: the fused
-//    call's cluster is the smallest that cuts a row into such slices, up to kMaxCluster (16, a
-//    non-portable size Hopper allows): rows up to 512 KB (V = 262144 in bf16, 131072 in f32).
-//    Longer rows sweep their slices a second time, from L2 while the bytes all resident blocks
-//    read between their two sweeps fit in it.
+//    slice: from the registers that hold it where the slice is one sweep (kMaxThreads x
+//    kVectorsPerThread 16-byte vectors, 32 KB), else by reading the slice again, from L2 while
+//    the bytes all resident blocks read between their two sweeps fit in it. The fused call's
+//    cluster is the smallest that cuts a row into such slices, up to kMaxCluster.
 //  * the backward kernel: lse is known, so a row's columns split over `chunks` independent blocks
 //    (grid.y) of kBackwardChunkBytes each.
 // Few rows (a small batch) spread further, so that the grid still fills the GPU: a row splits
@@ -34,13 +40,18 @@ inline constexpr int kVectorsPerThread = 8;  // 16-byte loads each thread has in
 inline constexpr int kMinThreads = 64;
 inline constexpr int kMaxThreads = 256;
 inline constexpr int kMinBlocksPerSm = 4;  // the occupancy the kernels are built for (launch bounds)
-inline constexpr int kMaxCluster = 16;          // the fused call's largest (non-portable) cluster
-inline constexpr int kMaxPortableCluster = 8;   // the forward's largest: the portable size
+inline constexpr int kMaxCluster = 8;      // the portable cluster size
 inline constexpr int kMaxChunks = 1024;
 
 inline constexpr std::int64_t kFusedSliceBytes = 32 * 1024;
 inline constexpr std::int64_t kBackwardChunkBytes = 32 * 1024;
 inline constexpr std::int64_t kMinSliceBytes = 8 * 1024;
+// Rows the staged kernel takes: at most this many bytes (two blocks' rows fit an SM's 227 KB of
+// shared memory), and batches of at least kStagedMinRowsPerSm rows per SM (fewer rows spread over
+// clusters instead, so that the grid fills the GPU).
+inline constexpr std::int64_t kStagedRowBytes = 108 * 1024;
+inline constexpr int kStagedMinRowsPerSm = 2;
+inline constexpr int kStagedChunks = 4;  // bulk copies (and mbarriers) per row
 
 // The reduction kernels (the mean's gradient scale, the loss over the row losses): one block.
 inline constexpr int kReduceThreads = 1024;
@@ -53,6 +64,8 @@ struct Problem {
 
 struct Launch {
   int threads = kMaxThreads;
+  bool staged = false;      // the staged row kernel (one block per row, the row in shared memory)
+  std::size_t smem_bytes = 0;  // staged: dynamic shared memory per block (the row's vectors)
   int cluster = 1;          // row kernel: blocks per row, one cluster (1: no cluster)
   int chunks = 1;           // backward kernel: blocks per row (grid.y)
   std::int64_t blocks = 0;  // grid.x: rows x cluster (row kernel) or rows (backward kernel)
@@ -62,7 +75,8 @@ struct Launch {
 // 0: the table decides.
 struct LaunchOverrides {
   int threads = 0;  // 64, 128 or 256
-  int cluster = 0;  // 1, 2, 4, 8 or 16 (forward and fused)
+  int cluster = 0;  // 1, 2, 4 or 8 (forward and fused; forces the row kernel)
+  int staged = 0;   // 1: the staged kernel where the row fits (forward and fused), -1: never
   int chunks = 0;   // 1 .. kMaxChunks (backward)
 };
 // Reads the cross_entropy.* override keys.
@@ -71,7 +85,8 @@ LaunchOverrides read_launch_overrides();
 Launch choose_launch(const Problem& problem, const detail::DeviceInfo& device,
                      const LaunchOverrides& overrides = {});
 
-// Whether the fused call's slices are one sweep of its blocks (held in registers: one read).
+// Whether the fused call's row kernel holds its slices in registers (one sweep of its blocks: the
+// logits read once). The staged kernel always reads them once.
 bool fused_slice_resident(const Problem& problem, const Launch& launch);
 
 // Bytes of the slice one block of `launch` covers in a row of `problem` (rounded up).

@@ -66,12 +66,14 @@ void dispatch_types(DType dtype, DType target_dtype, F&& f) {
 // scale kernel, as its programmatic dependent (the kernel waits for the scale before it reads it).
 // Where the driver refuses the dependent launch, a plain launch in stream order does the same.
 template <typename Kernel>
-void launch(Kernel kernel, dim3 grid, int threads, int cluster, bool dependent, cudaStream_t stream,
-            const KernelParams& params, const char* op, const char* what) {
+void launch(Kernel kernel, dim3 grid, int threads, int cluster, std::size_t smem_bytes, bool dependent,
+            cudaStream_t stream, const KernelParams& params, const char* op, const char* what) {
+  if (smem_bytes > 48 * 1024)  // past the default: an opt-in per kernel
+    detail::check_cuda(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes)), op,
+        what);
   cudaLaunchAttribute attributes[2] = {};
   unsigned count = 0;
-  if (cluster > kMaxPortableCluster)  // 16: a non-portable size, allowed per kernel
-    detail::check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1), op, what);
   if (cluster > 1) {
     attributes[count].id = cudaLaunchAttributeClusterDimension;
     attributes[count].val.clusterDim.x = static_cast<unsigned>(cluster);
@@ -87,7 +89,7 @@ void launch(Kernel kernel, dim3 grid, int threads, int cluster, bool dependent, 
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = dim3(static_cast<unsigned>(threads));
-  config.dynamicSmemBytes = 0;
+  config.dynamicSmemBytes = smem_bytes;
   config.stream = stream;
   config.attrs = attributes;
   config.numAttrs = count;
@@ -99,6 +101,31 @@ void launch(Kernel kernel, dim3 grid, int threads, int cluster, bool dependent, 
   }
   detail::check_cuda(status, op, what);
   detail::check_launch(op, what);
+}
+
+// The forward or fused kernel of `choice`: the staged row kernel or the (cluster) row kernel.
+template <typename T, typename Index>
+void launch_row_kernel(Pass pass, const Launch& choice, KernelParams k, bool dependent, cudaStream_t stream,
+                       const char* op) {
+  const dim3 grid(static_cast<unsigned>(choice.blocks));
+  const bool gradient = pass == Pass::forward_backward;
+  if (choice.staged) {
+    k.parts = 1;
+    if (gradient)
+      launch(staged_row_kernel<T, Index, true>, grid, choice.threads, 1, choice.smem_bytes, dependent, stream, k, op,
+             "cross_entropy staged forward-backward kernel");
+    else
+      launch(staged_row_kernel<T, Index, false>, grid, choice.threads, 1, choice.smem_bytes, false, stream, k, op,
+             "cross_entropy staged forward kernel");
+    return;
+  }
+  k.parts = choice.cluster;
+  if (gradient)
+    launch(row_kernel<T, Index, true>, grid, choice.threads, choice.cluster, 0, dependent, stream, k, op,
+           "cross_entropy forward-backward kernel");
+  else
+    launch(row_kernel<T, Index, false>, grid, choice.threads, choice.cluster, 0, false, stream, k, op,
+           "cross_entropy forward kernel");
 }
 
 Launch launch_for(const Params& p, int device_index, const char* op) {
@@ -161,17 +188,10 @@ void launch_call(const Params& p, int device_index, cudaStream_t stream) {
     k.parts = launch_choice.chunks;
     launch(backward_kernel<T, Index>,
            dim3(static_cast<unsigned>(launch_choice.blocks), static_cast<unsigned>(launch_choice.chunks)),
-           launch_choice.threads, 1, mean_scale, stream, k, op, "cross_entropy backward kernel");
+           launch_choice.threads, 1, 0, mean_scale, stream, k, op, "cross_entropy backward kernel");
     return;
   }
-  k.parts = launch_choice.cluster;
-  const dim3 grid(static_cast<unsigned>(launch_choice.blocks));
-  if (p.pass == Pass::forward)
-    launch(row_kernel<T, Index, false>, grid, launch_choice.threads, launch_choice.cluster, false, stream, k, op,
-           "cross_entropy forward kernel");
-  else
-    launch(row_kernel<T, Index, true>, grid, launch_choice.threads, launch_choice.cluster, mean_scale, stream, k,
-           op, "cross_entropy forward-backward kernel");
+  launch_row_kernel<T, Index>(p.pass, launch_choice, k, mean_scale, stream, op);
   if (p.reduction != LossReduction::none) {
     detail::launch_dependent(reduce_losses_kernel<Index>, dim3(1), dim3(kReduceThreads), 0, stream,
                              static_cast<const float*>(row_losses), targets, p.rows, p.ignore_index,
@@ -188,14 +208,7 @@ void launch_rows(const Params& p, float* row_loss, const float* grad_scale, int 
   KernelParams k = kernel_params(p, row_loss);
   k.grad_scale = grad_scale;
   k.grad_scale_stride = 0;
-  k.parts = launch_choice.cluster;
-  const dim3 grid(static_cast<unsigned>(launch_choice.blocks));
-  if (p.pass == Pass::forward)
-    launch(row_kernel<T, Index, false>, grid, launch_choice.threads, launch_choice.cluster, false, stream, k, op,
-           "cross_entropy forward kernel");
-  else
-    launch(row_kernel<T, Index, true>, grid, launch_choice.threads, launch_choice.cluster, false, stream, k, op,
-           "cross_entropy forward-backward kernel");
+  launch_row_kernel<T, Index>(p.pass, launch_choice, k, false, stream, op);
 }
 
 }  // namespace

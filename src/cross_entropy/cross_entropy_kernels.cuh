@@ -34,6 +34,11 @@
 namespace fusekit::cross_entropy::kernels {
 
 using detail::device::allow_dependent_launch;
+using detail::device::bulk_copy_to_shared;
+using detail::device::mbarrier_arrive_expect_tx;
+using detail::device::mbarrier_init;
+using detail::device::mbarrier_init_fence;
+using detail::device::mbarrier_wait;
 using detail::device::from_float;
 using detail::device::pack16;
 using detail::device::to_float;
@@ -404,6 +409,91 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocksPerSm) row_kernel(const
   }
   // No block leaves (freeing its shared memory) while another may still read its statistics.
   if (parts > 1) cg::this_cluster().barrier_wait();
+}
+
+// Forward (GRADIENT = false) and fused forward + backward on rows that fit in shared memory: one
+// block per row (grid.x = rows). Thread 0 issues the row's aligned vectors as kStagedChunks bulk
+// copies, each completing on its own mbarrier; the threads add up the scalar head and tail
+// meanwhile, then each piece as it lands. The gradient is formed from shared memory.
+template <typename T, typename Index, bool GRADIENT>
+__global__ void __launch_bounds__(kMaxThreads) staged_row_kernel(const KernelParams p) {
+  extern __shared__ uint4 staged[];
+  __shared__ Stats warp_slots[kMaxThreads / 32];
+  __shared__ std::uint64_t landed[kStagedChunks];
+
+  const std::int64_t row = blockIdx.x;
+  const T* __restrict__ x = static_cast<const T*>(p.logits) + row * p.logits_row_stride;
+  const std::int64_t target = target_of<Index>(p, row);
+  const bool ignored = target == p.ignore_index;
+  const bool in_range = target >= 0 && target < p.cols;
+  const RowSpan span = row_span(x, p.cols, p.vector_ok);
+  const Range scalars{0, span.scalars}, vectors{0, span.vectors};
+  const uint4* body = reinterpret_cast<const uint4*>(x + span.head);
+
+  if (threadIdx.x == 0) {
+    for (int c = 0; c < kStagedChunks; ++c) mbarrier_init(&landed[c], 1);
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int c = 0; c < kStagedChunks; ++c) {
+      const Range piece = part_of(span.vectors, c, kStagedChunks);
+      const unsigned bytes = static_cast<unsigned>(piece.end - piece.begin) * kVectorBytes;
+      mbarrier_arrive_expect_tx(&landed[c], bytes);
+      if (bytes > 0) bulk_copy_to_shared(staged + piece.begin, body + piece.begin, bytes, &landed[c]);
+    }
+  }
+  // Read before any gradient is written (in place, dlogits is the logits): the writes follow the
+  // block's barriers below.
+  float x_target = 0.0f;
+  if (threadIdx.x == 0 && !ignored && in_range) x_target = to_float(x[target]);
+
+  Stats st = scalar_stats(x, span, scalars, p.sum_logits);
+  Sweep<T> sweep;
+  sweep.threads = blockDim.x;
+  for (int c = 0; c < kStagedChunks; ++c) {
+    const Range piece = part_of(span.vectors, c, kStagedChunks);
+    mbarrier_wait(&landed[c], 0);
+    sweep.end = piece.end;
+    for (int base = piece.begin + static_cast<int>(threadIdx.x); base < piece.end;
+         base += kVectorsPerThread * sweep.threads) {
+      sweep.base = base;
+      sweep.load(staged);
+      sweep.accumulate(st, p.sum_logits);
+    }
+  }
+  st = block_stats(st, warp_slots);
+  const float lse = st.max + logf(st.sum);
+  if (threadIdx.x == 0) {
+    float loss = 0.0f;
+    if (!ignored) {
+      loss = in_range ? lse - p.one_minus_smoothing * x_target - p.smoothing_per_class * st.logits +
+                            p.z_loss * lse * lse
+                      : quiet_nan();
+    }
+    p.row_loss[row] = loss;
+    if (p.lse) p.lse[row] = lse;
+  }
+  if constexpr (GRADIENT) {
+    const GradientTerms terms = ignored ? GradientTerms{} : gradient_terms(p, row, target, in_range, lse);
+    T* __restrict__ dx = static_cast<T*>(p.dlogits) + row * p.dlogits_row_stride;
+    uint4* __restrict__ dx_body = reinterpret_cast<uint4*>(dx + span.head);
+    if (ignored) {
+      write_gradient<T>(p, row, x, span, scalars, vectors, true, terms, sweep, false);
+    } else {
+      constexpr int VEC = kVectorBytes / sizeof(T);
+      for (int i = static_cast<int>(threadIdx.x); i < span.scalars; i += blockDim.x) {
+        const int col = span.scalar_column(i, VEC);
+        dx[col] = from_float<T>(terms.at(to_float(x[col]), col));
+      }
+      sweep.end = span.vectors;
+      for (int base = static_cast<int>(threadIdx.x); base < span.vectors; base += kVectorsPerThread * sweep.threads) {
+        sweep.base = base;
+        sweep.load(staged);
+        store_gradient(terms, sweep, span.head, dx_body);
+      }
+    }
+  }
 }
 
 // The gradient from the saved lse; grid (rows, chunks), chunk blockIdx.y a part of the columns.

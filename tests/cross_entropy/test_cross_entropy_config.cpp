@@ -29,23 +29,29 @@ constexpr Pass kPasses[] = {Pass::forward, Pass::backward, Pass::forward_backwar
 TEST(CrossEntropyConfig, BenchmarkShapes) {
   for (const detail::DeviceInfo& d : {testing::h100_device(), testing::h200_device()}) {
     for (std::int64_t rows : {8192, 16384}) {
-      // The fused kernel splits a row into clusters of <= 32 KB slices (16 blocks at most), each
-      // held in registers.
+      // Rows up to 108 KB take the staged kernel, forward and fused. Longer rows: the fused kernel
+      // splits a row into clusters of <= 32 KB slices (held in registers) up to 8 blocks; the
+      // forward keeps one block per row.
       struct Expected {
         std::int64_t cols;
+        bool staged;
         int cluster, chunks;
+        bool resident;
       };
-      for (const Expected& e : {Expected{32000, 2, 2}, Expected{50257, 4, 4}, Expected{128256, 8, 8},
-                                Expected{151936, 16, 10}, Expected{262144, 16, 16}}) {
+      for (const Expected& e : {Expected{32000, true, 1, 2, false}, Expected{50257, true, 1, 4, false},
+                                Expected{128256, false, 8, 8, true}, Expected{151936, false, 8, 10, false},
+                                Expected{262144, false, 8, 16, false}}) {
         SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(e.cols));
         const Problem fused_problem = problem(rows, e.cols, 2, Pass::forward_backward);
         const Launch fused = choose_launch(fused_problem, d);
+        EXPECT_EQ(fused.staged, e.staged);
         EXPECT_EQ(fused.cluster, e.cluster);
         EXPECT_EQ(fused.threads, kMaxThreads);
         EXPECT_EQ(fused.blocks, rows * e.cluster);
-        EXPECT_TRUE(fused_slice_resident(fused_problem, fused));
-        // The forward has no second sweep: one block per row is enough rows in flight.
+        EXPECT_EQ(fused_slice_resident(fused_problem, fused), e.resident);
         const Launch forward = choose_launch(problem(rows, e.cols, 2, Pass::forward), d);
+        EXPECT_EQ(forward.staged, e.staged);
+        EXPECT_EQ(forward.smem_bytes, e.staged ? static_cast<std::size_t>((e.cols * 2 + 15) / 16 * 16) : 0u);
         EXPECT_EQ(forward.cluster, 1);
         EXPECT_EQ(forward.threads, kMaxThreads);
         EXPECT_EQ(forward.blocks, rows);
@@ -67,6 +73,9 @@ TEST(CrossEntropyConfig, SmallBatchesSpreadRowsOverMoreBlocks) {
   const Launch small = choose_launch(problem(4, 1000, 2, Pass::forward_backward), d);
   EXPECT_EQ(small.cluster, 1);
   EXPECT_EQ(small.threads, kMinThreads);
+  // The staged kernel (one block per row) waits for two rows per SM.
+  EXPECT_FALSE(choose_launch(problem(2 * 132 - 1, 32000, 2, Pass::forward), d).staged);
+  EXPECT_TRUE(choose_launch(problem(2 * 132, 32000, 2, Pass::forward), d).staged);
 }
 
 TEST(CrossEntropyConfig, OverridesReplaceTheTable) {
@@ -80,19 +89,31 @@ TEST(CrossEntropyConfig, OverridesReplaceTheTable) {
   EXPECT_EQ(fused.cluster, 4);
   EXPECT_EQ(fused.blocks, 400);
   EXPECT_EQ(choose_launch(problem(100, 32000, 2, Pass::backward), d, o).chunks, 3);
+  // A forced cluster leaves the staged kernel; staged forced on takes rows that fit whatever the
+  // batch, forced off none.
+  EXPECT_FALSE(choose_launch(problem(8192, 32000, 2, Pass::forward_backward), d, o).staged);
+  LaunchOverrides on;
+  on.staged = 1;
+  EXPECT_TRUE(choose_launch(problem(3, 32000, 2, Pass::forward_backward), d, on).staged);
+  EXPECT_FALSE(choose_launch(problem(8192, 128256, 2, Pass::forward), d, on).staged);  // does not fit
+  LaunchOverrides off;
+  off.staged = -1;
+  EXPECT_FALSE(choose_launch(problem(8192, 32000, 2, Pass::forward), d, off).staged);
   // Through the override keys.
   detail::set_override("cross_entropy.cluster", "2");
   detail::set_override("cross_entropy.threads", "128");
   detail::set_override("cross_entropy.backward.chunks", "5");
+  detail::set_override("cross_entropy.staged", "off");
   const LaunchOverrides keys = read_launch_overrides();
   EXPECT_EQ(keys.cluster, 2);
   EXPECT_EQ(keys.threads, 128);
   EXPECT_EQ(keys.chunks, 5);
+  EXPECT_EQ(keys.staged, -1);
   detail::set_override("cross_entropy.cluster", "3");
   EXPECT_THROW(read_launch_overrides(), Error);
   detail::clear_overrides();
   const LaunchOverrides none = read_launch_overrides();
-  EXPECT_EQ(none.cluster + none.threads + none.chunks, 0);
+  EXPECT_EQ(none.cluster + none.threads + none.chunks + none.staged, 0);
 }
 
 TEST(CrossEntropyConfig, EveryLaunchCoversTheProblem) {
@@ -121,15 +142,22 @@ TEST(CrossEntropyConfig, EveryLaunchCoversTheProblem) {
               ASSERT_EQ(l.blocks, rows);
             } else {
               ASSERT_EQ(l.chunks, 1);
-              ASSERT_TRUE(l.cluster == 1 || l.cluster == 2 || l.cluster == 4 || l.cluster == 8 || l.cluster == 16);
-              if (pass == Pass::forward) ASSERT_LE(l.cluster, kMaxPortableCluster);
+              ASSERT_TRUE(l.cluster == 1 || l.cluster == 2 || l.cluster == 4 || l.cluster == 8);
               ASSERT_EQ(l.blocks, rows * l.cluster);
               ASSERT_LE(l.blocks, INT_MAX);  // grid.x
+              if (l.staged) {
+                ASSERT_EQ(l.cluster, 1);
+                ASSERT_LE(cols * bytes, kStagedRowBytes);
+                ASSERT_GE(l.smem_bytes, static_cast<std::size_t>(cols * bytes));
+                ASSERT_EQ(l.smem_bytes % 16, 0u);
+              } else {
+                ASSERT_EQ(l.smem_bytes, 0u);
+              }
             }
-            // The fused kernel's slices are one sweep, held in registers, up to rows of
+            // The fused row kernel's slices are one sweep, held in registers, up to rows of
             // kMaxCluster slices (unless grid.x cannot hold that many blocks); longer rows take
             // the largest cluster.
-            if (pass == Pass::forward_backward && rows <= INT_MAX / kMaxCluster) {
+            if (pass == Pass::forward_backward && !l.staged && rows <= INT_MAX / kMaxCluster) {
               if (cols * bytes <= kMaxCluster * kFusedSliceBytes) {
                 ASSERT_LE(slice_bytes(p, l), kFusedSliceBytes);
                 ASSERT_TRUE(fused_slice_resident(p, l));
