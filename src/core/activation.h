@@ -10,7 +10,7 @@
 
 namespace fusekit::detail {
 
-#if defined(__CUDA_ARCH__)
+#if defined(__CUDACC__)
 // Single-instruction 2^x and 1/x (MUFU.EX2 / MUFU.RCP, about 2 ulp and 1 ulp): the float
 // kernels' exponentials, instead of expf's range-reduced sequence and IEEE division.
 __device__ __forceinline__ float ex2_approx(float x) {

@@ -19,7 +19,8 @@
 // A row is accessed as a scalar head up to the first 16-byte boundary, aligned 16-byte vectors,
 // and a scalar tail, so that any V and any row stride take the vector path (dlogits' rows sit at
 // the same offset from a 16-byte boundary as the logits' rows, or every element is a scalar).
-// Math is float32; exp through exp2f with the log2(e) scaling.
+// Math is float32; exp as 2^x in one MUFU instruction (detail::ex2_approx: results below 2^-126
+// flush to 0, negligible against a row sum >= 1), with the log2(e) scaling.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -27,12 +28,15 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
+#include "core/activation.h"
 #include "core/device_vector.cuh"
 #include "cross_entropy/cross_entropy_config.h"
 
 namespace fusekit::cross_entropy::kernels {
 
+using detail::ex2_approx;
 using detail::device::allow_dependent_launch;
 using detail::device::bulk_copy_to_shared;
 using detail::device::mbarrier_arrive_expect_tx;
@@ -126,7 +130,7 @@ __device__ __forceinline__ Stats combine(const Stats& a, const Stats& b) {
   if (c.max == negative_infinity()) {
     c.sum = a.sum + b.sum;  // both empty (or all -inf): 0
   } else {
-    c.sum = a.sum * exp2f((a.max - c.max) * kLog2e) + b.sum * exp2f((b.max - c.max) * kLog2e);
+    c.sum = a.sum * ex2_approx((a.max - c.max) * kLog2e) + b.sum * ex2_approx((b.max - c.max) * kLog2e);
   }
   c.logits = a.logits + b.logits;
   return c;
@@ -137,8 +141,8 @@ __device__ __forceinline__ void accumulate_one(Stats& st, float x, bool sum_logi
   if (sum_logits) st.logits += x;
   const float m = fmaxf(st.max, x);
   if (m == negative_infinity()) return;  // nothing but -inf so far: no terms
-  const float rescale = st.max == m ? 1.0f : exp2f((st.max - m) * kLog2e);
-  st.sum = fmaf(st.sum, rescale, exp2f((x - m) * kLog2e));
+  const float rescale = st.max == m ? 1.0f : ex2_approx((st.max - m) * kLog2e);
+  st.sum = fmaf(st.sum, rescale, ex2_approx((x - m) * kLog2e));
   st.max = m;
 }
 
@@ -182,17 +186,39 @@ struct Sweep {
       if (has(u)) raw[u] = EVICT_FIRST ? __ldcs(body + base + u * threads) : body[base + u * threads];
   }
 
+  // The largest of the sweep's values (-inf for none). 16-bit types take it on packed pairs (one
+  // max instruction per two values, no conversion): max is exact in any format.
+  __device__ __forceinline__ float max_value() const {
+    if constexpr (std::is_same_v<T, float>) {
+      float m = negative_infinity();
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (!has(u)) continue;
+        m = fmaxf(m, fmaxf(fmaxf(__uint_as_float(raw[u].x), __uint_as_float(raw[u].y)),
+                           fmaxf(__uint_as_float(raw[u].z), __uint_as_float(raw[u].w))));
+      }
+      return m;
+    } else {
+      using Pair = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+      const Pair lowest = detail::device::bit_copy<Pair>(0xfc00fc00u * std::is_same_v<T, __half> +
+                                                         0xff80ff80u * std::is_same_v<T, __nv_bfloat16>);
+      Pair m = lowest;  // -inf, -inf
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (!has(u)) continue;
+        const Pair a = __hmax2(detail::device::bit_copy<Pair>(raw[u].x), detail::device::bit_copy<Pair>(raw[u].y));
+        const Pair b = __hmax2(detail::device::bit_copy<Pair>(raw[u].z), detail::device::bit_copy<Pair>(raw[u].w));
+        m = __hmax2(m, __hmax2(a, b));
+      }
+      const float2 f = std::is_same_v<T, __half> ? __half22float2(detail::device::bit_copy<__half2>(m))
+                                                 : __bfloat1622float2(detail::device::bit_copy<__nv_bfloat162>(m));
+      return fmaxf(f.x, f.y);
+    }
+  }
+
   // Adds the sweep's values to `st`: their max first, then one rescale of the running sum.
   __device__ __forceinline__ void accumulate(Stats& st, bool sum_logits) const {
-    float batch_max = negative_infinity();
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (!has(u)) continue;
-      float v[VEC];
-      unpack16<T>(raw[u], v);
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) batch_max = fmaxf(batch_max, v[i]);
-    }
+    const float batch_max = max_value();
     const float m = fmaxf(st.max, batch_max);
     if (m != negative_infinity()) {
       float part = 0.0f;
@@ -202,9 +228,9 @@ struct Sweep {
         float v[VEC];
         unpack16<T>(raw[u], v);
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) part += exp2f((v[i] - m) * kLog2e);
+        for (int i = 0; i < VEC; ++i) part += ex2_approx((v[i] - m) * kLog2e);
       }
-      const float rescale = st.max == m ? 1.0f : exp2f((st.max - m) * kLog2e);
+      const float rescale = st.max == m ? 1.0f : ex2_approx((st.max - m) * kLog2e);
       st.sum = fmaf(st.sum, rescale, part);
       st.max = m;
     }
@@ -259,8 +285,10 @@ struct GradientTerms {
   float c;  // g (1 - s), subtracted at the target
   float lse;
   std::int64_t target;
+  // The gradient at a column other than the target.
+  __device__ __forceinline__ float off_target(float x) const { return fmaf(a, ex2_approx((x - lse) * kLog2e), -b); }
   __device__ __forceinline__ float at(float x, std::int64_t col) const {
-    const float d = fmaf(a, exp2f((x - lse) * kLog2e), -b);
+    const float d = off_target(x);
     return col == target ? d - c : d;
   }
 };
@@ -292,9 +320,15 @@ __device__ __forceinline__ void store_gradient(const GradientTerms& terms, const
     const int j = sweep.base + u * sweep.threads;
     float v[VEC];
     unpack16<T>(sweep.raw[u], v);
-    const std::int64_t col0 = head + std::int64_t(j) * VEC;
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) v[i] = terms.at(v[i], col0 + i);
+    for (int i = 0; i < VEC; ++i) v[i] = terms.off_target(v[i]);
+    // The target's column, in one vector of the row: one test per vector, not per element.
+    const std::int64_t at_target = terms.target - (head + std::int64_t(j) * VEC);
+    if (at_target >= 0 && at_target < VEC) {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i)
+        if (i == at_target) v[i] -= terms.c;
+    }
     __stcs(dx_body + j, pack16<T>(v));
   }
 }
