@@ -69,7 +69,8 @@ Launch choose_launch(const Problem& p, const detail::DeviceInfo& device, const L
   } else {
     const bool fits = row_bytes <= kStagedRowBytes;
     l.staged = o.staged != 0 ? o.staged > 0 && fits
-                             : fits && o.cluster == 0 && p.rows >= std::int64_t(kStagedMinRowsPerSm) * device.sm_count;
+                             : fits && p.pass == Pass::forward_backward && row_bytes >= kStagedMinRowBytes &&
+                                   o.cluster == 0 && p.rows >= std::int64_t(kStagedMinRowsPerSm) * device.sm_count;
     if (l.staged) {
       l.blocks = p.rows;
       l.smem_bytes = static_cast<std::size_t>(ceil_div(row_bytes, kVectorBytes) * kVectorBytes);

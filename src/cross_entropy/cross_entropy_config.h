@@ -3,21 +3,25 @@
 // cross_entropy_cuda.cu launches what they return.
 //
 // Kernels (cross_entropy_kernels.cuh):
-//  * the staged row kernel (forward, and forward + backward; rows of at most kStagedRowBytes in a
+//  * the staged row kernel (the fused call on rows of kStagedMinRowBytes to kStagedRowBytes in a
 //    batch of at least kStagedMinRowsPerSm rows per SM): one block per row, the row's aligned
 //    vectors brought into shared memory by bulk copies (TMA) in kStagedChunks pieces, the
 //    statistics formed as the pieces arrive, the gradient written from shared memory. The logits
-//    are read once, with a whole row's loads in flight per block, and no cluster: blocks of a
-//    cluster are scheduled together and wait for each other, which at these row lengths costs
-//    more than a second read (bench: cross_entropy fwd (8192, 32000), `--override
-//    cross_entropy.cluster=2`: 50% of copy against 70% with one block per row).
-//  * the row kernel (the other forward and fused calls): a row is split over `cluster` blocks, a
-//    thread-block cluster whose blocks combine their slices' statistics (max, sum of exp, sum of
-//    logits) through distributed shared memory. The fused call then writes the gradient of its
-//    slice: from the registers that hold it where the slice is one sweep (kMaxThreads x
-//    kVectorsPerThread 16-byte vectors, 32 KB), else by reading the slice again, from L2 while
-//    the bytes all resident blocks read between their two sweeps fit in it. The fused call's
-//    cluster is the smallest that cuts a row into such slices, up to kMaxCluster.
+//    are read once, and no cluster: blocks of a cluster are scheduled together and wait for each
+//    other, which at these row lengths costs more than the second read it saves (bench, H200:
+//    cross_entropy fwd+bwd (8192, 32000) 89% of copy staged, 77% on the row kernel). The forward
+//    reads a row once anyway and is faster on the row kernel (bench: cross_entropy fwd
+//    (8192, 32000), `--override cross_entropy.staged=on`: 75% against 87%), as are short rows
+//    (fwd+bwd (65536, 4096): 72% against 81%).
+//  * the row kernel (the forward, and the other fused calls): a row is split over `cluster`
+//    blocks, a thread-block cluster whose blocks combine their slices' statistics (max, sum of
+//    exp, sum of logits) through distributed shared memory. The fused call then writes the
+//    gradient of its slice: from the registers that hold it where the slice is one sweep
+//    (kMaxThreads x kVectorsPerThread 16-byte vectors, 32 KB), else by reading the slice again,
+//    from L2 while the bytes all resident blocks read between their two sweeps fit in it. The
+//    fused call's cluster is the smallest that cuts a row into slices of at most kFusedSliceBytes,
+//    up to kMaxCluster: fewer, longer slices read twice beat one-sweep slices of a larger cluster
+//    (bench: fwd+bwd (8192, 128256), cluster 4: 80% of copy, cluster 8: 71%).
 //  * the backward kernel: lse is known, so a row's columns split over `chunks` independent blocks
 //    (grid.y) of kBackwardChunkBytes each.
 // Few rows (a small batch) spread further, so that the grid still fills the GPU: a row splits
@@ -43,13 +47,14 @@ inline constexpr int kMinBlocksPerSm = 4;  // the occupancy the kernels are buil
 inline constexpr int kMaxCluster = 8;      // the portable cluster size
 inline constexpr int kMaxChunks = 1024;
 
-inline constexpr std::int64_t kFusedSliceBytes = 32 * 1024;
+inline constexpr std::int64_t kFusedSliceBytes = 64 * 1024;
 inline constexpr std::int64_t kBackwardChunkBytes = 32 * 1024;
 inline constexpr std::int64_t kMinSliceBytes = 8 * 1024;
-// Rows the staged kernel takes: at most this many bytes (two blocks' rows fit an SM's 227 KB of
-// shared memory), and batches of at least kStagedMinRowsPerSm rows per SM (fewer rows spread over
-// clusters instead, so that the grid fills the GPU).
+// Rows the staged kernel takes: at most kStagedRowBytes (two blocks' rows fit an SM's 227 KB of
+// shared memory) and at least kStagedMinRowBytes, in batches of at least kStagedMinRowsPerSm rows
+// per SM (fewer rows spread over clusters instead, so that the grid fills the GPU).
 inline constexpr std::int64_t kStagedRowBytes = 108 * 1024;
+inline constexpr std::int64_t kStagedMinRowBytes = 32 * 1024;
 inline constexpr int kStagedMinRowsPerSm = 2;
 inline constexpr int kStagedChunks = 4;  // bulk copies (and mbarriers) per row
 
@@ -76,7 +81,7 @@ struct Launch {
 struct LaunchOverrides {
   int threads = 0;  // 64, 128 or 256
   int cluster = 0;  // 1, 2, 4 or 8 (forward and fused; forces the row kernel)
-  int staged = 0;   // 1: the staged kernel where the row fits (forward and fused), -1: never
+  int staged = 0;   // 1: the staged kernel wherever the row fits (forward and fused), -1: never
   int chunks = 0;   // 1 .. kMaxChunks (backward)
 };
 // Reads the cross_entropy.* override keys.

@@ -29,29 +29,28 @@ constexpr Pass kPasses[] = {Pass::forward, Pass::backward, Pass::forward_backwar
 TEST(CrossEntropyConfig, BenchmarkShapes) {
   for (const detail::DeviceInfo& d : {testing::h100_device(), testing::h200_device()}) {
     for (std::int64_t rows : {8192, 16384}) {
-      // Rows up to 108 KB take the staged kernel, forward and fused. Longer rows: the fused kernel
-      // splits a row into clusters of <= 32 KB slices (held in registers) up to 8 blocks; the
-      // forward keeps one block per row.
+      // The fused call: rows of 32 to 108 KB take the staged kernel; longer rows split into
+      // clusters of <= 64 KB slices, up to 8 blocks (held in registers where one sweep covers
+      // them). The forward keeps one block per row.
       struct Expected {
         std::int64_t cols;
         bool staged;
         int cluster, chunks;
-        bool resident;
       };
-      for (const Expected& e : {Expected{32000, true, 1, 2, false}, Expected{50257, true, 1, 4, false},
-                                Expected{128256, false, 8, 8, true}, Expected{151936, false, 8, 10, false},
-                                Expected{262144, false, 8, 16, false}}) {
+      for (const Expected& e : {Expected{32000, true, 1, 2}, Expected{50257, true, 1, 4},
+                                Expected{128256, false, 4, 8}, Expected{151936, false, 8, 10},
+                                Expected{262144, false, 8, 16}}) {
         SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(e.cols));
         const Problem fused_problem = problem(rows, e.cols, 2, Pass::forward_backward);
         const Launch fused = choose_launch(fused_problem, d);
         EXPECT_EQ(fused.staged, e.staged);
+        EXPECT_EQ(fused.smem_bytes, e.staged ? static_cast<std::size_t>((e.cols * 2 + 15) / 16 * 16) : 0u);
         EXPECT_EQ(fused.cluster, e.cluster);
         EXPECT_EQ(fused.threads, kMaxThreads);
         EXPECT_EQ(fused.blocks, rows * e.cluster);
-        EXPECT_EQ(fused_slice_resident(fused_problem, fused), e.resident);
+        EXPECT_FALSE(fused_slice_resident(fused_problem, fused));
         const Launch forward = choose_launch(problem(rows, e.cols, 2, Pass::forward), d);
-        EXPECT_EQ(forward.staged, e.staged);
-        EXPECT_EQ(forward.smem_bytes, e.staged ? static_cast<std::size_t>((e.cols * 2 + 15) / 16 * 16) : 0u);
+        EXPECT_FALSE(forward.staged);
         EXPECT_EQ(forward.cluster, 1);
         EXPECT_EQ(forward.threads, kMaxThreads);
         EXPECT_EQ(forward.blocks, rows);
@@ -73,9 +72,14 @@ TEST(CrossEntropyConfig, SmallBatchesSpreadRowsOverMoreBlocks) {
   const Launch small = choose_launch(problem(4, 1000, 2, Pass::forward_backward), d);
   EXPECT_EQ(small.cluster, 1);
   EXPECT_EQ(small.threads, kMinThreads);
-  // The staged kernel (one block per row) waits for two rows per SM.
-  EXPECT_FALSE(choose_launch(problem(2 * 132 - 1, 32000, 2, Pass::forward), d).staged);
-  EXPECT_TRUE(choose_launch(problem(2 * 132, 32000, 2, Pass::forward), d).staged);
+  // The staged kernel (one block per row) waits for two rows per SM, and rows of 32 KB.
+  EXPECT_FALSE(choose_launch(problem(2 * 132 - 1, 32000, 2, Pass::forward_backward), d).staged);
+  EXPECT_TRUE(choose_launch(problem(2 * 132, 32000, 2, Pass::forward_backward), d).staged);
+  EXPECT_FALSE(choose_launch(problem(8192, 16383, 2, Pass::forward_backward), d).staged);
+  EXPECT_TRUE(choose_launch(problem(8192, 16384, 2, Pass::forward_backward), d).staged);
+  // Rows held in registers: one-sweep slices of the row kernel (a 32 KB row in a small batch).
+  const Problem held = problem(64, 16384, 2, Pass::forward_backward);
+  EXPECT_TRUE(fused_slice_resident(held, choose_launch(held, d)));
 }
 
 TEST(CrossEntropyConfig, OverridesReplaceTheTable) {
@@ -95,6 +99,7 @@ TEST(CrossEntropyConfig, OverridesReplaceTheTable) {
   LaunchOverrides on;
   on.staged = 1;
   EXPECT_TRUE(choose_launch(problem(3, 32000, 2, Pass::forward_backward), d, on).staged);
+  EXPECT_TRUE(choose_launch(problem(8192, 100, 2, Pass::forward), d, on).staged);
   EXPECT_FALSE(choose_launch(problem(8192, 128256, 2, Pass::forward), d, on).staged);  // does not fit
   LaunchOverrides off;
   off.staged = -1;
@@ -154,19 +159,19 @@ TEST(CrossEntropyConfig, EveryLaunchCoversTheProblem) {
                 ASSERT_EQ(l.smem_bytes, 0u);
               }
             }
-            // The fused row kernel's slices are one sweep, held in registers, up to rows of
+            // The fused row kernel's slices stay within what L2 serves back, up to rows of
             // kMaxCluster slices (unless grid.x cannot hold that many blocks); longer rows take
-            // the largest cluster.
+            // the largest cluster. Slices of one sweep are held in registers.
             if (pass == Pass::forward_backward && !l.staged && rows <= INT_MAX / kMaxCluster) {
-              if (cols * bytes <= kMaxCluster * kFusedSliceBytes) {
-                ASSERT_LE(slice_bytes(p, l), kFusedSliceBytes);
-                ASSERT_TRUE(fused_slice_resident(p, l));
-              } else {
-                ASSERT_EQ(l.cluster, kMaxCluster);
-                ASSERT_FALSE(fused_slice_resident(p, l));
-              }
+              if (cols * bytes <= kMaxCluster * kFusedSliceBytes) ASSERT_LE(slice_bytes(p, l), kFusedSliceBytes);
+              else ASSERT_EQ(l.cluster, kMaxCluster);
+              ASSERT_EQ(fused_slice_resident(p, l), (slice_bytes(p, l) + 15) / 16 <= l.threads * kVectorsPerThread);
             }
-            if (pass != Pass::forward_backward) ASSERT_FALSE(fused_slice_resident(p, l));
+            if (pass != Pass::forward_backward || l.staged) ASSERT_FALSE(fused_slice_resident(p, l));
+            if (l.staged) {
+              ASSERT_EQ(pass, Pass::forward_backward);
+              ASSERT_GE(cols * bytes, kStagedMinRowBytes);
+            }
             ++checked;
           }
   EXPECT_EQ(checked, 4 * 8 * 11 * 2 * 3);
