@@ -67,23 +67,14 @@ Launch choose_launch(const Problem& p, const detail::DeviceInfo& device, const L
     if (o.chunks > 0) l.chunks = o.chunks;
     l.blocks = p.rows;
   } else {
-    // The staged kernel: its cluster the smallest that cuts a row into slices that fit (or the
-    // forced one), taken where forced or, by the table, for the fused call on rows of at least
-    // kStagedMinRowBytes in batches of kStagedMinRowsPerSm rows per SM. A forced cluster alone
-    // keeps the row kernel.
-    int parts = o.cluster > 0 ? o.cluster : 1;
-    while (o.cluster == 0 && parts < kMaxCluster && ceil_div(row_bytes, parts) > kStagedSliceBytes) parts *= 2;
-    const bool fits = ceil_div(row_bytes, parts) <= kStagedSliceBytes && p.rows * parts <= INT_MAX;
-    if (o.staged != 0) l.staged = o.staged > 0 && fits;
-    else
-      l.staged = fits && o.cluster == 0 && p.pass == Pass::forward_backward && row_bytes >= kStagedMinRowBytes &&
-                 p.rows >= std::int64_t(kStagedMinRowsPerSm) * device.sm_count;
+    const bool fits = row_bytes <= kStagedRowBytes;
+    l.staged = o.staged != 0 ? o.staged > 0 && fits
+                             : fits && p.pass == Pass::forward_backward && row_bytes >= kStagedMinRowBytes &&
+                                   o.cluster == 0 && p.rows >= std::int64_t(kStagedMinRowsPerSm) * device.sm_count;
     if (l.staged) {
-      l.cluster = parts;
-      l.blocks = p.rows * parts;
-      const std::int64_t slice = ceil_div(row_bytes, parts);
-      l.smem_bytes = static_cast<std::size_t>(ceil_div(slice, kVectorBytes) * kVectorBytes);
-      l.threads = o.threads > 0 ? o.threads : threads_for(slice);
+      l.blocks = p.rows;
+      l.smem_bytes = static_cast<std::size_t>(ceil_div(row_bytes, kVectorBytes) * kVectorBytes);
+      l.threads = o.threads > 0 ? o.threads : threads_for(row_bytes);
       return l;
     }
     if (p.pass == Pass::forward_backward)

@@ -3,16 +3,16 @@
 // cross_entropy_cuda.cu launches what they return.
 //
 // Kernels (cross_entropy_kernels.cuh):
-//  * the staged row kernel (the fused call on rows of at least kStagedMinRowBytes in a batch of
-//    at least kStagedMinRowsPerSm rows per SM): a row split over `cluster` blocks as in the row
-//    kernel, the cluster the smallest that cuts it into slices of at most kStagedSliceBytes (rows
-//    up to kMaxCluster such slices). Each block brings its slice's aligned vectors into shared
-//    memory by bulk copies (TMA) in kStagedChunks pieces, forms the statistics as the pieces
-//    arrive and writes the gradient from shared memory: the logits are read once, and a block
-//    keeps a whole slice's loads in flight (bench, H200: cross_entropy fwd+bwd (8192, 32000) 89%
-//    of copy staged, 77% on the row kernel). The forward reads a row once anyway and is faster on
-//    the row kernel (bench: cross_entropy fwd (8192, 32000), `--override cross_entropy.staged=on`:
-//    75% against 87%), as are short rows (fwd+bwd (65536, 4096): 72% against 81%).
+//  * the staged row kernel (the fused call on rows of kStagedMinRowBytes to kStagedRowBytes in a
+//    batch of at least kStagedMinRowsPerSm rows per SM): one block per row, the row's aligned
+//    vectors brought into shared memory by bulk copies (TMA) in kStagedChunks pieces, the
+//    statistics formed as the pieces arrive, the gradient written from shared memory. The logits
+//    are read once, and no cluster: blocks of a cluster are scheduled together and wait for each
+//    other, which at these row lengths costs more than the second read it saves (bench, H200:
+//    cross_entropy fwd+bwd (8192, 32000) 89% of copy staged, 77% on the row kernel). The forward
+//    reads a row once anyway and is faster on the row kernel (bench: cross_entropy fwd
+//    (8192, 32000), `--override cross_entropy.staged=on`: 75% against 87%), as are short rows
+//    (fwd+bwd (65536, 4096): 72% against 81%).
 //  * the row kernel (the forward, and the other fused calls): a row is split over `cluster`
 //    blocks, a thread-block cluster whose blocks combine their slices' statistics (max, sum of
 //    exp, sum of logits) through distributed shared memory. The fused call then writes the
@@ -50,11 +50,10 @@ inline constexpr int kMaxChunks = 1024;
 inline constexpr std::int64_t kFusedSliceBytes = 64 * 1024;
 inline constexpr std::int64_t kBackwardChunkBytes = 32 * 1024;
 inline constexpr std::int64_t kMinSliceBytes = 8 * 1024;
-// The staged kernel: slices of at most kStagedSliceBytes (two blocks' slices fit an SM's 227 KB of
-// shared memory), rows of at least kStagedMinRowBytes, batches of at least kStagedMinRowsPerSm
-// rows per SM (fewer rows spread over more blocks on the row kernel, so that the grid fills the
-// GPU).
-inline constexpr std::int64_t kStagedSliceBytes = 108 * 1024;
+// Rows the staged kernel takes: at most kStagedRowBytes (two blocks' rows fit an SM's 227 KB of
+// shared memory) and at least kStagedMinRowBytes, in batches of at least kStagedMinRowsPerSm rows
+// per SM (fewer rows spread over clusters instead, so that the grid fills the GPU).
+inline constexpr std::int64_t kStagedRowBytes = 108 * 1024;
 inline constexpr std::int64_t kStagedMinRowBytes = 32 * 1024;
 inline constexpr int kStagedMinRowsPerSm = 2;
 inline constexpr int kStagedChunks = 4;  // bulk copies (and mbarriers) per row
@@ -70,9 +69,9 @@ struct Problem {
 
 struct Launch {
   int threads = kMaxThreads;
-  bool staged = false;      // the staged row kernel (each block's slice of a row in shared memory)
-  std::size_t smem_bytes = 0;  // staged: dynamic shared memory per block (its slice's vectors)
-  int cluster = 1;          // row kernels: blocks per row, one cluster (1: no cluster)
+  bool staged = false;      // the staged row kernel (one block per row, the row in shared memory)
+  std::size_t smem_bytes = 0;  // staged: dynamic shared memory per block (the row's vectors)
+  int cluster = 1;          // row kernel: blocks per row, one cluster (1: no cluster)
   int chunks = 1;           // backward kernel: blocks per row (grid.y)
   std::int64_t blocks = 0;  // grid.x: rows x cluster (row kernel) or rows (backward kernel)
 };
@@ -81,8 +80,8 @@ struct Launch {
 // 0: the table decides.
 struct LaunchOverrides {
   int threads = 0;  // 64, 128 or 256
-  int cluster = 0;  // 1, 2, 4 or 8 (forward and fused; alone, it forces the row kernel)
-  int staged = 0;   // 1: the staged kernel wherever its slices fit (forward and fused), -1: never
+  int cluster = 0;  // 1, 2, 4 or 8 (forward and fused; forces the row kernel)
+  int staged = 0;   // 1: the staged kernel wherever the row fits (forward and fused), -1: never
   int chunks = 0;   // 1 .. kMaxChunks (backward)
 };
 // Reads the cross_entropy.* override keys.

@@ -109,16 +109,17 @@ void launch_row_kernel(Pass pass, const Launch& choice, KernelParams k, bool dep
                        const char* op) {
   const dim3 grid(static_cast<unsigned>(choice.blocks));
   const bool gradient = pass == Pass::forward_backward;
-  k.parts = choice.cluster;
   if (choice.staged) {
+    k.parts = 1;
     if (gradient)
-      launch(staged_row_kernel<T, Index, true>, grid, choice.threads, choice.cluster, choice.smem_bytes, dependent,
-             stream, k, op, "cross_entropy staged forward-backward kernel");
+      launch(staged_row_kernel<T, Index, true>, grid, choice.threads, 1, choice.smem_bytes, dependent, stream, k, op,
+             "cross_entropy staged forward-backward kernel");
     else
-      launch(staged_row_kernel<T, Index, false>, grid, choice.threads, choice.cluster, choice.smem_bytes, false,
-             stream, k, op, "cross_entropy staged forward kernel");
+      launch(staged_row_kernel<T, Index, false>, grid, choice.threads, 1, choice.smem_bytes, false, stream, k, op,
+             "cross_entropy staged forward kernel");
     return;
   }
+  k.parts = choice.cluster;
   if (gradient)
     launch(row_kernel<T, Index, true>, grid, choice.threads, choice.cluster, 0, dependent, stream, k, op,
            "cross_entropy forward-backward kernel");

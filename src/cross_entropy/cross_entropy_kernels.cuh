@@ -179,12 +179,11 @@ struct Sweep {
   __device__ __forceinline__ bool has(int u) const { return base + u * threads < end; }
 
   // EVICT_FIRST: the loads are the data's last use (streamed past L2's other lines).
-  // Vector j from body[j - first] (first: the vector that body starts at).
   template <bool EVICT_FIRST = false>
-  __device__ __forceinline__ void load(const uint4* __restrict__ body, int first = 0) {
+  __device__ __forceinline__ void load(const uint4* __restrict__ body) {
 #pragma unroll
     for (int u = 0; u < U; ++u)
-      if (has(u)) raw[u] = EVICT_FIRST ? __ldcs(body + base + u * threads) : body[base + u * threads - first];
+      if (has(u)) raw[u] = EVICT_FIRST ? __ldcs(body + base + u * threads) : body[base + u * threads];
   }
 
   // The largest of the sweep's values (-inf for none). 16-bit types take it on packed pairs (one
@@ -374,20 +373,6 @@ __device__ __forceinline__ void write_gradient(const KernelParams& p, std::int64
   }
 }
 
-// The row's statistics from its blocks' (`st`: this block's), combined in rank order through
-// distributed shared memory, alike in every block of the cluster. `block_total` holds this block's
-// for the others to read; the caller waits on the cluster barrier (barrier_wait) before it exits.
-__device__ __forceinline__ Stats cluster_stats(Stats st, int parts, Stats* block_total) {
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  if (threadIdx.x == 0) *block_total = st;
-  cluster.sync();  // releases each block's total to the cluster
-  st = *cluster.map_shared_rank(block_total, 0);
-  for (int k = 1; k < parts; ++k) st = combine(st, *cluster.map_shared_rank(block_total, k));
-  cluster.barrier_arrive();  // done reading the other blocks' shared memory
-  return st;
-}
-
 // ---- kernels ---------------------------------------------------------------------------------
 
 template <typename Index>
@@ -433,7 +418,14 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocksPerSm) row_kernel(const
     st = slice_stats(x, span, scalars, vectors, p.sum_logits);
   }
   st = block_stats(st, warp_slots);
-  if (parts > 1) st = cluster_stats(st, parts, &block_total);  // barrier waited for at the end
+  if (parts > 1) {
+    cg::cluster_group cluster = cg::this_cluster();
+    if (threadIdx.x == 0) block_total = st;
+    cluster.sync();  // releases each block's total to the cluster
+    st = *cluster.map_shared_rank(&block_total, 0);
+    for (int k = 1; k < parts; ++k) st = combine(st, *cluster.map_shared_rank(&block_total, k));
+    cluster.barrier_arrive();  // done reading the other blocks' shared memory (waited for at the end)
+  }
   const float lse = st.max + logf(st.sum);
   if (rank == 0 && threadIdx.x == 0) {
     float loss = 0.0f;
@@ -453,29 +445,23 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocksPerSm) row_kernel(const
   if (parts > 1) cg::this_cluster().barrier_wait();
 }
 
-// Forward (GRADIENT = false) and fused forward + backward, each block's slice of a row held in
-// shared memory: grid.x = rows x parts, clusters of `parts` blocks along x when parts > 1 (block
-// rank = blockIdx.x % parts). Thread 0 issues the slice's aligned vectors as kStagedChunks bulk
-// copies, each completing on its own mbarrier; the threads add up the slice's scalars meanwhile,
-// then each piece as it lands. The cluster combines its blocks' statistics as the row kernel's
-// does; the gradient is formed from shared memory.
+// Forward (GRADIENT = false) and fused forward + backward on rows that fit in shared memory: one
+// block per row (grid.x = rows). Thread 0 issues the row's aligned vectors as kStagedChunks bulk
+// copies, each completing on its own mbarrier; the threads add up the scalar head and tail
+// meanwhile, then each piece as it lands. The gradient is formed from shared memory.
 template <typename T, typename Index, bool GRADIENT>
 __global__ void __launch_bounds__(kMaxThreads) staged_row_kernel(const KernelParams p) {
   extern __shared__ uint4 staged[];
   __shared__ Stats warp_slots[kMaxThreads / 32];
-  __shared__ Stats block_total;  // this block's statistics, read by the cluster's blocks
   __shared__ std::uint64_t landed[kStagedChunks];
 
-  const int parts = p.parts;
-  const std::int64_t row = blockIdx.x / parts;
-  const int rank = static_cast<int>(blockIdx.x - row * parts);
+  const std::int64_t row = blockIdx.x;
   const T* __restrict__ x = static_cast<const T*>(p.logits) + row * p.logits_row_stride;
   const std::int64_t target = target_of<Index>(p, row);
   const bool ignored = target == p.ignore_index;
   const bool in_range = target >= 0 && target < p.cols;
   const RowSpan span = row_span(x, p.cols, p.vector_ok);
-  const Range scalars = part_of(span.scalars, rank, parts), vectors = part_of(span.vectors, rank, parts);
-  const int count = vectors.end - vectors.begin;  // staged[k] is the row's vector vectors.begin + k
+  const Range scalars{0, span.scalars}, vectors{0, span.vectors};
   const uint4* body = reinterpret_cast<const uint4*>(x + span.head);
 
   if (threadIdx.x == 0) {
@@ -485,36 +471,34 @@ __global__ void __launch_bounds__(kMaxThreads) staged_row_kernel(const KernelPar
   __syncthreads();
   if (threadIdx.x == 0) {
     for (int c = 0; c < kStagedChunks; ++c) {
-      const Range piece = part_of(count, c, kStagedChunks);
+      const Range piece = part_of(span.vectors, c, kStagedChunks);
       const unsigned bytes = static_cast<unsigned>(piece.end - piece.begin) * kVectorBytes;
       mbarrier_arrive_expect_tx(&landed[c], bytes);
-      if (bytes > 0)
-        bulk_copy_to_shared(staged + piece.begin, body + vectors.begin + piece.begin, bytes, &landed[c]);
+      if (bytes > 0) bulk_copy_to_shared(staged + piece.begin, body + piece.begin, bytes, &landed[c]);
     }
   }
-  // Read before any block of the row writes its gradient (in place, dlogits is the logits): the
-  // writes follow the cluster barrier (or, for one block, the block's barriers) below.
+  // Read before any gradient is written (in place, dlogits is the logits): the writes follow the
+  // block's barriers below.
   float x_target = 0.0f;
-  if (rank == 0 && threadIdx.x == 0 && !ignored && in_range) x_target = to_float(x[target]);
+  if (threadIdx.x == 0 && !ignored && in_range) x_target = to_float(x[target]);
 
   Stats st = scalar_stats(x, span, scalars, p.sum_logits);
   Sweep<T> sweep;
   sweep.threads = blockDim.x;
   for (int c = 0; c < kStagedChunks; ++c) {
-    const Range piece = part_of(count, c, kStagedChunks);
+    const Range piece = part_of(span.vectors, c, kStagedChunks);
     mbarrier_wait(&landed[c], 0);
-    sweep.end = vectors.begin + piece.end;
-    for (int base = vectors.begin + piece.begin + static_cast<int>(threadIdx.x); base < sweep.end;
+    sweep.end = piece.end;
+    for (int base = piece.begin + static_cast<int>(threadIdx.x); base < piece.end;
          base += kVectorsPerThread * sweep.threads) {
       sweep.base = base;
-      sweep.load(staged, vectors.begin);
+      sweep.load(staged);
       sweep.accumulate(st, p.sum_logits);
     }
   }
   st = block_stats(st, warp_slots);
-  if (parts > 1) st = cluster_stats(st, parts, &block_total);  // barrier waited for at the end
   const float lse = st.max + logf(st.sum);
-  if (rank == 0 && threadIdx.x == 0) {
+  if (threadIdx.x == 0) {
     float loss = 0.0f;
     if (!ignored) {
       loss = in_range ? lse - p.one_minus_smoothing * x_target - p.smoothing_per_class * st.logits +
@@ -525,28 +509,25 @@ __global__ void __launch_bounds__(kMaxThreads) staged_row_kernel(const KernelPar
     if (p.lse) p.lse[row] = lse;
   }
   if constexpr (GRADIENT) {
+    const GradientTerms terms = ignored ? GradientTerms{} : gradient_terms(p, row, target, in_range, lse);
+    T* __restrict__ dx = static_cast<T*>(p.dlogits) + row * p.dlogits_row_stride;
+    uint4* __restrict__ dx_body = reinterpret_cast<uint4*>(dx + span.head);
     if (ignored) {
-      write_gradient<T>(p, row, x, span, scalars, vectors, true, GradientTerms{}, sweep, false);
+      write_gradient<T>(p, row, x, span, scalars, vectors, true, terms, sweep, false);
     } else {
-      const GradientTerms terms = gradient_terms(p, row, target, in_range, lse);
       constexpr int VEC = kVectorBytes / sizeof(T);
-      T* __restrict__ dx = static_cast<T*>(p.dlogits) + row * p.dlogits_row_stride;
-      uint4* __restrict__ dx_body = reinterpret_cast<uint4*>(dx + span.head);
-      for (int i = scalars.begin + static_cast<int>(threadIdx.x); i < scalars.end; i += blockDim.x) {
+      for (int i = static_cast<int>(threadIdx.x); i < span.scalars; i += blockDim.x) {
         const int col = span.scalar_column(i, VEC);
         dx[col] = from_float<T>(terms.at(to_float(x[col]), col));
       }
-      sweep.end = vectors.end;
-      for (int base = vectors.begin + static_cast<int>(threadIdx.x); base < vectors.end;
-           base += kVectorsPerThread * sweep.threads) {
+      sweep.end = span.vectors;
+      for (int base = static_cast<int>(threadIdx.x); base < span.vectors; base += kVectorsPerThread * sweep.threads) {
         sweep.base = base;
-        sweep.load(staged, vectors.begin);
+        sweep.load(staged);
         store_gradient(terms, sweep, span.head, dx_body);
       }
     }
   }
-  // No block leaves (freeing its shared memory) while another may still read its statistics.
-  if (parts > 1) cooperative_groups::this_cluster().barrier_wait();
 }
 
 // The gradient from the saved lse; grid (rows, chunks), chunk blockIdx.y a part of the columns.
