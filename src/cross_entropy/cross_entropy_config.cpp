@@ -62,8 +62,7 @@ Launch choose_launch(const Problem& p, const detail::DeviceInfo& device, const L
   Launch l;
   const std::int64_t row_bytes = p.cols * p.element_bytes;
   if (p.pass == Pass::backward) {
-    l.chunks = static_cast<int>(std::min<std::int64_t>(kMaxChunks, ceil_div(row_bytes, kBackwardChunkBytes)));
-    l.chunks = spread_small_batches(p, l.chunks, kMaxChunks, false, device.sm_count);
+    l.chunks = spread_small_batches(p, 1, kMaxChunks, false, device.sm_count);
     if (o.chunks > 0) l.chunks = o.chunks;
     l.blocks = p.rows;
   } else {
