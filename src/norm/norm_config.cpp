@@ -27,12 +27,23 @@ struct RowRule {
 
 // Forward. One warp per row up to 127 vectors; rows of exactly 128 (N = 1024 in 16-bit types) on
 // two warps at two vectors per lane, which also turns on the next wave's L2 request (bench:
-// layer_norm / rms_norm fwd (16384, 1024), H200). Longer rows: 4 vectors per thread.
+// layer_norm / rms_norm fwd (16384, 1024), H200). Longer rows: 4 vectors per thread, or
+// kForwardPartialRowVectors where the row does not fill them exactly.
 constexpr RowRule kForwardRows[] = {
     {127, 32, 0},
     {128, 64, 0},
     {kAnyLength, 0, 4},
 };
+// Vectors per thread of the forward's longer rows that do not fill 4 per thread exactly (a partial
+// last vector, or N not a multiple of 128 vectors), where 512 threads cover them at that (bench,
+// H200, % of copy at 3 and at 4 vectors: rms_norm fwd (32768, 2049) 84% / 60%, (8192, 5001)
+// 75% / 64%; layer_norm fwd (32768, 2049) 69% / 59%, (16384, 3000) 83% / 82%).
+constexpr int kForwardPartialRowVectors = 3;
+// Vectors per thread of the backward's tail rows (a partial last vector) from x without dbias
+// (RMSNorm), longer than 128 vectors (bench, H200, % of copy at 4 vectors and at the table's:
+// rms_norm bwd (32768, 2049) 73% / 69%, (8192, 4095) 73% / 63%, (8192, 5001) 80% / 57%; with
+// dbias the table's stay ahead: layer_norm bwd (32768, 2049) 70% at 3, 52% at 4).
+constexpr int kBackwardTailVectorsWithoutDbias = 4;
 
 // Backward, by source and dbias. Short rows (up to one warp at 4 vectors) run one warp per row in
 // 256-thread blocks (512 up to 32 vectors); LayerNorm's dbias from x at 97..128 vectors two warps
@@ -200,7 +211,11 @@ std::optional<BackwardPlan> plan_backward(const BackwardProblem& problem, const 
   const RowRule& rule = problem.from_output ? rule_for(kBackwardRowsFromY, vectors)
                         : problem.bias_grad ? rule_for(kBackwardRowsFromXWithDbias, vectors)
                                             : rule_for(kBackwardRowsFromX, vectors);
-  const RowShape shape = row_shape(rule, vectors, overrides.backward_vectors);
+  const bool tail_vectors = tail && !problem.bias_grad && !problem.from_output && rule.threads_per_row == 0;
+  const RowShape shape = row_shape(rule, vectors,
+                                   overrides.backward_vectors > 0 ? overrides.backward_vectors
+                                   : tail_vectors                 ? kBackwardTailVectorsWithoutDbias
+                                                                  : 0);
   if (shape.vectors_per_thread == 0) return std::nullopt;
   const int tpr = shape.threads_per_row, iters = shape.vectors_per_thread;
 
@@ -284,7 +299,13 @@ ForwardLaunch choose_forward_launch(const ForwardProblem& problem, const detail:
   RowShape shape;
   if (problem.aligned) {
     const std::int64_t vectors = (problem.cols + vec - 1) / vec;
-    shape = row_shape(rule_for(kForwardRows, vectors), vectors, overrides.forward_vectors);
+    const RowRule& rule = rule_for(kForwardRows, vectors);
+    shape = row_shape(rule, vectors, overrides.forward_vectors);
+    if (overrides.forward_vectors == 0 && rule.threads_per_row == 0 &&
+        problem.cols != std::int64_t(shape.threads_per_row) * shape.vectors_per_thread * vec) {
+      const RowShape partial = row_shape(rule, vectors, kForwardPartialRowVectors);
+      if (partial.vectors_per_thread > 0) shape = partial;
+    }
   }
   if (shape.vectors_per_thread == 0) {
     launch.grid = persistent_grid(occupancy.forward_generic_blocks_per_sm(), 1, problem.rows, device);

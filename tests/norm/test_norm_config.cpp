@@ -384,8 +384,10 @@ TEST(NormConfig, BackwardFallsBackToTheGenericKernel) {
 }
 
 // N not a multiple of the vector, with aligned pointers and row strides: the row kernels' tail
-// variants (a masked last vector) at the row shape of N rounded up to whole vectors, never the
-// generic kernel; misaligned, the generic kernel still.
+// variants (a masked last vector), never the generic kernel; misaligned, the generic kernel still.
+// The row shape is that of N rounded up to whole vectors, except for rows longer than 128 vectors:
+// the forward takes 3 vectors per thread where 512 threads cover the row (the rounded row may
+// fill 4 exactly), RMSNorm's backward from x 4.
 TEST(NormConfig, PartialLastVectorTakesTheRowKernels) {
   for (const auto& device : {h100(), h200()})
     for (int bytes : {2, 4}) {
@@ -401,8 +403,15 @@ TEST(NormConfig, PartialLastVectorTakesTheRowKernels) {
           EXPECT_FALSE(f.generic);
           EXPECT_TRUE(f.variant.tail);
           EXPECT_EQ(f.variant.rows, ForwardRows::any);
-          EXPECT_EQ(f.variant.vectors_per_thread, f_rounded.variant.vectors_per_thread);
-          EXPECT_EQ(f.geometry.threads_per_row, f_rounded.geometry.threads_per_row);
+          const std::int64_t vectors = rounded / vec;
+          if (vectors > 128) {
+            const int vpt = (vectors + 95) / 96 * 32 <= 512 ? 3 : 4;
+            EXPECT_EQ(f.variant.vectors_per_thread, vpt);
+            EXPECT_EQ(f.geometry.threads_per_row, (vectors + 32 * vpt - 1) / (32 * vpt) * 32);
+          } else {
+            EXPECT_EQ(f.variant.vectors_per_thread, f_rounded.variant.vectors_per_thread);
+            EXPECT_EQ(f.geometry.threads_per_row, f_rounded.geometry.threads_per_row);
+          }
           ForwardProblem misaligned = forward_problem(kind, 4096, cols, bytes);
           misaligned.aligned = false;
           EXPECT_TRUE(forward_on(device, misaligned).generic);
@@ -415,8 +424,13 @@ TEST(NormConfig, PartialLastVectorTakesTheRowKernels) {
             EXPECT_TRUE(is_compiled(b.variant));
             EXPECT_FALSE(b.variant.full_rows);
             EXPECT_FALSE(b.variant.keep_g);
-            EXPECT_EQ(b.variant.vectors_per_thread, b_rounded.variant.vectors_per_thread);
-            EXPECT_EQ(b.geometry.threads_per_row, b_rounded.geometry.threads_per_row);
+            if (kind == Kind::rms_norm && !from_output && vectors > 128) {
+              EXPECT_EQ(b.variant.vectors_per_thread, 4);
+              EXPECT_EQ(b.geometry.threads_per_row, (vectors + 127) / 128 * 32);
+            } else {
+              EXPECT_EQ(b.variant.vectors_per_thread, b_rounded.variant.vectors_per_thread);
+              EXPECT_EQ(b.geometry.threads_per_row, b_rounded.geometry.threads_per_row);
+            }
             BackwardProblem misaligned_b = backward_problem(kind, 4096, cols, from_output, bytes);
             misaligned_b.aligned = false;
             EXPECT_TRUE(backward_on(device, misaligned_b).generic);
@@ -428,6 +442,7 @@ TEST(NormConfig, PartialLastVectorTakesTheRowKernels) {
           EXPECT_FALSE(r.generic);
           EXPECT_TRUE(r.variant.tail && r.variant.dsum);
           EXPECT_TRUE(is_compiled(r.variant));
+          if (kind == Kind::rms_norm && vectors > 128) EXPECT_EQ(r.variant.vectors_per_thread, 4);  // no dbias
         }
       }
     }
