@@ -333,13 +333,18 @@ __device__ __forceinline__ void store_gradient(const GradientTerms& terms, const
   }
 }
 
+// Where write_gradient finds a block's vectors again: in memory (read a second time), in the
+// registers of the one sweep that covered them (`held`), or in shared memory (`staged`, vector j
+// of the row at staged[j]).
+enum class VectorSource { memory, held, shared };
+
 // This block's part of a row of dlogits: zeros for an ignored row (nothing is read, `terms` is
-// not used), else the gradient of its scalars (read again) and of its vectors: from `held` where
-// `resident` (the block's one sweep, already loaded), else read again from memory.
-template <typename T>
+// not used), else the gradient of its scalars (read again) and of its vectors from SOURCE.
+template <typename T, VectorSource SOURCE>
 __device__ __forceinline__ void write_gradient(const KernelParams& p, std::int64_t row, const T* __restrict__ x,
                                                const RowSpan& span, Range scalars, Range vectors, bool ignored,
-                                               const GradientTerms& terms, const Sweep<T>& held, bool resident) {
+                                               const GradientTerms& terms, const Sweep<T>& held,
+                                               const uint4* staged) {
   constexpr int VEC = kVectorBytes / sizeof(T), U = kVectorsPerThread;
   const int threads = blockDim.x;
   T* __restrict__ dx = static_cast<T*>(p.dlogits) + row * p.dlogits_row_stride;
@@ -355,29 +360,51 @@ __device__ __forceinline__ void write_gradient(const KernelParams& p, std::int64
     const int col = span.scalar_column(i, VEC);
     dx[col] = from_float<T>(terms.at(to_float(x[col]), col));
   }
-  if (resident) {
+  if constexpr (SOURCE == VectorSource::held) {
     store_gradient(terms, held, span.head, dx_body);
-    return;
+  } else {
+    // The sweeps in reverse: a second pass over memory then reads first what the first pass read
+    // last, which L2 is likeliest still to hold when a slice does not fit entirely.
+    const uint4* __restrict__ body = reinterpret_cast<const uint4*>(x + span.head);
+    Sweep<T> sweep;
+    sweep.end = vectors.end;
+    sweep.threads = threads;
+    const int stride = U * threads;
+    for (int k = (vectors.end - vectors.begin + stride - 1) / stride - 1; k >= 0; --k) {
+      sweep.base = vectors.begin + k * stride + static_cast<int>(threadIdx.x);
+      if constexpr (SOURCE == VectorSource::shared) sweep.load(staged);
+      else sweep.load<true>(body);
+      store_gradient(terms, sweep, span.head, dx_body);
+    }
   }
-  // The sweeps in reverse: the fused kernel's second pass then reads first what its first pass read
-  // last, which L2 is likeliest still to hold when a slice does not fit entirely.
-  const uint4* __restrict__ body = reinterpret_cast<const uint4*>(x + span.head);
-  Sweep<T> sweep;
-  sweep.end = vectors.end;
-  sweep.threads = threads;
-  const int stride = U * threads;
-  for (int k = (vectors.end - vectors.begin + stride - 1) / stride - 1; k >= 0; --k) {
-    sweep.base = vectors.begin + k * stride + static_cast<int>(threadIdx.x);
-    sweep.load<true>(body);
-    store_gradient(terms, sweep, span.head, dx_body);
+}
+
+// The row's loss (0 where ignored, NaN for a target out of range) and, where asked, its lse; by
+// one thread of the row.
+__device__ __forceinline__ void write_row_loss(const KernelParams& p, std::int64_t row, bool ignored, bool in_range,
+                                               float x_target, const Stats& st, float lse) {
+  float loss = 0.0f;
+  if (!ignored) {
+    loss = in_range ? lse - p.one_minus_smoothing * x_target - p.smoothing_per_class * st.logits +
+                          p.z_loss * lse * lse
+                    : quiet_nan();
   }
+  p.row_loss[row] = loss;
+  if (p.lse) p.lse[row] = lse;
 }
 
 // ---- kernels ---------------------------------------------------------------------------------
 
+// A row's target, whether it is ignore_index (loss and gradient 0) and whether it names a class
+// (0 <= target < V; otherwise the row's loss and gradient are NaN).
+struct RowTarget {
+  std::int64_t target;
+  bool ignored, in_range;
+};
 template <typename Index>
-__device__ __forceinline__ std::int64_t target_of(const KernelParams& p, std::int64_t row) {
-  return static_cast<std::int64_t>(static_cast<const Index*>(p.targets)[row]);
+__device__ __forceinline__ RowTarget row_target(const KernelParams& p, std::int64_t row) {
+  const auto target = static_cast<std::int64_t>(static_cast<const Index*>(p.targets)[row]);
+  return {target, target == p.ignore_index, target >= 0 && target < p.cols};
 }
 
 // Forward (GRADIENT = false) and fused forward + backward; grid.x = rows x parts, clusters of
@@ -392,9 +419,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocksPerSm) row_kernel(const
   const std::int64_t row = blockIdx.x / parts;
   const int rank = static_cast<int>(blockIdx.x - row * parts);
   const T* __restrict__ x = static_cast<const T*>(p.logits) + row * p.logits_row_stride;
-  const std::int64_t target = target_of<Index>(p, row);
-  const bool ignored = target == p.ignore_index;
-  const bool in_range = target >= 0 && target < p.cols;
+  const auto [target, ignored, in_range] = row_target<Index>(p, row);
   // Read before this block reaches the cluster barrier, so before any block of the row writes its
   // gradient (in place, dlogits is the logits).
   float x_target = 0.0f;
@@ -427,19 +452,13 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocksPerSm) row_kernel(const
     cluster.barrier_arrive();  // done reading the other blocks' shared memory (waited for at the end)
   }
   const float lse = st.max + logf(st.sum);
-  if (rank == 0 && threadIdx.x == 0) {
-    float loss = 0.0f;
-    if (!ignored) {
-      loss = in_range ? lse - p.one_minus_smoothing * x_target - p.smoothing_per_class * st.logits +
-                            p.z_loss * lse * lse
-                      : quiet_nan();
-    }
-    p.row_loss[row] = loss;
-    if (p.lse) p.lse[row] = lse;
-  }
+  if (rank == 0 && threadIdx.x == 0) write_row_loss(p, row, ignored, in_range, x_target, st, lse);
   if constexpr (GRADIENT) {
     const GradientTerms terms = ignored ? GradientTerms{} : gradient_terms(p, row, target, in_range, lse);
-    write_gradient(p, row, x, span, scalars, vectors, ignored, terms, sweep, resident);
+    if (resident)
+      write_gradient<T, VectorSource::held>(p, row, x, span, scalars, vectors, ignored, terms, sweep, nullptr);
+    else
+      write_gradient<T, VectorSource::memory>(p, row, x, span, scalars, vectors, ignored, terms, sweep, nullptr);
   }
   // No block leaves (freeing its shared memory) while another may still read its statistics.
   if (parts > 1) cg::this_cluster().barrier_wait();
@@ -457,9 +476,7 @@ __global__ void __launch_bounds__(kMaxThreads) staged_row_kernel(const KernelPar
 
   const std::int64_t row = blockIdx.x;
   const T* __restrict__ x = static_cast<const T*>(p.logits) + row * p.logits_row_stride;
-  const std::int64_t target = target_of<Index>(p, row);
-  const bool ignored = target == p.ignore_index;
-  const bool in_range = target >= 0 && target < p.cols;
+  const auto [target, ignored, in_range] = row_target<Index>(p, row);
   const RowSpan span = row_span(x, p.cols, p.vector_ok);
   const Range scalars{0, span.scalars}, vectors{0, span.vectors};
   const uint4* body = reinterpret_cast<const uint4*>(x + span.head);
@@ -498,35 +515,10 @@ __global__ void __launch_bounds__(kMaxThreads) staged_row_kernel(const KernelPar
   }
   st = block_stats(st, warp_slots);
   const float lse = st.max + logf(st.sum);
-  if (threadIdx.x == 0) {
-    float loss = 0.0f;
-    if (!ignored) {
-      loss = in_range ? lse - p.one_minus_smoothing * x_target - p.smoothing_per_class * st.logits +
-                            p.z_loss * lse * lse
-                      : quiet_nan();
-    }
-    p.row_loss[row] = loss;
-    if (p.lse) p.lse[row] = lse;
-  }
+  if (threadIdx.x == 0) write_row_loss(p, row, ignored, in_range, x_target, st, lse);
   if constexpr (GRADIENT) {
     const GradientTerms terms = ignored ? GradientTerms{} : gradient_terms(p, row, target, in_range, lse);
-    T* __restrict__ dx = static_cast<T*>(p.dlogits) + row * p.dlogits_row_stride;
-    uint4* __restrict__ dx_body = reinterpret_cast<uint4*>(dx + span.head);
-    if (ignored) {
-      write_gradient<T>(p, row, x, span, scalars, vectors, true, terms, sweep, false);
-    } else {
-      constexpr int VEC = kVectorBytes / sizeof(T);
-      for (int i = static_cast<int>(threadIdx.x); i < span.scalars; i += blockDim.x) {
-        const int col = span.scalar_column(i, VEC);
-        dx[col] = from_float<T>(terms.at(to_float(x[col]), col));
-      }
-      sweep.end = span.vectors;
-      for (int base = static_cast<int>(threadIdx.x); base < span.vectors; base += kVectorsPerThread * sweep.threads) {
-        sweep.base = base;
-        sweep.load(staged);
-        store_gradient(terms, sweep, span.head, dx_body);
-      }
-    }
+    write_gradient<T, VectorSource::shared>(p, row, x, span, scalars, vectors, ignored, terms, sweep, staged);
   }
 }
 
@@ -535,15 +527,13 @@ template <typename T, typename Index>
 __global__ void __launch_bounds__(kMaxThreads, kMinBlocksPerSm) backward_kernel(const KernelParams p) {
   const std::int64_t row = blockIdx.x;
   const T* __restrict__ x = static_cast<const T*>(p.logits) + row * p.logits_row_stride;
-  const std::int64_t target = target_of<Index>(p, row);
-  const bool ignored = target == p.ignore_index;
-  const bool in_range = target >= 0 && target < p.cols;
+  const auto [target, ignored, in_range] = row_target<Index>(p, row);
   const RowSpan span = row_span(x, p.cols, p.vector_ok);
   const int part = blockIdx.y, parts = gridDim.y;
   const GradientTerms terms = ignored ? GradientTerms{} : gradient_terms(p, row, target, in_range, p.lse[row]);
   const Sweep<T> none{};
-  write_gradient<T>(p, row, x, span, part_of(span.scalars, part, parts), part_of(span.vectors, part, parts), ignored,
-                    terms, none, false);
+  write_gradient<T, VectorSource::memory>(p, row, x, span, part_of(span.scalars, part, parts),
+                                          part_of(span.vectors, part, parts), ignored, terms, none, nullptr);
 }
 
 // ---- one-block reductions over the rows ------------------------------------------------------
