@@ -672,9 +672,11 @@ TEST(LinearCrossEntropyGpu, ShapesChunksAndLayouts) {
     std::int64_t t, v, h, chunk;
   };
   // Odd V (the chunk's padded row stride), H not a multiple of 8, one row, one class, one chunk of
-  // everything, many chunks, a short last chunk.
+  // everything, many chunks, a short last chunk; a chunk of rows long and many enough for
+  // cross_entropy's staged kernel (rows of 32 to 108 KB, two per SM).
   for (const Shape& s : {Shape{1, 7, 8, 0}, Shape{37, 1, 16, 0}, Shape{64, 3001, 130, 0}, Shape{257, 3001, 96, 64},
-                         Shape{512, 2048, 256, 100}, Shape{1000, 501, 40, 1000}, Shape{129, 50, 24, 1}})
+                         Shape{512, 2048, 256, 100}, Shape{1000, 501, 40, 1000}, Shape{129, 50, 24, 1},
+                         Shape{300, 20011, 40, 300}})
     for (bool bias : {false, true}) {
       Case c;
       c.dtype = DType::bf16;
