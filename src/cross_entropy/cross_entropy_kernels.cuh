@@ -7,10 +7,13 @@
 //    statistics in a fixed order, the cluster its blocks' in rank order through distributed
 //    shared memory, so every block holds the row's statistics bitwise alike. Block 0 writes the
 //    row's loss and lse. The fused kernel then writes the gradient: from the registers that still
-//    hold its slice where the slice is one sweep (the config sizes clusters for that: the logits
-//    are read once), else by sweeping the slice again (from L2: it was just read).
+//    hold its slice where the slice is one sweep (the logits read once), else by sweeping the
+//    slice again (from L2: it was just read).
+//  * staged_row_kernel<T, Index, GRADIENT>: the same on one block per row, the row's vectors
+//    brought into shared memory by bulk copies (TMA) and read from there for the statistics and
+//    the gradient: the logits are read once, whatever the row's length up to what fits.
 //  * backward_kernel<T, Index>: the gradient from the saved lse; a row's columns split over
-//    independent blocks (grid.y).
+//    independent blocks (grid.y) where the batch is small.
 //  * mean_scale_kernel: the mean's gradient scale dloss / N, N the rows not ignored (one block,
 //    before the row or backward kernel, which waits for it only before it reads the scale:
 //    programmatic dependent launch).
