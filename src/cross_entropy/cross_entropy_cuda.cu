@@ -11,6 +11,7 @@
 #include "core/cuda_check.h"
 #include "core/dependent_launch.h"
 #include "core/device_info.h"
+#include "core/launch_tuning.h"
 #include "cross_entropy/cross_entropy_config.h"
 #include "cross_entropy/cross_entropy_kernels.cuh"
 #include "cross_entropy/cross_entropy_params.h"
@@ -67,11 +68,8 @@ void dispatch_types(DType dtype, DType target_dtype, F&& f) {
 // Where the driver refuses the dependent launch, a plain launch in stream order does the same.
 template <typename Kernel>
 void launch(Kernel kernel, dim3 grid, int threads, int cluster, std::size_t smem_bytes, bool dependent,
-            cudaStream_t stream, const KernelParams& params, const char* op, const char* what) {
-  if (smem_bytes > 48 * 1024)  // past the default: an opt-in per kernel
-    detail::check_cuda(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes)), op,
-        what);
+            int device_index, cudaStream_t stream, const KernelParams& params, const char* op, const char* what) {
+  if (smem_bytes > 0) detail::allow_dynamic_smem(op, kernel, smem_bytes, device_index, what);
   cudaLaunchAttribute attributes[2] = {};
   unsigned count = 0;
   if (cluster > 1) {
@@ -105,26 +103,26 @@ void launch(Kernel kernel, dim3 grid, int threads, int cluster, std::size_t smem
 
 // The forward or fused kernel of `choice`: the staged row kernel or the (cluster) row kernel.
 template <typename T, typename Index>
-void launch_row_kernel(Pass pass, const Launch& choice, KernelParams k, bool dependent, cudaStream_t stream,
-                       const char* op) {
+void launch_row_kernel(Pass pass, const Launch& choice, KernelParams k, bool dependent, int device_index,
+                       cudaStream_t stream, const char* op) {
   const dim3 grid(static_cast<unsigned>(choice.blocks));
   const bool gradient = pass == Pass::forward_backward;
   if (choice.staged) {
     k.parts = 1;
     if (gradient)
-      launch(staged_row_kernel<T, Index, true>, grid, choice.threads, 1, choice.smem_bytes, dependent, stream, k, op,
-             "cross_entropy staged forward-backward kernel");
+      launch(staged_row_kernel<T, Index, true>, grid, choice.threads, 1, choice.smem_bytes, dependent, device_index,
+             stream, k, op, "cross_entropy staged forward-backward kernel");
     else
-      launch(staged_row_kernel<T, Index, false>, grid, choice.threads, 1, choice.smem_bytes, false, stream, k, op,
-             "cross_entropy staged forward kernel");
+      launch(staged_row_kernel<T, Index, false>, grid, choice.threads, 1, choice.smem_bytes, false, device_index,
+             stream, k, op, "cross_entropy staged forward kernel");
     return;
   }
   k.parts = choice.cluster;
   if (gradient)
-    launch(row_kernel<T, Index, true>, grid, choice.threads, choice.cluster, 0, dependent, stream, k, op,
+    launch(row_kernel<T, Index, true>, grid, choice.threads, choice.cluster, 0, dependent, device_index, stream, k, op,
            "cross_entropy forward-backward kernel");
   else
-    launch(row_kernel<T, Index, false>, grid, choice.threads, choice.cluster, 0, false, stream, k, op,
+    launch(row_kernel<T, Index, false>, grid, choice.threads, choice.cluster, 0, false, device_index, stream, k, op,
            "cross_entropy forward kernel");
 }
 
@@ -188,10 +186,10 @@ void launch_call(const Params& p, int device_index, cudaStream_t stream) {
     k.parts = launch_choice.chunks;
     launch(backward_kernel<T, Index>,
            dim3(static_cast<unsigned>(launch_choice.blocks), static_cast<unsigned>(launch_choice.chunks)),
-           launch_choice.threads, 1, 0, mean_scale, stream, k, op, "cross_entropy backward kernel");
+           launch_choice.threads, 1, 0, mean_scale, device_index, stream, k, op, "cross_entropy backward kernel");
     return;
   }
-  launch_row_kernel<T, Index>(p.pass, launch_choice, k, mean_scale, stream, op);
+  launch_row_kernel<T, Index>(p.pass, launch_choice, k, mean_scale, device_index, stream, op);
   if (p.reduction != LossReduction::none) {
     detail::launch_dependent(reduce_losses_kernel<Index>, dim3(1), dim3(kReduceThreads), 0, stream,
                              static_cast<const float*>(row_losses), targets, p.rows, p.ignore_index,
@@ -208,7 +206,7 @@ void launch_rows(const Params& p, float* row_loss, const float* grad_scale, int 
   KernelParams k = kernel_params(p, row_loss);
   k.grad_scale = grad_scale;
   k.grad_scale_stride = 0;
-  launch_row_kernel<T, Index>(p.pass, launch_choice, k, false, stream, op);
+  launch_row_kernel<T, Index>(p.pass, launch_choice, k, false, device_index, stream, op);
 }
 
 }  // namespace

@@ -245,7 +245,10 @@ std::optional<BackwardPlan> plan_backward(const BackwardProblem& problem, const 
     return is_compiled(refined) ? refined : v;
   };
 
-  const std::size_t slot = std::size_t(plan.geometry.rows_per_block) * 2 * pitch * problem.element_bytes;
+  // A ring slot: a row of dy and of the input, and of dsum in the residual backward where that
+  // leaves room for a ring (else dsum is read from memory).
+  const std::size_t row_bytes = std::size_t(plan.geometry.rows_per_block) * pitch * problem.element_bytes;
+  std::size_t slot = 2 * row_bytes;
   const std::size_t column = std::size_t(pitch) * sizeof(float);
   const int max_stages = overrides.backward_stages > 0 ? overrides.backward_stages : kMaxStages;
   BackwardVariant v = pick(Source::x);
@@ -260,6 +263,14 @@ std::optional<BackwardPlan> plan_backward(const BackwardProblem& problem, const 
   }
   plan.variant = v;
   plan.geometry.cached_columns = arrays == 3;
+  // The residual backward's dsum rows ride in the ring where that still leaves two stages at the
+  // blocks per SM the registers allow: bulk copies issued rows ahead, where a read as dx is formed
+  // waits on memory after the row reduction (bench: rms_norm_residual bwd, H200).
+  if (problem.dsum && overrides.backward_ring_dsum >= 0 &&
+      ring_stages(3 * row_bytes, column, ring_budget(v, plan.block_threads, 0, device, occupancy), max_stages) >= 2) {
+    plan.geometry.ring_dsum = 1;
+    slot = 3 * row_bytes;
+  }
   int stages = ring_stages(slot, arrays * column, ring_budget(v, plan.block_threads, 0, device, occupancy), max_stages);
   // Where two rows of ring do not fit beside the columns at the blocks per SM the registers
   // allow, fewer blocks per SM get the room (bench: rms_norm bwd (8192, 10240), H200).
@@ -286,6 +297,8 @@ LaunchOverrides read_launch_overrides() {
   o.backward_block = static_cast<int>(detail::override_int("norm.backward.block", 128, 512).value_or(0));
   o.backward_stages = static_cast<int>(detail::override_int("norm.backward.stages", 2, kMaxStages).value_or(0));
   o.backward_cluster = static_cast<int>(detail::override_int("norm.backward.cluster", 1, 8).value_or(0));
+  if (auto ring = detail::override_choice<int>("norm.backward.ring_dsum", {{"on", 1}, {"off", -1}}))
+    o.backward_ring_dsum = *ring;
   if (o.backward_cluster & (o.backward_cluster - 1))
     throw Error(ErrorKind::invalid_argument, "fusekit.override", "norm.backward.cluster", "1, 2, 4 or 8",
                 std::to_string(o.backward_cluster));

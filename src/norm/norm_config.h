@@ -26,6 +26,7 @@ struct RowGeometry {
   int stages;                // backward: rows per group in the shared-memory ring (2..kMaxStages)
   int cached_columns;        // backward from y: 1 where 1/w and b are cached in shared memory
   int l2_prefetch_rows = 0;  // forward: each row asks L2 for the row this far ahead (0: none)
+  int ring_dsum = 0;         // residual backward: 1 where the ring carries dsum's rows too
 };
 
 // ---- kernel variants --------------------------------------------------------------------------
@@ -151,6 +152,7 @@ struct LaunchOverrides {
   int backward_block = 0;    // threads per block of the backward row kernels (128..512)
   int backward_stages = 0;   // deepest backward ring (2..kMaxStages)
   int backward_cluster = 0;  // blocks per cluster where dweight / dbias pre-sum (1: no clusters)
+  int backward_ring_dsum = 0;  // residual backward: 1 dsum through the ring where it fits, -1 from memory
 };
 // Reads the norm.* override keys.
 LaunchOverrides read_launch_overrides();

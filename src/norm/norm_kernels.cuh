@@ -512,7 +512,11 @@ __global__ void __launch_bounds__(512, Backward<VARIANT>::kMinBlocks)
   float* col_w = reinterpret_cast<float*>(smem);
   float* col_inv_w = col_w + pitch;
   float* col_shift = col_inv_w + pitch;
-  T* ring = reinterpret_cast<T*>(col_w + arrays * pitch) + std::size_t(group) * stages * 2 * pitch;
+  // A ring slot holds a row of dy, of the input and, in the residual backward where it fits, of
+  // dsum (else dsum is read from memory as dx is formed).
+  const bool ring_dsum = V::kDsum && geo.ring_dsum;
+  const int slot_rows = ring_dsum ? 3 : 2;
+  T* ring = reinterpret_cast<T*>(col_w + arrays * pitch) + std::size_t(group) * stages * slot_rows * pitch;
   std::uint64_t* full = full_bar + group * kMaxStages;
   std::uint64_t* empty = empty_bar + group * kMaxStages;
   const W* __restrict__ weight = static_cast<const W*>(p.weight);
@@ -535,16 +539,19 @@ __global__ void __launch_bounds__(512, Backward<VARIANT>::kMinBlocks)
     const std::int64_t row = first_row + k * stride_rows;
     if (row >= rows) return;
     const int slot = k % stages;
-    T* dst = ring + slot * 2 * pitch;
+    T* dst = ring + slot * slot_rows * pitch;
     const T* src_dy = dy + row * p.dy_row_stride;
     const T* src_in = in + row * p.input_row_stride;
     if (V::kTail && row_bytes == 0) {  // rows shorter than one vector: nothing to copy
       mbarrier_arrive(&full[slot]);
       return;
     }
-    mbarrier_arrive_expect_tx(&full[slot], 2 * row_bytes);
+    mbarrier_arrive_expect_tx(&full[slot], slot_rows * row_bytes);
     bulk_copy_to_shared(dst, src_dy, row_bytes, &full[slot]);
     bulk_copy_to_shared(dst + pitch, src_in, row_bytes, &full[slot]);
+    if (ring_dsum)
+      bulk_copy_to_shared(dst + 2 * pitch, static_cast<const T*>(p.dsum) + row * p.dsum_row_stride, row_bytes,
+                          &full[slot]);
   };
   if (t == 0) {
     for (int k = 0; k < stages - 1; ++k) issue(k);
@@ -656,8 +663,9 @@ __global__ void __launch_bounds__(512, Backward<VARIANT>::kMinBlocks)
       issue(k + stages - 1);
     }
     mbarrier_wait(&full[slot], parity);
-    const T* r_dy = ring + slot * 2 * pitch;
+    const T* r_dy = ring + slot * slot_rows * pitch;
     const T* r_in = r_dy + pitch;
+    [[maybe_unused]] const T* r_dsum = r_in + pitch;
     // A vector of dy or of the input: from the ring, or a partial last one from the registers.
     auto dy_vector = [&](int it, int col) {
       return partial(it) ? tail_dy : *reinterpret_cast<const uint4*>(r_dy + col);
@@ -715,8 +723,9 @@ __global__ void __launch_bounds__(512, Backward<VARIANT>::kMinBlocks)
       // From x, x_hat * a + c = x * (a * rstd) + (shift * a + c).
       [[maybe_unused]] const float a_x = a * rstd, c_x = fmaf(shift, a, c);
       T* __restrict__ dx = static_cast<T*>(p.dx) + row * p.dx_row_stride + col0;
-      // The residual backward's skip-path gradient; may be dx itself: each element is read by the
-      // thread that writes it, and the write depends on the read.
+      // The residual backward's skip-path gradient, from the ring or from memory (always so for a
+      // partial last vector). It may be dx itself: the ring got the row before any of it was
+      // written, and an element read from memory is read by the thread that writes it.
       [[maybe_unused]] const T* dsum =
           V::kDsum ? static_cast<const T*>(p.dsum) + row * p.dsum_row_stride + col0 : nullptr;
 #pragma unroll
@@ -745,7 +754,8 @@ __global__ void __launch_bounds__(512, Backward<VARIANT>::kMinBlocks)
         }
         if constexpr (V::kDsum) {
           float skip[kVec];
-          unpack16<T>(partial(it) ? load_partial16<T>(dsum + it * step, cols - col)
+          unpack16<T>(partial(it)  ? load_partial16<T>(dsum + it * step, cols - col)
+                      : ring_dsum ? *reinterpret_cast<const uint4*>(r_dsum + col)
                                   : *reinterpret_cast<const uint4*>(dsum + it * step),
                       skip);
 #pragma unroll
@@ -808,7 +818,8 @@ __global__ void __launch_bounds__(512, Backward<VARIANT>::kMinBlocks)
   // Group 0 now holds the block's sums. It writes them as the block's partial row, or, in a
   // cluster, to shared memory (the ring, past the tree's slots), from where the cluster's blocks
   // sum them into one partial row. The tree's slots and block_sums take 2 * rpb * pitch floats, and
-  // the ring holds rpb * stages * 2 * pitch elements of T: enough for stages >= 2 and 16-bit T.
+  // the ring holds at least rpb * stages * 2 * pitch elements of T: enough for stages >= 2 and
+  // 16-bit T.
   // Partial rows are partial_pitch(N) floats apart: a partial last vector's columns past N (zero
   // sums) stay inside the row.
   float* block_sums = reinterpret_cast<float*>(col_w + arrays * pitch) + std::size_t(rpb - 1) * 2 * pitch;

@@ -1057,5 +1057,35 @@ TEST(NormTailGpu, OverriddenLaunchesMatchCpuReference) {
   }
 }
 
+// dsum through the backward's ring (where it fits) and read from memory (forced, and past the
+// ring's reach at N = 16384), both norms, whole and partial last vectors, dx over dsum too.
+TEST(NormResidualGpu, DsumFromTheRingAndFromMemory) {
+  FUSEKIT_REQUIRE_GPU();
+  struct Cleared {
+    ~Cleared() { detail::clear_overrides(); }
+  } cleared;
+  int salt = 0;
+  for (const char* overrides : {"norm.backward.ring_dsum=on", "norm.backward.ring_dsum=off"}) {
+    SCOPED_TRACE(overrides);
+    detail::clear_overrides();
+    detail::set_overrides(overrides);
+    for (Kind kind : {Kind::layer, Kind::rms}) {
+      for (std::int64_t cols : {1024, 2048, 5120, 8192, 16384}) {
+        Case c{kind, DType::bf16, DType::bf16, 300, cols, true, kind == Kind::layer};
+        c.residual = true;
+        c.with_dsum = true;
+        check_gpu_against_cpu(c, 23000 + salt++, false);
+      }
+      for (std::int64_t cols : {1001, 2049, 4095}) {
+        Case c = vector_rows_case(kind, true, salt % 5, 300, cols);
+        c.with_dsum = true;
+        check_gpu_against_cpu(c, 23000 + salt++, false);
+      }
+      for (std::int64_t cols : {2048, 8192})
+        check_dx_over_dsum(Device::cuda(0), kind, DType::bf16, 300, cols, 23000 + salt++);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace fusekit

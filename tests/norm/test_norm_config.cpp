@@ -122,7 +122,8 @@ BackwardProblem backward_problem(Kind kind, std::int64_t rows, std::int64_t cols
 
 bool same(const RowGeometry& a, const RowGeometry& b) {
   return a.threads_per_row == b.threads_per_row && a.rows_per_block == b.rows_per_block && a.stages == b.stages &&
-         a.cached_columns == b.cached_columns && a.l2_prefetch_rows == b.l2_prefetch_rows;
+         a.cached_columns == b.cached_columns && a.l2_prefetch_rows == b.l2_prefetch_rows &&
+         a.ring_dsum == b.ring_dsum;
 }
 
 bool same(const ForwardLaunch& a, const ForwardLaunch& b) {
@@ -259,6 +260,19 @@ TEST(NormConfig, ResidualBackwardTakesTheDsumTwinOfThePlainVariant) {
           twin.dsum = false;
           EXPECT_TRUE(twin == plain.variant);
           EXPECT_EQ(l.geometry.threads_per_row, plain.geometry.threads_per_row);
+          // dsum's rows ride in the ring where three rows a slot leave two stages; the shared
+          // memory covers the columns and the ring.
+          const std::int64_t pitch = (cols + 7) / 8 * 8;
+          const std::size_t ring_row = std::size_t(l.geometry.rows_per_block) * pitch * 2;
+          const int slot_rows = l.geometry.ring_dsum ? 3 : 2;
+          EXPECT_EQ(l.smem_bytes, pitch * sizeof(float) + l.geometry.stages * slot_rows * ring_row);
+          if (cols <= 8192) EXPECT_EQ(l.geometry.ring_dsum, 1);
+          if (cols >= 16384) EXPECT_EQ(l.geometry.ring_dsum, 0);
+          LaunchOverrides from_memory;
+          from_memory.backward_ring_dsum = -1;
+          const BackwardLaunch m = backward_on(device, problem, from_memory);
+          EXPECT_EQ(m.geometry.ring_dsum, 0);
+          EXPECT_TRUE(m.variant == l.variant);
         }
         EXPECT_LE(l.partial_rows, backward_workspace_rows(rows, cols, 2, device, HopperOccupancy(device)));
       }
@@ -574,6 +588,7 @@ TEST(NormConfig, EveryBackwardLaunchFitsAndTheWorkspaceHoldsIt) {
               // Shared-memory rows of whole vectors (a partial last vector rounded up).
               const std::int64_t pitch = (cols + vec - 1) / vec * vec;
               const std::size_t columns = (l.geometry.cached_columns ? 3 : 1) * pitch * sizeof(float);
+              ASSERT_EQ(l.geometry.ring_dsum, 0);
               const std::size_t ring = std::size_t(l.geometry.stages) * l.geometry.rows_per_block * 2 * pitch * bytes;
               ASSERT_EQ(l.smem_bytes, columns + ring);
               ASSERT_LE(l.smem_bytes + HopperOccupancy::kBackwardStaticSmem, device.max_smem_per_block_optin);
@@ -613,13 +628,19 @@ TEST(NormConfig, OverrideKeysAreRead) {
   detail::clear_overrides();
   EXPECT_EQ(read_launch_overrides().backward_stages, 0);
   detail::set_overrides("norm.forward.vectors=3,norm.backward.vectors=2,norm.backward.block=256,"
-                        "norm.backward.stages=3,norm.backward.cluster=1");
+                        "norm.backward.stages=3,norm.backward.cluster=1,norm.backward.ring_dsum=off");
   const LaunchOverrides o = read_launch_overrides();
   EXPECT_EQ(o.forward_vectors, 3);
   EXPECT_EQ(o.backward_vectors, 2);
   EXPECT_EQ(o.backward_block, 256);
   EXPECT_EQ(o.backward_stages, 3);
   EXPECT_EQ(o.backward_cluster, 1);
+  EXPECT_EQ(o.backward_ring_dsum, -1);
+  detail::set_override("norm.backward.ring_dsum", "on");
+  EXPECT_EQ(read_launch_overrides().backward_ring_dsum, 1);
+  detail::set_override("norm.backward.ring_dsum", "sometimes");
+  EXPECT_THROW(read_launch_overrides(), Error);
+  detail::set_override("norm.backward.ring_dsum", "");
   detail::set_override("norm.backward.cluster", "3");
   EXPECT_THROW(read_launch_overrides(), Error);
   detail::set_override("norm.backward.cluster", "");
