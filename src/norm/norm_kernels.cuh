@@ -609,18 +609,20 @@ __global__ void __launch_bounds__(512, Backward<VARIANT>::kMinBlocks)
   const int col0 = t * kVec;
   auto in_row = [&](int it) { return V::kFullRows || col0 + it * step < cols; };
   [[maybe_unused]] auto partial = [&](int it) { return V::kTail && col0 + it * step + kVec > cols; };
-  // A tail row's partial last vector of dy and of the input: read from global memory by the one
-  // thread whose vector it is, one element load each (nothing past N read; a 16-byte copy into the
-  // ring would read past the end of the last row), the next row's while this one is processed.
-  // Elements past N are zero.
+  // A tail row's partial last vector of dy, of the input and of dsum: read from global memory by
+  // the one thread whose vector it is, one element load each (nothing past N read; a 16-byte copy
+  // into the ring would read past the end of the last row), the next row's while this one is
+  // processed. Elements past N are zero.
   [[maybe_unused]] const int tail_col = cols / kVec * kVec;
   [[maybe_unused]] const bool tail_owner =
       V::kTail && tail_col >= col0 && (tail_col - col0) % step == 0 && (tail_col - col0) / step < V::kIters;
-  [[maybe_unused]] uint4 tail_dy = make_uint4(0, 0, 0, 0), tail_in = tail_dy, tail_dy_next = tail_dy,
-                         tail_in_next = tail_dy;
-  [[maybe_unused]] auto load_tail = [&](std::int64_t row, uint4& d, uint4& v) {
+  [[maybe_unused]] uint4 tail_dy = make_uint4(0, 0, 0, 0), tail_in = tail_dy, tail_dsum = tail_dy,
+                         tail_dy_next = tail_dy, tail_in_next = tail_dy, tail_dsum_next = tail_dy;
+  [[maybe_unused]] auto load_tail = [&](std::int64_t row, uint4& d, uint4& v, uint4& s) {
     d = load_partial16<T>(dy + row * p.dy_row_stride + tail_col, cols - tail_col);
     v = load_partial16<T>(in + row * p.input_row_stride + tail_col, cols - tail_col);
+    if constexpr (V::kDsum)
+      s = load_partial16<T>(static_cast<const T*>(p.dsum) + row * p.dsum_row_stride + tail_col, cols - tail_col);
   };
   // From y: x_hat = (y - b) * (1/w), per column. y - b first: when x_hat is small against b / w,
   // y * (1/w) - b / w would cancel two large rounded terms (seen as f32 dweight errors 3x the
@@ -644,18 +646,18 @@ __global__ void __launch_bounds__(512, Backward<VARIANT>::kMinBlocks)
   if (first_row < rows) {
     rstd_next = p.rstd[first_row];
     if (needs_mean) mean_next = p.mean[first_row];
-    if (tail_owner) load_tail(first_row, tail_dy_next, tail_in_next);
+    if (tail_owner) load_tail(first_row, tail_dy_next, tail_in_next, tail_dsum_next);
   }
   int slot = 0, parity = 0, prev_slot = stages - 1, prev_parity = 1, phase = 0;
   for (int k = 0;; ++k) {
     const std::int64_t row = first_row + k * stride_rows;
     if (row >= rows) break;
     const float rstd = rstd_next, mean = mean_next;
-    if constexpr (V::kTail) tail_dy = tail_dy_next, tail_in = tail_in_next;
+    if constexpr (V::kTail) tail_dy = tail_dy_next, tail_in = tail_in_next, tail_dsum = tail_dsum_next;
     if (row + stride_rows < rows) {
       rstd_next = p.rstd[row + stride_rows];
       if (needs_mean) mean_next = p.mean[row + stride_rows];
-      if (tail_owner) load_tail(row + stride_rows, tail_dy_next, tail_in_next);
+      if (tail_owner) load_tail(row + stride_rows, tail_dy_next, tail_in_next, tail_dsum_next);
     }
     if (t == 0) {
       // Row k + stages - 1 reuses the slot of row k - 1: wait until the group has left it.
@@ -723,9 +725,10 @@ __global__ void __launch_bounds__(512, Backward<VARIANT>::kMinBlocks)
       // From x, x_hat * a + c = x * (a * rstd) + (shift * a + c).
       [[maybe_unused]] const float a_x = a * rstd, c_x = fmaf(shift, a, c);
       T* __restrict__ dx = static_cast<T*>(p.dx) + row * p.dx_row_stride + col0;
-      // The residual backward's skip-path gradient, from the ring or from memory (always so for a
-      // partial last vector). It may be dx itself: the ring got the row before any of it was
-      // written, and an element read from memory is read by the thread that writes it.
+      // The residual backward's skip-path gradient, from the ring or from memory (a partial last
+      // vector: read a row ahead, above). It may be dx itself: the ring and the partial vector got
+      // the row before any of it was written, and other elements read from memory are read by the
+      // thread that writes them.
       [[maybe_unused]] const T* dsum =
           V::kDsum ? static_cast<const T*>(p.dsum) + row * p.dsum_row_stride + col0 : nullptr;
 #pragma unroll
@@ -754,7 +757,7 @@ __global__ void __launch_bounds__(512, Backward<VARIANT>::kMinBlocks)
         }
         if constexpr (V::kDsum) {
           float skip[kVec];
-          unpack16<T>(partial(it)  ? load_partial16<T>(dsum + it * step, cols - col)
+          unpack16<T>(partial(it)  ? tail_dsum
                       : ring_dsum ? *reinterpret_cast<const uint4*>(r_dsum + col)
                                   : *reinterpret_cast<const uint4*>(dsum + it * step),
                       skip);
