@@ -51,10 +51,16 @@ inline constexpr int kMaxChunks = 1024;
 
 inline constexpr std::int64_t kFusedSliceBytes = 64 * 1024;
 inline constexpr std::int64_t kMinSliceBytes = 8 * 1024;
-// Rows the staged kernel takes: at most kStagedRowBytes (two blocks' rows fit an SM's 227 KB of
-// shared memory) and at least kStagedMinRowBytes, in batches of at least kStagedMinRowsPerSm rows
-// per SM (fewer rows spread over clusters instead, so that the grid fills the GPU).
+// Rows the staged kernel takes: at least kStagedMinRowBytes, in batches of at least
+// kStagedMinRowsPerSm rows per SM (fewer rows spread over clusters instead, so that the grid fills
+// the GPU). A block holds at most kStagedRowBytes of its row at two blocks per SM (two fit an SM's
+// 227 KB of shared memory), kStagedSoleBlockBytes alone on its SM; the rest of a longer row
+// streams past shared memory and is read again, from L2 where the streamed bytes of all resident
+// blocks stay within kStagedStreamedL2Bytes. The most blocks per SM that keep within it; rows no
+// choice keeps within it take the row kernel.
 inline constexpr std::int64_t kStagedRowBytes = 108 * 1024;
+inline constexpr std::int64_t kStagedSoleBlockBytes = 220 * 1024;
+inline constexpr std::int64_t kStagedStreamedL2Bytes = 24 << 20;
 inline constexpr std::int64_t kStagedMinRowBytes = 32 * 1024;
 inline constexpr int kStagedMinRowsPerSm = 2;
 inline constexpr int kStagedChunks = 4;  // bulk copies (and mbarriers) per row
@@ -71,7 +77,8 @@ struct Problem {
 struct Launch {
   int threads = kMaxThreads;
   bool staged = false;      // the staged row kernel (one block per row, the row in shared memory)
-  std::size_t smem_bytes = 0;  // staged: dynamic shared memory per block (the row's vectors)
+  std::size_t smem_bytes = 0;  // staged: dynamic shared memory per block (the row's vectors it holds)
+  int staged_blocks_per_sm = 0;  // staged: the blocks per SM smem_bytes is sized for (1 or 2)
   int cluster = 1;          // row kernel: blocks per row, one cluster (1: no cluster)
   int chunks = 1;           // backward kernel: blocks per row (grid.y)
   std::int64_t blocks = 0;  // grid.x: rows x cluster (row kernel) or rows (backward kernel)
@@ -82,7 +89,8 @@ struct Launch {
 struct LaunchOverrides {
   int threads = 0;  // 64, 128 or 256
   int cluster = 0;  // 1, 2, 4 or 8 (forward and fused; forces the row kernel)
-  int staged = 0;   // 1: the staged kernel wherever the row fits (forward and fused), -1: never
+  int staged = 0;   // 1: the staged kernel (forward and fused, any row), -1: never
+  int staged_blocks_per_sm = 0;  // 1 or 2: the staged kernel's blocks per SM (its shared memory)
   int chunks = 0;   // 1 .. kMaxChunks (backward)
 };
 // Reads the cross_entropy.* override keys.

@@ -109,6 +109,7 @@ void launch_row_kernel(Pass pass, const Launch& choice, KernelParams k, bool dep
   const bool gradient = pass == Pass::forward_backward;
   if (choice.staged) {
     k.parts = 1;
+    k.staged_vectors = static_cast<int>(choice.smem_bytes / kVectorBytes);
     if (gradient)
       launch(staged_row_kernel<T, Index, true>, grid, choice.threads, 1, choice.smem_bytes, dependent, device_index,
              stream, k, op, "cross_entropy staged forward-backward kernel");

@@ -78,6 +78,7 @@ struct KernelParams {
   bool sum_logits = false;  // s > 0: the loss needs the sum of the logits
   bool vector_ok = true;    // 16-byte accesses (else every element is a scalar)
   int parts = 1;            // blocks per row
+  int staged_vectors = 0;   // staged kernel: the row's vectors its shared memory holds (the rest streams)
 };
 
 // ---- a row's layout ------------------------------------------------------------------------
@@ -467,10 +468,12 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocksPerSm) row_kernel(const
   if (parts > 1) cg::this_cluster().barrier_wait();
 }
 
-// Forward (GRADIENT = false) and fused forward + backward on rows that fit in shared memory: one
-// block per row (grid.x = rows). Thread 0 issues the row's aligned vectors as kStagedChunks bulk
-// copies, each completing on its own mbarrier; the threads add up the scalar head and tail
-// meanwhile, then each piece as it lands. The gradient is formed from shared memory.
+// Forward (GRADIENT = false) and fused forward + backward, one block per row (grid.x = rows), the
+// row's first p.staged_vectors aligned vectors in shared memory. Thread 0 issues them as
+// kStagedChunks bulk copies, each completing on its own mbarrier; the threads add up the scalar
+// head and tail and stream the vectors past shared memory (a row longer than it) meanwhile, then
+// each piece as it lands. The gradient is formed from shared memory, and from the streamed vectors
+// read again (from L2: one block per SM streams at most a row less its shared part).
 template <typename T, typename Index, bool GRADIENT>
 __global__ void __launch_bounds__(kMaxThreads) staged_row_kernel(const KernelParams p) {
   extern __shared__ uint4 staged[];
@@ -481,7 +484,8 @@ __global__ void __launch_bounds__(kMaxThreads) staged_row_kernel(const KernelPar
   const T* __restrict__ x = static_cast<const T*>(p.logits) + row * p.logits_row_stride;
   const auto [target, ignored, in_range] = row_target<Index>(p, row);
   const RowSpan span = row_span(x, p.cols, p.vector_ok);
-  const Range scalars{0, span.scalars}, vectors{0, span.vectors};
+  const int held = min(span.vectors, p.staged_vectors);
+  const Range scalars{0, span.scalars}, vectors{0, held}, streamed{held, span.vectors};
   const uint4* body = reinterpret_cast<const uint4*>(x + span.head);
 
   if (threadIdx.x == 0) {
@@ -491,7 +495,7 @@ __global__ void __launch_bounds__(kMaxThreads) staged_row_kernel(const KernelPar
   __syncthreads();
   if (threadIdx.x == 0) {
     for (int c = 0; c < kStagedChunks; ++c) {
-      const Range piece = part_of(span.vectors, c, kStagedChunks);
+      const Range piece = part_of(held, c, kStagedChunks);
       const unsigned bytes = static_cast<unsigned>(piece.end - piece.begin) * kVectorBytes;
       mbarrier_arrive_expect_tx(&landed[c], bytes);
       if (bytes > 0) bulk_copy_to_shared(staged + piece.begin, body + piece.begin, bytes, &landed[c]);
@@ -502,11 +506,11 @@ __global__ void __launch_bounds__(kMaxThreads) staged_row_kernel(const KernelPar
   float x_target = 0.0f;
   if (threadIdx.x == 0 && !ignored && in_range) x_target = to_float(x[target]);
 
-  Stats st = scalar_stats(x, span, scalars, p.sum_logits);
+  Stats st = slice_stats(x, span, scalars, streamed, p.sum_logits);
   Sweep<T> sweep;
   sweep.threads = blockDim.x;
   for (int c = 0; c < kStagedChunks; ++c) {
-    const Range piece = part_of(span.vectors, c, kStagedChunks);
+    const Range piece = part_of(held, c, kStagedChunks);
     mbarrier_wait(&landed[c], 0);
     sweep.end = piece.end;
     for (int base = piece.begin + static_cast<int>(threadIdx.x); base < piece.end;
@@ -521,6 +525,9 @@ __global__ void __launch_bounds__(kMaxThreads) staged_row_kernel(const KernelPar
   if (threadIdx.x == 0) write_row_loss(p, row, ignored, in_range, x_target, st, lse);
   if constexpr (GRADIENT) {
     const GradientTerms terms = ignored ? GradientTerms{} : gradient_terms(p, row, target, in_range, lse);
+    // The streamed vectors first: L2 holds them from the statistics' sweep, most recently.
+    if (streamed.end > streamed.begin)
+      write_gradient<T, VectorSource::memory>(p, row, x, span, Range{0, 0}, streamed, ignored, terms, sweep, nullptr);
     write_gradient<T, VectorSource::shared>(p, row, x, span, scalars, vectors, ignored, terms, sweep, staged);
   }
 }

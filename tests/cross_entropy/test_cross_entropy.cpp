@@ -546,21 +546,22 @@ TEST(CrossEntropyGpu, ForcedLaunchShapesMatchCpuReference) {
 // The staged kernel (the row in shared memory), forced on rows that also take it by default and on
 // small batches that would not: every dtype, rows with a scalar head and tail, rows of one piece
 // or less, in place, padded rows, dlogits misaligned against the logits (every element a scalar),
-// every block width, and rows up to the largest that fits.
+// every block width, rows up to the largest that fits, and longer rows whose rest streams past
+// shared memory (at one and two blocks per SM).
 TEST(CrossEntropyGpu, StagedKernelMatchesCpuReference) {
   FUSEKIT_REQUIRE_GPU();
   auto rng = testing::make_rng(7100);
   ScopedOverride staged("cross_entropy.staged", "on");
   const DType dtypes[] = {DType::f32, DType::f16, DType::bf16};
   int salt = 0;
-  for (std::int64_t cols : {1, 3, 8, 29, 1001, 4096, 20003, 32000, 50257})
+  for (std::int64_t cols : {1, 3, 8, 29, 1001, 4096, 20003, 32000, 50257, 60001, 128256, 151936})
     for (const char* threads : {"", "64", "256"}) {
       ScopedOverride t_override("cross_entropy.threads", threads);
+      ScopedOverride blocks("cross_entropy.staged.blocks_per_sm", cols > 50257 && salt % 2 ? "2" : "");
       Case c;
       c.dtype = dtypes[salt % 3];
-      if (c.dtype == DType::f32 && cols > 20003) c.dtype = DType::bf16;  // f32 rows past 108 KB do not fit
       c.target_dtype = salt % 2 ? DType::i32 : DType::i64;
-      c.rows = 1 + static_cast<std::int64_t>(rng() % 300);
+      c.rows = 1 + static_cast<std::int64_t>(rng() % (cols > 50257 ? 40 : 300));
       c.cols = cols;
       c.in_place = salt % 3 == 0;
       c.logits_pad = salt % 4 == 1 ? 1 + static_cast<std::int64_t>(rng() % 9) : 0;
@@ -569,7 +570,7 @@ TEST(CrossEntropyGpu, StagedKernelMatchesCpuReference) {
       c.config = {-100, salt % 3 == 1 ? 0.1f : 0.0f, salt % 4 == 2 ? 1e-3f : 0.0f, kReductions[salt % 3]};
       check_gpu_against_cpu(c, 7000 + salt++);
     }
-  EXPECT_EQ(salt, 9 * 3);
+  EXPECT_EQ(salt, 12 * 3);
 }
 
 TEST(CrossEntropyGpu, LargestVocabularyMatchesCpuReference) {
