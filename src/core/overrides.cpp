@@ -37,7 +37,6 @@ const std::vector<OverrideKey> kOverrideKeys = {
     {"cross_entropy.cluster", "1|2|4|8", "blocks per row (one cluster) of the forward and fused kernel"},
     {"cross_entropy.backward.chunks", "1..1024", "blocks per row of the backward kernel"},
     {"cross_entropy.staged", "on|off", "the staged row kernel (row in shared memory, the rest streamed), or never"},
-    {"cross_entropy.staged.blocks_per_sm", "1|2", "the staged kernel's blocks per SM, which size its shared memory"},
     // linear_cross_entropy (src/linear_cross_entropy/linear_cross_entropy_config.h): the tests'
     // multi-chunk runs on small problems, the chunk-size sweep
     {"linear_cross_entropy.chunk_tokens", "1..2147483647", "rows per chunk (the workspace query sees it too)"},

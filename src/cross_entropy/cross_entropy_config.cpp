@@ -33,29 +33,6 @@ int threads_for(std::int64_t slice) {
   return threads;
 }
 
-// The staged kernel's shared memory for a row of `row_bytes`: the whole row's vectors at two
-// blocks per SM where they fit, else the most blocks per SM (2, then 1) whose streamed remainder
-// stays within kStagedStreamedL2Bytes over the GPU (`fits`: one does); `forced_blocks` (1, 2)
-// decides instead where nonzero.
-struct StagedShape {
-  std::int64_t held_bytes;
-  int blocks_per_sm;
-  bool fits;
-};
-StagedShape staged_shape(std::int64_t row_bytes, const detail::DeviceInfo& device, int forced_blocks) {
-  const std::int64_t vector_bytes = ceil_div(row_bytes, kVectorBytes) * kVectorBytes;
-  auto shape_at = [&](int blocks) {
-    const std::int64_t capacity = blocks == 2 ? kStagedRowBytes : kStagedSoleBlockBytes;
-    const std::int64_t held = std::min(vector_bytes, capacity);
-    const std::int64_t streamed = std::int64_t(blocks) * device.sm_count * (vector_bytes - held);
-    return StagedShape{held, blocks, streamed <= kStagedStreamedL2Bytes};
-  };
-  if (forced_blocks > 0) return shape_at(forced_blocks);
-  for (int blocks : {2, 1})
-    if (const StagedShape s = shape_at(blocks); s.fits) return s;
-  return shape_at(1);
-}
-
 }  // namespace
 
 LaunchOverrides read_launch_overrides() {
@@ -66,8 +43,6 @@ LaunchOverrides read_launch_overrides() {
     o.cluster = *v;
   if (auto v = detail::override_int("cross_entropy.backward.chunks", 1, kMaxChunks)) o.chunks = static_cast<int>(*v);
   if (auto v = detail::override_choice<int>("cross_entropy.staged", {{"on", 1}, {"off", -1}})) o.staged = *v;
-  if (auto v = detail::override_choice<int>("cross_entropy.staged.blocks_per_sm", {{"1", 1}, {"2", 2}}))
-    o.staged_blocks_per_sm = *v;
   return o;
 }
 
@@ -91,14 +66,16 @@ Launch choose_launch(const Problem& p, const detail::DeviceInfo& device, const L
     if (o.chunks > 0) l.chunks = o.chunks;
     l.blocks = p.rows;
   } else {
-    const StagedShape shape = staged_shape(row_bytes, device, o.staged_blocks_per_sm);
+    // The staged kernel holds a row's vectors up to kStagedRowBytes; the rest streams.
+    const std::int64_t vector_bytes = ceil_div(row_bytes, kVectorBytes) * kVectorBytes;
+    const std::int64_t held = std::min(vector_bytes, kStagedRowBytes);
+    const bool streamed_in_l2 = 2 * std::int64_t(device.sm_count) * (vector_bytes - held) <= kStagedStreamedL2Bytes;
     l.staged = o.staged != 0 ? o.staged > 0
-                             : shape.fits && p.pass == Pass::forward_backward && row_bytes >= kStagedMinRowBytes &&
+                             : streamed_in_l2 && p.pass == Pass::forward_backward && row_bytes >= kStagedMinRowBytes &&
                                    o.cluster == 0 && p.rows >= std::int64_t(kStagedMinRowsPerSm) * device.sm_count;
     if (l.staged) {
       l.blocks = p.rows;
-      l.smem_bytes = static_cast<std::size_t>(shape.held_bytes);
-      l.staged_blocks_per_sm = shape.blocks_per_sm;
+      l.smem_bytes = static_cast<std::size_t>(held);
       l.threads = o.threads > 0 ? o.threads : threads_for(row_bytes);
       return l;
     }

@@ -3,11 +3,11 @@
 // cross_entropy_cuda.cu launches what they return.
 //
 // Kernels (cross_entropy_kernels.cuh):
-//  * the staged row kernel (the fused call on rows of kStagedMinRowBytes to kStagedRowBytes in a
-//    batch of at least kStagedMinRowsPerSm rows per SM): one block per row, the row's aligned
-//    vectors brought into shared memory by bulk copies (TMA) in kStagedChunks pieces, the
-//    statistics formed as the pieces arrive, the gradient written from shared memory. The logits
-//    are read once, and no cluster: blocks of a cluster are scheduled together and wait for each
+//  * the staged row kernel (the fused call on rows of at least kStagedMinRowBytes in a batch of
+//    at least kStagedMinRowsPerSm rows per SM, up to kStagedRowBytes and a little past it, below):
+//    one block per row, the row's aligned vectors brought into shared memory by bulk copies (TMA)
+//    in kStagedChunks pieces, the statistics formed as the pieces arrive, the gradient written from
+//    shared memory. The logits are read once, and no cluster: blocks of a cluster are scheduled together and wait for each
 //    other, which at these row lengths costs more than the second read it saves (bench, H200:
 //    cross_entropy fwd+bwd (8192, 50257) 85% of copy staged, 75% on the row kernel). The forward
 //    reads a row once anyway and is faster on the row kernel (bench: cross_entropy fwd
@@ -53,14 +53,14 @@ inline constexpr std::int64_t kFusedSliceBytes = 64 * 1024;
 inline constexpr std::int64_t kMinSliceBytes = 8 * 1024;
 // Rows the staged kernel takes: at least kStagedMinRowBytes, in batches of at least
 // kStagedMinRowsPerSm rows per SM (fewer rows spread over clusters instead, so that the grid fills
-// the GPU). A block holds at most kStagedRowBytes of its row at two blocks per SM (two fit an SM's
-// 227 KB of shared memory), kStagedSoleBlockBytes alone on its SM; the rest of a longer row
-// streams past shared memory and is read again, from L2 where the streamed bytes of all resident
-// blocks stay within kStagedStreamedL2Bytes. The most blocks per SM that keep within it; rows no
-// choice keeps within it take the row kernel.
+// the GPU). A block holds at most kStagedRowBytes of its row (two blocks fit an SM's 227 KB of
+// shared memory); the rest of a longer row streams past shared memory and is read again, from
+// L2, where the streamed bytes of all resident blocks stay within kStagedStreamedL2Bytes. Past
+// that the row kernel is faster (bench, H200, fwd+bwd: (8192, 65536) 81.7% of copy staged, 77.8%
+// on the row kernel; (8192, 100000) 69.9% against 75.4%), and so it is with a block alone on its
+// SM holding 220 KB ((8192, 128256) 70.7% against 80.5%).
 inline constexpr std::int64_t kStagedRowBytes = 108 * 1024;
-inline constexpr std::int64_t kStagedSoleBlockBytes = 220 * 1024;
-inline constexpr std::int64_t kStagedStreamedL2Bytes = 24 << 20;
+inline constexpr std::int64_t kStagedStreamedL2Bytes = 8 << 20;
 inline constexpr std::int64_t kStagedMinRowBytes = 32 * 1024;
 inline constexpr int kStagedMinRowsPerSm = 2;
 inline constexpr int kStagedChunks = 4;  // bulk copies (and mbarriers) per row
@@ -78,7 +78,6 @@ struct Launch {
   int threads = kMaxThreads;
   bool staged = false;      // the staged row kernel (one block per row, the row in shared memory)
   std::size_t smem_bytes = 0;  // staged: dynamic shared memory per block (the row's vectors it holds)
-  int staged_blocks_per_sm = 0;  // staged: the blocks per SM smem_bytes is sized for (1 or 2)
   int cluster = 1;          // row kernel: blocks per row, one cluster (1: no cluster)
   int chunks = 1;           // backward kernel: blocks per row (grid.y)
   std::int64_t blocks = 0;  // grid.x: rows x cluster (row kernel) or rows (backward kernel)
@@ -90,7 +89,6 @@ struct LaunchOverrides {
   int threads = 0;  // 64, 128 or 256
   int cluster = 0;  // 1, 2, 4 or 8 (forward and fused; forces the row kernel)
   int staged = 0;   // 1: the staged kernel (forward and fused, any row), -1: never
-  int staged_blocks_per_sm = 0;  // 1 or 2: the staged kernel's blocks per SM (its shared memory)
   int chunks = 0;   // 1 .. kMaxChunks (backward)
 };
 // Reads the cross_entropy.* override keys.

@@ -11,7 +11,9 @@
 //    slice again (from L2: it was just read).
 //  * staged_row_kernel<T, Index, GRADIENT>: the same on one block per row, the row's vectors
 //    brought into shared memory by bulk copies (TMA) and read from there for the statistics and
-//    the gradient: the logits are read once, whatever the row's length up to what fits.
+//    the gradient: the logits are read once, whatever the row's length up to what fits. The
+//    vectors of a longer row past that stream through registers and are read again for the
+//    gradient, from L2.
 //  * backward_kernel<T, Index>: the gradient from the saved lse; a row's columns split over
 //    independent blocks (grid.y) where the batch is small.
 //  * mean_scale_kernel: the mean's gradient scale dloss / N, N the rows not ignored (one block,

@@ -30,27 +30,25 @@ constexpr Pass kPasses[] = {Pass::forward, Pass::backward, Pass::forward_backwar
 TEST(CrossEntropyConfig, BenchmarkShapes) {
   for (const detail::DeviceInfo& d : {testing::h100_device(), testing::h200_device()}) {
     for (std::int64_t rows : {8192, 16384}) {
-      // The fused call: rows of 32 to 108 KB take the staged kernel whole at two blocks per SM;
-      // rows of 250 and 297 KB alone on their SM with 220 KB held and the rest streamed; 512 KB
-      // rows (streaming would overflow L2) split into clusters of <= 64 KB slices, up to 8 blocks.
+      // The fused call: rows of 32 to 108 KB take the staged kernel whole; rows of 128 KB too,
+      // streaming 20 KB each; longer rows split into clusters of <= 64 KB slices, up to 8 blocks.
       // The forward and the backward keep one block per row.
       struct Expected {
         std::int64_t cols;
         bool staged;
-        int blocks_per_sm, cluster, chunks;
+        int cluster, chunks;
       };
-      for (const Expected& e : {Expected{32000, true, 2, 1, 1}, Expected{50257, true, 2, 1, 1},
-                                Expected{128256, true, 1, 1, 1}, Expected{151936, true, 1, 1, 1},
-                                Expected{262144, false, 0, 8, 1}}) {
+      for (const Expected& e : {Expected{32000, true, 1, 1}, Expected{50257, true, 1, 1},
+                                Expected{65536, true, 1, 1}, Expected{100000, false, 4, 1},
+                                Expected{128256, false, 4, 1}, Expected{151936, false, 8, 1},
+                                Expected{262144, false, 8, 1}}) {
         SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(e.cols));
         const Problem fused_problem = problem(rows, e.cols, 2, Pass::forward_backward);
         const Launch fused = choose_launch(fused_problem, d);
         EXPECT_EQ(fused.staged, e.staged);
         const std::int64_t row_vector_bytes = (e.cols * 2 + 15) / 16 * 16;
-        const std::int64_t capacity = e.blocks_per_sm == 2 ? kStagedRowBytes : kStagedSoleBlockBytes;
-        const std::int64_t held = std::min(row_vector_bytes, capacity);
+        const std::int64_t held = std::min(row_vector_bytes, kStagedRowBytes);
         EXPECT_EQ(fused.smem_bytes, e.staged ? static_cast<std::size_t>(held) : 0u);
-        EXPECT_EQ(fused.staged_blocks_per_sm, e.blocks_per_sm);
         EXPECT_EQ(fused.cluster, e.cluster);
         EXPECT_EQ(fused.threads, kMaxThreads);
         EXPECT_EQ(fused.blocks, rows * e.cluster);
@@ -108,10 +106,7 @@ TEST(CrossEntropyConfig, OverridesReplaceTheTable) {
   EXPECT_TRUE(choose_launch(problem(8192, 100, 2, Pass::forward), d, on).staged);
   const Launch streamed = choose_launch(problem(8192, 262144, 2, Pass::forward_backward), d, on);
   EXPECT_TRUE(streamed.staged);
-  EXPECT_EQ(streamed.smem_bytes, static_cast<std::size_t>(kStagedSoleBlockBytes));
-  on.staged_blocks_per_sm = 2;
-  EXPECT_EQ(choose_launch(problem(8192, 128256, 2, Pass::forward_backward), d, on).smem_bytes,
-            static_cast<std::size_t>(kStagedRowBytes));
+  EXPECT_EQ(streamed.smem_bytes, static_cast<std::size_t>(kStagedRowBytes));
   LaunchOverrides off;
   off.staged = -1;
   EXPECT_FALSE(choose_launch(problem(8192, 32000, 2, Pass::forward), d, off).staged);
@@ -120,9 +115,7 @@ TEST(CrossEntropyConfig, OverridesReplaceTheTable) {
   detail::set_override("cross_entropy.threads", "128");
   detail::set_override("cross_entropy.backward.chunks", "5");
   detail::set_override("cross_entropy.staged", "off");
-  detail::set_override("cross_entropy.staged.blocks_per_sm", "1");
   const LaunchOverrides keys = read_launch_overrides();
-  EXPECT_EQ(keys.staged_blocks_per_sm, 1);
   EXPECT_EQ(keys.cluster, 2);
   EXPECT_EQ(keys.threads, 128);
   EXPECT_EQ(keys.chunks, 5);
@@ -131,7 +124,7 @@ TEST(CrossEntropyConfig, OverridesReplaceTheTable) {
   EXPECT_THROW(read_launch_overrides(), Error);
   detail::clear_overrides();
   const LaunchOverrides none = read_launch_overrides();
-  EXPECT_EQ(none.cluster + none.threads + none.chunks + none.staged + none.staged_blocks_per_sm, 0);
+  EXPECT_EQ(none.cluster + none.threads + none.chunks + none.staged, 0);
 }
 
 TEST(CrossEntropyConfig, EveryLaunchCoversTheProblem) {
@@ -165,16 +158,11 @@ TEST(CrossEntropyConfig, EveryLaunchCoversTheProblem) {
               ASSERT_LE(l.blocks, INT_MAX);  // grid.x
               if (l.staged) {
                 ASSERT_EQ(l.cluster, 1);
-                // The whole row at two blocks per SM, or part of it: the streamed rest of every
-                // resident block's row within L2's budget.
+                // The row's vectors up to kStagedRowBytes; the streamed rest of the two resident
+                // blocks' rows per SM within L2's budget.
                 const std::int64_t row_vector_bytes = (cols * bytes + 15) / 16 * 16;
-                ASSERT_TRUE(l.staged_blocks_per_sm == 1 || l.staged_blocks_per_sm == 2);
-                ASSERT_LE(l.smem_bytes, l.staged_blocks_per_sm == 2 ? kStagedRowBytes : kStagedSoleBlockBytes);
-                ASSERT_EQ(l.smem_bytes % 16, 0u);
-                if (l.staged_blocks_per_sm == 2)
-                  ASSERT_EQ(std::int64_t(l.smem_bytes), std::min(row_vector_bytes, kStagedRowBytes));
-                ASSERT_LE(l.staged_blocks_per_sm * sms * (row_vector_bytes - std::int64_t(l.smem_bytes)),
-                          kStagedStreamedL2Bytes);
+                ASSERT_EQ(std::int64_t(l.smem_bytes), std::min(row_vector_bytes, kStagedRowBytes));
+                ASSERT_LE(2 * sms * (row_vector_bytes - std::int64_t(l.smem_bytes)), kStagedStreamedL2Bytes);
               } else {
                 ASSERT_EQ(l.smem_bytes, 0u);
               }
