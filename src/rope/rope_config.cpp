@@ -10,9 +10,12 @@ namespace {
 // r = 24 in 16-bit types: halves of 12 elements, 8-byte accesses).
 constexpr int kAccessBytes[] = {16, 8, 4};
 
-// Rows a block should hold: two passes of its row groups at kRowsInFlight rows each, so that the
-// cos / sin step and the barrier after it are paid once per several rows per lane.
-constexpr int kPassesPerBlock = 2;
+// Rows a block should hold: one pass of its row groups at kRowsInFlight rows each, and at least
+// kMinRowsPerBlock, so that the cos / sin step and the barrier after it are paid once per several
+// rows per lane. More rows leave a longer tail of the last wave (bench, H200, rope fwd (B=4,
+// S=4096, Hq=32, Hk=8): D = 128 92.8 us at 4 tokens per block, 94.4 at 7, 98.9 at 16; D = 64
+// 49.8 us at 7, 51.1 at 13).
+constexpr std::int64_t kMinRowsPerBlock = 128;
 // Blocks a launch should have per SM at least, before tokens_per_block is lowered for them.
 constexpr std::int64_t kMinBlocksPerSm = 4;
 
@@ -54,7 +57,7 @@ Launch choose_launch(const Problem& p, const detail::DeviceInfo& device, const F
 
   const std::int64_t heads = p.heads_q + p.heads_k;
   const std::int64_t rows_per_pass = l.threads / l.lanes_per_row;
-  const std::int64_t wanted_rows = kPassesPerBlock * rows_per_pass * l.rows_in_flight;
+  const std::int64_t wanted_rows = std::max(kMinRowsPerBlock, rows_per_pass * l.rows_in_flight);
   std::int64_t tpb = std::clamp<std::int64_t>((wanted_rows + heads - 1) / heads, 1, kMaxTokensPerBlock);
   const std::int64_t min_blocks = kMinBlocksPerSm * std::max(1, device.sm_count);
   tpb = std::min(tpb, std::max<std::int64_t>(1, p.tokens / min_blocks));

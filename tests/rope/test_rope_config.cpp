@@ -30,25 +30,25 @@ Problem llama(DType dtype = DType::bf16, std::int64_t head_dim = 128, std::int64
 
 TEST(RopeConfig, BenchmarkShapes) {
   for (const detail::DeviceInfo& d : {testing::h100_device(), testing::h200_device()}) {
-    // D = 128: 16-byte accesses, 8 lanes per row (8 units of 8 pairs), 7 tokens per block
-    // (2 passes of 32 row slots at 4 rows in flight over 40 heads).
+    // D = 128: 16-byte accesses, 8 lanes per row (8 units of 8 pairs), 4 tokens per block
+    // (one pass of 32 row slots at 4 rows in flight over 40 heads).
     Launch l = choose_launch(llama(), d);
     EXPECT_FALSE(l.elementwise);
     EXPECT_EQ(l.access_elements, 8);
     EXPECT_EQ(l.rotation_units, 8);
     EXPECT_EQ(l.pass_units, 0);
     EXPECT_EQ(l.lanes_per_row, 8);
-    EXPECT_EQ(l.tokens_per_block, 7);
-    EXPECT_EQ(l.blocks, (16384 + 6) / 7);
+    EXPECT_EQ(l.tokens_per_block, 4);
+    EXPECT_EQ(l.blocks, 16384 / 4);
     EXPECT_EQ(l.cos_sin_stride, 64);
-    EXPECT_EQ(l.smem_bytes, 7u * 64 * 8 + 7u * 8);
-    // D = 64: 4 lanes per row, 13 tokens per block.
+    EXPECT_EQ(l.smem_bytes, 4u * 64 * 8 + 4u * 8);
+    // D = 64: 4 lanes per row, 7 tokens per block.
     l = choose_launch(llama(DType::bf16, 64, 64), d);
     EXPECT_EQ(l.access_elements, 8);
     EXPECT_EQ(l.lanes_per_row, 4);
-    EXPECT_EQ(l.tokens_per_block, 13);
+    EXPECT_EQ(l.tokens_per_block, 7);
     // Partial rotary (r = 32 of 128, GPT-NeoX / Pythia): 2 rotation units and 12 copied units
-    // per row; in place only the 2 rotation units, and the most tokens per block.
+    // per row, 128 rows per block; in place only the 2 rotation units, one pass of 128 row slots.
     l = choose_launch(llama(DType::bf16, 128, 32), d);
     EXPECT_EQ(l.access_elements, 8);
     EXPECT_EQ(l.rotation_units, 2);
@@ -60,7 +60,7 @@ TEST(RopeConfig, BenchmarkShapes) {
     l = choose_launch(in_place, d);
     EXPECT_EQ(row_units(l, false), 2);
     EXPECT_EQ(l.lanes_per_row, 2);
-    EXPECT_EQ(l.tokens_per_block, kMaxTokensPerBlock);
+    EXPECT_EQ(l.tokens_per_block, 13);
     // Interleaved: a unit is 8 elements, 4 pairs; 16 units per row.
     l = choose_launch(llama(DType::bf16, 128, 128, RopeStyle::interleaved), d);
     EXPECT_EQ(l.access_elements, 8);
