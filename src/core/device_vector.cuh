@@ -231,6 +231,11 @@ __device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, 
       "l"(src), "r"(bytes), "r"(shared_address(bar))
       : "memory");
 }
+// Asks L2 to fetch `bytes` (a multiple of 16) from `src` (16-byte aligned) by one bulk copy that
+// nothing waits for (cp.async.bulk.prefetch.L2).
+__device__ __forceinline__ void bulk_prefetch_l2(const void* src, unsigned bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+}
 // Lets the next kernel in the stream, when launched with programmatic stream serialization,
 // begin launching now; it still waits for this grid's results in wait_for_prerequisite_grid().
 __device__ __forceinline__ void allow_dependent_launch() {

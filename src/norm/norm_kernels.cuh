@@ -97,6 +97,7 @@ __device__ __forceinline__ void load_partial_floats(const W* p, int count, float
 // One thread moves a whole row with one instruction: the other threads spend nothing on addresses
 // or copy issue.
 using detail::device::bulk_copy_to_shared;
+using detail::device::bulk_prefetch_l2;
 using detail::device::mbarrier_arrive;
 using detail::device::mbarrier_arrive_expect_tx;
 using detail::device::mbarrier_init;
@@ -549,9 +550,12 @@ __global__ void __launch_bounds__(512, Backward<VARIANT>::kMinBlocks)
     mbarrier_arrive_expect_tx(&full[slot], slot_rows * row_bytes);
     bulk_copy_to_shared(dst, src_dy, row_bytes, &full[slot]);
     bulk_copy_to_shared(dst + pitch, src_in, row_bytes, &full[slot]);
-    if (ring_dsum)
-      bulk_copy_to_shared(dst + 2 * pitch, static_cast<const T*>(p.dsum) + row * p.dsum_row_stride, row_bytes,
-                          &full[slot]);
+    if constexpr (V::kDsum) {
+      const T* src_dsum = static_cast<const T*>(p.dsum) + row * p.dsum_row_stride;
+      // Outside the ring dsum is read as dx is formed: from L2, fetched now, rows ahead.
+      if (ring_dsum) bulk_copy_to_shared(dst + 2 * pitch, src_dsum, row_bytes, &full[slot]);
+      else bulk_prefetch_l2(src_dsum, row_bytes);
+    }
   };
   if (t == 0) {
     for (int k = 0; k < stages - 1; ++k) issue(k);
