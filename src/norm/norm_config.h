@@ -152,7 +152,7 @@ struct LaunchOverrides {
   int backward_block = 0;    // threads per block of the backward row kernels (128..512)
   int backward_stages = 0;   // deepest backward ring (2..kMaxStages)
   int backward_cluster = 0;  // blocks per cluster where dweight / dbias pre-sum (1: no clusters)
-  int backward_ring_dsum = 0;  // residual backward: 1 dsum through the ring where it fits, -1 from memory
+  int backward_ring_dsum = 0;  // residual backward: 1 dsum through the ring where it fits; else from memory
 };
 // Reads the norm.* override keys.
 LaunchOverrides read_launch_overrides();
