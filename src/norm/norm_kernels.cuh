@@ -782,6 +782,15 @@ __global__ void __launch_bounds__(512, Backward<VARIANT>::kMinBlocks)
   }
   if (partial_dw == nullptr) return;
 
+  // The tree and block_sums below overwrite the ring. One block barrier orders every ring read
+  // before those writes; compute-sanitizer racecheck (CUDA 13.0) does not see that order for the
+  // reads that follow a row group's named barrier (the dx pass's) and reports write-after-read
+  // hazards (NormResidualGpu.DsumFromTheRingAndFromMemory, f32 (17, 768)), which a second barrier
+  // clears. Two barriers once per block.
+  auto leave_ring = [] {
+    __syncthreads();
+    __syncthreads();
+  };
   if (rpb > 1) {
     // The row groups' sums meet in group 0 through the (now idle) ring as a binary tree: in the
     // round of stride s, group g (g mod 2s = s) stores its sums in slot g - 1 and group g - s adds
@@ -789,7 +798,7 @@ __global__ void __launch_bounds__(512, Backward<VARIANT>::kMinBlocks)
     // dependent rounds (15 at N = 1024: most of the cost of dweight/dbias there). The tree is
     // fixed, so the sums are bitwise reproducible. A round's slots (g - 1 = s - 1 mod 2s) are
     // never those the previous round read (s/2 - 1 mod s), so one barrier per round suffices.
-    __syncthreads();
+    leave_ring();
     float* combine = reinterpret_cast<float*>(col_w + arrays * pitch);
     for (int s = 1; s < rpb; s *= 2) {
       if (group % (2 * s) == s) {
@@ -832,7 +841,10 @@ __global__ void __launch_bounds__(512, Backward<VARIANT>::kMinBlocks)
   float* block_sums = reinterpret_cast<float*>(col_w + arrays * pitch) + std::size_t(rpb - 1) * 2 * pitch;
   // With one row group per block no tree ran: other warps may still read their last row from the
   // ring that block_sums overwrites.
-  if constexpr (V::kCluster) __syncthreads();
+  if constexpr (V::kCluster) {
+    if (rpb > 1) __syncthreads();
+    else leave_ring();
+  }
   float* out_dw = V::kCluster ? block_sums : partial_dw + std::int64_t(blockIdx.x) * partial_stride;
   float* out_db = V::kCluster ? block_sums + pitch : partial_db + std::int64_t(blockIdx.x) * partial_stride;
   if (!V::kCluster || group == 0) {

@@ -1084,6 +1084,14 @@ TEST(NormResidualGpu, DsumFromTheRingAndFromMemory) {
       for (std::int64_t cols : {2048, 8192})
         check_dx_over_dsum(Device::cuda(0), kind, DType::bf16, 300, cols, 23000 + salt++);
     }
+    // f32 rows of three vectors a thread with g kept, one row per row group: the dx pass reads
+    // dsum from the ring where the row-group tree writes next (the shape racecheck watches).
+    for (std::int64_t rows : {17, 333}) {
+      Case c{Kind::rms, DType::f32, DType::f32, rows, 768, true, false};
+      c.residual = true;
+      c.with_dsum = true;
+      check_gpu_against_cpu(c, 23000 + salt++, false);
+    }
   }
 }
 

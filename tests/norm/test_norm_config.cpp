@@ -260,21 +260,21 @@ TEST(NormConfig, ResidualBackwardTakesTheDsumTwinOfThePlainVariant) {
           twin.dsum = false;
           EXPECT_TRUE(twin == plain.variant);
           EXPECT_EQ(l.geometry.threads_per_row, plain.geometry.threads_per_row);
-          // dsum is read from memory unless the ring is asked for; then its rows ride in the ring
-          // where three rows a slot leave two stages. The shared memory covers the columns and
-          // the ring.
-          EXPECT_EQ(l.geometry.ring_dsum, 0);
-          EXPECT_TRUE(same(l.geometry, plain.geometry));
-          LaunchOverrides ring;
-          ring.backward_ring_dsum = 1;
-          const BackwardLaunch r = backward_on(device, problem, ring);
+          // dsum's rows ride in the ring where three rows a slot leave two stages (else, and when
+          // the ring is turned off, they are read from memory). The shared memory covers the
+          // columns and the ring.
           const std::int64_t pitch = (cols + 7) / 8 * 8;
-          const std::size_t ring_row = std::size_t(r.geometry.rows_per_block) * pitch * 2;
-          const int slot_rows = r.geometry.ring_dsum ? 3 : 2;
-          EXPECT_EQ(r.smem_bytes, pitch * sizeof(float) + r.geometry.stages * slot_rows * ring_row);
-          if (cols <= 8192) EXPECT_EQ(r.geometry.ring_dsum, 1);
-          if (cols >= 16384) EXPECT_EQ(r.geometry.ring_dsum, 0);
-          EXPECT_TRUE(r.variant == l.variant);
+          const std::size_t ring_row = std::size_t(l.geometry.rows_per_block) * pitch * 2;
+          const int slot_rows = l.geometry.ring_dsum ? 3 : 2;
+          EXPECT_EQ(l.smem_bytes, pitch * sizeof(float) + l.geometry.stages * slot_rows * ring_row);
+          if (cols <= 8192) EXPECT_EQ(l.geometry.ring_dsum, 1);
+          if (cols >= 16384) EXPECT_EQ(l.geometry.ring_dsum, 0);
+          LaunchOverrides off;
+          off.backward_ring_dsum = -1;
+          const BackwardLaunch m = backward_on(device, problem, off);
+          EXPECT_EQ(m.geometry.ring_dsum, 0);
+          EXPECT_TRUE(same(m.geometry, plain.geometry));
+          EXPECT_TRUE(m.variant == l.variant);
         }
         EXPECT_LE(l.partial_rows, backward_workspace_rows(rows, cols, 2, device, HopperOccupancy(device)));
       }
