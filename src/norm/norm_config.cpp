@@ -59,6 +59,24 @@ constexpr RowRule kBackwardRowsFromX[] = {
     {32, 32, 0, false, 512}, {128, 32, 0, false, 256}, {512, 0, 3, true},          {640, 0, 3, false},
     {1024, 0, 2, false},     {1280, 0, 4, true},       {kAnyLength, 0, 4, false},
 };
+// The residual backward (dsum, from x) where its rows beat the plain rows' shape: rows of
+// 129..1536 vectors by vectors per thread (g never kept), by dbias and by a partial last vector.
+// dsum through the ring shifts the balance to more threads per row (bench: rms_norm_residual and
+// layer_norm_residual bwd at 18 row lengths 1536..12288, 64 Mi elements, H200: e.g. rms (32752,
+// 2049) 209.5 -> 149.8 us, (8192, 8192) 189.8 -> 141.8 us; layer (8193, 8191) 212.5 -> 174.0 us).
+struct ResidualRowRule {
+  bool bias_grad;
+  bool tail;  // only rows whose last vector is partial
+  std::int64_t min_vectors, max_vectors;
+  int vectors_per_thread;
+};
+constexpr ResidualRowRule kResidualBackwardRows[] = {
+    {false, true, 129, 1536, 3},   // not 4 with g kept
+    {false, false, 641, 1024, 4},  // not 2 at two blocks per SM
+    {true, false, 129, 512, 2},    // not 3 with g kept
+    {true, true, 641, 1024, 2},    // not 4
+};
+
 constexpr RowRule kBackwardRowsFromY[] = {
     {32, 32, 0, false, 512},
     {128, 32, 0, false, 256},
@@ -212,10 +230,10 @@ std::optional<BackwardPlan> plan_backward(const BackwardProblem& problem, const 
                         : problem.bias_grad ? rule_for(kBackwardRowsFromXWithDbias, vectors)
                                             : rule_for(kBackwardRowsFromX, vectors);
   const bool tail_vectors = tail && !problem.bias_grad && !problem.from_output && rule.threads_per_row == 0;
-  const RowShape shape = row_shape(rule, vectors,
-                                   overrides.backward_vectors > 0 ? overrides.backward_vectors
-                                   : tail_vectors                 ? kBackwardTailVectorsWithoutDbias
-                                                                  : 0);
+  const int residual = problem.dsum ? residual_backward_vectors(problem.bias_grad, vectors, tail) : 0;
+  const int vectors_asked = overrides.backward_vectors > 0 ? overrides.backward_vectors : residual;
+  const RowShape shape =
+      row_shape(rule, vectors, vectors_asked > 0 ? vectors_asked : tail_vectors ? kBackwardTailVectorsWithoutDbias : 0);
   if (shape.vectors_per_thread == 0) return std::nullopt;
   const int tpr = shape.threads_per_row, iters = shape.vectors_per_thread;
 
@@ -232,7 +250,7 @@ std::optional<BackwardPlan> plan_backward(const BackwardProblem& problem, const 
   plan.geometry.rows_per_block = std::max(1, std::min(block / tpr, tpr > 32 ? kMaxRowGroups - 1 : kMaxRowGroups));
   plan.block_threads = tpr * plan.geometry.rows_per_block;
 
-  const bool keep_g = rule.keep_g && overrides.backward_vectors == 0 && tpr > 32;
+  const bool keep_g = rule.keep_g && vectors_asked == 0 && tpr > 32;
   const bool full = !problem.bias_grad && iters == 4 && tpr <= 256 && problem.cols == std::int64_t(tpr) * iters * vec;
   // Full rows first, then kept g, each where compiled for the source.
   auto pick = [&](Source source) {
@@ -392,6 +410,13 @@ BackwardLaunch choose_backward_launch(const BackwardProblem& problem, const deta
   const int columns_per_block = 32 * launch.reduce_columns_per_thread;
   launch.reduce_blocks = (problem.cols + columns_per_block - 1) / columns_per_block;
   return launch;
+}
+
+int residual_backward_vectors(bool bias_grad, std::int64_t vectors, bool tail) {
+  for (const ResidualRowRule& r : kResidualBackwardRows)
+    if (r.bias_grad == bias_grad && (!r.tail || tail) && vectors >= r.min_vectors && vectors <= r.max_vectors)
+      return r.vectors_per_thread;
+  return 0;
 }
 
 int backward_workspace_rows(std::int64_t rows, std::int64_t cols, int element_bytes, const detail::DeviceInfo& device,

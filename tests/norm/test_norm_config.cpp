@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -256,10 +257,19 @@ TEST(NormConfig, ResidualBackwardTakesTheDsumTwinOfThePlainVariant) {
         if (!l.generic) {
           EXPECT_TRUE(l.variant.dsum);
           EXPECT_TRUE(is_compiled(l.variant));
-          BackwardVariant twin = l.variant;
-          twin.dsum = false;
-          EXPECT_TRUE(twin == plain.variant);
-          EXPECT_EQ(l.geometry.threads_per_row, plain.geometry.threads_per_row);
+          // The plain rows' shape, or the residual table's vectors per thread (g not kept).
+          const std::int64_t vectors = (cols + 7) / 8;
+          const int residual = residual_backward_vectors(problem.bias_grad, vectors, cols % 8 != 0);
+          if (residual == 0) {
+            BackwardVariant twin = l.variant;
+            twin.dsum = false;
+            EXPECT_TRUE(twin == plain.variant);
+            EXPECT_EQ(l.geometry.threads_per_row, plain.geometry.threads_per_row);
+          } else {
+            EXPECT_EQ(l.variant.vectors_per_thread, residual);
+            EXPECT_FALSE(l.variant.keep_g);
+            EXPECT_EQ(l.geometry.threads_per_row, (vectors + 32 * residual - 1) / (32 * residual) * 32);
+          }
           // dsum's rows ride in the ring where three rows a slot leave two stages (else, and when
           // the ring is turned off, they are read from memory). The shared memory covers the
           // columns and the ring.
@@ -273,13 +283,45 @@ TEST(NormConfig, ResidualBackwardTakesTheDsumTwinOfThePlainVariant) {
           off.backward_ring_dsum = -1;
           const BackwardLaunch m = backward_on(device, problem, off);
           EXPECT_EQ(m.geometry.ring_dsum, 0);
-          EXPECT_TRUE(same(m.geometry, plain.geometry));
+          if (residual == 0) EXPECT_TRUE(same(m.geometry, plain.geometry));
           EXPECT_TRUE(m.variant == l.variant);
         }
         EXPECT_LE(l.partial_rows, backward_workspace_rows(rows, cols, 2, device, HopperOccupancy(device)));
       }
     }
   }
+}
+
+// The residual backward's own rows (kResidualBackwardRows): by dbias, row length and a partial
+// last vector; rows outside them take the plain backward's shape.
+TEST(NormConfig, ResidualBackwardRowsTakeTheirOwnVectorsPerThread) {
+  EXPECT_EQ(residual_backward_vectors(false, 257, true), 3);    // rms (, 2049)
+  EXPECT_EQ(residual_backward_vectors(false, 256, false), 0);   // rms (, 2048): the plain shape
+  EXPECT_EQ(residual_backward_vectors(false, 1024, false), 4);  // rms (, 8192)
+  EXPECT_EQ(residual_backward_vectors(false, 1280, false), 0);  // rms (, 10240)
+  EXPECT_EQ(residual_backward_vectors(false, 1280, true), 3);   // rms (, 10239)
+  EXPECT_EQ(residual_backward_vectors(false, 1537, true), 0);   // 3 a thread would need 513 threads
+  EXPECT_EQ(residual_backward_vectors(true, 256, false), 2);    // layer (, 2048)
+  EXPECT_EQ(residual_backward_vectors(true, 626, true), 0);     // layer (, 5001)
+  EXPECT_EQ(residual_backward_vectors(true, 1024, true), 2);    // layer (, 8191)
+  EXPECT_EQ(residual_backward_vectors(true, 1024, false), 0);   // layer (, 8192)
+  EXPECT_EQ(residual_backward_vectors(false, 128, true), 0);    // short rows: one warp
+  for (const auto& device : {h100(), h200()})
+    for (auto [kind, cols, vectors] : {std::tuple{Kind::rms_norm, 2049, 3}, {Kind::rms_norm, 8192, 4},
+                                       {Kind::layer_norm, 2048, 2}, {Kind::layer_norm, 8191, 2}}) {
+      BackwardProblem problem = backward_problem(kind, 8192, cols);
+      problem.dsum = true;
+      const BackwardLaunch l = backward_on(device, problem);
+      ASSERT_FALSE(l.generic);
+      EXPECT_EQ(l.variant.vectors_per_thread, vectors) << cols;
+      EXPECT_FALSE(l.variant.keep_g);
+      EXPECT_TRUE(l.variant.dsum);
+      EXPECT_TRUE(is_compiled(l.variant));
+      // The override still wins.
+      LaunchOverrides o;
+      o.backward_vectors = vectors == 2 ? 3 : 2;
+      EXPECT_EQ(backward_on(device, problem, o).variant.vectors_per_thread, o.backward_vectors);
+    }
 }
 
 TEST(NormConfig, ForwardFallsBackToTheGenericKernel) {
@@ -458,7 +500,9 @@ TEST(NormConfig, PartialLastVectorTakesTheRowKernels) {
           EXPECT_FALSE(r.generic);
           EXPECT_TRUE(r.variant.tail && r.variant.dsum);
           EXPECT_TRUE(is_compiled(r.variant));
-          if (kind == Kind::rms_norm && vectors > 128) EXPECT_EQ(r.variant.vectors_per_thread, 4);  // no dbias
+          // Without dbias 3 vectors a thread where 512 threads hold them (kResidualBackwardRows), else 4.
+          if (kind == Kind::rms_norm && vectors > 128)
+            EXPECT_EQ(r.variant.vectors_per_thread, vectors <= 1536 ? 3 : 4);
         }
       }
     }
