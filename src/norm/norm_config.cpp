@@ -59,22 +59,24 @@ constexpr RowRule kBackwardRowsFromX[] = {
     {32, 32, 0, false, 512}, {128, 32, 0, false, 256}, {512, 0, 3, true},          {640, 0, 3, false},
     {1024, 0, 2, false},     {1280, 0, 4, true},       {kAnyLength, 0, 4, false},
 };
-// The residual backward (dsum, from x) where its rows beat the plain rows' shape: rows of
-// 129..1536 vectors by vectors per thread (g never kept), by dbias and by a partial last vector.
-// dsum through the ring shifts the balance to more threads per row (bench: rms_norm_residual and
-// layer_norm_residual bwd at 18 row lengths 1536..12288, 64 Mi elements, H200: e.g. rms (32752,
-// 2049) 209.5 -> 149.8 us, (8192, 8192) 189.8 -> 141.8 us; layer (8193, 8191) 212.5 -> 174.0 us).
-struct ResidualRowRule {
+// Backward rows from x whose vectors per thread differ from the table's above (g never kept): by
+// dbias, rows of 129..1536 vectors, a partial last vector and the residual backward (dsum), whose
+// ring of three rows a slot shifts the balance to more threads per row (bench: layer_norm /
+// rms_norm bwd and their _residual twins at 18 row lengths 1536..12288, 64 Mi elements, H200:
+// rms_norm_residual (32752, 2049) 209.5 -> 149.8 us, (8192, 8192) 189.8 -> 141.8 us; layer_norm
+// (8193, 8191) 180.1 -> 144.1 us, layer_norm_residual 212.5 -> 174.0 us).
+struct BackwardVectorsRule {
+  bool dsum_only;  // only the residual backward
   bool bias_grad;
   bool tail;  // only rows whose last vector is partial
   std::int64_t min_vectors, max_vectors;
   int vectors_per_thread;
 };
-constexpr ResidualRowRule kResidualBackwardRows[] = {
-    {false, true, 129, 1536, 3},   // not 4 with g kept
-    {false, false, 641, 1024, 4},  // not 2 at two blocks per SM
-    {true, false, 129, 512, 2},    // not 3 with g kept
-    {true, true, 641, 1024, 2},    // not 4
+constexpr BackwardVectorsRule kBackwardVectorsRules[] = {
+    {true, false, true, 129, 1536, 3},   // not 4 with g kept
+    {true, false, false, 641, 1024, 4},  // not 2 at two blocks per SM
+    {true, true, false, 129, 512, 2},    // not 3 with g kept
+    {false, true, true, 641, 1024, 2},   // not 4
 };
 
 constexpr RowRule kBackwardRowsFromY[] = {
@@ -230,8 +232,9 @@ std::optional<BackwardPlan> plan_backward(const BackwardProblem& problem, const 
                         : problem.bias_grad ? rule_for(kBackwardRowsFromXWithDbias, vectors)
                                             : rule_for(kBackwardRowsFromX, vectors);
   const bool tail_vectors = tail && !problem.bias_grad && !problem.from_output && rule.threads_per_row == 0;
-  const int residual = problem.dsum ? residual_backward_vectors(problem.bias_grad, vectors, tail) : 0;
-  const int vectors_asked = overrides.backward_vectors > 0 ? overrides.backward_vectors : residual;
+  const int by_rule =
+      problem.from_output ? 0 : backward_vectors_by_rule(problem.dsum, problem.bias_grad, vectors, tail);
+  const int vectors_asked = overrides.backward_vectors > 0 ? overrides.backward_vectors : by_rule;
   const RowShape shape =
       row_shape(rule, vectors, vectors_asked > 0 ? vectors_asked : tail_vectors ? kBackwardTailVectorsWithoutDbias : 0);
   if (shape.vectors_per_thread == 0) return std::nullopt;
@@ -332,8 +335,9 @@ ForwardLaunch choose_forward_launch(const ForwardProblem& problem, const detail:
   if (problem.aligned) {
     const std::int64_t vectors = (problem.cols + vec - 1) / vec;
     const RowRule& rule = rule_for(kForwardRows, vectors);
-    shape = row_shape(rule, vectors, overrides.forward_vectors);
-    if (overrides.forward_vectors == 0 && rule.threads_per_row == 0 &&
+    const int residual = problem.residual ? residual_forward_vectors(vectors, problem.cols % vec != 0) : 0;
+    shape = row_shape(rule, vectors, overrides.forward_vectors > 0 ? overrides.forward_vectors : residual);
+    if (overrides.forward_vectors == 0 && residual == 0 && rule.threads_per_row == 0 &&
         problem.cols != std::int64_t(shape.threads_per_row) * shape.vectors_per_thread * vec) {
       const RowShape partial = row_shape(rule, vectors, kForwardPartialRowVectors);
       if (partial.vectors_per_thread > 0) shape = partial;
@@ -347,8 +351,8 @@ ForwardLaunch choose_forward_launch(const ForwardProblem& problem, const detail:
   launch.generic = false;
   launch.variant.vectors_per_thread = shape.vectors_per_thread;
   // The residual forward adds the residual row as it loads and holds one row in registers, as the
-  // plain one does: the same row shapes. Its L2 request ahead covers both input rows, and the
-  // distance comes from its own kernel's occupancy.
+  // plain one does (its own row shapes: residual_forward_vectors). Its L2 request ahead covers
+  // both input rows, and the distance comes from its own kernel's occupancy.
   launch.variant.residual = problem.residual;
   launch.variant.tail = problem.cols % vec != 0;
   const bool full = problem.cols == std::int64_t(tpr) * shape.vectors_per_thread * vec && problem.has_weight;
@@ -412,9 +416,20 @@ BackwardLaunch choose_backward_launch(const BackwardProblem& problem, const deta
   return launch;
 }
 
-int residual_backward_vectors(bool bias_grad, std::int64_t vectors, bool tail) {
-  for (const ResidualRowRule& r : kResidualBackwardRows)
-    if (r.bias_grad == bias_grad && (!r.tail || tail) && vectors >= r.min_vectors && vectors <= r.max_vectors)
+// The residual forward (four row tensors moved, not two) on rows that fill their vectors: 2 per
+// thread up to 1024 vectors, 3 up to 1280, where the plain rows take 4 or 3 (bench: rms_norm_residual /
+// layer_norm_residual fwd at 18 row lengths, 64 Mi elements, H200: (8192, 8192) 148.5 -> 130.9 us,
+// (16384, 4096) 147.0 -> 131.0 us, (6553, 10240) 146.5 -> 135.4 us; rows with a partial last
+// vector keep kForwardPartialRowVectors, faster there at 5001, 7167 and 10239).
+int residual_forward_vectors(std::int64_t vectors, bool tail) {
+  if (tail || vectors <= 128) return 0;
+  return vectors <= 1024 ? 2 : vectors <= 1280 ? 3 : 0;
+}
+
+int backward_vectors_by_rule(bool dsum, bool bias_grad, std::int64_t vectors, bool tail) {
+  for (const BackwardVectorsRule& r : kBackwardVectorsRules)
+    if ((!r.dsum_only || dsum) && r.bias_grad == bias_grad && (!r.tail || tail) && vectors >= r.min_vectors &&
+        vectors <= r.max_vectors)
       return r.vectors_per_thread;
   return 0;
 }

@@ -206,9 +206,11 @@ ForwardLaunch choose_forward_launch(const ForwardProblem& problem, const detail:
 BackwardLaunch choose_backward_launch(const BackwardProblem& problem, const detail::DeviceInfo& device,
                                       const KernelOccupancy& occupancy, const LaunchOverrides& overrides = {});
 
-// The residual backward's vectors per thread (from x, g not kept) where they differ from the
-// plain backward's, else 0: by dbias, the row's vectors and whether its last vector is partial.
-int residual_backward_vectors(bool bias_grad, std::int64_t vectors, bool tail);
+// Backward vectors per thread from x (g not kept) where kBackwardVectorsRules sets them, else 0:
+// by the residual backward (dsum), dbias, the row's vectors and whether its last vector is partial.
+int backward_vectors_by_rule(bool dsum, bool bias_grad, std::int64_t vectors, bool tail);
+// The residual forward's vectors per thread where they differ from the plain forward's, else 0.
+int residual_forward_vectors(std::int64_t vectors, bool tail);
 
 // Workspace rows per gradient that every backward of (rows, cols) in this type pair fits: the
 // largest persistent grid of any variant (from x or y, with or without dbias, row kernel or

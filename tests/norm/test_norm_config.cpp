@@ -259,7 +259,7 @@ TEST(NormConfig, ResidualBackwardTakesTheDsumTwinOfThePlainVariant) {
           EXPECT_TRUE(is_compiled(l.variant));
           // The plain rows' shape, or the residual table's vectors per thread (g not kept).
           const std::int64_t vectors = (cols + 7) / 8;
-          const int residual = residual_backward_vectors(problem.bias_grad, vectors, cols % 8 != 0);
+          const int residual = backward_vectors_by_rule(true, problem.bias_grad, vectors, cols % 8 != 0);
           if (residual == 0) {
             BackwardVariant twin = l.variant;
             twin.dsum = false;
@@ -292,20 +292,31 @@ TEST(NormConfig, ResidualBackwardTakesTheDsumTwinOfThePlainVariant) {
   }
 }
 
-// The residual backward's own rows (kResidualBackwardRows): by dbias, row length and a partial
-// last vector; rows outside them take the plain backward's shape.
-TEST(NormConfig, ResidualBackwardRowsTakeTheirOwnVectorsPerThread) {
-  EXPECT_EQ(residual_backward_vectors(false, 257, true), 3);    // rms (, 2049)
-  EXPECT_EQ(residual_backward_vectors(false, 256, false), 0);   // rms (, 2048): the plain shape
-  EXPECT_EQ(residual_backward_vectors(false, 1024, false), 4);  // rms (, 8192)
-  EXPECT_EQ(residual_backward_vectors(false, 1280, false), 0);  // rms (, 10240)
-  EXPECT_EQ(residual_backward_vectors(false, 1280, true), 3);   // rms (, 10239)
-  EXPECT_EQ(residual_backward_vectors(false, 1537, true), 0);   // 3 a thread would need 513 threads
-  EXPECT_EQ(residual_backward_vectors(true, 256, false), 2);    // layer (, 2048)
-  EXPECT_EQ(residual_backward_vectors(true, 626, true), 0);     // layer (, 5001)
-  EXPECT_EQ(residual_backward_vectors(true, 1024, true), 2);    // layer (, 8191)
-  EXPECT_EQ(residual_backward_vectors(true, 1024, false), 0);   // layer (, 8192)
-  EXPECT_EQ(residual_backward_vectors(false, 128, true), 0);    // short rows: one warp
+// kBackwardVectorsRules: by the residual backward, dbias, row length and a partial last vector;
+// rows outside them take the table's shape. The residual forward's own rows.
+TEST(NormConfig, BackwardVectorsRulesAndTheResidualForwardsRows) {
+  EXPECT_EQ(backward_vectors_by_rule(true, false, 257, true), 3);    // rms (, 2049)
+  EXPECT_EQ(backward_vectors_by_rule(true, false, 256, false), 0);   // rms (, 2048): the plain shape
+  EXPECT_EQ(backward_vectors_by_rule(true, false, 1024, false), 4);  // rms (, 8192)
+  EXPECT_EQ(backward_vectors_by_rule(true, false, 1280, false), 0);  // rms (, 10240)
+  EXPECT_EQ(backward_vectors_by_rule(true, false, 1280, true), 3);   // rms (, 10239)
+  EXPECT_EQ(backward_vectors_by_rule(true, false, 1537, true), 0);   // 3 a thread would need 513 threads
+  EXPECT_EQ(backward_vectors_by_rule(true, true, 256, false), 2);    // layer (, 2048)
+  EXPECT_EQ(backward_vectors_by_rule(true, true, 626, true), 0);     // layer (, 5001)
+  EXPECT_EQ(backward_vectors_by_rule(true, true, 1024, true), 2);    // layer (, 8191)
+  EXPECT_EQ(backward_vectors_by_rule(true, true, 1024, false), 0);   // layer (, 8192)
+  EXPECT_EQ(backward_vectors_by_rule(true, false, 128, true), 0);    // short rows: one warp
+  // The plain backward: only LayerNorm's (dbias) tail rows of 641..1024 vectors.
+  EXPECT_EQ(backward_vectors_by_rule(false, true, 1024, true), 2);
+  EXPECT_EQ(backward_vectors_by_rule(false, true, 256, false), 0);
+  EXPECT_EQ(backward_vectors_by_rule(false, false, 257, true), 0);
+  EXPECT_EQ(backward_vectors_by_rule(false, false, 1024, false), 0);
+  EXPECT_EQ(residual_forward_vectors(1024, false), 2);   // (, 8192)
+  EXPECT_EQ(residual_forward_vectors(375, false), 2);    // (, 3000)
+  EXPECT_EQ(residual_forward_vectors(1280, false), 3);   // (, 10240)
+  EXPECT_EQ(residual_forward_vectors(1536, false), 0);   // (, 12288)
+  EXPECT_EQ(residual_forward_vectors(1024, true), 0);    // (, 8191)
+  EXPECT_EQ(residual_forward_vectors(128, false), 0);    // (, 1024): two warps
   for (const auto& device : {h100(), h200()})
     for (auto [kind, cols, vectors] : {std::tuple{Kind::rms_norm, 2049, 3}, {Kind::rms_norm, 8192, 4},
                                        {Kind::layer_norm, 2048, 2}, {Kind::layer_norm, 8191, 2}}) {
@@ -445,7 +456,7 @@ TEST(NormConfig, BackwardFallsBackToTheGenericKernel) {
 // variants (a masked last vector), never the generic kernel; misaligned, the generic kernel still.
 // The row shape is that of N rounded up to whole vectors, except for rows longer than 128 vectors:
 // the forward takes 3 vectors per thread where 512 threads cover the row (the rounded row may
-// fill 4 exactly), RMSNorm's backward from x 4.
+// fill 4 exactly), RMSNorm's backward from x 4, LayerNorm's from x by kBackwardVectorsRules.
 TEST(NormConfig, PartialLastVectorTakesTheRowKernels) {
   for (const auto& device : {h100(), h200()})
     for (int bytes : {2, 4}) {
@@ -482,9 +493,13 @@ TEST(NormConfig, PartialLastVectorTakesTheRowKernels) {
             EXPECT_TRUE(is_compiled(b.variant));
             EXPECT_FALSE(b.variant.full_rows);
             EXPECT_FALSE(b.variant.keep_g);
+            const int by_rule = from_output ? 0 : backward_vectors_by_rule(false, kind == Kind::layer_norm, vectors, true);
             if (kind == Kind::rms_norm && !from_output && vectors > 128) {
               EXPECT_EQ(b.variant.vectors_per_thread, 4);
               EXPECT_EQ(b.geometry.threads_per_row, (vectors + 127) / 128 * 32);
+            } else if (by_rule > 0) {  // LayerNorm's tail rows of 641..1024 vectors
+              EXPECT_EQ(b.variant.vectors_per_thread, by_rule);
+              EXPECT_EQ(b.geometry.threads_per_row, (vectors + 32 * by_rule - 1) / (32 * by_rule) * 32);
             } else {
               EXPECT_EQ(b.variant.vectors_per_thread, b_rounded.variant.vectors_per_thread);
               EXPECT_EQ(b.geometry.threads_per_row, b_rounded.geometry.threads_per_row);
