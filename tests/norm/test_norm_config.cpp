@@ -515,7 +515,7 @@ TEST(NormConfig, PartialLastVectorTakesTheRowKernels) {
           EXPECT_FALSE(r.generic);
           EXPECT_TRUE(r.variant.tail && r.variant.dsum);
           EXPECT_TRUE(is_compiled(r.variant));
-          // Without dbias 3 vectors a thread where 512 threads hold them (kResidualBackwardRows), else 4.
+          // Without dbias 3 vectors a thread where 512 threads hold them (kBackwardVectorsRules), else 4.
           if (kind == Kind::rms_norm && vectors > 128)
             EXPECT_EQ(r.variant.vectors_per_thread, vectors <= 1536 ? 3 : 4);
         }
