@@ -39,11 +39,6 @@ constexpr RowRule kForwardRows[] = {
 // H200, % of copy at 3 and at 4 vectors: rms_norm fwd (32768, 2049) 84% / 60%, (8192, 5001)
 // 75% / 64%; layer_norm fwd (32768, 2049) 69% / 59%, (16384, 3000) 83% / 82%).
 constexpr int kForwardPartialRowVectors = 3;
-// Vectors per thread of the backward's tail rows (a partial last vector) from x without dbias
-// (RMSNorm), longer than 128 vectors (bench, H200, % of copy at 4 vectors and at the table's:
-// rms_norm bwd (32768, 2049) 73% / 69%, (8192, 4095) 73% / 63%, (8192, 5001) 80% / 57%; with
-// dbias the table's stay ahead: layer_norm bwd (32768, 2049) 70% at 3, 52% at 4).
-constexpr int kBackwardTailVectorsWithoutDbias = 4;
 
 // Backward, by source and dbias. Short rows (up to one warp at 4 vectors) run one warp per row in
 // 256-thread blocks (512 up to 32 vectors); LayerNorm's dbias from x at 97..128 vectors two warps
@@ -59,8 +54,8 @@ constexpr RowRule kBackwardRowsFromX[] = {
     {32, 32, 0, false, 512}, {128, 32, 0, false, 256}, {512, 0, 3, true},          {640, 0, 3, false},
     {1024, 0, 2, false},     {1280, 0, 4, true},       {kAnyLength, 0, 4, false},
 };
-// Backward rows from x whose vectors per thread differ from the table's above (g never kept): by
-// dbias, rows of 129..1536 vectors, a partial last vector and the residual backward (dsum), whose
+// Backward rows from x whose vectors per thread differ from the tables above (g never kept): by
+// dbias, rows longer than 128 vectors, a partial last vector and the residual backward (dsum), whose
 // ring of three rows a slot shifts the balance to more threads per row (bench: layer_norm /
 // rms_norm bwd and their _residual twins at 18 row lengths 1536..12288, 64 Mi elements, H200:
 // rms_norm_residual (32752, 2049) 209.5 -> 149.8 us, (8192, 8192) 189.8 -> 141.8 us; layer_norm
@@ -77,6 +72,10 @@ constexpr BackwardVectorsRule kBackwardVectorsRules[] = {
     {true, false, false, 641, 1024, 4},  // not 2 at two blocks per SM
     {true, true, false, 129, 512, 2},    // not 3 with g kept
     {false, true, true, 641, 1024, 2},   // not 4
+    // RMSNorm's tail rows (bench, H200, % of copy at 4 vectors and at the table's: rms_norm bwd
+    // (32768, 2049) 73% / 69%, (8192, 4095) 73% / 63%, (8192, 5001) 80% / 57%; with dbias the
+    // table's stay ahead: layer_norm bwd (32768, 2049) 70% at 3, 52% at 4).
+    {false, false, true, 129, kAnyLength, 4},
 };
 
 constexpr RowRule kBackwardRowsFromY[] = {
@@ -231,12 +230,10 @@ std::optional<BackwardPlan> plan_backward(const BackwardProblem& problem, const 
   const RowRule& rule = problem.from_output ? rule_for(kBackwardRowsFromY, vectors)
                         : problem.bias_grad ? rule_for(kBackwardRowsFromXWithDbias, vectors)
                                             : rule_for(kBackwardRowsFromX, vectors);
-  const bool tail_vectors = tail && !problem.bias_grad && !problem.from_output && rule.threads_per_row == 0;
   const int by_rule =
       problem.from_output ? 0 : backward_vectors_by_rule(problem.dsum, problem.bias_grad, vectors, tail);
   const int vectors_asked = overrides.backward_vectors > 0 ? overrides.backward_vectors : by_rule;
-  const RowShape shape =
-      row_shape(rule, vectors, vectors_asked > 0 ? vectors_asked : tail_vectors ? kBackwardTailVectorsWithoutDbias : 0);
+  const RowShape shape = row_shape(rule, vectors, vectors_asked);
   if (shape.vectors_per_thread == 0) return std::nullopt;
   const int tpr = shape.threads_per_row, iters = shape.vectors_per_thread;
 

@@ -300,16 +300,17 @@ TEST(NormConfig, BackwardVectorsRulesAndTheResidualForwardsRows) {
   EXPECT_EQ(backward_vectors_by_rule(true, false, 1024, false), 4);  // rms (, 8192)
   EXPECT_EQ(backward_vectors_by_rule(true, false, 1280, false), 0);  // rms (, 10240)
   EXPECT_EQ(backward_vectors_by_rule(true, false, 1280, true), 3);   // rms (, 10239)
-  EXPECT_EQ(backward_vectors_by_rule(true, false, 1537, true), 0);   // 3 a thread would need 513 threads
+  EXPECT_EQ(backward_vectors_by_rule(true, false, 1537, true), 4);   // 3 would need 513 threads: RMSNorm's tail rule
   EXPECT_EQ(backward_vectors_by_rule(true, true, 256, false), 2);    // layer (, 2048)
   EXPECT_EQ(backward_vectors_by_rule(true, true, 626, true), 0);     // layer (, 5001)
   EXPECT_EQ(backward_vectors_by_rule(true, true, 1024, true), 2);    // layer (, 8191)
   EXPECT_EQ(backward_vectors_by_rule(true, true, 1024, false), 0);   // layer (, 8192)
   EXPECT_EQ(backward_vectors_by_rule(true, false, 128, true), 0);    // short rows: one warp
-  // The plain backward: only LayerNorm's (dbias) tail rows of 641..1024 vectors.
+  // The plain backward: tail rows (LayerNorm's of 641..1024 vectors, RMSNorm's past 128).
   EXPECT_EQ(backward_vectors_by_rule(false, true, 1024, true), 2);
   EXPECT_EQ(backward_vectors_by_rule(false, true, 256, false), 0);
-  EXPECT_EQ(backward_vectors_by_rule(false, false, 257, true), 0);
+  EXPECT_EQ(backward_vectors_by_rule(false, false, 257, true), 4);  // RMSNorm's tail rows
+  EXPECT_EQ(backward_vectors_by_rule(false, false, 128, true), 0);
   EXPECT_EQ(backward_vectors_by_rule(false, false, 1024, false), 0);
   EXPECT_EQ(residual_forward_vectors(1024, false), 2);   // (, 8192)
   EXPECT_EQ(residual_forward_vectors(375, false), 2);    // (, 3000)
