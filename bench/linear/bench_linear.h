@@ -17,4 +17,10 @@ const std::vector<LinearBenchShape>& linear_bench_shapes();
 // of the same shapes measured in the same run ("cublas_plain").
 void bench_linear(Report& report, const std::string& only);
 
+// (M, K, F) per shape: x (M, K), W (2F, K), y (M, F).
+const std::vector<LinearBenchShape>& gated_linear_bench_shapes();
+// Forward and backward rows of gated_linear (SwiGLU, interleaved W) on every shape, with the plain
+// cuBLAS GEMMs of the same total shape measured in the same run ("cublas_plain").
+void bench_gated_linear(Report& report, const std::string& only);
+
 }  // namespace fusekit::bench

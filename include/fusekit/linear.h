@@ -62,6 +62,7 @@
 #include <cstdint>
 
 #include "fusekit/activation.h"
+#include "fusekit/gated_act.h"
 #include "fusekit/tensor.h"
 
 namespace fusekit {
@@ -89,5 +90,55 @@ void linear_backward(const TensorView& dout, const TensorView& x, const TensorVi
                      const OptionalTensor& dx, const OptionalTensor& dweight,
                      const OptionalTensor& dbias, const OptionalTensor& workspace,
                      Stream stream = nullptr);
+
+// ---- Gated linear: the gate and up projections of a gated MLP in one GEMM ----------------------
+//
+//   forward:   pre = x W^T + b  (M, 2F: gate and up columns, config.layout)    y = act(gate) * up
+//   backward:  dgate = dy * up * act'(gate),  dup = dy * act(gate)  form dpre (M, 2F) in pre's layout;
+//              dx = dpre W,  dW = dpre^T x,  dbias = sum over rows of dpre
+//
+// Shapes: x (..., K) flattened into M rows; W (2F, K), row-major or column-major as linear_forward
+// takes it, its rows ordered as config.layout orders pre's columns (halves: the F gate rows, then the
+// F up rows, as a fused gate_up_proj stores them; interleaved: gate row j at 2j, up row j at 2j + 1);
+// bias (2F) in the same order, optional; y and dy (..., F); pre_activation (..., 2F), optional in the
+// forward (the saved input of the backward), required by the backward. dx like x, dW like W (either
+// layout), dbias like bias; each optional. Dtypes as linear_forward: one of f16, bf16, f32 (f64 on
+// the CPU); the math in float32 on the float32 accumulator, each output rounded once. Activation
+// (config.activation): silu (SwiGLU), gelu_tanh or gelu_erf (GeGLU), relu (ReGLU).
+//
+// On the GPU:
+//   forward, interleaved layout, f16/bf16, row-major W, K a multiple of 8 and F of 4, x, W and
+//     pre rows 16-byte aligned (row strides multiples of 8 elements), y rows 8-byte aligned: one
+//     CUTLASS Hopper GEMM over all 2F columns whose epilogue finds each gate beside its up in the
+//     same thread's registers and writes y (F columns) and, when asked, pre.
+//   forward, otherwise (halves, f32, misaligned views): the GEMM into pre (or the workspace), then a
+//     gated_act_forward pass over it.
+//   backward: one elementwise pass forms dpre in the workspace, then the linear family's GEMMs (and
+//     its deterministic dbias sum) read it.
+// Limits: M, K, 2F in 0 .. 2^31 - 1. Workspaces as linear_forward's (u8, 256-byte aligned).
+struct GatedLinearConfig {
+  Activation activation = Activation::silu;        // silu, gelu_tanh, gelu_erf or relu
+  GatedLayout layout = GatedLayout::interleaved;  // the order of W's rows, bias and pre's columns
+};
+
+// Bytes of scratch memory gated_linear_forward needs on `device` (0 on the CPU). `keeps_pre`: the
+// caller passes pre_activation (otherwise the halves path needs room for it).
+std::size_t gated_linear_forward_workspace_size(std::int64_t m, std::int64_t f, std::int64_t k, DType dtype,
+                                                const GatedLinearConfig& config, bool keeps_pre,
+                                                Device device);
+// Bytes of scratch memory gated_linear_backward needs on `device` (0 on the CPU): dpre (m x 2f
+// elements) and the GEMMs' scratch.
+std::size_t gated_linear_backward_workspace_size(std::int64_t m, std::int64_t f, std::int64_t k, DType dtype,
+                                                 const GatedLinearConfig& config, Device device);
+
+void gated_linear_forward(const TensorView& x, const TensorView& weight, const OptionalTensor& bias,
+                          const GatedLinearConfig& config, const TensorView& y,
+                          const OptionalTensor& pre_activation, const OptionalTensor& workspace,
+                          Stream stream = nullptr);
+
+void gated_linear_backward(const TensorView& dy, const TensorView& x, const TensorView& weight,
+                           const TensorView& pre_activation, const GatedLinearConfig& config,
+                           const OptionalTensor& dx, const OptionalTensor& dweight, const OptionalTensor& dbias,
+                           const OptionalTensor& workspace, Stream stream = nullptr);
 
 }  // namespace fusekit

@@ -326,4 +326,165 @@ void linear_backward(const TensorView& dout, const TensorView& x, const TensorVi
   }
 }
 
+// ---- gated linear ------------------------------------------------------------------------------
+
+namespace {
+
+void check_gated_config(const ArgCheck& check, const GatedLinearConfig& config) {
+  switch (config.activation) {
+    case Activation::silu:
+    case Activation::gelu_tanh:
+    case Activation::gelu_erf:
+    case Activation::relu: break;
+    default:
+      check.fail("config.activation", "silu, gelu_tanh, gelu_erf or relu (the gates of SwiGLU, GeGLU, ReGLU)",
+                 activation_name(config.activation));
+  }
+  if (config.layout != GatedLayout::halves && config.layout != GatedLayout::interleaved)
+    check.fail("config.layout", "halves or interleaved",
+               "layout code " + std::to_string(static_cast<int>(config.layout)));
+}
+
+// x and weight (2F, K): the GEMM operands, with F = half of weight's rows.
+GemmOperands check_gated_operands(const ArgCheck& check, const TensorView& x, const TensorView& weight,
+                                  Device device) {
+  const GemmOperands g = check_gemm_operands(check, x, weight, device);
+  if (g.n % 2 != 0)
+    check.fail("weight", "an even number of rows 2F (the F gate rows and the F up rows)",
+               "shape " + weight.shape_string());
+  return g;
+}
+
+void check_gated_size_query(const ArgCheck& check, std::int64_t m, std::int64_t f, std::int64_t k, DType dtype,
+                            const GatedLinearConfig& config) {
+  check.size_in(f, "f", 0, kMaxExtent / 2);
+  check_size_query(check, m, 2 * f, k, dtype, Activation::none);
+  check_gated_config(check, config);
+}
+
+}  // namespace
+
+std::size_t gated_linear_forward_workspace_size(std::int64_t m, std::int64_t f, std::int64_t k, DType dtype,
+                                                const GatedLinearConfig& config, bool keeps_pre, Device device) {
+  check_gated_size_query(ArgCheck("gated_linear_forward_workspace_size"), m, f, k, dtype, config);
+  if (!device.is_cuda()) return 0;
+  return linear::gated_forward_workspace_cuda(m, f, k, dtype, config.layout, keeps_pre);
+}
+
+std::size_t gated_linear_backward_workspace_size(std::int64_t m, std::int64_t f, std::int64_t k, DType dtype,
+                                                 const GatedLinearConfig& config, Device device) {
+  check_gated_size_query(ArgCheck("gated_linear_backward_workspace_size"), m, f, k, dtype, config);
+  if (!device.is_cuda()) return 0;
+  return linear::gated_backward_workspace_cuda(m, f, k, dtype, config.activation);
+}
+
+void gated_linear_forward(const TensorView& x, const TensorView& weight, const OptionalTensor& bias,
+                          const GatedLinearConfig& config, const TensorView& y,
+                          const OptionalTensor& pre_activation, const OptionalTensor& workspace, Stream stream) {
+  ArgCheck check("gated_linear_forward");
+  const Device device = check.same_device({arg("x", x), arg("weight", weight), arg("bias", bias), arg("y", y),
+                                           arg("pre_activation", pre_activation), arg("workspace", workspace)});
+  check_gated_config(check, config);
+  const GemmOperands g = check_gated_operands(check, x, weight, device);
+  const std::int64_t m = g.m, f = g.n / 2, k = g.k;
+
+  linear::GatedForwardParams p;
+  p.m = m;
+  p.f = f;
+  p.k = k;
+  p.dtype = x.dtype;
+  p.activation = config.activation;
+  p.layout = config.layout;
+  p.x = x.data;
+  p.ldx = g.x.row_stride;
+  p.w = weight.data;
+  p.ldw = g.weight.ld;
+  p.w_col_major = g.weight.col_major;
+  if (bias) {
+    check_bias_vector(check, *bias, "bias", 2 * f, x.dtype);
+    p.bias = bias->data;
+  }
+  const RowLayout yl = check_matrix(check, y, "y", m, f, x.dtype, x, "x");
+  p.y = y.data;
+  p.ldy = yl.row_stride;
+  if (pre_activation) {
+    const RowLayout l = check_matrix(check, *pre_activation, "pre_activation", m, 2 * f, x.dtype, x, "x");
+    p.pre = pre_activation->data;
+    p.ldpre = l.row_stride;
+  }
+  check.no_overlap({arg("y", y), arg("pre_activation", pre_activation), arg("workspace", workspace)},
+                   {arg("x", x), arg("weight", weight), arg("bias", bias)});
+  if (device.is_cuda()) {
+    require_supported_gpu("gated_linear_forward", device.index);
+    p.workspace = checked_workspace(
+        check, workspace, linear::gated_forward_workspace_cuda(m, f, k, x.dtype, config.layout, p.pre != nullptr),
+        "gated_linear_forward_workspace_size", &p.workspace_bytes);
+    linear::gated_forward_cuda(p, device.index, stream);
+  } else {
+    linear::gated_forward_cpu(p);
+  }
+}
+
+void gated_linear_backward(const TensorView& dy, const TensorView& x, const TensorView& weight,
+                           const TensorView& pre_activation, const GatedLinearConfig& config,
+                           const OptionalTensor& dx, const OptionalTensor& dweight, const OptionalTensor& dbias,
+                           const OptionalTensor& workspace, Stream stream) {
+  ArgCheck check("gated_linear_backward");
+  const Device device = check.same_device(
+      {arg("dy", dy), arg("x", x), arg("weight", weight), arg("pre_activation", pre_activation), arg("dx", dx),
+       arg("dweight", dweight), arg("dbias", dbias), arg("workspace", workspace)});
+  check_gated_config(check, config);
+  const GemmOperands g = check_gated_operands(check, x, weight, device);
+  const std::int64_t m = g.m, n = g.n, f = g.n / 2, k = g.k;
+
+  linear::GatedBackwardParams p;
+  p.m = m;
+  p.f = f;
+  p.k = k;
+  p.dtype = x.dtype;
+  p.activation = config.activation;
+  p.layout = config.layout;
+  p.x = x.data;
+  p.ldx = g.x.row_stride;
+  p.w = weight.data;
+  p.ldw = g.weight.ld;
+  p.w_col_major = g.weight.col_major;
+  const RowLayout dyl = check_matrix(check, dy, "dy", m, f, x.dtype, x, "x");
+  p.dy = dy.data;
+  p.lddy = dyl.row_stride;
+  const RowLayout pl = check_matrix(check, pre_activation, "pre_activation", m, n, x.dtype, x, "x");
+  p.pre = pre_activation.data;
+  p.ldpre = pl.row_stride;
+  if (dx) {
+    const RowLayout l = check_matrix(check, *dx, "dx", m, k, x.dtype, x, "x");
+    p.dx = dx->data;
+    p.lddx = l.row_stride;
+  }
+  if (dweight) {
+    check.dtype_is(*dweight, "dweight", x.dtype, "as 'x'");
+    const WeightLayout l = check_weight(check, *dweight, "dweight");
+    if (l.rows != n || l.cols != k)
+      check.fail("dweight", "shape (" + std::to_string(n) + ", " + std::to_string(k) + ") (as 'weight')",
+                 dweight->shape_string());
+    check.element_aligned(*dweight, "dweight");
+    p.dw = dweight->data;
+    p.lddw = l.ld;
+    p.dw_col_major = l.col_major;
+  }
+  if (dbias) {
+    check_bias_vector(check, *dbias, "dbias", n, x.dtype);
+    p.dbias = dbias->data;
+  }
+  check.no_overlap({arg("dx", dx), arg("dweight", dweight), arg("dbias", dbias), arg("workspace", workspace)},
+                   {arg("dy", dy), arg("x", x), arg("weight", weight), arg("pre_activation", pre_activation)});
+  if (device.is_cuda()) {
+    require_supported_gpu("gated_linear_backward", device.index);
+    p.workspace = checked_workspace(check, workspace, linear::gated_backward_workspace_cuda(m, f, k, x.dtype, config.activation),
+                                    "gated_linear_backward_workspace_size", &p.workspace_bytes);
+    linear::gated_backward_cuda(p, device.index, stream);
+  } else {
+    linear::gated_backward_cpu(p);
+  }
+}
+
 }  // namespace fusekit

@@ -63,11 +63,15 @@ BackwardProblem backward_problem(const BackwardParams& p) {
   b.dx = p.dx != nullptr;
   b.dw = p.dw != nullptr;
   b.dbias = p.dbias != nullptr;
+  b.gated_halves = p.gated && p.gated_layout == GatedLayout::halves;
   constexpr std::int64_t a = sm90::kFusedAlignmentElements;
-  // The dz-in-dgrad kernel reads W row-major too.
-  b.dz_in_dgrad_aligned = !p.w_col_major && p.n % a == 0 && p.k % a == 0 && p.lddout % a == 0 && p.ldpre % a == 0 &&
+  // The dz-in-dgrad kernel reads W row-major too. A gated backward's forming warps read dy in
+  // 8-byte vectors (4 values per 8 dz columns).
+  const bool dout_aligned = p.gated ? p.lddout % (a / 2) == 0 && reinterpret_cast<std::uintptr_t>(p.dout) % 8 == 0
+                                    : p.lddout % a == 0 && aligned16(p.dout);
+  b.dz_in_dgrad_aligned = !p.w_col_major && p.n % a == 0 && p.k % a == 0 && dout_aligned && p.ldpre % a == 0 &&
                           p.ldw % a == 0 && p.lddx % a == 0;
-  for (const void* ptr : {p.dout, p.pre, p.w, static_cast<const void*>(p.dx)})
+  for (const void* ptr : {p.pre, p.w, static_cast<const void*>(p.dx)})
     if (!aligned16(ptr)) b.dz_in_dgrad_aligned = false;
   return b;
 }
@@ -131,7 +135,7 @@ bool timed_problem(std::int64_t m, std::int64_t n, std::int64_t k, bool autotune
 
 bool dz_in_dgrad_eligible(const BackwardProblem& p) {
   if (p.dtype != DType::f16 && p.dtype != DType::bf16) return false;
-  if (p.activation == Activation::none || !p.dx || !p.dz_in_dgrad_aligned) return false;
+  if (p.activation == Activation::none || !p.dx || !p.dz_in_dgrad_aligned || p.gated_halves) return false;
   constexpr std::int64_t kIntLimit = INT_MAX / 2;
   return p.m <= kIntLimit && p.n <= kIntLimit && p.k <= kIntLimit;
 }
@@ -193,6 +197,35 @@ int dz_pass_threads(std::int64_t n, int vec, std::int64_t gx) {
   const std::int64_t chunks = (n + vec - 1) / vec;
   const std::int64_t per_block = (chunks + gx - 1) / gx;
   return static_cast<int>((per_block + 31) / 32 * 32);
+}
+
+}  // namespace fusekit::linear
+
+namespace fusekit::linear {
+
+GatedForwardProblem gated_forward_problem(const GatedForwardParams& p) {
+  GatedForwardProblem g;
+  g.m = p.m;
+  g.f = p.f;
+  g.k = p.k;
+  g.dtype = p.dtype;
+  g.layout = p.layout;
+  const auto aligned = [](const void* ptr, std::uintptr_t bytes) {
+    return reinterpret_cast<std::uintptr_t>(ptr) % bytes == 0;
+  };
+  constexpr std::int64_t a = sm90::kFusedAlignmentElements;
+  g.epilogue_aligned = !p.w_col_major && p.k % a == 0 && p.f % 4 == 0 && p.ldx % a == 0 && p.ldw % a == 0 &&
+                       aligned16(p.x) && aligned16(p.w) && p.ldy % 4 == 0 && aligned(p.y, 8) &&
+                       (!p.pre || (p.ldpre % a == 0 && aligned16(p.pre))) && (!p.bias || aligned(p.bias, 4));
+  return g;
+}
+
+GatedForwardPath choose_gated_forward_path(const GatedForwardProblem& p, GatedForwardPath forced) {
+  if (p.m == 0 || p.f == 0) return GatedForwardPath::trivial;
+  const bool epilogue_serves = p.k > 0 && p.epilogue_aligned && p.layout == GatedLayout::interleaved &&
+                               (p.dtype == DType::f16 || p.dtype == DType::bf16);
+  if (forced == GatedForwardPath::gemm_then_gated) return forced;
+  return epilogue_serves ? GatedForwardPath::epilogue : GatedForwardPath::gemm_then_gated;
 }
 
 }  // namespace fusekit::linear

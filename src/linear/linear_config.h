@@ -61,6 +61,9 @@ struct BackwardProblem {
   // N, K and every leading dimension multiples of 8; dout, pre, w and dx 16-byte aligned (what
   // the dz-in-dgrad kernel's TMA and forming warps need).
   bool dz_in_dgrad_aligned = false;
+  // A gated backward with gate and up in halves: a dz unit's gate and up columns lie F apart,
+  // which the dz-in-dgrad kernel's units (whole column slices) do not follow.
+  bool gated_halves = false;
 };
 
 // How dz is formed, by the dx GEMM's output width K and the problem's size: the first row whose
@@ -117,5 +120,24 @@ int dbias_slots(std::int64_t m, std::int64_t n);
 // Threads per block of the dz pass: the row's chunks split evenly over the grid's column blocks,
 // rounded up to whole warps.
 int dz_pass_threads(std::int64_t n, int vec, std::int64_t gx);
+
+// ---- gated forward ---------------------------------------------------------------------------
+
+struct GatedForwardProblem {
+  std::int64_t m = 0, f = 0, k = 0;
+  DType dtype = DType::bf16;
+  GatedLayout layout = GatedLayout::interleaved;
+  // What the epilogue kernel needs of the views: row-major W, K and every x / W row stride
+  // multiples of 8 and x, W 16-byte aligned (TMA); F a multiple of 4; pre rows 16-byte aligned
+  // and y rows 8-byte aligned (its stores of whole 8-column blocks); bias 4-byte aligned.
+  bool epilogue_aligned = false;
+};
+
+GatedForwardProblem gated_forward_problem(const GatedForwardParams& p);
+
+// The epilogue kernel wherever it can serve (16-bit dtype, interleaved layout, aligned views,
+// M, F, K >= 1); else the GEMM then the gated pass. `forced` wins where it can serve.
+GatedForwardPath choose_gated_forward_path(const GatedForwardProblem& p,
+                                           GatedForwardPath forced = GatedForwardPath::automatic);
 
 }  // namespace fusekit::linear

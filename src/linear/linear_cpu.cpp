@@ -54,15 +54,11 @@ void forward_cpu(const ForwardParams& p) {
   }
 }
 
-void backward_cpu(const BackwardParams& p) {
+namespace {
+
+// dx, dW and dbias of p from dz (m x n, dense, double); p's dout, pre and activation are not read.
+void backward_from_dz(const BackwardParams& p, const std::vector<double>& dz) {
   const std::int64_t m = p.m, n = p.n, k = p.k;
-  // dz = dout * act'(pre), exact in double (no rounding to the dtype in between).
-  std::vector<double> dz = to_double(p.dout, p.dtype, m, n, p.lddout);
-  if (p.activation != Activation::none) {
-    const std::vector<double> pre = to_double(p.pre, p.dtype, m, n, p.ldpre);
-#pragma omp parallel for schedule(static)
-    for (std::int64_t i = 0; i < m * n; ++i) dz[i] *= Math::derivative(p.activation, pre[i], 0.0);
-  }
   const std::vector<double> x = (p.dw && k > 0) ? to_double(p.x, p.dtype, m, k, p.ldx) : std::vector<double>();
   const std::vector<double> w =
       (p.dx && k > 0) ? to_double(p.w, p.dtype, n, k, p.ldw, p.w_col_major) : std::vector<double>();
@@ -98,6 +94,77 @@ void backward_cpu(const BackwardParams& p) {
       if (p.dbias) store_from_double(p.dbias, p.dtype, c, db);
     }
   }
+}
+
+}  // namespace
+
+void backward_cpu(const BackwardParams& p) {
+  // dz = dout * act'(pre), exact in double (no rounding to the dtype in between).
+  std::vector<double> dz = to_double(p.dout, p.dtype, p.m, p.n, p.lddout);
+  if (p.activation != Activation::none) {
+    const std::vector<double> pre = to_double(p.pre, p.dtype, p.m, p.n, p.ldpre);
+#pragma omp parallel for schedule(static)
+    for (std::int64_t i = 0; i < p.m * p.n; ++i) dz[i] *= Math::derivative(p.activation, pre[i], 0.0);
+  }
+  backward_from_dz(p, dz);
+}
+
+// The gated ops: pre = x W^T + b in double over all 2f columns, y = act(gate) * up in double,
+// each output rounded once; the backward forms dpre in double from dy and the given pre.
+void gated_forward_cpu(const GatedForwardParams& p) {
+  const std::int64_t m = p.m, f = p.f, n = 2 * p.f, k = p.k;
+  const std::vector<double> x = to_double(p.x, p.dtype, m, k, p.ldx);
+  const std::vector<double> w = to_double(p.w, p.dtype, n, k, p.ldw, p.w_col_major);
+  const std::vector<double> b = p.bias ? to_double(p.bias, p.dtype, 1, n, n) : std::vector<double>(n, 0.0);
+#pragma omp parallel for schedule(dynamic, 4)
+  for (std::int64_t r = 0; r < m; ++r) {
+    const double* xr = x.data() + r * k;
+    std::vector<double> z(static_cast<std::size_t>(n));
+    for (std::int64_t c = 0; c < n; ++c) {
+      const double* wc = w.data() + c * k;
+      double acc = 0.0;
+      for (std::int64_t i = 0; i < k; ++i) acc += xr[i] * wc[i];
+      z[c] = acc + b[c];
+      if (p.pre) store_from_double(p.pre, p.dtype, r * p.ldpre + c, z[c]);
+    }
+    for (std::int64_t j = 0; j < f; ++j) {
+      const double gate = z[gate_column(p.layout, j)], up = z[up_column(p.layout, f, j)];
+      store_from_double(p.y, p.dtype, r * p.ldy + j, Math::forward(p.activation, gate, 0.0) * up);
+    }
+  }
+}
+
+void gated_backward_cpu(const GatedBackwardParams& p) {
+  const std::int64_t m = p.m, f = p.f, n = 2 * p.f, k = p.k;
+  const std::vector<double> dy = to_double(p.dy, p.dtype, m, f, p.lddy);
+  const std::vector<double> pre = to_double(p.pre, p.dtype, m, n, p.ldpre);
+  std::vector<double> dpre(static_cast<std::size_t>(m * n));
+#pragma omp parallel for schedule(static)
+  for (std::int64_t r = 0; r < m; ++r)
+    for (std::int64_t j = 0; j < f; ++j) {
+      const std::int64_t gc = r * n + gate_column(p.layout, j), uc = r * n + up_column(p.layout, f, j);
+      const double g = dy[r * f + j];
+      dpre[gc] = g * pre[uc] * Math::derivative(p.activation, pre[gc], 0.0);
+      dpre[uc] = g * Math::forward(p.activation, pre[gc], 0.0);
+    }
+  // dx, dW and dbias from dpre as the plain backward forms them from dz (activation none), in double.
+  BackwardParams b;
+  b.m = m;
+  b.n = n;
+  b.k = k;
+  b.dtype = p.dtype;
+  b.x = p.x;
+  b.ldx = p.ldx;
+  b.w = p.w;
+  b.ldw = p.ldw;
+  b.w_col_major = p.w_col_major;
+  b.dx = p.dx;
+  b.lddx = p.lddx;
+  b.dw = p.dw;
+  b.lddw = p.lddw;
+  b.dw_col_major = p.dw_col_major;
+  b.dbias = p.dbias;
+  backward_from_dz(b, dpre);
 }
 
 }  // namespace fusekit::linear

@@ -52,6 +52,7 @@
 #include "core/device_info.h"
 #include "core/partial_rows.cuh"
 #include "core/overrides.h"
+#include "fusekit/gated_act.h"
 #include "linear/linear_config.h"
 #include "linear/linear_cublaslt.h"
 #include "linear/linear_cutlass.h"
@@ -259,6 +260,29 @@ void zero_rows(const char* op, void* data, std::int64_t rows, std::int64_t cols,
                                        static_cast<std::size_t>(cols) * e,
                                        static_cast<std::size_t>(rows), stream),
                      op, "cudaMemset2DAsync");
+}
+
+// dz of the first `rows` rows into `dz` (null: not stored) and, with `dbias`, its column sums into
+// dbias_slots(rows, n) partial rows: dout * act'(pre) by the dz pass, or for a gated backward
+// gated_act's backward (which stores dz) and then the column sums of the dz it wrote.
+void form_dz_rows(const BackwardParams& p, std::int64_t rows, void* dz, std::int64_t lddz, void* dbias,
+                  float* partial, int device_index, cudaStream_t stream, bool finish_dbias = true) {
+  if (!p.gated) {
+    launch_dz(kBackwardOp, p.dtype, p.activation, p.dout, p.lddout, p.pre, p.ldpre, dz, lddz, dbias, partial, rows,
+              p.n, device_index, stream, finish_dbias);
+    return;
+  }
+  if (rows == 0 || (!dz && !dbias)) return;
+  const Device device = Device::cuda(device_index);
+  GatedActConfig config;
+  config.activation = p.activation;
+  config.layout = p.gated_layout;
+  gated_act_backward(TensorView(const_cast<void*>(p.dout), p.dtype, device, {rows, p.n / 2}, {p.lddout, 1}),
+                     TensorView(const_cast<void*>(p.pre), p.dtype, device, {rows, p.n}, {p.ldpre, 1}), config,
+                     TensorView(dz, p.dtype, device, {rows, p.n}, {lddz, 1}), stream);
+  if (dbias)
+    launch_dz(kBackwardOp, p.dtype, Activation::none, dz, lddz, nullptr, 0, nullptr, 0, dbias, partial, rows, p.n,
+              device_index, stream, finish_dbias);
 }
 
 // ---- forward -------------------------------------------------------------------------------
@@ -536,8 +560,8 @@ void backward_dz_in_dgrad(const BackwardParams& p, void* dz_buffer, float* parti
   const int sm_count = detail::device_info(kBackwardOp, device_index).sm_count;
   int pre_slots = 0;
   if (first_row > 0) {
-    launch_dz(kBackwardOp, p.dtype, p.activation, p.dout, p.lddout, p.pre, p.ldpre, dz_buffer, lddz,
-              sums ? p.dbias : nullptr, partial, first_row, p.n, device_index, stream, /*finish_dbias=*/false);
+    form_dz_rows(p, first_row, dz_buffer, lddz, sums ? p.dbias : nullptr, partial, device_index, stream,
+                 /*finish_dbias=*/false);
     if (sums) pre_slots = dbias_slots(first_row, p.n);
   }
   unsigned char* flag_area = reinterpret_cast<unsigned char*>(partial) + partial_bytes(p.m, p.n) +
@@ -568,6 +592,7 @@ void backward_dz_in_dgrad(const BackwardParams& p, void* dz_buffer, float* parti
   a.slices = static_cast<int>(forming_slices(p.n));
   a.units = static_cast<int>(units);
   a.activation = p.activation;
+  a.gated = p.gated;
   a.device_index = device_index;
   a.sm_count = sm_count;
   if (p.dtype == DType::bf16) sm90::dgrad_forming_bf16(kBackwardOp, a, stream);
@@ -605,9 +630,8 @@ void backward_cuda(const BackwardParams& p, int device_index, Stream stream_hand
   unsigned char* scratch = static_cast<unsigned char*>(p.workspace) + lt::kWorkspaceBytes;
   void* dz_buffer = p.activation == Activation::none ? nullptr : scratch;
   float* partial = reinterpret_cast<float*>(scratch + (dz_buffer ? dz_bytes(p.m, p.n, p.dtype) : 0));
-  if (p.k == 0) {  // dx and dW are empty; dbias still sums dz
-    launch_dz(kBackwardOp, p.dtype, p.activation, p.dout, p.lddout, p.pre, p.ldpre, nullptr, 0, p.dbias,
-              partial, p.m, p.n, device_index, stream);
+  if (p.k == 0) {  // dx and dW are empty; dbias still sums dz (which a gated backward stores first)
+    form_dz_rows(p, p.m, p.gated ? dz_buffer : nullptr, dz_row_stride(p.n), p.dbias, partial, device_index, stream);
     return;
   }
 
@@ -628,8 +652,7 @@ void backward_cuda(const BackwardParams& p, int device_index, Stream stream_hand
   const bool materialize_dz = plan.path == BackwardPath::separate_dz;
   if (materialize_dz) {
     lddz = dz_row_stride(p.n);
-    launch_dz(kBackwardOp, p.dtype, p.activation, p.dout, p.lddout, p.pre, p.ldpre, dz_buffer, lddz, p.dbias,
-              partial, p.m, p.n, device_index, stream);
+    form_dz_rows(p, p.m, dz_buffer, lddz, p.dbias, partial, device_index, stream);
     dz = dz_buffer;
   }
   if (p.dx && !lt::run(kBackwardOp, dx_gemm(p, dz, lddz), device_index, p.workspace, stream))
@@ -637,8 +660,7 @@ void backward_cuda(const BackwardParams& p, int device_index, Stream stream_hand
   if (p.dw && !lt::run(kBackwardOp, dw_gemm(p, dz, lddz), device_index, p.workspace, stream))
     no_algorithm(kBackwardOp, "the dW", p);
   if (p.dbias && !materialize_dz)
-    launch_dz(kBackwardOp, p.dtype, p.activation, p.dout, p.lddout, p.pre, p.ldpre, nullptr, 0, p.dbias, partial,
-              p.m, p.n, device_index, stream);
+    form_dz_rows(p, p.m, p.gated ? dz_buffer : nullptr, dz_row_stride(p.n), p.dbias, partial, device_index, stream);
 }
 
 }  // namespace fusekit::linear

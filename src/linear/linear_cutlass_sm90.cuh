@@ -128,13 +128,6 @@ struct FusedGemm {
 
 inline const char* cutlass_status_name(cutlass::Status s) { return cutlassGetStatusString(s); }
 
-// Tile order of the persistent scheduler. Consecutive tiles are grouped in strips kSwizzle tiles
-// wide so that the x and W tiles one wave of CTAs reads stay in L2: without it, a wave over
-// 8192 x 16384 with K = 4096 streams all of x from DRAM per column pair. Strips 2 tiles wide,
-// rastered along N, are within +-2.5% of the plain cuBLAS GEMM at every linear benchmark shape,
-// where CUTLASS's heuristic raster with strips of 8 was 13-15% slower at (8191, 4096, 12296)
-// (bench: linear fwd gelu_tanh, H200).
-inline constexpr int kSwizzle = 2;
 inline constexpr auto kRaster = cutlass::gemm::kernel::detail::RasterOrderOptions::AlongN;
 
 template <typename Element, PreActivation kPre>

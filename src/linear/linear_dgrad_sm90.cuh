@@ -73,6 +73,7 @@ struct DzFormParams {
   int slices = 0;     // units per row group: ceil(n / kDgradSliceCols)
   int units = 0;      // row groups from first_row on, times slices
   int activation = 0;
+  int gated = 0;  // dout is dy (n / 2 columns); dz = the gated backward, gate and up interleaved
 };
 
 namespace dgrad_detail {
@@ -123,13 +124,42 @@ struct WaitingKTileIterator {
   }
 };
 
+// kVec columns of dz from their dout and pre values (kDout of dout: kVec, or kVec / 2 for a
+// gated backward, whose dout is dy), with the elementwise passes' exact arithmetic (linear's dz
+// pass, gated_act's backward), so dz is bitwise the same whichever forms it; its values are added
+// to `sum`.
+template <typename T, Activation A, bool kGated, int kVec, int kDout>
+CUTLASS_DEVICE kernels::Pack<T, kVec> form_vector(const kernels::Pack<T, kDout>& g, const kernels::Pack<T, kVec>& p,
+                                                  float* sum) {
+  kernels::Pack<T, kVec> z;
+  if constexpr (kGated) {
+    using GateMath = detail::ActivationMath<float, detail::GeluErfMath::fit_16bit>;
+#pragma unroll
+    for (int i = 0; i < kDout; ++i) {
+      float act, deriv;
+      GateMath::forward_and_derivative(A, kernels::to_float(p.v[2 * i]), 0.0f, &act, &deriv);
+      const float dy = kernels::to_float(g.v[i]);
+      z.v[2 * i] = kernels::from_float<T>(dy * kernels::to_float(p.v[2 * i + 1]) * deriv);
+      z.v[2 * i + 1] = kernels::from_float<T>(dy * act);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kVec; ++i)
+      z.v[i] = kernels::from_float<T>(kernels::to_float(g.v[i]) * kernels::act_derivative<A, T>(kernels::to_float(p.v[i])));
+  }
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) sum[i] += kernels::to_float(z.v[i]);
+  return z;
+}
+
 // One forming warp's loop: claim units in order until none is left. Each lane owns 8 columns (one
-// 16-byte vector) of the unit's slice and walks its rows two at a time (four loads in flight),
-// with the dz pass's exact arithmetic (linear_kernels.cuh), so dz is bitwise the same either way.
-template <typename T, Activation A>
+// 16-byte vector) of the unit's slice and walks its rows two at a time (four loads in flight).
+template <typename T, Activation A, bool kGated>
 CUTLASS_DEVICE void form_dz_units(const DzFormParams& f, int lane) {
   constexpr int kVec = 8;
+  constexpr int kDout = kGated ? kVec / 2 : kVec;
   using Vec = kernels::Pack<T, kVec>;
+  using DoutVec = kernels::Pack<T, kDout>;
   const T* dout = static_cast<const T*>(f.dout);
   const T* pre = static_cast<const T*>(f.pre);
   T* dz = static_cast<T*>(f.dz);
@@ -147,35 +177,21 @@ CUTLASS_DEVICE void form_dz_units(const DzFormParams& f, int lane) {
       float sum[kVec];
 #pragma unroll
       for (int i = 0; i < kVec; ++i) sum[i] = 0.0f;
-      const T* g_row = dout + static_cast<std::int64_t>(row0) * f.lddout + col;
+      const T* g_row = dout + static_cast<std::int64_t>(row0) * f.lddout + col / (kVec / kDout);
       const T* p_row = pre + static_cast<std::int64_t>(row0) * f.ldpre + col;
       T* z_row = dz + static_cast<std::int64_t>(row0) * f.lddz + col;
       for (int r = 0; r < rows; r += 2) {
         const bool second = r + 1 < rows;
-        Vec g0 = *reinterpret_cast<const Vec*>(g_row);
+        DoutVec g0 = *reinterpret_cast<const DoutVec*>(g_row);
         Vec p0 = *reinterpret_cast<const Vec*>(p_row);
-        Vec g1 = g0, p1 = p0;
+        DoutVec g1 = g0;
+        Vec p1 = p0;
         if (second) {
-          g1 = *reinterpret_cast<const Vec*>(g_row + f.lddout);
+          g1 = *reinterpret_cast<const DoutVec*>(g_row + f.lddout);
           p1 = *reinterpret_cast<const Vec*>(p_row + f.ldpre);
         }
-        Vec z0, z1;
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) {
-          z0.v[i] = kernels::from_float<T>(kernels::to_float(g0.v[i]) *
-                                           kernels::act_derivative<A, T>(kernels::to_float(p0.v[i])));
-          sum[i] += kernels::to_float(z0.v[i]);
-        }
-        *reinterpret_cast<Vec*>(z_row) = z0;
-        if (second) {
-#pragma unroll
-          for (int i = 0; i < kVec; ++i) {
-            z1.v[i] = kernels::from_float<T>(kernels::to_float(g1.v[i]) *
-                                             kernels::act_derivative<A, T>(kernels::to_float(p1.v[i])));
-            sum[i] += kernels::to_float(z1.v[i]);
-          }
-          *reinterpret_cast<Vec*>(z_row + f.lddz) = z1;
-        }
+        *reinterpret_cast<Vec*>(z_row) = form_vector<T, A, kGated>(g0, p0, sum);
+        if (second) *reinterpret_cast<Vec*>(z_row + f.lddz) = form_vector<T, A, kGated>(g1, p1, sum);
         g_row += 2 * f.lddout;
         p_row += 2 * f.ldpre;
         z_row += 2 * f.lddz;
@@ -196,12 +212,22 @@ CUTLASS_DEVICE void form_dz_units(const DzFormParams& f, int lane) {
 
 template <typename T>
 CUTLASS_DEVICE void form_dz(const DzFormParams& f, int lane) {
+  if (f.gated) {
+    switch (static_cast<Activation>(f.activation)) {
+      case Activation::relu: form_dz_units<T, Activation::relu, true>(f, lane); break;
+      case Activation::gelu_erf: form_dz_units<T, Activation::gelu_erf, true>(f, lane); break;
+      case Activation::gelu_tanh: form_dz_units<T, Activation::gelu_tanh, true>(f, lane); break;
+      case Activation::silu: form_dz_units<T, Activation::silu, true>(f, lane); break;
+      default: break;  // refused on the host
+    }
+    return;
+  }
   switch (static_cast<Activation>(f.activation)) {
-    case Activation::relu: form_dz_units<T, Activation::relu>(f, lane); break;
-    case Activation::gelu_erf: form_dz_units<T, Activation::gelu_erf>(f, lane); break;
-    case Activation::gelu_tanh: form_dz_units<T, Activation::gelu_tanh>(f, lane); break;
-    case Activation::squared_relu: form_dz_units<T, Activation::squared_relu>(f, lane); break;
-    case Activation::silu: form_dz_units<T, Activation::silu>(f, lane); break;
+    case Activation::relu: form_dz_units<T, Activation::relu, false>(f, lane); break;
+    case Activation::gelu_erf: form_dz_units<T, Activation::gelu_erf, false>(f, lane); break;
+    case Activation::gelu_tanh: form_dz_units<T, Activation::gelu_tanh, false>(f, lane); break;
+    case Activation::squared_relu: form_dz_units<T, Activation::squared_relu, false>(f, lane); break;
+    case Activation::silu: form_dz_units<T, Activation::silu, false>(f, lane); break;
     default: break;  // refused on the host
   }
 }
@@ -466,6 +492,7 @@ void run_dgrad_forming(const char* op, const DgradFormingArgs& a, void* stream) 
   f.slices = a.slices;
   f.units = a.units;
   f.activation = static_cast<int>(a.activation);
+  f.gated = a.gated ? 1 : 0;
 
   const dim3 grid = Base::get_grid_shape(params.gemm);
   const int smem = static_cast<int>(sizeof(typename Base::SharedStorage));

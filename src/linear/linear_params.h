@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "fusekit/activation.h"
+#include "fusekit/gated_act.h"
 #include "fusekit/tensor.h"
 
 namespace fusekit::linear {
@@ -51,7 +52,65 @@ struct BackwardParams {
   void* dbias = nullptr;  // (n)
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
+  // gated_linear_backward: dout is dy with n / 2 columns and dz is the gated activation's backward
+  // of (dy, pre) in gated_layout, [dy * up * act'(gate), dy * act(gate)] (activation: the gate's),
+  // instead of dout * act'(pre).
+  bool gated = false;
+  GatedLayout gated_layout = GatedLayout::interleaved;
 };
+
+// The gated forward and backward (fusekit/linear.h): the GEMM has n = 2f columns, gate and up in
+// `layout`'s order in W, bias, pre and dpre.
+struct GatedForwardParams {
+  std::int64_t m = 0, f = 0, k = 0;
+  DType dtype = DType::bf16;
+  Activation activation = Activation::silu;
+  GatedLayout layout = GatedLayout::interleaved;
+  const void* x = nullptr;  // (m, k)
+  std::int64_t ldx = 0;
+  const void* w = nullptr;  // (2f, k)
+  std::int64_t ldw = 0;
+  bool w_col_major = false;
+  const void* bias = nullptr;  // (2f) or null
+  void* y = nullptr;           // (m, f)
+  std::int64_t ldy = 0;
+  void* pre = nullptr;  // (m, 2f) or null
+  std::int64_t ldpre = 0;
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
+};
+
+struct GatedBackwardParams {
+  std::int64_t m = 0, f = 0, k = 0;
+  DType dtype = DType::bf16;
+  Activation activation = Activation::silu;
+  GatedLayout layout = GatedLayout::interleaved;
+  const void* dy = nullptr;  // (m, f)
+  std::int64_t lddy = 0;
+  const void* x = nullptr;  // (m, k)
+  std::int64_t ldx = 0;
+  const void* w = nullptr;  // (2f, k)
+  std::int64_t ldw = 0;
+  bool w_col_major = false;
+  const void* pre = nullptr;  // (m, 2f)
+  std::int64_t ldpre = 0;
+  void* dx = nullptr;  // (m, k), each output may be null: not computed
+  std::int64_t lddx = 0;
+  void* dw = nullptr;  // (2f, k)
+  std::int64_t lddw = 0;
+  bool dw_col_major = false;
+  void* dbias = nullptr;  // (2f)
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
+};
+
+// Column of gate j and up j among the 2f.
+inline std::int64_t gate_column(GatedLayout layout, std::int64_t j) {
+  return layout == GatedLayout::interleaved ? 2 * j : j;
+}
+inline std::int64_t up_column(GatedLayout layout, std::int64_t f, std::int64_t j) {
+  return layout == GatedLayout::interleaved ? 2 * j + 1 : f + j;
+}
 
 void forward_cpu(const ForwardParams& p);
 void backward_cpu(const BackwardParams& p);
@@ -62,5 +121,14 @@ std::size_t forward_workspace_cuda(std::int64_t m, std::int64_t n, std::int64_t 
                                    Activation activation);
 std::size_t backward_workspace_cuda(std::int64_t m, std::int64_t n, std::int64_t k, DType dtype,
                                     Activation activation);
+
+void gated_forward_cpu(const GatedForwardParams& p);
+void gated_backward_cpu(const GatedBackwardParams& p);
+void gated_forward_cuda(const GatedForwardParams& p, int device_index, Stream stream);
+void gated_backward_cuda(const GatedBackwardParams& p, int device_index, Stream stream);
+std::size_t gated_forward_workspace_cuda(std::int64_t m, std::int64_t f, std::int64_t k, DType dtype,
+                                         GatedLayout layout, bool keeps_pre);
+std::size_t gated_backward_workspace_cuda(std::int64_t m, std::int64_t f, std::int64_t k, DType dtype,
+                                          Activation activation);
 
 }  // namespace fusekit::linear

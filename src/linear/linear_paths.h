@@ -50,4 +50,17 @@ BackwardPath last_backward_path();
 // that their numerics do not depend on timer noise.
 bool autotune_enabled();
 
+// How a CUDA gated_linear_forward runs.
+enum class GatedForwardPath : int {
+  automatic = 0,    // (override value) let the library choose
+  epilogue,         // one CUTLASS sm90 GEMM whose epilogue writes act(gate) * up (interleaved W)
+  gemm_then_gated,  // the GEMM into pre (or the workspace), then a gated_act_forward pass
+  trivial,          // M or F is 0: nothing to do
+};
+const char* gated_forward_path_name(GatedForwardPath path);
+// Process-wide, like the others; the override key "linear.gated.forward" (epilogue | separate)
+// forces it for benchmark sweeps. A forced epilogue that cannot serve a call is not taken.
+void set_gated_forward_path_override(GatedForwardPath path);
+GatedForwardPath last_gated_forward_path();
+
 }  // namespace fusekit::linear

@@ -282,5 +282,96 @@ TEST(LinearConfig, ElementwiseGeometryCoversEveryColumn) {
   EXPECT_EQ(linear::dbias_slots(5, 4104), 5);
 }
 
+// ---- gated forward ----------------------------------------------------------------------------
+
+// The epilogue kernel takes exactly the 16-bit, interleaved, aligned, non-empty problems; the
+// alignment facts come from the views (gated_forward_problem).
+TEST(GatedLinearConfig, EpilogueWhereItServes) {
+  using linear::GatedForwardPath;
+  alignas(16) static unsigned char buf[1024];
+  linear::GatedForwardParams p;
+  p.m = 100;
+  p.f = 64;
+  p.k = 128;
+  p.dtype = DType::bf16;
+  p.layout = GatedLayout::interleaved;
+  p.x = buf;
+  p.w = buf;
+  p.y = buf;
+  p.ldx = 128;
+  p.ldw = 128;
+  p.ldy = 64;
+  EXPECT_EQ(linear::choose_gated_forward_path(linear::gated_forward_problem(p)), GatedForwardPath::epilogue);
+  const auto path_with = [&](auto change) {
+    linear::GatedForwardParams q = p;
+    change(q);
+    return linear::choose_gated_forward_path(linear::gated_forward_problem(q));
+  };
+  using P = linear::GatedForwardParams;
+  EXPECT_EQ(path_with([](P& q) { q.dtype = DType::f16; }), GatedForwardPath::epilogue);
+  EXPECT_EQ(path_with([](P& q) { q.pre = buf + 16; q.ldpre = 136; }), GatedForwardPath::epilogue);
+  EXPECT_EQ(path_with([](P& q) { q.y = buf + 8; q.ldy = 68; }), GatedForwardPath::epilogue);
+  EXPECT_EQ(path_with([](P& q) { q.dtype = DType::f32; }), GatedForwardPath::gemm_then_gated);
+  EXPECT_EQ(path_with([](P& q) { q.layout = GatedLayout::halves; }), GatedForwardPath::gemm_then_gated);
+  EXPECT_EQ(path_with([](P& q) { q.w_col_major = true; }), GatedForwardPath::gemm_then_gated);
+  EXPECT_EQ(path_with([](P& q) { q.f = 66; }), GatedForwardPath::gemm_then_gated);
+  EXPECT_EQ(path_with([](P& q) { q.k = 124; }), GatedForwardPath::gemm_then_gated);
+  EXPECT_EQ(path_with([](P& q) { q.ldx = 132; }), GatedForwardPath::gemm_then_gated);
+  EXPECT_EQ(path_with([](P& q) { q.x = buf + 8; }), GatedForwardPath::gemm_then_gated);
+  EXPECT_EQ(path_with([](P& q) { q.ldy = 66; }), GatedForwardPath::gemm_then_gated);
+  EXPECT_EQ(path_with([](P& q) { q.y = buf + 4; }), GatedForwardPath::gemm_then_gated);
+  EXPECT_EQ(path_with([](P& q) { q.pre = buf; q.ldpre = 132; }), GatedForwardPath::gemm_then_gated);
+  EXPECT_EQ(path_with([](P& q) { q.pre = buf + 8; q.ldpre = 128; }), GatedForwardPath::gemm_then_gated);
+  EXPECT_EQ(path_with([](P& q) { q.bias = buf + 2; }), GatedForwardPath::gemm_then_gated);
+  EXPECT_EQ(path_with([](P& q) { q.k = 0; }), GatedForwardPath::gemm_then_gated);
+  EXPECT_EQ(path_with([](P& q) { q.m = 0; }), GatedForwardPath::trivial);
+  EXPECT_EQ(path_with([](P& q) { q.f = 0; }), GatedForwardPath::trivial);
+  // A forced separate path is always taken; a forced epilogue only where it serves.
+  const auto problem = linear::gated_forward_problem(p);
+  EXPECT_EQ(linear::choose_gated_forward_path(problem, GatedForwardPath::gemm_then_gated),
+            GatedForwardPath::gemm_then_gated);
+  linear::GatedForwardParams halves = p;
+  halves.layout = GatedLayout::halves;
+  EXPECT_EQ(linear::choose_gated_forward_path(linear::gated_forward_problem(halves), GatedForwardPath::epilogue),
+            GatedForwardPath::gemm_then_gated);
+}
+
+// A gated backward forms dpre in the dx GEMM with gate and up interleaved only, and reads dy
+// (2F / 2 columns) in 8-byte vectors: a dy row stride that is a multiple of 4 suffices.
+TEST(GatedLinearConfig, DpreInDgradEligibility) {
+  alignas(16) static unsigned char buf[1024];
+  linear::BackwardParams p;
+  p.m = 4096;
+  p.n = 648;
+  p.k = 256;
+  p.dtype = DType::bf16;
+  p.activation = Activation::silu;
+  p.gated = true;
+  p.dout = buf;
+  p.lddout = 324;
+  p.pre = buf;
+  p.ldpre = 648;
+  p.w = buf;
+  p.ldw = 256;
+  p.dx = buf;
+  p.lddx = 256;
+  EXPECT_TRUE(linear::dz_in_dgrad_eligible(linear::backward_problem(p)));
+  linear::BackwardParams q = p;
+  q.gated_layout = GatedLayout::halves;
+  EXPECT_FALSE(linear::dz_in_dgrad_eligible(linear::backward_problem(q)));
+  q = p;
+  q.lddout = 326;
+  EXPECT_FALSE(linear::dz_in_dgrad_eligible(linear::backward_problem(q)));
+  q = p;
+  q.dout = buf + 4;
+  EXPECT_FALSE(linear::dz_in_dgrad_eligible(linear::backward_problem(q)));
+  q = p;
+  q.dout = buf + 8;
+  EXPECT_TRUE(linear::dz_in_dgrad_eligible(linear::backward_problem(q)));
+  q.gated = false;  // the plain backward reads dout in 16-byte vectors
+  q.lddout = 648;
+  EXPECT_FALSE(linear::dz_in_dgrad_eligible(linear::backward_problem(q)));
+}
+
 }  // namespace
 }  // namespace fusekit
