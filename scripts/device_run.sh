@@ -45,8 +45,8 @@ if has test; then
   # One run per op family (the first: every suite of no family), each with its own log and time
   # limit, so that a slow or hung family cannot hide the others' results. The runs share the GPU
   # concurrently (most of their time is the float64 CPU references), the cores split between them.
-  suites=(${TEST_SUITES:-"-Norm*:BiasActDropout*:Linear*:Fp8Norm*:Attention*:CrossEntropy*:GatedAct*:Rope*:Embedding*:Optim*"
-              "Norm*" "BiasActDropout*" "Linear*-LinearCrossEntropy*" "LinearCrossEntropy*" "Fp8Norm*" "Attention*"
+  suites=(${TEST_SUITES:-"-Norm*:BiasActDropout*:Linear*:GatedLinear*:Fp8Norm*:Attention*:CrossEntropy*:GatedAct*:Rope*:Embedding*:Optim*"
+              "Norm*" "BiasActDropout*" "Linear*:GatedLinear*-LinearCrossEntropy*" "LinearCrossEntropy*" "Fp8Norm*" "Attention*"
               "CrossEntropy*" "GatedAct*" "Rope*" "Embedding*" "Optim*"})
   threads=$(( $(nproc) / ${#suites[@]} )); [ $threads -ge 1 ] || threads=1
   # On a machine of several GPUs the runs take them in turns as their first device; every GPU stays
@@ -134,7 +134,7 @@ if has torch; then
     log "peer wheels (.whl): $(ls .whl | tr '\n' ' ')"
   fi
   PYTHONPATH="$PWD/build-python/site${PYTHONPATH:+:$PYTHONPATH}" \
-  PYTHONUNBUFFERED=1 python3 scripts/torch_bench.py --out "$OUT/torch_bench.json" ${TORCH_OPS:-norm dropout linear fp8_norm attention cross_entropy linear_cross_entropy gated_act rope} >"$OUT/torch.log" 2>&1
+  PYTHONUNBUFFERED=1 python3 scripts/torch_bench.py --out "$OUT/torch_bench.json" ${TORCH_OPS:-norm dropout linear gated_linear fp8_norm attention cross_entropy linear_cross_entropy gated_act rope} >"$OUT/torch.log" 2>&1
   log "torch bench rc=$?"
   tail -5 "$OUT/torch.log"
 fi

@@ -32,20 +32,23 @@ FAMILY_OF_OP = {"layer_norm": "norm", "rms_norm": "norm", "norm": "norm",
                 "bias_act_dropout": "bias_act_dropout", "gated_act": "gated_act", "fp8_rms_norm": "fp8_norm",
                 "linear": "linear", "attention": "attention", "cross_entropy": "cross_entropy", "rope": "rope",
                 "embedding": "embedding", "layer_norm_residual": "norm", "rms_norm_residual": "norm",
-                "global_norm": "optim", "adamw_step": "optim", "linear_cross_entropy": "linear_cross_entropy"}
-FAMILIES = ["norm", "bias_act_dropout", "gated_act", "fp8_norm", "linear", "attention", "rope", "cross_entropy",
+                "global_norm": "optim", "adamw_step": "optim", "linear_cross_entropy": "linear_cross_entropy",
+                "gated_linear": "gated_linear"}
+FAMILIES = ["norm", "bias_act_dropout", "gated_act", "fp8_norm", "linear", "gated_linear", "attention", "rope",
+            "cross_entropy",
             "linear_cross_entropy", "embedding", "optim"]
 FAMILY_TITLE = {"norm": "LayerNorm / RMSNorm (bf16)", "bias_act_dropout": "Bias + activation + dropout (bf16)",
                 "gated_act": "Gated activations: SwiGLU, GeGLU (bf16)",
                 "fp8_norm": "FP8 RMSNorm (e4m3 in and out)", "linear": "Linear + bias + activation (bf16)",
+                "gated_linear": "Gated linear: gate and up projections with SwiGLU in one GEMM (bf16)",
                 "attention": "Attention (bf16)", "cross_entropy": "Cross-entropy (bf16 logits)",
                 "rope": "Rotary embeddings of q and k (bf16)",
                 "embedding": "Token + position embeddings (bf16 tables, f32 gradients)",
                 "linear_cross_entropy": "Linear cross-entropy: loss, dh, dW without the logits (bf16)",
                 "optim": "Global gradient norm and AdamW over GPT-2 124M's tensors"}
-MATRIX_FAMILIES = {"linear", "attention", "linear_cross_entropy"}
+MATRIX_FAMILIES = {"linear", "gated_linear", "attention", "linear_cross_entropy"}
 # Families whose table has a section of torch_bench.py's rows timed with fusekit's PyTorch op.
-SAME_TIMER_FAMILIES = {"linear", "linear_cross_entropy"}
+SAME_TIMER_FAMILIES = {"linear", "gated_linear", "linear_cross_entropy"}
 # Implementation names as the records store them; older runs' names on the left.
 IMPL_ALIASES = {"torch": "torch_eager", "compile": "torch_compile", "fusekit_py": "fusekit_torch"}
 IMPL_LABEL = {"fusekit": "fusekit", "torch_eager": "torch eager", "torch_compile": "torch.compile",
@@ -341,15 +344,15 @@ def mib(row):
     return f"{row['peak_bytes'] / 2**20:.0f}" if row and row.get("peak_bytes") is not None else "-"
 
 
-def linear_cross_entropy_table(newest, main):
+def same_timer_memory_table(newest, main, mm_note):
     """fusekit bench's rows (against the plain cuBLAS GEMMs), then torch_bench.py's: fusekit's
-    PyTorch op, PyTorch eager and compiled, Liger-Kernel and the three plain GEMMs through
-    torch.matmul, taking turns, with each one's peak memory over the step."""
+    PyTorch op, PyTorch eager and compiled, Liger-Kernel and the plain GEMMs through torch
+    (mm_note says which), taking turns, with each one's peak memory over the step."""
     out = gemm_table(newest, main) if main else []
     same = same_timer_rows(newest)
     if same:
         out += ["", "Same timer (scripts/torch_bench.py, implementations taking turns, L2 flushed; fusekit "
-                "through its PyTorch op; torch.mm: the three plain GEMMs logits, dh, dW through torch.matmul; "
+                f"through its PyTorch op; torch.mm: {mm_note}; "
                 "peak: the most memory the training step allocates beyond its inputs, gradients included):", "",
                 "| dir | shape | fusekit us | torch.mm us | fusekit / mm | torch eager us | torch.compile us | "
                 "Liger us | x eager | x compile | x Liger | fusekit peak MiB | eager peak MiB | "
@@ -365,6 +368,15 @@ def linear_cross_entropy_table(newest, main):
     return out
 
 
+def linear_cross_entropy_table(newest, main):
+    return same_timer_memory_table(newest, main, "the three plain GEMMs logits, dh, dW through torch.matmul")
+
+
+def gated_linear_table(newest, main):
+    return same_timer_memory_table(newest, main, "the plain GEMMs of the same total shape: x W^T forward, "
+                                   "dpre W and dpre^T x backward")
+
+
 def attention_table(newest, main):
     out = ["| shape | dir | fusekit us | TFLOP/s | % of GEMM | flash us | efficient us | cuDNN us | "
            "x flash | x efficient | x cuDNN |",
@@ -378,7 +390,7 @@ def attention_table(newest, main):
 
 
 TABLES = {"norm": memory_table, "bias_act_dropout": memory_table, "gated_act": memory_table,
-          "fp8_norm": memory_table, "linear": linear_table, "attention": attention_table,
+          "fp8_norm": memory_table, "linear": linear_table, "gated_linear": gated_linear_table, "attention": attention_table,
           "cross_entropy": memory_table, "rope": memory_table,
           "embedding": memory_table, "linear_cross_entropy": linear_cross_entropy_table, "optim": memory_table}
 
@@ -637,7 +649,7 @@ def plot_bars(records, plot_dir):
                 continue
             impls = ["fusekit"] + (["flash", "efficient", "cudnn"] if family == "attention"
                                    else ["torch_eager", "torch_compile"])
-            if family == "linear":
+            if family in ("linear", "gated_linear"):
                 impls.append("cublas_plain")
             labels, series = [], {i: [] for i in impls}
             for r, rec in main:

@@ -427,6 +427,86 @@ def linear_rows(rows):
     return errors
 
 
+# ---- gated linear (fusekit op "gated_linear") ---------------------------------------------------
+# (M, K, F): x (M, K), gate and up weights (F, K) each; shape strings as bench/linear prints them.
+GATED_LINEAR_SHAPES = [(8192, 4096, 14336), (8192, 2048, 8192), (8191, 3584, 18944)]
+
+
+def gated_linear_rows(rows):
+    """A gated MLP's gate and up projections and SwiGLU, y = silu(x Wg^T) * (x Wu^T), and its
+    backward (dx, dWg, dWu), bf16, no bias: PyTorch eager and compiled on one fused (2F, K) weight
+    split by chunk, Liger-Kernel's SwiGLU (liger_swiglu) after two F.linear calls as its
+    LigerSwiGLUMLP does, fusekit's fk.gated_linear on the interleaved weight, and the plain GEMMs
+    of the same total shape (torch_mm: x W^T forward; dpre W and dpre^T x backward), all taking
+    turns. Each row records its peak memory over the step (peak_bytes)."""
+    fk = fusekit_torch()
+    lf = liger_functional()
+    dev = "cuda"
+    for (m, k, f) in GATED_LINEAR_SHAPES:
+        x = torch.randn(m, k, device=dev).to(torch.bfloat16).requires_grad_(True)
+        w = (torch.randn(2 * f, k, device=dev) / k ** 0.5).to(torch.bfloat16).requires_grad_(True)
+        wg, wu = (t.detach().clone().requires_grad_(True) for t in w.chunk(2, dim=0))
+        w_interleaved = torch.stack((wg.detach(), wu.detach()), dim=1).reshape(2 * f, k).requires_grad_(True)
+        dy = torch.randn(m, f, device=dev, dtype=torch.bfloat16)
+        dpre = torch.randn(m, 2 * f, device=dev, dtype=torch.bfloat16)
+        flops = 2.0 * m * 2 * f * k
+        shape = f"({m}, {k}, {f}) silu"
+
+        def eager(x, w):
+            g, u = F.linear(x, w).chunk(2, dim=-1)
+            return F.silu(g) * u
+
+        impls = [("torch_eager", lambda: eager(x, w), (x, w)), ("torch_compile", None, (x, w))]
+        compiled = torch.compile(eager)
+        impls[1] = ("torch_compile", lambda: compiled(x, w), (x, w))
+        if lf is not None:
+            impls.append(("liger", lambda: lf.liger_swiglu(F.linear(x, wg), F.linear(x, wu)), (x, wg, wu)))
+        if fk is not None and hasattr(fk, "gated_linear"):
+            impls.append(("fusekit_torch", lambda: fk.gated_linear(x, w_interleaved, activation="silu",
+                                                                  layout="interleaved"), (x, w_interleaved)))
+        fwd = [fn for _, fn, _ in impls] + [lambda: torch.mm(x, w.t())]
+        with torch.no_grad():
+            times = bench_interleaved(fwd)
+        for (impl, _, _), t in zip(impls + [("torch_mm", None, None)], times):
+            rows.append(dict(op="gated_linear", direction="fwd", shape=shape, impl=impl, time_us=t,
+                             flops=flops, tflops=flops / t / 1e6))
+        ys = [(fn(), params) for _, fn, params in impls]
+        bwd = [lambda y=y, params=params: torch.autograd.grad(y, params, dy, retain_graph=True) for y, params in ys]
+        bwd.append(lambda: (torch.mm(dpre, w), torch.mm(dpre.t(), x)))
+        times = bench_interleaved(bwd)
+        for (impl, _, _), t in zip(impls + [("torch_mm", None, None)], times):
+            rows.append(dict(op="gated_linear", direction="bwd", shape=shape, impl=impl, time_us=t,
+                             flops=2 * flops, tflops=2 * flops / t / 1e6))
+        del ys
+        # Peak memory of a whole step (forward, backward, gradients) per implementation.
+        for impl, fn, params in impls:
+            def step(fn=fn, params=params):
+                torch.autograd.grad(fn(), params, dy)
+            peak_bytes(step)
+            peak = peak_bytes(step)
+            for r in rows[-2 * (len(impls) + 1):]:
+                if r["impl"] == impl:
+                    r["peak_bytes"] = peak
+        print(*rows[-2 * (len(impls) + 1):], sep="\n", flush=True)
+        del x, w, wg, wu, w_interleaved, dy, dpre, impls
+        torch._dynamo.reset()
+        torch.cuda.empty_cache()
+    # PyTorch's own error in bf16 against float64 (relative L2), one moderate shape.
+    m, k, f = 2048, 1024, 2048
+    x = torch.randn(m, k, device=dev).to(torch.bfloat16)
+    w = (torch.randn(2 * f, k, device=dev) / k ** 0.5).to(torch.bfloat16)
+    dy = torch.randn(m, f, device=dev, dtype=torch.bfloat16)
+    outs = {}
+    for dt in (torch.bfloat16, torch.float64):
+        xx, ww = x.to(dt).requires_grad_(True), w.to(dt).requires_grad_(True)
+        g, u = F.linear(xx, ww).chunk(2, dim=-1)
+        y = F.silu(g) * u
+        outs[dt] = (y,) + torch.autograd.grad(y, (xx, ww), dy.to(dt))
+    rel = lambda a, r: ((a.double() - r).norm() / r.norm()).item()
+    return {"gated_linear silu": {key: rel(outs[torch.bfloat16][i], outs[torch.float64][i])
+                                  for i, key in enumerate(("y", "dx", "dW"))}}
+
+
 # ---- FP8 RMSNorm (fusekit op "fp8_rms_norm") ---------------------------------------------------
 # The same shapes and shape strings as bench/fp8_norm; e4m3 in and out, groups of 16 with bf16
 # scales, bf16 weight. Byte counts as fusekit counts them (4.25 / 5.125 bytes per element), so
@@ -686,6 +766,8 @@ def main():
         dropout_rows(rows)
     if "gated_act" in args.ops:
         gated_act_rows(rows)
+    if "gated_linear" in args.ops:
+        errors.update(gated_linear_rows(rows))
     if "fp8_norm" in args.ops or "fp8_rms_norm" in args.ops:
         errors.update(fp8_norm_rows(rows))
     if "attention" in args.ops:
