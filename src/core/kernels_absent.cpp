@@ -71,12 +71,8 @@ std::size_t linear::backward_workspace_cuda(I64, I64, I64, DType, Activation) {
   no_kernels("linear_backward_workspace_size");
 }
 void linear::gated_forward_cuda(const GatedForwardParams&, int, Stream) { no_kernels("gated_linear_forward"); }
-void linear::gated_backward_cuda(const GatedBackwardParams&, int, Stream) { no_kernels("gated_linear_backward"); }
 std::size_t linear::gated_forward_workspace_cuda(I64, I64, I64, DType, GatedLayout, bool) {
   no_kernels("gated_linear_forward_workspace_size");
-}
-std::size_t linear::gated_backward_workspace_cuda(I64, I64, I64, DType, Activation) {
-  no_kernels("gated_linear_backward_workspace_size");
 }
 
 void lxent::run_cuda(const Params&, I64, int, Stream) { no_kernels("linear_cross_entropy"); }

@@ -201,6 +201,45 @@ void set_pre_activation(const ArgCheck& check, const OptionalTensor& pre_activat
   p.ldpre = l.row_stride;
 }
 
+// The gradients a backward computes, each optional: dx like x, dweight (N, K) in either of W's
+// layouts, dbias (N).
+void set_backward_outputs(const ArgCheck& check, const GemmOperands& g, const TensorView& x, const OptionalTensor& dx,
+                          const OptionalTensor& dweight, const OptionalTensor& dbias, linear::BackwardParams& p) {
+  if (dx) {
+    const RowLayout l = check_matrix(check, *dx, "dx", g.m, g.k, x.dtype, x, "x");
+    p.dx = dx->data;
+    p.lddx = l.row_stride;
+  }
+  if (dweight) {
+    check.dtype_is(*dweight, "dweight", x.dtype, "as 'x'");
+    const WeightLayout l = check_weight(check, *dweight, "dweight");
+    if (l.rows != g.n || l.cols != g.k)
+      check.fail("dweight", "shape (" + std::to_string(g.n) + ", " + std::to_string(g.k) + ") (as 'weight')",
+                 dweight->shape_string());
+    check.element_aligned(*dweight, "dweight");
+    p.dw = dweight->data;
+    p.lddw = l.ld;
+    p.dw_col_major = l.col_major;
+  }
+  if (dbias) {
+    check_bias_vector(check, *dbias, "dbias", g.n, x.dtype);
+    p.dbias = dbias->data;
+  }
+}
+
+void run_backward(const ArgCheck& check, Device device, linear::BackwardParams& p, const OptionalTensor& workspace,
+                  Stream stream, const char* size_function) {
+  if (device.is_cuda()) {
+    require_supported_gpu(check.op(), device.index);
+    p.workspace = checked_workspace(check, workspace,
+                                    linear::backward_workspace_cuda(p.m, p.n, p.k, p.dtype, p.activation),
+                                    size_function, &p.workspace_bytes);
+    linear::backward_cuda(p, device.index, stream);
+  } else {
+    linear::backward_cpu(p);
+  }
+}
+
 // The size queries' arguments, on every device: M, N, K in 0..2^31 - 1 (the ops' limits), a dtype
 // and an activation the ops take, and an (M, N) matrix of `dtype` whose bytes, row length rounded
 // up to 8 as the backward's dz scratch is, fit in 2^62 bytes: then no product or sum the CUDA size
@@ -278,7 +317,7 @@ void linear_backward(const TensorView& dout, const TensorView& x, const TensorVi
        arg("dx", dx), arg("dweight", dweight), arg("dbias", dbias), arg("workspace", workspace)});
   check_activation(check, activation);
   const GemmOperands g = check_gemm_operands(check, x, weight, device);
-  const std::int64_t m = g.m, n = g.n, k = g.k;
+  const std::int64_t m = g.m, n = g.n;
 
   linear::BackwardParams p;
   set_gemm_operands(p, g, x, weight, activation);
@@ -292,38 +331,11 @@ void linear_backward(const TensorView& dout, const TensorView& x, const TensorVi
                    activation_name(activation) + ")",
                "none");
   }
-  if (dx) {
-    const RowLayout l = check_matrix(check, *dx, "dx", m, k, x.dtype, x, "x");
-    p.dx = dx->data;
-    p.lddx = l.row_stride;
-  }
-  if (dweight) {
-    check.dtype_is(*dweight, "dweight", x.dtype, "as 'x'");
-    const WeightLayout l = check_weight(check, *dweight, "dweight");
-    if (l.rows != n || l.cols != k)
-      check.fail("dweight", "shape (" + std::to_string(n) + ", " + std::to_string(k) + ") (as 'weight')",
-                 dweight->shape_string());
-    check.element_aligned(*dweight, "dweight");
-    p.dw = dweight->data;
-    p.lddw = l.ld;
-    p.dw_col_major = l.col_major;
-  }
-  if (dbias) {
-    check_bias_vector(check, *dbias, "dbias", n, x.dtype);
-    p.dbias = dbias->data;
-  }
+  set_backward_outputs(check, g, x, dx, dweight, dbias, p);
   check.no_overlap({arg("dx", dx), arg("dweight", dweight), arg("dbias", dbias), arg("workspace", workspace)},
                    {arg("dout", dout), arg("x", x), arg("weight", weight),
                     arg("pre_activation", pre_activation)});
-  if (device.is_cuda()) {
-    require_supported_gpu("linear_backward", device.index);
-    p.workspace = checked_workspace(check, workspace,
-                                    linear::backward_workspace_cuda(m, n, k, x.dtype, activation),
-                                    "linear_backward_workspace_size", &p.workspace_bytes);
-    linear::backward_cuda(p, device.index, stream);
-  } else {
-    linear::backward_cpu(p);
-  }
+  run_backward(check, device, p, workspace, stream, "linear_backward_workspace_size");
 }
 
 // ---- gated linear ------------------------------------------------------------------------------
@@ -375,7 +387,7 @@ std::size_t gated_linear_backward_workspace_size(std::int64_t m, std::int64_t f,
                                                  const GatedLinearConfig& config, Device device) {
   check_gated_size_query(ArgCheck("gated_linear_backward_workspace_size"), m, f, k, dtype, config);
   if (!device.is_cuda()) return 0;
-  return linear::gated_backward_workspace_cuda(m, f, k, dtype, config.activation);
+  return linear::backward_workspace_cuda(m, 2 * f, k, dtype, config.activation);
 }
 
 void gated_linear_forward(const TensorView& x, const TensorView& weight, const OptionalTensor& bias,
@@ -435,56 +447,22 @@ void gated_linear_backward(const TensorView& dy, const TensorView& x, const Tens
        arg("dweight", dweight), arg("dbias", dbias), arg("workspace", workspace)});
   check_gated_config(check, config);
   const GemmOperands g = check_gated_operands(check, x, weight, device);
-  const std::int64_t m = g.m, n = g.n, f = g.n / 2, k = g.k;
 
-  linear::GatedBackwardParams p;
-  p.m = m;
-  p.f = f;
-  p.k = k;
-  p.dtype = x.dtype;
-  p.activation = config.activation;
-  p.layout = config.layout;
-  p.x = x.data;
-  p.ldx = g.x.row_stride;
-  p.w = weight.data;
-  p.ldw = g.weight.ld;
-  p.w_col_major = g.weight.col_major;
-  const RowLayout dyl = check_matrix(check, dy, "dy", m, f, x.dtype, x, "x");
-  p.dy = dy.data;
-  p.lddy = dyl.row_stride;
-  const RowLayout pl = check_matrix(check, pre_activation, "pre_activation", m, n, x.dtype, x, "x");
+  // The linear backward with dz formed by the gated formula from dy and the (gate, up) pairs.
+  linear::BackwardParams p;
+  set_gemm_operands(p, g, x, weight, config.activation);
+  p.gated = true;
+  p.gated_layout = config.layout;
+  const RowLayout dyl = check_matrix(check, dy, "dy", g.m, g.n / 2, x.dtype, x, "x");
+  p.dout = dy.data;
+  p.lddout = dyl.row_stride;
+  const RowLayout pl = check_matrix(check, pre_activation, "pre_activation", g.m, g.n, x.dtype, x, "x");
   p.pre = pre_activation.data;
   p.ldpre = pl.row_stride;
-  if (dx) {
-    const RowLayout l = check_matrix(check, *dx, "dx", m, k, x.dtype, x, "x");
-    p.dx = dx->data;
-    p.lddx = l.row_stride;
-  }
-  if (dweight) {
-    check.dtype_is(*dweight, "dweight", x.dtype, "as 'x'");
-    const WeightLayout l = check_weight(check, *dweight, "dweight");
-    if (l.rows != n || l.cols != k)
-      check.fail("dweight", "shape (" + std::to_string(n) + ", " + std::to_string(k) + ") (as 'weight')",
-                 dweight->shape_string());
-    check.element_aligned(*dweight, "dweight");
-    p.dw = dweight->data;
-    p.lddw = l.ld;
-    p.dw_col_major = l.col_major;
-  }
-  if (dbias) {
-    check_bias_vector(check, *dbias, "dbias", n, x.dtype);
-    p.dbias = dbias->data;
-  }
+  set_backward_outputs(check, g, x, dx, dweight, dbias, p);
   check.no_overlap({arg("dx", dx), arg("dweight", dweight), arg("dbias", dbias), arg("workspace", workspace)},
                    {arg("dy", dy), arg("x", x), arg("weight", weight), arg("pre_activation", pre_activation)});
-  if (device.is_cuda()) {
-    require_supported_gpu("gated_linear_backward", device.index);
-    p.workspace = checked_workspace(check, workspace, linear::gated_backward_workspace_cuda(m, f, k, x.dtype, config.activation),
-                                    "gated_linear_backward_workspace_size", &p.workspace_bytes);
-    linear::gated_backward_cuda(p, device.index, stream);
-  } else {
-    linear::gated_backward_cpu(p);
-  }
+  run_backward(check, device, p, workspace, stream, "gated_linear_backward_workspace_size");
 }
 
 }  // namespace fusekit

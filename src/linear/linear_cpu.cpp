@@ -98,7 +98,32 @@ void backward_from_dz(const BackwardParams& p, const std::vector<double>& dz) {
 
 }  // namespace
 
+namespace {
+
+// A gated backward's dz (dpre): [dy * up * act'(gate), dy * act(gate)] in pre's layout, in double.
+std::vector<double> gated_dz(const BackwardParams& p) {
+  const std::int64_t m = p.m, n = p.n, f = p.n / 2;
+  const std::vector<double> dy = to_double(p.dout, p.dtype, m, f, p.lddout);
+  const std::vector<double> pre = to_double(p.pre, p.dtype, m, n, p.ldpre);
+  std::vector<double> dz(static_cast<std::size_t>(m * n));
+#pragma omp parallel for schedule(static)
+  for (std::int64_t r = 0; r < m; ++r)
+    for (std::int64_t j = 0; j < f; ++j) {
+      const std::int64_t gc = r * n + gate_column(p.gated_layout, j), uc = r * n + up_column(p.gated_layout, f, j);
+      const double g = dy[r * f + j];
+      dz[gc] = g * pre[uc] * Math::derivative(p.activation, pre[gc], 0.0);
+      dz[uc] = g * Math::forward(p.activation, pre[gc], 0.0);
+    }
+  return dz;
+}
+
+}  // namespace
+
 void backward_cpu(const BackwardParams& p) {
+  if (p.gated) {
+    backward_from_dz(p, gated_dz(p));
+    return;
+  }
   // dz = dout * act'(pre), exact in double (no rounding to the dtype in between).
   std::vector<double> dz = to_double(p.dout, p.dtype, p.m, p.n, p.lddout);
   if (p.activation != Activation::none) {
@@ -109,8 +134,8 @@ void backward_cpu(const BackwardParams& p) {
   backward_from_dz(p, dz);
 }
 
-// The gated ops: pre = x W^T + b in double over all 2f columns, y = act(gate) * up in double,
-// each output rounded once; the backward forms dpre in double from dy and the given pre.
+// The gated forward: pre = x W^T + b in double over all 2f columns, y = act(gate) * up in double,
+// each output rounded once (its backward is backward_cpu with p.gated).
 void gated_forward_cpu(const GatedForwardParams& p) {
   const std::int64_t m = p.m, f = p.f, n = 2 * p.f, k = p.k;
   const std::vector<double> x = to_double(p.x, p.dtype, m, k, p.ldx);
@@ -132,39 +157,6 @@ void gated_forward_cpu(const GatedForwardParams& p) {
       store_from_double(p.y, p.dtype, r * p.ldy + j, Math::forward(p.activation, gate, 0.0) * up);
     }
   }
-}
-
-void gated_backward_cpu(const GatedBackwardParams& p) {
-  const std::int64_t m = p.m, f = p.f, n = 2 * p.f, k = p.k;
-  const std::vector<double> dy = to_double(p.dy, p.dtype, m, f, p.lddy);
-  const std::vector<double> pre = to_double(p.pre, p.dtype, m, n, p.ldpre);
-  std::vector<double> dpre(static_cast<std::size_t>(m * n));
-#pragma omp parallel for schedule(static)
-  for (std::int64_t r = 0; r < m; ++r)
-    for (std::int64_t j = 0; j < f; ++j) {
-      const std::int64_t gc = r * n + gate_column(p.layout, j), uc = r * n + up_column(p.layout, f, j);
-      const double g = dy[r * f + j];
-      dpre[gc] = g * pre[uc] * Math::derivative(p.activation, pre[gc], 0.0);
-      dpre[uc] = g * Math::forward(p.activation, pre[gc], 0.0);
-    }
-  // dx, dW and dbias from dpre as the plain backward forms them from dz (activation none), in double.
-  BackwardParams b;
-  b.m = m;
-  b.n = n;
-  b.k = k;
-  b.dtype = p.dtype;
-  b.x = p.x;
-  b.ldx = p.ldx;
-  b.w = p.w;
-  b.ldw = p.ldw;
-  b.w_col_major = p.w_col_major;
-  b.dx = p.dx;
-  b.lddx = p.lddx;
-  b.dw = p.dw;
-  b.lddw = p.lddw;
-  b.dw_col_major = p.dw_col_major;
-  b.dbias = p.dbias;
-  backward_from_dz(b, dpre);
 }
 
 }  // namespace fusekit::linear

@@ -493,6 +493,28 @@ std::size_t backward_workspace_cuda(std::int64_t m, std::int64_t n, std::int64_t
          forming_flag_bytes(m, n);
 }
 
+sm90::FusedForwardArgs sm90::fused_forward_args(const ForwardParams& p, int device_index) {
+  FusedForwardArgs a;
+  a.m = static_cast<int>(p.m);
+  a.n = static_cast<int>(p.n);
+  a.k = static_cast<int>(p.k);
+  a.x = p.x;
+  a.ldx = p.ldx;
+  a.w = p.w;
+  a.ldw = p.ldw;
+  a.bias = p.bias;
+  a.y = p.y;
+  a.ldy = p.ldy;
+  a.pre = p.pre;
+  a.ldpre = p.ldpre;
+  a.activation = p.activation;
+  a.device_index = device_index;
+  a.sm_count = detail::device_info(kForwardOp, device_index).sm_count;
+  a.workspace = p.workspace;
+  a.workspace_bytes = p.workspace_bytes;
+  return a;
+}
+
 void forward_cuda(const ForwardParams& p, int device_index, Stream stream_handle) {
   detail::DeviceGuard guard(kForwardOp, device_index);
   const auto stream = static_cast<cudaStream_t>(stream_handle);
@@ -522,24 +544,7 @@ ForwardPath run_forward_path(const ForwardParams& p, ForwardPath path, lt::Epilo
       !lt::run(kForwardOp, forward_gemm(p, epilogue, p.y, p.ldy), device_index, p.workspace, stream))
     path = ForwardPath::unfused;  // no cuBLASLt kernel for this epilogue and layout
   if (path == ForwardPath::cutlass_fused) {
-    sm90::FusedForwardArgs a;
-    a.m = static_cast<int>(p.m);
-    a.n = static_cast<int>(p.n);
-    a.k = static_cast<int>(p.k);
-    a.x = p.x;
-    a.ldx = p.ldx;
-    a.w = p.w;
-    a.ldw = p.ldw;
-    a.bias = p.bias;
-    a.y = p.y;
-    a.ldy = p.ldy;
-    a.pre = p.pre;
-    a.ldpre = p.ldpre;
-    a.activation = p.activation;
-    a.device_index = device_index;
-    a.sm_count = detail::device_info(kForwardOp, device_index).sm_count;
-    a.workspace = p.workspace;
-    a.workspace_bytes = p.workspace_bytes;
+    const sm90::FusedForwardArgs a = sm90::fused_forward_args(p, device_index);
     if (p.dtype == DType::bf16) sm90::fused_forward_bf16(kForwardOp, a, stream);
     else sm90::fused_forward_f16(kForwardOp, a, stream);
   }

@@ -8,6 +8,7 @@
 
 #include "fusekit/activation.h"
 #include "fusekit/tensor.h"
+#include "linear/linear_params.h"
 
 namespace fusekit::linear::sm90 {
 
@@ -40,33 +41,19 @@ inline constexpr std::int64_t kFusedAlignmentElements = 8;
 // (bench: linear fwd gelu_tanh, H200).
 inline constexpr int kSwizzle = 2;
 
+// The kernel arguments of a forward call (its sizes checked to fit int by the entry point).
+FusedForwardArgs fused_forward_args(const ForwardParams& p, int device_index);
+
 // Launches the fused kernel. Throws fusekit::Error (op `op`) when CUTLASS rejects the problem or
 // the launch fails; the caller has checked the alignment rules already.
 void fused_forward_bf16(const char* op, const FusedForwardArgs& a, void* stream);
 void fused_forward_f16(const char* op, const FusedForwardArgs& a, void* stream);
 
 // The gated forward (linear_gated_sm90.cuh): y = act(gate) * up and optionally pre = x W^T + bias
-// for W's rows interleaved (gate j at 2j, up j at 2j + 1). n = 2F, a multiple of 8; y (m, F).
-struct GatedForwardArgs {
-  int m = 0, n = 0, k = 0;
-  const void* x = nullptr;  // (m, k) row-major
-  std::int64_t ldx = 0;
-  const void* w = nullptr;  // (n, k) row-major
-  std::int64_t ldw = 0;
-  const void* bias = nullptr;  // (n) or null
-  void* y = nullptr;           // (m, n / 2) row-major
-  std::int64_t ldy = 0;
-  void* pre = nullptr;  // (m, n) row-major or null
-  std::int64_t ldpre = 0;
-  Activation activation = Activation::silu;
-  int device_index = 0;
-  int sm_count = 0;
-  void* workspace = nullptr;
-  std::size_t workspace_bytes = 0;
-};
-
-void gated_forward_bf16(const char* op, const GatedForwardArgs& a, void* stream);
-void gated_forward_f16(const char* op, const GatedForwardArgs& a, void* stream);
+// for W's rows interleaved (gate j at 2j, up j at 2j + 1): n = 2F, a multiple of 8, and y has n / 2
+// columns; activation is the gate's.
+void gated_forward_bf16(const char* op, const FusedForwardArgs& a, void* stream);
+void gated_forward_f16(const char* op, const FusedForwardArgs& a, void* stream);
 
 // The backward's dx GEMM with dz = dout * act'(pre) formed inside it (linear_dgrad_sm90.cuh):
 // dx = dz W, and dz (and dbias's partial rows) written on the way for the dW GEMM. Rows below

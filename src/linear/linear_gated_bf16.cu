@@ -5,7 +5,7 @@
 
 namespace fusekit::linear::sm90 {
 
-void gated_forward_bf16(const char* op, const GatedForwardArgs& a, void* stream) {
+void gated_forward_bf16(const char* op, const FusedForwardArgs& a, void* stream) {
   gated_forward<cutlass::bfloat16_t>(op, a, stream);
 }
 

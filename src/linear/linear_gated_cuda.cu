@@ -6,10 +6,10 @@
 // halves (and f32, column-major W, misaligned views) run the linear forward into pre, then
 // gated_act_forward over it: one extra read of (M, 2F) and write of (M, F).
 //
-// Backward. dpre is the input of both GEMMs (dx = dpre W, dW = dpre^T x), so it is formed once, as
-// the linear backward forms dz (linear_cuda.cu): for large problems by the dx GEMM's idle producer
-// warps while its tensor cores run (interleaved layout; the first rows by gated_act_backward), else
-// by gated_act_backward before the GEMMs. dbias is the same fixed-order column sum as the plain op's.
+// Backward: linear_cuda.cu's, with BackwardParams::gated. dpre is the input of both GEMMs (dx =
+// dpre W, dW = dpre^T x), so it is formed once, as dz is: for large problems by the dx GEMM's idle
+// producer warps while its tensor cores run (interleaved layout; the first rows by
+// gated_act_backward), else by gated_act_backward before the GEMMs.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -28,7 +28,6 @@ namespace fusekit::linear {
 namespace {
 
 constexpr const char* kGatedForwardOp = "gated_linear_forward";
-constexpr const char* kGatedBackwardOp = "gated_linear_backward";
 
 using GatedForwardChoice = detail::ChoiceOverride<GatedForwardPath>;
 
@@ -52,25 +51,31 @@ GatedActConfig gated_act_config(Activation activation, GatedLayout layout) {
   return c;
 }
 
+// The GEMM over all 2F columns, its output (y) and pre-activation as `p` gives them.
+ForwardParams gemm_params(const GatedForwardParams& p) {
+  ForwardParams g;
+  g.m = p.m;
+  g.n = 2 * p.f;
+  g.k = p.k;
+  g.dtype = p.dtype;
+  g.activation = p.activation;
+  g.x = p.x;
+  g.ldx = p.ldx;
+  g.w = p.w;
+  g.ldw = p.ldw;
+  g.w_col_major = p.w_col_major;
+  g.bias = p.bias;
+  g.y = p.y;
+  g.ldy = p.ldy;
+  g.pre = p.pre;
+  g.ldpre = p.ldpre;
+  g.workspace = p.workspace;
+  g.workspace_bytes = p.workspace_bytes;
+  return g;
+}
+
 void run_epilogue(const GatedForwardParams& p, int device_index, cudaStream_t stream) {
-  sm90::GatedForwardArgs a;
-  a.m = static_cast<int>(p.m);
-  a.n = static_cast<int>(2 * p.f);
-  a.k = static_cast<int>(p.k);
-  a.x = p.x;
-  a.ldx = p.ldx;
-  a.w = p.w;
-  a.ldw = p.ldw;
-  a.bias = p.bias;
-  a.y = p.y;
-  a.ldy = p.ldy;
-  a.pre = p.pre;
-  a.ldpre = p.ldpre;
-  a.activation = p.activation;
-  a.device_index = device_index;
-  a.sm_count = detail::device_info(kGatedForwardOp, device_index).sm_count;
-  a.workspace = p.workspace;
-  a.workspace_bytes = p.workspace_bytes;
+  const sm90::FusedForwardArgs a = sm90::fused_forward_args(gemm_params(p), device_index);
   if (p.dtype == DType::bf16) sm90::gated_forward_bf16(kGatedForwardOp, a, stream);
   else sm90::gated_forward_f16(kGatedForwardOp, a, stream);
 }
@@ -78,30 +83,18 @@ void run_epilogue(const GatedForwardParams& p, int device_index, cudaStream_t st
 void run_gemm_then_gated(const GatedForwardParams& p, int device_index, Stream stream) {
   // pre lands in the caller's tensor, or in the workspace after the GEMM's own scratch.
   const std::size_t gemm_bytes = forward_workspace_cuda(p.m, 2 * p.f, p.k, p.dtype, Activation::none);
-  void* pre = p.pre;
-  std::int64_t ldpre = p.ldpre;
-  if (pre == nullptr) {
-    pre = static_cast<unsigned char*>(p.workspace) + gemm_bytes;
-    ldpre = scratch_row_stride(p.f);
-  }
-  ForwardParams g;
-  g.m = p.m;
-  g.n = 2 * p.f;
-  g.k = p.k;
-  g.dtype = p.dtype;
+  ForwardParams g = gemm_params(p);
   g.activation = Activation::none;
-  g.x = p.x;
-  g.ldx = p.ldx;
-  g.w = p.w;
-  g.ldw = p.ldw;
-  g.w_col_major = p.w_col_major;
-  g.bias = p.bias;
-  g.y = pre;
-  g.ldy = ldpre;
-  g.workspace = p.workspace;
+  if (g.pre == nullptr) {
+    g.pre = static_cast<unsigned char*>(p.workspace) + gemm_bytes;
+    g.ldpre = scratch_row_stride(p.f);
+  }
+  g.y = g.pre;  // the linear forward's output is pre; it stores no second copy
+  g.ldy = g.ldpre;
+  g.pre = nullptr;
   g.workspace_bytes = gemm_bytes;
   forward_cuda(g, device_index, stream);
-  gated_act_forward(matrix_view(pre, p.dtype, device_index, p.m, 2 * p.f, ldpre),
+  gated_act_forward(matrix_view(g.y, p.dtype, device_index, p.m, 2 * p.f, g.ldy),
                     gated_act_config(p.activation, p.layout),
                     matrix_view(p.y, p.dtype, device_index, p.m, p.f, p.ldy), stream);
 }
@@ -129,11 +122,6 @@ std::size_t gated_forward_workspace_cuda(std::int64_t m, std::int64_t f, std::in
   return keeps_pre ? gemm : gemm + scratch_bytes(m, f, dtype);
 }
 
-std::size_t gated_backward_workspace_cuda(std::int64_t m, std::int64_t f, std::int64_t k, DType dtype,
-                                          Activation activation) {
-  return backward_workspace_cuda(m, 2 * f, k, dtype, activation);
-}
-
 void gated_forward_cuda(const GatedForwardParams& p, int device_index, Stream stream) {
   detail::DeviceGuard guard(kGatedForwardOp, device_index);
   const GatedForwardPath forced = GatedForwardChoice::requested(
@@ -142,35 +130,6 @@ void gated_forward_cuda(const GatedForwardParams& p, int device_index, Stream st
   if (path == GatedForwardPath::epilogue) run_epilogue(p, device_index, static_cast<cudaStream_t>(stream));
   else if (path == GatedForwardPath::gemm_then_gated) run_gemm_then_gated(p, device_index, stream);
   GatedForwardChoice::record(path);
-}
-
-void gated_backward_cuda(const GatedBackwardParams& p, int device_index, Stream stream) {
-  BackwardParams b;
-  b.m = p.m;
-  b.n = 2 * p.f;
-  b.k = p.k;
-  b.dtype = p.dtype;
-  b.activation = p.activation;
-  b.gated = true;
-  b.gated_layout = p.layout;
-  b.dout = p.dy;
-  b.lddout = p.lddy;
-  b.pre = p.pre;
-  b.ldpre = p.ldpre;
-  b.x = p.x;
-  b.ldx = p.ldx;
-  b.w = p.w;
-  b.ldw = p.ldw;
-  b.w_col_major = p.w_col_major;
-  b.dx = p.dx;
-  b.lddx = p.lddx;
-  b.dw = p.dw;
-  b.lddw = p.lddw;
-  b.dw_col_major = p.dw_col_major;
-  b.dbias = p.dbias;
-  b.workspace = p.workspace;
-  b.workspace_bytes = p.workspace_bytes;
-  backward_cuda(b, device_index, stream);
 }
 
 }  // namespace fusekit::linear

@@ -242,7 +242,7 @@ struct GatedGemm {
 };
 
 template <typename Element>
-void gated_forward(const char* op, const GatedForwardArgs& a, void* stream) {
+void gated_forward(const char* op, const FusedForwardArgs& a, void* stream) {
   using Gemm = typename GatedGemm<Element>::Gemm;
   using StrideA = typename Gemm::GemmKernel::StrideA;
   using StrideB = typename Gemm::GemmKernel::StrideB;

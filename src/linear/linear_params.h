@@ -59,8 +59,8 @@ struct BackwardParams {
   GatedLayout gated_layout = GatedLayout::interleaved;
 };
 
-// The gated forward and backward (fusekit/linear.h): the GEMM has n = 2f columns, gate and up in
-// `layout`'s order in W, bias, pre and dpre.
+// The gated forward (fusekit/linear.h): the GEMM has n = 2f columns, gate and up in `layout`'s
+// order in W, bias and pre.
 struct GatedForwardParams {
   std::int64_t m = 0, f = 0, k = 0;
   DType dtype = DType::bf16;
@@ -76,30 +76,6 @@ struct GatedForwardParams {
   std::int64_t ldy = 0;
   void* pre = nullptr;  // (m, 2f) or null
   std::int64_t ldpre = 0;
-  void* workspace = nullptr;
-  std::size_t workspace_bytes = 0;
-};
-
-struct GatedBackwardParams {
-  std::int64_t m = 0, f = 0, k = 0;
-  DType dtype = DType::bf16;
-  Activation activation = Activation::silu;
-  GatedLayout layout = GatedLayout::interleaved;
-  const void* dy = nullptr;  // (m, f)
-  std::int64_t lddy = 0;
-  const void* x = nullptr;  // (m, k)
-  std::int64_t ldx = 0;
-  const void* w = nullptr;  // (2f, k)
-  std::int64_t ldw = 0;
-  bool w_col_major = false;
-  const void* pre = nullptr;  // (m, 2f)
-  std::int64_t ldpre = 0;
-  void* dx = nullptr;  // (m, k), each output may be null: not computed
-  std::int64_t lddx = 0;
-  void* dw = nullptr;  // (2f, k)
-  std::int64_t lddw = 0;
-  bool dw_col_major = false;
-  void* dbias = nullptr;  // (2f)
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
 };
@@ -122,13 +98,10 @@ std::size_t forward_workspace_cuda(std::int64_t m, std::int64_t n, std::int64_t 
 std::size_t backward_workspace_cuda(std::int64_t m, std::int64_t n, std::int64_t k, DType dtype,
                                     Activation activation);
 
+// The gated backward is backward_cpu / backward_cuda with BackwardParams::gated.
 void gated_forward_cpu(const GatedForwardParams& p);
-void gated_backward_cpu(const GatedBackwardParams& p);
 void gated_forward_cuda(const GatedForwardParams& p, int device_index, Stream stream);
-void gated_backward_cuda(const GatedBackwardParams& p, int device_index, Stream stream);
 std::size_t gated_forward_workspace_cuda(std::int64_t m, std::int64_t f, std::int64_t k, DType dtype,
                                          GatedLayout layout, bool keeps_pre);
-std::size_t gated_backward_workspace_cuda(std::int64_t m, std::int64_t f, std::int64_t k, DType dtype,
-                                          Activation activation);
 
 }  // namespace fusekit::linear
