@@ -188,39 +188,46 @@ Timing time_kernel(const std::function<void(int)>& fn, int rotations, int warmup
   return {us[runs / 2], us.front(), us.back(), runs};
 }
 
+std::vector<Timing> time_in_turns(const std::vector<std::function<void(int)>>& fns, int rotations, int warmup,
+                                  int runs) {
+  const std::size_t n = fns.size();
+  for (int i = 0; i < warmup; ++i)
+    for (const auto& fn : fns) fn(i % rotations);
+  cuda_check(cudaDeviceSynchronize(), "warm-up");
+  // Per run: a start event, then one after each implementation.
+  std::vector<cudaEvent_t> events((n + 1) * runs);
+  for (cudaEvent_t& e : events) cuda_check(cudaEventCreate(&e), "cudaEventCreate");
+  for (int i = 0; i < runs; ++i) {
+    cudaEvent_t* e = &events[(n + 1) * i];
+    cuda_check(cudaEventRecord(e[0]), "cudaEventRecord");
+    for (std::size_t f = 0; f < n; ++f) {
+      fns[f](i % rotations);
+      cuda_check(cudaEventRecord(e[f + 1]), "cudaEventRecord");
+    }
+  }
+  cuda_check(cudaDeviceSynchronize(), "timed runs");
+  std::vector<std::vector<double>> us(n, std::vector<double>(runs));
+  for (int i = 0; i < runs; ++i)
+    for (std::size_t f = 0; f < n; ++f) {
+      float ms = 0;
+      cuda_check(cudaEventElapsedTime(&ms, events[(n + 1) * i + f], events[(n + 1) * i + f + 1]),
+                 "cudaEventElapsedTime");
+      us[f][i] = ms * 1e3;
+    }
+  for (cudaEvent_t& e : events) cudaEventDestroy(e);
+  std::vector<Timing> out;
+  for (auto& u : us) {
+    std::sort(u.begin(), u.end());
+    out.push_back(Timing{u[runs / 2], u.front(), u.back(), runs});
+  }
+  return out;
+}
+
 std::pair<Timing, Timing> time_interleaved(const std::function<void(int)>& a,
                                            const std::function<void(int)>& b, int rotations,
                                            int warmup, int runs) {
-  for (int i = 0; i < warmup; ++i) {
-    a(i % rotations);
-    b(i % rotations);
-  }
-  cuda_check(cudaDeviceSynchronize(), "warm-up");
-  std::vector<cudaEvent_t> events(3 * runs);  // start, a done, b done
-  for (cudaEvent_t& e : events) cuda_check(cudaEventCreate(&e), "cudaEventCreate");
-  for (int i = 0; i < runs; ++i) {
-    cudaEvent_t* e = &events[3 * i];
-    cuda_check(cudaEventRecord(e[0]), "cudaEventRecord");
-    a(i % rotations);
-    cuda_check(cudaEventRecord(e[1]), "cudaEventRecord");
-    b(i % rotations);
-    cuda_check(cudaEventRecord(e[2]), "cudaEventRecord");
-  }
-  cuda_check(cudaDeviceSynchronize(), "timed runs");
-  std::vector<double> ua(runs), ub(runs);
-  for (int i = 0; i < runs; ++i) {
-    float ms_a = 0, ms_b = 0;
-    cuda_check(cudaEventElapsedTime(&ms_a, events[3 * i], events[3 * i + 1]), "cudaEventElapsedTime");
-    cuda_check(cudaEventElapsedTime(&ms_b, events[3 * i + 1], events[3 * i + 2]), "cudaEventElapsedTime");
-    ua[i] = ms_a * 1e3;
-    ub[i] = ms_b * 1e3;
-  }
-  for (cudaEvent_t& e : events) cudaEventDestroy(e);
-  auto summarize = [runs](std::vector<double>& us) {
-    std::sort(us.begin(), us.end());
-    return Timing{us[runs / 2], us.front(), us.back(), runs};
-  };
-  return {summarize(ua), summarize(ub)};
+  const std::vector<Timing> t = time_in_turns({a, b}, rotations, warmup, runs);
+  return {t[0], t[1]};
 }
 
 Ceilings measure_copy_ceiling() {

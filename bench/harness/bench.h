@@ -65,6 +65,10 @@ int batch_calls();
 std::pair<Timing, Timing> time_interleaved(const std::function<void(int rotation)>& a,
                                            const std::function<void(int rotation)>& b,
                                            int rotations, int warmup = 10, int runs = 100);
+// The same for any number of implementations, called in turns (fns[0], fns[1], ..., fns[0], ...):
+// one Timing each, in order.
+std::vector<Timing> time_in_turns(const std::vector<std::function<void(int rotation)>>& fns, int rotations,
+                                  int warmup = 10, int runs = 100);
 
 // A device-to-device cudaMemcpy of `bytes` per call, from src(r) to dst(r) for rotation r, timed
 // like a kernel: what a plain memcpy of an op's bytes reaches at that size, where launch and ramp

@@ -5,9 +5,13 @@
 //   fusekit           y and the saved pre-activation (training);
 //   fusekit_nopre     y alone (inference);
 //   fusekit_separate  the GEMM into pre, then the gated_act pass (what the epilogue saves);
-//   cublas_plain      cublasGemmEx of the same total shape, (M, 2F) = x W^T: the bar (within 3%).
+//   cublas_plain      cublasGemmEx of the same total shape, (M, 2F) = x W^T (default algorithm);
+//   cublaslt_tuned    the same GEMM as fusekit's linear op runs it: cuBLASLt, its algorithms timed
+//                     on the first call (what PyTorch's torch.mm reaches too): the bar (within 3%).
 // Backward rows: fusekit (dx, dW from dy and the saved pre; no bias, as these models have none)
-//   against cublas_plain, the two plain GEMMs dx = dpre W and dW = dpre^T x (within 5%).
+//   against the two plain GEMMs dx = dpre W and dW = dpre^T x, as cublas_plain and as
+//   cublaslt_tuned (fusekit's linear backward without activation): the bar (within 5%).
+// Forward and backward implementations are timed in turns (time_in_turns).
 // flops: 2 M (2F) K per GEMM; bytes: every tensor read or written once.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -102,19 +106,25 @@ void bench_gated_linear(Report& report, const std::string&) {
     cuda_check(cudaDeviceSynchronize(), "gated linear forward");
     fmt::print("gated_linear {}: forward path {}\n", shape,
                linear::gated_forward_path_name(linear::last_gated_forward_path()));
-    const double fwd_bytes = double(x_bytes + w_bytes + pre_bytes + y_bytes);
-    const auto [tp, tf] = time_interleaved(plain_forward, forward(true), rotations, 5, 40);
-    report.add({"gated_linear", "fwd", shape, "cublas_plain", tp.median_us, double(x_bytes + w_bytes + pre_bytes),
-                gemm_flops});
-    report.add({"gated_linear", "fwd", shape, "fusekit", tf.median_us, fwd_bytes, gemm_flops});
-    const Timing tn = time_kernel(forward(false), rotations, 5, 30);
-    report.add({"gated_linear", "fwd", shape, "fusekit_nopre", tn.median_us, double(x_bytes + w_bytes + y_bytes),
-                gemm_flops});
-    {
+    auto tuned_forward = [&](int r) {
+      GatedSet& t = sets[r];
+      linear_forward(mat(t.x, m, k), mat(t.w, n, k), std::nullopt, Activation::none, mat(t.pre, m, n), std::nullopt,
+                     workspace);
+    };
+    auto separate_forward = [&](int r) {
       ForcedGatedPath force(linear::GatedForwardPath::gemm_then_gated);
-      const Timing ts = time_kernel(forward(true), rotations, 5, 30);
-      report.add({"gated_linear", "fwd", shape, "fusekit_separate", ts.median_us, fwd_bytes, gemm_flops});
-    }
+      forward(true)(r);
+    };
+    const double fwd_bytes = double(x_bytes + w_bytes + pre_bytes + y_bytes);
+    const double plain_fwd_bytes = double(x_bytes + w_bytes + pre_bytes);
+    const std::vector<Timing> tf =
+        time_in_turns({plain_forward, tuned_forward, forward(true), forward(false), separate_forward}, rotations, 5, 40);
+    report.add({"gated_linear", "fwd", shape, "cublas_plain", tf[0].median_us, plain_fwd_bytes, gemm_flops});
+    report.add({"gated_linear", "fwd", shape, "cublaslt_tuned", tf[1].median_us, plain_fwd_bytes, gemm_flops});
+    report.add({"gated_linear", "fwd", shape, "fusekit", tf[2].median_us, fwd_bytes, gemm_flops});
+    report.add({"gated_linear", "fwd", shape, "fusekit_nopre", tf[3].median_us, double(x_bytes + w_bytes + y_bytes),
+                gemm_flops});
+    report.add({"gated_linear", "fwd", shape, "fusekit_separate", tf[4].median_us, fwd_bytes, gemm_flops});
 
     for (int r = 0; r < rotations; ++r) forward(true)(r);
     auto backward = [&](int r) {
@@ -133,13 +143,19 @@ void bench_gated_linear(Report& report, const std::string&) {
                                  CUDA_R_16BF, int(k), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                     "cublasGemmEx (dW)");
     };
+    auto tuned_backward = [&](int r) {  // dpre (M, 2F) stands in the dy buffer
+      GatedSet& t = sets[r];
+      linear_backward(mat(t.dy, m, n), mat(t.x, m, k), mat(t.w, n, k), std::nullopt, Activation::none,
+                      mat(t.dx, m, k), mat(t.dw, n, k), std::nullopt, workspace);
+    };
     backward(0);
     cuda_check(cudaDeviceSynchronize(), "gated linear backward");
     fmt::print("gated_linear {}: backward dpre {}\n", shape, linear::backward_path_name(linear::last_backward_path()));
-    const auto [tpb, tb] = time_interleaved(plain_backward, backward, rotations, 5, 40);
-    report.add({"gated_linear", "bwd", shape, "cublas_plain", tpb.median_us,
-                double(pre_bytes + 2 * x_bytes + 2 * w_bytes), 2 * gemm_flops});
-    report.add({"gated_linear", "bwd", shape, "fusekit", tb.median_us,
+    const std::vector<Timing> tb = time_in_turns({plain_backward, tuned_backward, backward}, rotations, 5, 40);
+    const double plain_bwd_bytes = double(pre_bytes + 2 * x_bytes + 2 * w_bytes);
+    report.add({"gated_linear", "bwd", shape, "cublas_plain", tb[0].median_us, plain_bwd_bytes, 2 * gemm_flops});
+    report.add({"gated_linear", "bwd", shape, "cublaslt_tuned", tb[1].median_us, plain_bwd_bytes, 2 * gemm_flops});
+    report.add({"gated_linear", "bwd", shape, "fusekit", tb[2].median_us,
                 double(y_bytes + pre_bytes + 2 * x_bytes + 2 * w_bytes), 2 * gemm_flops});
   }
   cublasDestroy(handle);

@@ -32,6 +32,8 @@ const std::vector<OverrideKey> kOverrideKeys = {
      "how the backward forms dz: one elementwise pass, or inside the dx GEMM where it can"},
     {"linear.backward.dz_first_rows", "0..2147483647",
      "rows the in_dgrad route forms with the elementwise pass before its kernel (multiple of 128)"},
+    {"linear.gated.forward", "epilogue|separate",
+     "how gated_linear_forward runs: the GEMM with the gated epilogue, or the GEMM then gated_act"},
     // cross_entropy (src/cross_entropy/cross_entropy_config.h): the launch table's sweep dimensions
     {"cross_entropy.threads", "64|128|256", "threads per block of the cross-entropy kernels"},
     {"cross_entropy.cluster", "1|2|4|8", "blocks per row (one cluster) of the forward and fused kernel"},
