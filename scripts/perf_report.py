@@ -54,7 +54,7 @@ IMPL_ALIASES = {"torch": "torch_eager", "compile": "torch_compile", "fusekit_py"
 IMPL_LABEL = {"fusekit": "fusekit", "torch_eager": "torch eager", "torch_compile": "torch.compile",
               "flash": "SDPA flash", "efficient": "SDPA efficient", "cudnn": "SDPA cuDNN",
               "fusekit_torch": "fusekit (torch op)", "torch_mm": "torch.mm", "cublas_plain": "cuBLAS plain",
-              "copy": "same-size copy", "liger": "Liger-Kernel"}
+              "copy": "same-size copy", "liger": "Liger-Kernel", "cublaslt_tuned": "cuBLASLt tuned"}
 
 
 # ---- records ---------------------------------------------------------------------------------
@@ -300,19 +300,34 @@ def memory_table(newest, main):
     return out
 
 
-def gemm_table(newest, main):
+def gemm_table(newest, main, tuned=False, liger=False):
     """fusekit's matrix rows (fusekit bench) beside the plain cuBLAS GEMMs of the same shape and
-    PyTorch."""
-    out = ["| dir | shape | fusekit us | TFLOP/s | % of GEMM | cuBLAS plain us | fusekit / plain | "
-           "torch eager us | torch.compile us | x eager | x compile |",
-           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    PyTorch; `tuned`: also the same GEMMs through cuBLASLt with their algorithm timed (impl
+    cublaslt_tuned, fusekit bench); `liger`: also Liger-Kernel's rows (torch_bench.py)."""
+    head = "| dir | shape | fusekit us | TFLOP/s | % of GEMM | cuBLAS plain us | fusekit / plain |"
+    rule = "|---|---|---:|---:|---:|---:|---:|"
+    if tuned:
+        head += " cuBLASLt tuned us | fusekit / tuned |"
+        rule += "---:|---:|"
+    head += " torch eager us | torch.compile us |" + (" Liger us |" if liger else "") + " x eager | x compile |"
+    rule += "---:|---:|" + ("---:|" if liger else "") + "---:|---:|"
+    if liger:
+        head += " x Liger |"
+        rule += "---:|"
+    out = [head, rule]
     for r, rec in main:
         plain = lookup(newest, r, "cublas_plain")
         te, tc = lookup(newest, r, "torch_eager"), lookup(newest, r, "torch_compile")
         rel = f"{r['time_us'] / plain['time_us']:.3f}" if plain else "-"
         pct = f"{r['percent_of_ceiling']:.1f}%" if r.get("percent_of_ceiling") is not None else "-"
-        out.append(f"| {r['direction']} | {r['shape']} | {us(r)} | {r['tflops']:.0f} | {pct} | {us(plain)} | {rel} | "
-                   f"{us(te)} | {us(tc)} | {speedup(te, r)} | {speedup(tc, r)} |")
+        line = f"| {r['direction']} | {r['shape']} | {us(r)} | {r['tflops']:.0f} | {pct} | {us(plain)} | {rel} |"
+        if tuned:
+            lt = lookup(newest, r, "cublaslt_tuned")
+            line += f" {us(lt)} | {r['time_us'] / lt['time_us']:.3f} |" if lt else " - | - |"
+        lg = lookup(newest, r, "liger") if liger else None
+        line += f" {us(te)} | {us(tc)} |" + (f" {us(lg)} |" if liger else "")
+        line += f" {speedup(te, r)} | {speedup(tc, r)} |" + (f" {speedup(lg, r)} |" if liger else "")
+        out.append(line)
     return out
 
 
@@ -344,11 +359,11 @@ def mib(row):
     return f"{row['peak_bytes'] / 2**20:.0f}" if row and row.get("peak_bytes") is not None else "-"
 
 
-def same_timer_memory_table(newest, main, mm_note):
+def same_timer_memory_table(newest, main, mm_note, **gemm_columns):
     """fusekit bench's rows (against the plain cuBLAS GEMMs), then torch_bench.py's: fusekit's
     PyTorch op, PyTorch eager and compiled, Liger-Kernel and the plain GEMMs through torch
     (mm_note says which), taking turns, with each one's peak memory over the step."""
-    out = gemm_table(newest, main) if main else []
+    out = gemm_table(newest, main, **gemm_columns) if main else []
     same = same_timer_rows(newest)
     if same:
         out += ["", "Same timer (scripts/torch_bench.py, implementations taking turns, L2 flushed; fusekit "
@@ -374,7 +389,7 @@ def linear_cross_entropy_table(newest, main):
 
 def gated_linear_table(newest, main):
     return same_timer_memory_table(newest, main, "the plain GEMMs of the same total shape: x W^T forward, "
-                                   "dpre W and dpre^T x backward")
+                                   "dpre W and dpre^T x backward", tuned=True, liger=True)
 
 
 def attention_table(newest, main):
