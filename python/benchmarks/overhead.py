@@ -186,6 +186,29 @@ def linear_cases(dev, dtype, rows, k, n):
         lambda x, w, b: F.gelu(F.linear(x, w, b), approximate="tanh"), (x, w, b), grads + [dout])]
 
 
+def gated_linear_cases(dev, dtype, rows, k, f):
+    x = torch.randn(rows, k, device=dev, dtype=dtype)
+    w = torch.randn(2 * f, k, device=dev, dtype=dtype) / math.sqrt(k)
+    dy = torch.randn(rows, f, device=dev, dtype=dtype)
+    y, pre = torch.empty_like(dy), torch.empty(rows, 2 * f, device=dev, dtype=dtype)
+    dx, dw = torch.empty_like(x), torch.empty_like(w)
+    act, fk_dtype = "silu", _FK_DTYPES[dtype]
+    ws_f = workspace(fusekit.gated_linear_forward_workspace_size(rows, f, k, fk_dtype, act, True,
+                                                                 device_name(dev)), dev)
+    ws_b = workspace(fusekit.gated_linear_backward_workspace_size(rows, f, k, fk_dtype, act, device_name(dev)), dev)
+    fusekit.gated_linear_forward(x, w, None, act, y, pre, ws_f)
+    grads = [t.clone().requires_grad_(True) for t in (x, w)]
+
+    def pytorch(x, w):
+        h = F.linear(x, w)
+        return F.silu(h[:, 0::2]) * h[:, 1::2]
+
+    return [Case(
+        "gated_linear", lambda: fusekit.gated_linear_forward(x, w, None, act, y, pre, ws_f),
+        lambda: fusekit.gated_linear_backward(dy, x, w, pre, act, dx, dw, None, ws_b),
+        lambda x, w: fk.gated_linear(x, w, None, act), pytorch, (x, w), grads + [dy])]
+
+
 def attention_cases(dev, dtype, batch, seq, heads, dim):
     if dev.type == "cuda" and dtype == torch.float32:
         dtype = torch.bfloat16  # the kernels take f16 / bf16
@@ -240,10 +263,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default="bf16", choices=sorted(_DTYPES))
-    ap.add_argument("--ops", default="norm,dropout,gated_act,linear,attention,fp8_norm,cross_entropy,"
-                                     "linear_cross_entropy",
-                    help="comma-separated families: norm, dropout, gated_act, linear, attention, fp8_norm, "
-                         "cross_entropy, linear_cross_entropy")
+    ap.add_argument("--ops", default="norm,dropout,gated_act,linear,gated_linear,attention,fp8_norm,"
+                                     "cross_entropy,linear_cross_entropy",
+                    help="comma-separated families: norm, dropout, gated_act, linear, gated_linear, attention, "
+                         "fp8_norm, cross_entropy, linear_cross_entropy")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--run-seconds", type=float, default=0.02,
                     help="about this long per run (short: the GPU must keep up with the host)")
@@ -266,6 +289,8 @@ def main():
         cases += gated_act_cases(dev, dtype, 4, 256)
     if "linear" in ops:
         cases += linear_cases(dev, dtype, 4, 256, 256)
+    if "gated_linear" in ops:
+        cases += gated_linear_cases(dev, dtype, 4, 256, 128)
     if "attention" in ops:
         cases += attention_cases(dev, dtype, 1, 64 if dev.type == "cuda" else 2, 2, 64)
     if "fp8_norm" in ops:

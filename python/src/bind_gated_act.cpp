@@ -13,13 +13,21 @@ namespace {
 
 constexpr GatedLayout kLayouts[] = {GatedLayout::halves, GatedLayout::interleaved};
 
+}  // namespace
+
+GatedLayout gated_layout_arg(const ScalarArgs& c, nb::handle value) {
+  return c.option(value, "layout", "fusekit.GatedLayout", kLayouts, gated_layout_name);
+}
+
+namespace {
+
 // The configs from their flattened arguments, converted before the arrays (a mistyped scalar is
 // reported first, as PyTorch's argument parser checks every type first). `layout` is a
 // fusekit.GatedLayout or its name.
 GatedActConfig make_config(const ScalarArgs& c, nb::handle activation, nb::handle layout) {
   GatedActConfig config;
   config.activation = c.activation(activation);
-  config.layout = c.option(layout, "layout", "fusekit.GatedLayout", kLayouts, gated_layout_name);
+  config.layout = gated_layout_arg(c, layout);
   return config;
 }
 

@@ -1,6 +1,9 @@
 // Linear + bias + activation bindings (fusekit/linear.h): one Python function per C++ entry point,
-// same argument names and order; outputs and workspace are arrays the caller allocates.
+// same argument names and order; outputs and workspace are arrays the caller allocates. The gated
+// linear's GatedLinearConfig is flattened into its fields: activation in the config's argument
+// position, layout (which has a default) after the outputs and workspace.
 #include <cstdint>
+#include <string_view>
 
 #include "bindings.h"
 #include "fusekit/linear.h"
@@ -55,6 +58,204 @@ void def_workspace_size(nb::module_& m, const char* op, SizeFn size, const char*
       },
       arg("m").none(), arg("n").none(), arg("k").none(), arg("dtype").none(),
       arg("activation").none(), arg("device").none(), doc);
+}
+
+// F of a gated weight (2F, K); an odd row count is the op's error.
+std::int64_t gated_features(const TensorView& weight) { return out_features(weight) / 2; }
+
+// The config from its flattened arguments, converted before the arrays (a mistyped scalar is
+// reported first).
+GatedLinearConfig gated_config(const ScalarArgs& c, nb::handle activation, nb::handle layout) {
+  GatedLinearConfig config;
+  config.activation = c.activation(activation);
+  config.layout = gated_layout_arg(c, layout);
+  return config;
+}
+
+// Runs `call`, a gated_linear entry point. The C++ op names a bad config field "config.activation"
+// or "config.layout"; here they are the arguments `activation` and `layout`, and the error names
+// the argument the caller passed.
+template <typename Call>
+auto naming_config_arguments(Call&& call) -> decltype(call()) {
+  try {
+    return call();
+  } catch (const Error& e) {
+    constexpr std::string_view prefix = "config.";
+    if (e.argument().rfind(prefix, 0) != 0) throw;
+    throw Error(e.kind(), e.op(), e.argument().substr(prefix.size()), e.expected(), e.got());
+  }
+}
+
+// The size queries behind workspace='auto' for x (..., K) and weight (2F, K).
+auto gated_forward_workspace(const TensorView& x, const TensorView& weight, const GatedLinearConfig& config,
+                             bool keeps_pre) {
+  return [&x, &weight, config, keeps_pre]() -> std::size_t {
+    const auto [rows, k] = rows_cols(x);
+    return gated_linear_forward_workspace_size(rows, gated_features(weight), k, x.dtype, config, keeps_pre,
+                                               x.device);
+  };
+}
+
+auto gated_backward_workspace(const TensorView& x, const TensorView& weight, const GatedLinearConfig& config) {
+  return [&x, &weight, config]() -> std::size_t {
+    const auto [rows, k] = rows_cols(x);
+    return gated_linear_backward_workspace_size(rows, gated_features(weight), k, x.dtype, config, x.device);
+  };
+}
+
+void bind_gated_linear(nb::module_& m) {
+  using nb::arg;
+  const auto none = nb::none();
+  const auto interleaved = nb::str("interleaved");
+
+  m.def(
+      "gated_linear_forward_workspace_size",
+      [](nb::handle m_arg, nb::handle f_arg, nb::handle k_arg, nb::handle dtype, nb::handle activation,
+         nb::handle keeps_pre_arg, nb::handle device, nb::handle layout) {
+        const ScalarArgs c("gated_linear_forward_workspace_size");
+        const std::int64_t m_rows = c.i64(m_arg, "m"), f = c.i64(f_arg, "f"), k = c.i64(k_arg, "k");
+        const DType t = c.dtype(dtype, "dtype");
+        const GatedLinearConfig config = gated_config(c, activation, layout);
+        const bool keeps_pre = c.flag(keeps_pre_arg, "keeps_pre");
+        const Device d = c.device(device, "device");
+        return naming_config_arguments(
+            [&] { return gated_linear_forward_workspace_size(m_rows, f, k, t, config, keeps_pre, d); });
+      },
+      arg("m").none(), arg("f").none(), arg("k").none(), arg("dtype").none(), arg("activation").none(),
+      arg("keeps_pre").none(), arg("device").none(), arg("layout").none() = interleaved,
+      "Bytes of u8 scratch memory gated_linear_forward needs (0 on the CPU); keeps_pre: the call passes "
+      "pre_activation. device: 'cpu', 'cuda', 'cuda:N'.");
+
+  m.def(
+      "gated_linear_backward_workspace_size",
+      [](nb::handle m_arg, nb::handle f_arg, nb::handle k_arg, nb::handle dtype, nb::handle activation,
+         nb::handle device, nb::handle layout) {
+        const ScalarArgs c("gated_linear_backward_workspace_size");
+        const std::int64_t m_rows = c.i64(m_arg, "m"), f = c.i64(f_arg, "f"), k = c.i64(k_arg, "k");
+        const DType t = c.dtype(dtype, "dtype");
+        const GatedLinearConfig config = gated_config(c, activation, layout);
+        const Device d = c.device(device, "device");
+        return naming_config_arguments(
+            [&] { return gated_linear_backward_workspace_size(m_rows, f, k, t, config, d); });
+      },
+      arg("m").none(), arg("f").none(), arg("k").none(), arg("dtype").none(), arg("activation").none(),
+      arg("device").none(), arg("layout").none() = interleaved,
+      "Bytes of u8 scratch memory gated_linear_backward needs (0 on the CPU).");
+
+  m.def(
+      "gated_linear_forward",
+      [](nb::handle x, nb::handle weight, nb::handle bias, nb::handle activation, nb::handle y,
+         nb::handle pre_activation, nb::handle workspace, nb::handle layout, nb::handle stream) {
+        OpCall c("gated_linear_forward");
+        const GatedLinearConfig config = gated_config(c, activation, layout);
+        const TensorView xv = c.tensor(x, "x", Access::read);
+        const TensorView wv = c.tensor(weight, "weight", Access::read);
+        const OptionalTensor bv = c.optional(bias, "bias", Access::read);
+        const TensorView yv = c.tensor(y, "y", Access::write);
+        const OptionalTensor pv = c.optional(pre_activation, "pre_activation", Access::write);
+        const OptionalTensor wsv =
+            c.workspace(workspace, gated_forward_workspace(xv, wv, config, pv.has_value()));
+        c.run(stream, [&](Stream s) {
+          naming_config_arguments([&] { gated_linear_forward(xv, wv, bv, config, yv, pv, wsv, s); });
+        });
+      },
+      arg("x").none(), arg("weight").none(), arg("bias").none(), arg("activation").none(), arg("y").none(),
+      arg("pre_activation").none() = none, arg("workspace").none() = none, arg("layout").none() = interleaved,
+      arg("stream").none() = none,
+      "y (..., F) = act(gate) * up with [gate, up] = x W^T + b, weight (2F, K) and bias (2F) ordered as "
+      "layout orders pre's columns ('interleaved': gate j at 2j, up j at 2j + 1; 'halves': [gate | up]); "
+      "optionally also pre_activation (..., 2F) = x W^T + b, the backward's input. activation: 'silu', "
+      "'gelu_tanh', 'gelu_erf' or 'relu' (or fusekit.Activation).");
+
+  m.def(
+      "gated_linear_backward",
+      [](nb::handle dy, nb::handle x, nb::handle weight, nb::handle pre_activation, nb::handle activation,
+         nb::handle dx, nb::handle dweight, nb::handle dbias, nb::handle workspace, nb::handle layout,
+         nb::handle stream) {
+        OpCall c("gated_linear_backward");
+        const GatedLinearConfig config = gated_config(c, activation, layout);
+        const TensorView dyv = c.tensor(dy, "dy", Access::read);
+        const TensorView xv = c.tensor(x, "x", Access::read);
+        const TensorView wv = c.tensor(weight, "weight", Access::read);
+        const TensorView pv = c.tensor(pre_activation, "pre_activation", Access::read);
+        const OptionalTensor dxv = c.optional(dx, "dx", Access::write);
+        const OptionalTensor dwv = c.optional(dweight, "dweight", Access::write);
+        const OptionalTensor dbv = c.optional(dbias, "dbias", Access::write);
+        const OptionalTensor wsv = c.workspace(workspace, gated_backward_workspace(xv, wv, config));
+        c.run(stream, [&](Stream s) {
+          naming_config_arguments(
+              [&] { gated_linear_backward(dyv, xv, wv, pv, config, dxv, dwv, dbv, wsv, s); });
+        });
+      },
+      arg("dy").none(), arg("x").none(), arg("weight").none(), arg("pre_activation").none(),
+      arg("activation").none(), arg("dx").none() = none, arg("dweight").none() = none,
+      arg("dbias").none() = none, arg("workspace").none() = none, arg("layout").none() = interleaved,
+      arg("stream").none() = none,
+      "Any subset of dx, dweight, dbias from dy (..., F) and the forward's pre_activation (..., 2F): "
+      "dpre = [dy * up * act'(gate), dy * act(gate)] in the layout, dx = dpre W, dW = dpre^T x.");
+
+  // fusekit.torch's calls: the same ops with the outputs (and workspace) allocated through x's
+  // framework, arguments of any layout made contiguous but for a transposed weight (as linear's).
+  m.def(
+      "_gated_linear_forward_alloc",
+      [](nb::handle x, nb::handle weight, nb::handle bias, nb::handle activation, nb::handle layout,
+         nb::handle save_pre_activation_arg) {
+        OpCall c("gated_linear_forward");
+        const GatedLinearConfig config = gated_config(c, activation, layout);
+        const bool save_pre_activation = c.flag(save_pre_activation_arg, "save_pre_activation");
+        const TensorView xv = c.contiguous(x, "x");
+        const TensorView wv = weight_operand(c, weight);
+        const OptionalTensor bv = c.optional_contiguous(bias, "bias");
+        const std::int64_t f = gated_features(wv);
+        TensorView yv;
+        OptionalTensor pv;
+        nb::object y = c.new_array(OpCall::spec_like(xv, xv.dtype, f), &yv);
+        nb::object pre = c.new_optional(save_pre_activation, OpCall::spec_like(xv, xv.dtype, 2 * f), &pv);
+        const OptionalTensor wsv =
+            c.auto_workspace(gated_forward_workspace(xv, wv, config, save_pre_activation));
+        c.run(nb::none(), [&](Stream s) {
+          naming_config_arguments([&] { gated_linear_forward(xv, wv, bv, config, yv, pv, wsv, s); });
+        });
+        return nb::make_tuple(y, pre);
+      },
+      arg("x").none(), arg("weight").none(), arg("bias").none(), arg("activation").none(), arg("layout").none(),
+      arg("save_pre_activation").none(),
+      "gated_linear_forward allocating its outputs and workspace through the framework of x (PyTorch "
+      ">= 2.10); returns (y, pre_activation or None).");
+
+  m.def(
+      "_gated_linear_backward_alloc",
+      [](nb::handle dy, nb::handle x, nb::handle weight, nb::handle pre_activation, nb::handle activation,
+         nb::handle layout, nb::handle need_dx_arg, nb::handle need_dweight_arg, nb::handle need_dbias_arg) {
+        OpCall c("gated_linear_backward");
+        const GatedLinearConfig config = gated_config(c, activation, layout);
+        const bool need_dx = c.flag(need_dx_arg, "need_dx");
+        const bool need_dweight = c.flag(need_dweight_arg, "need_dweight");
+        const bool need_dbias = c.flag(need_dbias_arg, "need_dbias");
+        const TensorView dyv = c.contiguous(dy, "dy");
+        const TensorView xv = c.contiguous(x, "x");
+        const TensorView wv = weight_operand(c, weight);
+        const TensorView pv = c.contiguous(pre_activation, "pre_activation");
+        const std::int64_t n = out_features(wv);
+        const std::int64_t k = rows_cols(xv).second;
+        OptionalTensor dxv, dwv, dbv;
+        nb::object dx = c.new_optional(need_dx, OpCall::spec_like(xv, xv.dtype, k), &dxv);
+        OpCall::ArraySpec dweight_spec = OpCall::spec_like(wv, wv.dtype, rows_cols(wv).second);
+        dweight_spec.transposed = transposed_view(wv);
+        nb::object dweight = c.new_optional(need_dweight, dweight_spec, &dwv);
+        nb::object dbias = c.new_optional(need_dbias, OpCall::spec(xv.dtype, {n}), &dbv);
+        const OptionalTensor wsv = c.auto_workspace(gated_backward_workspace(xv, wv, config));
+        c.run(nb::none(), [&](Stream s) {
+          naming_config_arguments(
+              [&] { gated_linear_backward(dyv, xv, wv, pv, config, dxv, dwv, dbv, wsv, s); });
+        });
+        return nb::make_tuple(dx, dweight, dbias);
+      },
+      arg("dy").none(), arg("x").none(), arg("weight").none(), arg("pre_activation").none(),
+      arg("activation").none(), arg("layout").none(), arg("need_dx").none(), arg("need_dweight").none(),
+      arg("need_dbias").none(),
+      "gated_linear_backward allocating the gradients asked for and the workspace through the framework "
+      "of x; returns (dx, dweight, dbias), None where not asked for.");
 }
 
 }  // namespace
@@ -178,6 +379,8 @@ void bind_linear(nb::module_& m) {
       arg("activation").none(), arg("dx").none() = none, arg("dweight").none() = none,
       arg("dbias").none() = none, arg("workspace").none() = none, arg("stream").none() = none,
       "Any subset of dx, dweight, dbias; dz = dout * act'(pre_activation).");
+
+  bind_gated_linear(m);
 }
 
 }  // namespace fusekit::python

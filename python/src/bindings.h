@@ -32,6 +32,7 @@
 #include "fusekit/activation.h"
 #include "fusekit/cross_entropy.h"
 #include "fusekit/error.h"
+#include "fusekit/gated_act.h"
 #include "fusekit/tensor.h"
 
 namespace fusekit::python {
@@ -298,6 +299,9 @@ KeepMaskArgs keep_mask_args(const ScalarArgs& c, nb::handle seed, nb::handle off
 CrossEntropyConfig cross_entropy_config(const ScalarArgs& c, nb::handle reduction, nb::handle ignore_index,
                                         nb::handle label_smoothing, nb::handle z_loss);
 LossReduction loss_reduction_arg(const ScalarArgs& c, nb::handle value);
+
+// A `layout` argument (gated_act, gated_linear): a fusekit.GatedLayout or its name.
+GatedLayout gated_layout_arg(const ScalarArgs& c, nb::handle value);
 
 // Family registration (one line each in module.cpp).
 void bind_norm(nb::module_& m);

@@ -179,6 +179,21 @@ def _linear_backward(rng):
                 dx=out(2, 8), dweight=out(4, 8), dbias=out(4), workspace=None, stream=None)
 
 
+def _gated_linear_arrays(rng):
+    return dict(x=f32(rng, 2, 8), weight=f32(rng, 6, 8))
+
+
+def _gated_linear_forward(rng):
+    return dict(_gated_linear_arrays(rng), bias=f32(rng, 6), activation="silu", y=out(2, 3),
+                pre_activation=out(2, 6), workspace=None, layout="halves", stream=None)
+
+
+def _gated_linear_backward(rng):
+    return dict(dy=f32(rng, 2, 3), **_gated_linear_arrays(rng), pre_activation=f32(rng, 2, 6),
+                activation="gelu_tanh", dx=out(2, 8), dweight=out(6, 8), dbias=out(6), workspace=None,
+                layout="interleaved", stream=None)
+
+
 def _fp8_inputs(rng):
     e4m3 = ml_dtypes.float8_e4m3fn
     return dict(x=rng.uniform(-4, 4, (2, 16)).astype(e4m3),
@@ -442,6 +457,34 @@ ENTRY_POINTS = [
                _kinds(dout=ARRAY, x=ARRAY, weight=ARRAY, pre_activation=ARRAY, activation=ACTIVATION,
                       dx=ARRAY, dweight=ARRAY, dbias=ARRAY, workspace=ARRAY, stream=STREAM),
                _linear_backward),
+    EntryPoint("gated_linear_forward_workspace_size",
+               _kinds(m=INT64, f=INT64, k=INT64, dtype=DTYPE, activation=ACTIVATION, keeps_pre=BOOL,
+                      device=DEVICE, layout=LAYOUT),
+               lambda rng: dict(m=2, f=3, k=8, dtype=fusekit.DType.bf16, activation="silu", keeps_pre=False,
+                                device="cpu", layout="halves")),
+    EntryPoint("gated_linear_backward_workspace_size",
+               _kinds(m=INT64, f=INT64, k=INT64, dtype=DTYPE, activation=ACTIVATION, device=DEVICE,
+                      layout=LAYOUT),
+               lambda rng: dict(m=2, f=3, k=8, dtype=fusekit.DType.f32, activation="relu", device="cpu",
+                                layout="interleaved")),
+    EntryPoint("gated_linear_forward",
+               _kinds(x=ARRAY, weight=ARRAY, bias=ARRAY, activation=ACTIVATION, y=ARRAY, pre_activation=ARRAY,
+                      workspace=ARRAY, layout=LAYOUT, stream=STREAM), _gated_linear_forward),
+    EntryPoint("gated_linear_backward",
+               _kinds(dy=ARRAY, x=ARRAY, weight=ARRAY, pre_activation=ARRAY, activation=ACTIVATION, dx=ARRAY,
+                      dweight=ARRAY, dbias=ARRAY, workspace=ARRAY, layout=LAYOUT, stream=STREAM),
+               _gated_linear_backward),
+    EntryPoint("_gated_linear_forward_alloc",
+               _kinds(x=ARRAY, weight=ARRAY, bias=ARRAY, activation=ACTIVATION, layout=LAYOUT,
+                      save_pre_activation=BOOL),
+               lambda rng: dict(_gated_linear_arrays(rng), bias=None, activation="gelu_erf", layout="interleaved",
+                                save_pre_activation=True), expect=UNSUPPORTED),
+    EntryPoint("_gated_linear_backward_alloc",
+               _kinds(dy=ARRAY, x=ARRAY, weight=ARRAY, pre_activation=ARRAY, activation=ACTIVATION, layout=LAYOUT,
+                      need_dx=BOOL, need_dweight=BOOL, need_dbias=BOOL),
+               lambda rng: dict(dy=f32(rng, 2, 3), **_gated_linear_arrays(rng), pre_activation=f32(rng, 2, 6),
+                                activation="silu", layout="halves", need_dx=False, need_dweight=True,
+                                need_dbias=True), expect=UNSUPPORTED),
     # FP8 RMSNorm
     EntryPoint("fp8_rms_norm_forward_workspace_size", _kinds(rows=INT64, cols=INT64, device=DEVICE),
                lambda rng: dict(rows=4, cols=64, device="cpu")),

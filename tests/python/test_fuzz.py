@@ -506,6 +506,60 @@ def test_linear_workspace_queries_contract(m, n, k, small, backward, activation)
         assert fn(m, n, k, fusekit.DType.f16, activation, "cpu") == 0
 
 
+# ---- gated linear --------------------------------------------------------------------------------
+@FUZZ
+@given(lead=lead_shapes(), f=st.integers(1, 8), k=st.integers(0, 12), activation=st.sampled_from(GATES),
+       layout=st.sampled_from(["halves", "interleaved"]), with_bias=st.booleans(),
+       broken=st.sampled_from([None, None, "y", "y_expanded", "activation", "weight", "pre_activation", "dx",
+                               "dweight"]),
+       seed=st.integers(0, 2**32 - 1))
+def test_gated_linear_contract(lead, f, k, activation, layout, with_bias, broken, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(tuple(lead) + (k,))
+    w = rng.standard_normal((2 * f, k))
+    bias = rng.standard_normal(2 * f) if with_bias else None
+    y, pre = np.zeros(tuple(lead) + (f,)), np.zeros(tuple(lead) + (2 * f,))
+    dy = rng.standard_normal(y.shape)
+    dx, dw, db = np.zeros_like(x), np.zeros_like(w), np.zeros(2 * f)
+    arg = broken
+    if broken == "y":
+        y = break_output("shape", y)
+    elif broken == "y_expanded":
+        y, arg = expanded_argument(y, lead, "y")
+    elif broken == "activation":
+        activation = str(rng.choice(["none", "squared_relu", "leaky_relu"]))
+    elif broken == "weight":
+        w = rng.standard_normal((2 * f + 1, k))  # an odd row count: no (gate, up) pairs
+    elif broken == "pre_activation":
+        pre = break_output("shape", pre)
+    elif broken == "dx":
+        dx = break_output("shape", dx) if k > 0 else np.zeros(x.shape[:-1] + (k + 1,))
+    elif broken == "dweight":
+        dw = np.zeros((2 * f, k + 1))
+    fwd_broken = arg if arg in ("y", "activation", "weight", "pre_activation") else None
+    fwd_ok = expect_contract(lambda: fusekit.gated_linear_forward(x, w, bias, activation, y, pre, layout=layout),
+                             fwd_broken)
+    if arg == "weight":
+        return
+    z = x @ w.T + (bias if bias is not None else 0.0)
+    cols = (slice(0, f), slice(f, 2 * f)) if layout == "halves" else (slice(0, 2 * f, 2), slice(1, 2 * f, 2))
+    gate, up = z[..., cols[0]], z[..., cols[1]]
+    a, da = act_reference(activation, gate) if arg != "activation" else (gate, gate)
+    if fwd_ok:
+        assert_close("y", y, a * up, 1e-10)
+        assert_close("pre_activation", pre, z, 1e-10)
+    bwd_broken = arg if arg in ("activation", "dx", "dweight") else None
+    bwd_ok = expect_contract(lambda: fusekit.gated_linear_backward(dy, x, w, z, activation, dx, dw, db, layout=layout),
+                             bwd_broken)
+    if bwd_ok:
+        dpre = np.empty_like(z)
+        dpre[..., cols[0]], dpre[..., cols[1]] = dy * up * da, dy * a
+        assert_close("dx", dx, dpre @ w, 1e-10)
+        lead_axes = tuple(range(x.ndim - 1))
+        assert_close("dweight", dw, np.tensordot(dpre, x, axes=(lead_axes, lead_axes)), 1e-10)
+        assert_close("dbias", db, dpre.reshape(-1, 2 * f).sum(0), 1e-10)
+
+
 # ---- cross-entropy -------------------------------------------------------------------------------
 REDUCTIONS = ["none", "mean", "sum"]
 

@@ -44,6 +44,19 @@ def case_linear_branch_input(device, dt, gen):
             lambda x, w: F.linear(x, w))
 
 
+def case_gated_linear(device, dt, gen):
+    """float32 x, weight (2F, K) and bias: all in the autocast dtype, as the F.linear it replaces."""
+    inputs = (leaf(gen, (3, 5, 16), device), leaf(gen, (24, 16), device, scale=0.3),
+              leaf(gen, (24,), device))
+
+    def counterpart(x, w, b):
+        pre = F.linear(x, w, b)
+        return F.silu(pre[..., 0::2]) * pre[..., 1::2]
+
+    return (inputs, lambda x, w, b: fk.gated_linear(x, w, b, "silu"),
+            lambda x, w, b: (x.to(dt), w.to(dt), b.to(dt)), counterpart)
+
+
 def case_layer_norm(device, dt, gen):
     """x in the autocast dtype (a branch output): float32 on CUDA, as it comes on the CPU."""
     inputs = (leaf(gen, (4, 6, 32), device, dtype=dt), leaf(gen, (32,), device),

@@ -89,6 +89,8 @@ def test_dtensor_inputs_are_a_clear_error(mesh):
         fk.cross_entropy(x, torch.zeros(4, dtype=torch.long))
     with pytest.raises(fk.DTensorInputError, match=r"fusekit\.gated_act_separate: argument 'gate'"):
         fk.gated_act_separate(x, x)
+    with pytest.raises(fk.DTensorInputError, match=r"fusekit\.gated_linear: argument 'x'"):
+        fk.gated_linear(x, w)
     # A DTensor beside a plain first argument reaches fusekit._C, whose check names it too.
     with pytest.raises(fusekit.InvalidArgumentError, match=r"fusekit\.linear_forward: argument 'weight': expected "
                        r"a local tensor \(DTensor inputs are not supported.*got a DTensor"):

@@ -70,6 +70,8 @@ def _calls(device, dtype=torch.bfloat16):
         ("rms_norm", lambda: fk.rms_norm(x, (256,), w, 1e-6), lambda: F.rms_norm(x, (256,), w, 1e-6)),
         ("linear", lambda: fk.linear(x, lw, None, "gelu_tanh"),
          lambda: F.gelu(F.linear(x, lw), approximate="tanh")),
+        ("gated_linear", lambda: fk.gated_linear(x, lw, None, "silu"),
+         lambda: F.silu(F.linear(x, lw)[:, 0::2]) * F.linear(x, lw)[:, 1::2]),
         ("bias_act_dropout", lambda: fk.bias_act_dropout(x, b, "silu", 0.0),
          lambda: F.silu(x + b)),
         ("cross_entropy", lambda: fk.cross_entropy(x, t, label_smoothing=0.1),

@@ -10,8 +10,9 @@ Ops (functional form / module): layer_norm, rms_norm / LayerNorm, RMSNorm (drop-
 layer_norm_residual, rms_norm_residual (x + residual normalized in one pass, returning (y, sum));
 bias_act_dropout / BiasActDropout, Dropout (as torch.nn.Dropout); gated_act, gated_act_separate /
 GatedMLP (SwiGLU, GeGLU, ReGLU: HF LlamaMLP's act_fn(gate_proj(x)) * up_proj(x) and its module);
-linear / Linear (torch.nn.Linear plus a fused activation); attention (fusekit's layout, variable lengths) and
-scaled_dot_product_attention (torch.nn.functional's signature plus fusekit's extras);
+linear / Linear (torch.nn.Linear plus a fused activation); gated_linear / GatedLinear (a gated MLP's
+gate and up projections and its gated activation in one GEMM); attention (fusekit's layout, variable
+lengths) and scaled_dot_product_attention (torch.nn.functional's signature plus fusekit's extras);
 fp8_rms_norm / FP8RMSNorm (torch.nn.RMSNorm's constructor, FP8 in and out), fp8_quantize;
 cross_entropy / CrossEntropyLoss (drop-ins, plus a z-loss; the gradient computed with the loss);
 linear_cross_entropy / LinearCrossEntropyLoss (the output layer's F.linear + cross_entropy without
@@ -46,7 +47,7 @@ from .bias_act_dropout import BiasActDropout, Dropout, bias_act_dropout  # noqa:
 from .cross_entropy import CrossEntropyLoss, cross_entropy  # noqa: F401
 from .linear_cross_entropy import LinearCrossEntropyLoss, linear_cross_entropy  # noqa: F401
 from .gated_act import GatedMLP, gated_act, gated_act_separate  # noqa: F401
-from .linear import Linear, linear  # noqa: F401
+from .linear import GatedLinear, Linear, gated_linear, linear  # noqa: F401
 from .attention import attention, scaled_dot_product_attention  # noqa: F401
 from .fp8_norm import FP8RMSNorm, Fp8RMSNormOutput, fp8_quantize, fp8_rms_norm  # noqa: F401
 from .rope import apply_rotary_pos_emb, rope  # noqa: F401

@@ -213,13 +213,12 @@ def _pytorch_gated(op: str, gate: Tensor, up: Tensor, name: str) -> Tensor:
     return _fallback.activation(gate, name) * up
 
 
-def _split(gate_up: Tensor, layout: str) -> Tuple[Tensor, Tensor]:
+def _split(gate_up: Tensor, layout: str, op: str = "gated_act_forward") -> Tuple[Tensor, Tensor]:
     if layout == "halves":
         return gate_up.chunk(2, dim=-1)
     if layout == "interleaved":
         return gate_up[..., 0::2], gate_up[..., 1::2]
-    raise invalid_argument("gated_act_forward", "layout",
-                           "fusekit.GatedLayout or one of 'halves', 'interleaved'", repr(layout))
+    raise invalid_argument(op, "layout", "fusekit.GatedLayout or one of 'halves', 'interleaved'", repr(layout))
 
 
 # ---- functional forms ------------------------------------------------------------------------------
