@@ -10,12 +10,12 @@ namespace {
 // r = 24 in 16-bit types: halves of 12 elements, 8-byte accesses).
 constexpr int kAccessBytes[] = {16, 8, 4};
 
-// Rows a block should hold: one pass of its row groups at kRowsInFlight rows each, and at least
-// kMinRowsPerBlock, so that the cos / sin step and the barrier after it are paid once per several
-// rows per lane. More rows leave a longer tail of the last wave (bench, H200, rope fwd (B=4,
-// S=4096, Hq=32, Hk=8): D = 128 92.8 us at 4 tokens per block, 94.4 at 7, 98.9 at 16; D = 64
-// 49.8 us at 7, 51.1 at 13).
-constexpr std::int64_t kMinRowsPerBlock = 128;
+// Tokens per block: the fewest whose rows fill the block's row batches (rows_in_flight rows of
+// every row group) to at least kMinBatchFill, so that a block is one round trip to memory with
+// its angles computed under the first loads; else the best fill up to kMaxTokensPerBlock. Fewer
+// tokens give a shorter last wave (bench, H200, rope fwd (B=4, S=4096, Hq=32, Hk=8), D = 128:
+// 92.8 us at 4 tokens per block, 98.9 at 16).
+constexpr double kMinBatchFill = 0.9;
 // Blocks a launch should have per SM at least, before tokens_per_block is lowered for them.
 constexpr std::int64_t kMinBlocksPerSm = 4;
 
@@ -48,17 +48,25 @@ Launch choose_launch(const Problem& p, const detail::DeviceInfo& device, const F
     break;
   }
   l.rotation_units = static_cast<int>(rotated_span / l.access_elements);
-  l.pass_units = static_cast<int>(passed / l.access_elements);
+  l.pass_accesses = p.style == RopeStyle::rotate_half && passed > 0 && passed % (2 * l.access_elements) == 0 ? 2 : 1;
+  l.pass_units = static_cast<int>(passed / (l.pass_accesses * l.access_elements));
 
   const int units = std::max(row_units(l, p.q_copies), p.heads_k > 0 ? row_units(l, p.k_copies) : 0);
   l.lanes_per_row = std::min(32, next_power_of_two(units));
-  l.rows_in_flight = kRowsInFlight;
+  l.rows_in_flight = rows_in_flight(p.style);
   l.threads = kThreads;
 
   const std::int64_t heads = p.heads_q + p.heads_k;
-  const std::int64_t rows_per_pass = l.threads / l.lanes_per_row;
-  const std::int64_t wanted_rows = std::max(kMinRowsPerBlock, rows_per_pass * l.rows_in_flight);
-  std::int64_t tpb = std::clamp<std::int64_t>((wanted_rows + heads - 1) / heads, 1, kMaxTokensPerBlock);
+  const std::int64_t batch_rows = (l.threads / l.lanes_per_row) * l.rows_in_flight;  // rows of one batch
+  auto fill = [&](std::int64_t tokens) {
+    const std::int64_t rows = tokens * heads;
+    return static_cast<double>(rows) / static_cast<double>((rows + batch_rows - 1) / batch_rows * batch_rows);
+  };
+  std::int64_t tpb = 1;
+  for (std::int64_t t = 1; t <= kMaxTokensPerBlock; ++t) {
+    if (fill(t) > fill(tpb) + 1e-9) tpb = t;
+    if (fill(tpb) >= kMinBatchFill) break;
+  }
   const std::int64_t min_blocks = kMinBlocksPerSm * std::max(1, device.sm_count);
   tpb = std::min(tpb, std::max<std::int64_t>(1, p.tokens / min_blocks));
   if (forced.tokens_per_block > 0) tpb = std::min(forced.tokens_per_block, kMaxTokensPerBlock);
@@ -66,8 +74,8 @@ Launch choose_launch(const Problem& p, const detail::DeviceInfo& device, const F
   l.blocks = (p.tokens + tpb - 1) / tpb;
 
   l.cos_sin_stride = static_cast<int>((half + 1) / 2 * 2);
-  l.smem_bytes = static_cast<std::size_t>(l.tokens_per_block) * l.cos_sin_stride * 2 * sizeof(float) +
-                 static_cast<std::size_t>(l.tokens_per_block) * 2 * sizeof(int);
+  // The angles, then each token's four base pointers (kernels::TokenBases).
+  l.smem_bytes = static_cast<std::size_t>(l.tokens_per_block) * (l.cos_sin_stride * 2 * sizeof(float) + 4 * sizeof(void*));
   return l;
 }
 

@@ -8,7 +8,7 @@
 // shared by every head), then streams the tokens' head rows of q and k: a row is one head of one
 // token, handled by `lanes_per_row` lanes that each own a unit of `access_elements` elements (and,
 // for rotate_half, its partner r / 2 further on), `rows_in_flight` rows per lane loaded before
-// any is rotated and stored.
+// any is rotated and stored (the first batch before the angles are computed).
 #pragma once
 
 #include <cstddef>
@@ -22,9 +22,9 @@ namespace fusekit::rope {
 
 inline constexpr int kThreads = 256;
 inline constexpr int kMaxTokensPerBlock = 16;
-// Rows each lane loads before rotating any (at 16-byte accesses 4 to 8 accesses in flight per
-// thread, 64 to 128 bytes: several times what HBM needs per SM at the occupancy the kernel reaches).
-inline constexpr int kRowsInFlight = 4;
+// Rows each lane loads before rotating any: 4 for rotate_half (two accesses a row: the unit and
+// its partner), 8 for interleaved (one). At 16-byte accesses 128 bytes in flight per thread.
+constexpr int rows_in_flight(RopeStyle style) { return style == RopeStyle::rotate_half ? 4 : 8; }
 
 struct Problem {
   DType dtype = DType::bf16;
@@ -51,9 +51,13 @@ struct Launch {
   int access_elements = 1;
   bool elementwise = true;
   int rotation_units = 0;  // units per head row of the rotated dims
+  // A pass unit is pass_accesses accesses of access_elements elements: 2 for rotate_half where the
+  // passed-through dims allow, so that every lane of a row group makes two accesses a row, as
+  // the rotation units do.
+  int pass_accesses = 1;
   int pass_units = 0;      // units per head row of the passed-through dims (copied rows only)
   int lanes_per_row = 1;   // a power of two <= 32
-  int rows_in_flight = kRowsInFlight;
+  int rows_in_flight = 4;  // rows_in_flight(style)
   int tokens_per_block = 1;
   int threads = kThreads;
   std::int64_t blocks = 0;

@@ -86,6 +86,11 @@ void launch_typed(const Params& p, const Launch& l, cudaStream_t stream) {
   g.units_q = row_units(l, !p.q_in_place);
   g.units_k = row_units(l, !p.k_in_place);
   g.cos_sin_stride = l.cos_sin_stride;
+  const int slots = l.threads / l.lanes_per_row;
+  const int heads = static_cast<int>(p.heads_q + p.heads_k);
+  g.slots_t = slots / heads;
+  g.slots_h = slots % heads;
+  g.pass_accesses = l.pass_accesses;
   if (p.style == RopeStyle::rotate_half) launch_style<T, RopeStyle::rotate_half>(p, l, g, stream);
   else launch_style<T, RopeStyle::interleaved>(p, l, g, stream);
 }

@@ -814,6 +814,33 @@ TEST(RopeGpu, LlamaShapesMatchCpuReference) {
     }
 }
 
+// More rows per token than one batch of the block's row groups holds (several batches per lane),
+// and rows of more units than a row group has lanes (several units per lane).
+TEST(RopeGpu, ManyHeadsAndWideRowsMatchCpuReference) {
+  FUSEKIT_REQUIRE_GPU();
+  struct Shape {
+    DType dtype;
+    std::int64_t d, r, hq, hk;
+    RopeStyle style;
+    bool in_place;
+  };
+  int salt = 0;
+  for (Shape sh : {Shape{DType::bf16, 512, 0, 40, 8, RopeStyle::rotate_half, false},
+                   Shape{DType::f32, 256, 0, 50, 30, RopeStyle::interleaved, false},
+                   Shape{DType::f32, 256, 64, 33, 0, RopeStyle::rotate_half, false},
+                   Shape{DType::f16, 512, 128, 70, 10, RopeStyle::interleaved, true}}) {
+    Case c;
+    c.dtype = sh.dtype;
+    c.b = 2, c.s = 19, c.hq = sh.hq, c.hk = sh.hk, c.d = sh.d;
+    c.with_k = sh.hk > 0;
+    c.positions = Positions::ids;
+    c.config.style = sh.style;
+    c.config.rotary_dim = sh.r;
+    c.in_place = sh.in_place;
+    check_gpu_against_cpu(c, 2500 + salt++);
+  }
+}
+
 // Every access width on the same data gives bitwise the same result (the same float32 math), and
 // that result matches the reference.
 TEST(RopeGpu, EveryAccessWidthGivesTheSameBits) {

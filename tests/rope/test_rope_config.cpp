@@ -30,43 +30,48 @@ Problem llama(DType dtype = DType::bf16, std::int64_t head_dim = 128, std::int64
 
 TEST(RopeConfig, BenchmarkShapes) {
   for (const detail::DeviceInfo& d : {testing::h100_device(), testing::h200_device()}) {
-    // D = 128: 16-byte accesses, 8 lanes per row (8 units of 8 pairs), 4 tokens per block
-    // (one pass of 32 row slots at 4 rows in flight over 40 heads).
+    // D = 128: 16-byte accesses, 8 lanes per row (8 units of 8 pairs), 3 tokens per block
+    // (120 of the 128 rows that 32 row groups at 4 rows in flight take in one batch).
     Launch l = choose_launch(llama(), d);
     EXPECT_FALSE(l.elementwise);
     EXPECT_EQ(l.access_elements, 8);
     EXPECT_EQ(l.rotation_units, 8);
     EXPECT_EQ(l.pass_units, 0);
     EXPECT_EQ(l.lanes_per_row, 8);
-    EXPECT_EQ(l.tokens_per_block, 4);
-    EXPECT_EQ(l.blocks, 16384 / 4);
+    EXPECT_EQ(l.rows_in_flight, 4);
+    EXPECT_EQ(l.tokens_per_block, 3);
+    EXPECT_EQ(l.blocks, (16384 + 2) / 3);
     EXPECT_EQ(l.cos_sin_stride, 64);
-    EXPECT_EQ(l.smem_bytes, 4u * 64 * 8 + 4u * 8);
-    // D = 64: 4 lanes per row, 7 tokens per block.
+    EXPECT_EQ(l.smem_bytes, 3u * (64 * 8 + 4 * sizeof(void*)));
+    // D = 64: 4 lanes per row, 6 tokens per block (240 of a batch's 256 rows).
     l = choose_launch(llama(DType::bf16, 64, 64), d);
     EXPECT_EQ(l.access_elements, 8);
     EXPECT_EQ(l.lanes_per_row, 4);
-    EXPECT_EQ(l.tokens_per_block, 7);
-    // Partial rotary (r = 32 of 128, GPT-NeoX / Pythia): 2 rotation units and 12 copied units
-    // per row, 128 rows per block; in place only the 2 rotation units, one pass of 128 row slots.
+    EXPECT_EQ(l.tokens_per_block, 6);
+    // Partial rotary (r = 32 of 128, GPT-NeoX / Pythia): 2 rotation units and 6 copied units of
+    // two accesses per row, 8 lanes per row as at r = 128, 3 tokens per block; in place only the
+    // 2 rotation units, 128 row groups: 12 tokens (480 of one batch's 512 rows).
     l = choose_launch(llama(DType::bf16, 128, 32), d);
     EXPECT_EQ(l.access_elements, 8);
     EXPECT_EQ(l.rotation_units, 2);
-    EXPECT_EQ(l.pass_units, 12);
-    EXPECT_EQ(l.lanes_per_row, 16);
-    EXPECT_EQ(l.tokens_per_block, 4);
+    EXPECT_EQ(l.pass_accesses, 2);
+    EXPECT_EQ(l.pass_units, 6);
+    EXPECT_EQ(l.lanes_per_row, 8);
+    EXPECT_EQ(l.tokens_per_block, 3);
     Problem in_place = llama(DType::bf16, 128, 32);
     in_place.q_copies = in_place.k_copies = false;
     l = choose_launch(in_place, d);
     EXPECT_EQ(row_units(l, false), 2);
     EXPECT_EQ(l.lanes_per_row, 2);
-    EXPECT_EQ(l.tokens_per_block, 13);
-    // Interleaved: a unit is 8 elements, 4 pairs; 16 units per row.
+    EXPECT_EQ(l.tokens_per_block, 12);
+    // Interleaved: a unit is 8 elements, 4 pairs; 16 units per row, one access a row: 8 rows in
+    // flight, 3 tokens per block (120 of a batch's 128 rows).
     l = choose_launch(llama(DType::bf16, 128, 128, RopeStyle::interleaved), d);
     EXPECT_EQ(l.access_elements, 8);
     EXPECT_EQ(l.rotation_units, 16);
     EXPECT_EQ(l.lanes_per_row, 16);
-    EXPECT_EQ(l.tokens_per_block, 4);
+    EXPECT_EQ(l.rows_in_flight, 8);
+    EXPECT_EQ(l.tokens_per_block, 3);
     // f32: 4 elements per 16-byte access.
     l = choose_launch(llama(DType::f32), d);
     EXPECT_EQ(l.access_elements, 4);
@@ -82,8 +87,9 @@ TEST(RopeConfig, AccessWidthFollowsAlignmentAndDims) {
   EXPECT_FALSE(l.elementwise);
   EXPECT_EQ(l.access_elements, 4);
   EXPECT_EQ(l.rotation_units, 3);
-  EXPECT_EQ(l.pass_units, 18);
-  EXPECT_EQ(l.lanes_per_row, 32);
+  EXPECT_EQ(l.pass_accesses, 2);
+  EXPECT_EQ(l.pass_units, 9);
+  EXPECT_EQ(l.lanes_per_row, 16);
   // Pointers or strides aligned to fewer elements narrow the accesses.
   for (int aligned : {8, 4, 2, 1}) {
     Problem p = llama();
@@ -111,7 +117,8 @@ TEST(RopeConfig, AccessWidthFollowsAlignmentAndDims) {
   l = choose_launch(llama(DType::bf16, 8, 6), d);
   EXPECT_TRUE(l.elementwise);
   EXPECT_EQ(l.rotation_units, 3);
-  EXPECT_EQ(l.pass_units, 2);
+  EXPECT_EQ(l.pass_accesses, 2);
+  EXPECT_EQ(l.pass_units, 1);
   // The passed-through dims only constrain the width where they are copied: D = 132 stored in
   // rows of 136 elements (every stride a multiple of 8), r = 128: 4 dims pass through.
   Problem tail = llama(DType::bf16, 132, 128);
@@ -177,10 +184,12 @@ TEST(RopeConfig, EveryLaunchCoversTheProblem) {
                     const std::int64_t span = style == RopeStyle::rotate_half ? r / 2 : r;
                     const int w = l.access_elements;
                     ASSERT_EQ(std::int64_t(l.rotation_units) * w, span);
-                    ASSERT_EQ(std::int64_t(l.pass_units) * w, (d - r) / w * w);
+                    const int pass_w = w * l.pass_accesses;
+                    ASSERT_TRUE(l.pass_accesses == 1 || (style == RopeStyle::rotate_half && l.pass_accesses == 2));
+                    ASSERT_EQ(std::int64_t(l.pass_units) * pass_w, (d - r) / pass_w * pass_w);
                     const bool any_copies = p.q_copies || (hk > 0 && p.k_copies);
                     if (any_copies) {
-                      ASSERT_EQ(std::int64_t(l.pass_units) * w, d - r);
+                      ASSERT_EQ(std::int64_t(l.pass_units) * pass_w, d - r);
                     }
                     if (style == RopeStyle::interleaved) {
                       ASSERT_EQ(w % 2, 0);
@@ -198,6 +207,7 @@ TEST(RopeConfig, EveryLaunchCoversTheProblem) {
                     ASSERT_GE(l.lanes_per_row, std::min(32, units));
                     ASSERT_EQ(l.threads, kThreads);
                     ASSERT_EQ(l.threads % l.lanes_per_row, 0);
+                    ASSERT_EQ(l.rows_in_flight, rows_in_flight(style));
                     ASSERT_GE(l.tokens_per_block, 1);
                     ASSERT_LE(l.tokens_per_block, kMaxTokensPerBlock);
                     ASSERT_GE(l.blocks * l.tokens_per_block, tokens);
