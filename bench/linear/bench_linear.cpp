@@ -53,9 +53,11 @@ struct ForcedPath {
 
 const std::vector<LinearBenchShape>& linear_bench_shapes() {
   // The odd shape: M odd and N not a multiple of the 128-wide tiles, but rows 16-byte aligned
-  // (N a multiple of 8), so the fused paths apply.
-  static const std::vector<LinearBenchShape> shapes = {
-      {8192, 4096, 16384}, {16384, 8192, 8192}, {8192, 16384, 4096}, {8191, 4096, 12296}};
+  // (N a multiple of 8), so the fused paths apply. The last two: the MLP up projections of GPT-2
+  // 124M (apps/train_gpt, 16 x 1024 tokens) and of a 1B Llama-style model, where dx is narrow.
+  static const std::vector<LinearBenchShape> shapes = {{8192, 4096, 16384}, {16384, 8192, 8192},
+                                                       {8192, 16384, 4096}, {8191, 4096, 12296},
+                                                       {16384, 768, 3072},  {16384, 2048, 8192}};
   return shapes;
 }
 

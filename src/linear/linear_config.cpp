@@ -166,7 +166,7 @@ BackwardPlan choose_backward(const BackwardProblem& p, const detail::DeviceInfo&
   if (route != BackwardPath::dz_in_dgrad && route != BackwardPath::separate_dz) {
     const double f = flops(p.m, p.n, p.k);
     for (const DzRouteRow& row : kDzRoutes) {
-      if (p.k <= row.max_k && f >= row.min_flops) {
+      if (p.k >= row.min_k && p.k <= row.max_k && f >= row.min_flops) {
         route = row.path;
         break;
       }

@@ -70,15 +70,18 @@ struct BackwardProblem {
 // bounds hold. The separate pass costs about 6 M N bytes against 4 M N K flops, a share of the
 // backward that falls as 1 / K, which the CUTLASS dx GEMM must win back against cuBLAS's; below
 // 2^36 flops the pass is short and the cuBLASLt GEMMs are tuned per shape (bench: linear bwd relu
-// (8191, 4096, 12296), (8192, 4096, 16384), (16384, 8192, 8192), (8192, 16384, 4096), H200).
+// (8191, 4096, 12296), (8192, 4096, 16384), (16384, 8192, 8192), (8192, 16384, 4096), H200). A
+// narrow dx loses in the CUTLASS dx GEMM more than the pass costs (bench: linear bwd gelu_tanh
+// (16384, 768, 3072) 463 us inside against 309 separate, (16384, 2048, 8192) 1948 against 1776).
 struct DzRouteRow {
+  std::int64_t min_k;  // K at least
   std::int64_t max_k;  // K at most
   double min_flops;    // 2 M N K at least
   BackwardPath path;
 };
 inline constexpr DzRouteRow kDzRoutes[] = {
-    {6144, 68719476736.0 /* 2^36 */, BackwardPath::dz_in_dgrad},
-    {INT64_MAX, 0.0, BackwardPath::separate_dz},
+    {4096, 6144, 68719476736.0 /* 2^36 */, BackwardPath::dz_in_dgrad},
+    {0, INT64_MAX, 0.0, BackwardPath::separate_dz},
 };
 
 struct BackwardPlan {

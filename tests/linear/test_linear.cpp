@@ -843,7 +843,7 @@ TEST(LinearGpu, DzFormedInsideTheDgradGemmOnEveryGpu) {
 }
 
 // The automatic choice of how dz is formed (linear_config.h, choose_backward): inside the dx GEMM
-// for problems of at least 2^36 flops with K <= 6144, the separate pass otherwise. Only the route
+// for problems of at least 2^36 flops with 4096 <= K <= 6144, the separate pass otherwise. Only the route
 // is checked here (these sizes are too large for the float64 reference; the test above checks the
 // path's values).
 TEST(LinearGpu, BackwardRouting) {
@@ -853,7 +853,8 @@ TEST(LinearGpu, BackwardRouting) {
     std::int64_t m, n, k;
     linear::BackwardPath expected;
   };
-  const Route routes[] = {{4096, 4096, 2048, linear::BackwardPath::dz_in_dgrad},
+  const Route routes[] = {{2048, 4096, 4096, linear::BackwardPath::dz_in_dgrad},
+                          {4096, 4096, 2048, linear::BackwardPath::separate_dz},
                           {2048, 2048, 8192, linear::BackwardPath::separate_dz},
                           {1024, 1024, 1024, linear::BackwardPath::separate_dz}};
   for (const Route& r : routes) {

@@ -80,7 +80,7 @@ TEST(LinearConfig, ColumnMajorWeightTakesTheCublasltPaths) {
   linear::BackwardParams b;
   b.m = 4096;
   b.n = 4096;
-  b.k = 2048;
+  b.k = 4096;
   b.activation = Activation::gelu_tanh;
   b.dout = b.x = b.w = b.pre = buffer;
   b.dx = b.dw = buffer;
@@ -155,7 +155,7 @@ TEST(LinearConfig, ForcedForwardPathWhereItCanServe) {
 
 TEST(LinearConfig, BenchmarkShapesBackward) {
   for (const detail::DeviceInfo& d : {kH100, kH200}) {
-    // K <= 6144 and at least 2^36 flops: dz inside the dx GEMM, the first wave's rows formed first
+    // 4096 <= K <= 6144 and at least 2^36 flops: dz inside the dx GEMM, the first wave's rows formed first
     // (K = 4096: 16 tiles per row, 132 / 16 = 8 blocks of 128 rows).
     linear::BackwardPlan plan = linear::choose_backward(backward(8192, 16384, 4096, DType::bf16, Activation::gelu_tanh), d);
     EXPECT_EQ(plan.path, BackwardPath::dz_in_dgrad);
@@ -168,9 +168,16 @@ TEST(LinearConfig, BenchmarkShapesBackward) {
               BackwardPath::separate_dz);
     EXPECT_EQ(linear::choose_backward(backward(8192, 4096, 16384, DType::bf16, Activation::relu), d).path,
               BackwardPath::separate_dz);
+    // K < 4096: the separate pass (GPT-2 124M's and a 1B Llama's MLP up projections).
+    EXPECT_EQ(linear::choose_backward(backward(16384, 3072, 768, DType::bf16, Activation::gelu_tanh), d).path,
+              BackwardPath::separate_dz);
+    EXPECT_EQ(linear::choose_backward(backward(16384, 8192, 2048, DType::bf16, Activation::gelu_tanh), d).path,
+              BackwardPath::separate_dz);
     // The routing test's shapes (LinearGpu.BackwardRouting).
-    EXPECT_EQ(linear::choose_backward(backward(4096, 4096, 2048, DType::bf16, Activation::gelu_tanh), d).path,
+    EXPECT_EQ(linear::choose_backward(backward(2048, 4096, 4096, DType::bf16, Activation::gelu_tanh), d).path,
               BackwardPath::dz_in_dgrad);
+    EXPECT_EQ(linear::choose_backward(backward(4096, 4096, 2048, DType::bf16, Activation::gelu_tanh), d).path,
+              BackwardPath::separate_dz);
     EXPECT_EQ(linear::choose_backward(backward(2048, 2048, 8192, DType::bf16, Activation::gelu_tanh), d).path,
               BackwardPath::separate_dz);
     EXPECT_EQ(linear::choose_backward(backward(1024, 1024, 1024, DType::bf16, Activation::gelu_tanh), d).path,
@@ -197,7 +204,8 @@ TEST(LinearConfig, DzRouteBoundaries) {
   };
   EXPECT_EQ(path(4096, 4096, 6144), BackwardPath::dz_in_dgrad);
   EXPECT_EQ(path(4096, 4096, 6152), BackwardPath::separate_dz);
-  EXPECT_EQ(path(4096, 4096, 2048), BackwardPath::dz_in_dgrad);  // exactly 2^37
+  EXPECT_EQ(path(4096, 4096, 4096), BackwardPath::dz_in_dgrad);
+  EXPECT_EQ(path(4096, 4096, 4088), BackwardPath::separate_dz);  // K just under 4096
   EXPECT_EQ(path(2048, 4096, 4096), BackwardPath::dz_in_dgrad);  // exactly 2^36
   EXPECT_EQ(path(2048, 4088, 4096), BackwardPath::separate_dz);  // just under
   // The table's last row catches everything.
