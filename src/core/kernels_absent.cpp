@@ -50,7 +50,7 @@ void cross_entropy::run_cuda(const Params&, int, Stream) { no_kernels("cross_ent
 
 void embedding::forward_cuda(const ForwardParams&, int, Stream) { no_kernels("embedding_forward"); }
 void embedding::backward_cuda(const BackwardParams&, int, Stream) { no_kernels("embedding_backward"); }
-std::size_t embedding::backward_workspace_bytes_cuda(I64, I64, int) {
+std::size_t embedding::backward_workspace_bytes_cuda(I64, I64, I64, int) {
   no_kernels("embedding_backward_workspace_size");
 }
 

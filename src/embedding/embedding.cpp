@@ -146,7 +146,7 @@ std::size_t embedding_backward_workspace_size(std::int64_t tokens, std::int64_t 
   if (!device.is_cuda() || tokens == 0) return 0;
   // A device that is not there is the caller's error: say so before any CUDA call fails on it.
   detail::device_info(check.op(), device.index);
-  return embedding::backward_workspace_bytes_cuda(tokens, vocab, device.index);
+  return embedding::backward_workspace_bytes_cuda(tokens, vocab, dim, device.index);
 }
 
 void embedding_backward(const TensorView& dout, const TensorView& tokens, const TensorView& dweight,
@@ -204,7 +204,7 @@ void embedding_backward(const TensorView& dout, const TensorView& tokens, const 
 
   if (device.is_cuda()) {
     require_supported_gpu(check.op(), device.index);
-    const std::size_t need = embedding::backward_workspace_bytes_cuda(p.tokens, p.vocab, device.index);
+    const std::size_t need = embedding::backward_workspace_bytes_cuda(p.tokens, p.vocab, p.dim, device.index);
     if (need > 0) {
       const detail::Workspace ws =
           check.workspace(workspace, need, "embedding_backward_workspace_size", 16);

@@ -46,12 +46,20 @@ std::size_t sort_temp_bytes(const char* op, std::int64_t tokens, std::int64_t vo
   return bytes;
 }
 
+// Float32 partial sums of the runs longer than a window: two rows of C per window of kSegment
+// sorted positions.
+std::size_t partials_bytes(std::int64_t tokens, std::int64_t dim) {
+  const std::int64_t windows = (tokens + kSegment - 1) / kSegment;
+  return round_up(static_cast<std::size_t>(2 * windows * dim) * sizeof(float));
+}
+
 // The workspace: slack to align its start, keys and positions twice (the sort's double buffers),
-// then CUB's temporary storage.
-std::size_t workspace_bytes(const char* op, std::int64_t tokens, std::int64_t vocab) {
+// the partial sums, then CUB's temporary storage.
+
+std::size_t workspace_bytes(const char* op, std::int64_t tokens, std::int64_t vocab, std::int64_t dim) {
   if (tokens == 0) return 0;
   const std::size_t array = round_up(static_cast<std::size_t>(tokens) * sizeof(std::uint32_t));
-  return kRegionAlignment + 4 * array + round_up(sort_temp_bytes(op, tokens, vocab));
+  return kRegionAlignment + 4 * array + partials_bytes(tokens, dim) + round_up(sort_temp_bytes(op, tokens, vocab));
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
@@ -104,10 +112,11 @@ void zero_rows(void* base, std::int64_t first_row, std::int64_t rows, std::int64
 
 }  // namespace
 
-std::size_t backward_workspace_bytes_cuda(std::int64_t tokens, std::int64_t vocab, int device_index) {
+std::size_t backward_workspace_bytes_cuda(std::int64_t tokens, std::int64_t vocab, std::int64_t dim,
+                                          int device_index) {
   const char* op = "embedding_backward_workspace_size";
   detail::DeviceGuard guard(op, device_index);
-  return workspace_bytes(op, tokens, vocab);
+  return workspace_bytes(op, tokens, vocab, dim);
 }
 
 void forward_cuda(const ForwardParams& p, int device_index, Stream stream) {
@@ -172,7 +181,7 @@ void backward_cuda(const BackwardParams& p, int device_index, Stream stream) {
   }
 
   // The workspace (checked by the entry point against workspace_bytes): aligned regions.
-  const std::size_t need = workspace_bytes(op, p.tokens, p.vocab);
+  const std::size_t need = workspace_bytes(op, p.tokens, p.vocab, p.dim);
   if (p.workspace == nullptr || p.workspace_bytes < need)
     throw Error(ErrorKind::invalid_argument, op, "workspace smaller than embedding_backward_workspace_size");
   const auto start = reinterpret_cast<std::uintptr_t>(p.workspace);
@@ -182,7 +191,8 @@ void backward_cuda(const BackwardParams& p, int device_index, Stream stream) {
   auto* keys_b = reinterpret_cast<std::uint32_t*>(base + array);
   auto* pos_a = reinterpret_cast<std::uint32_t*>(base + 2 * array);
   auto* pos_b = reinterpret_cast<std::uint32_t*>(base + 3 * array);
-  void* temp = base + 4 * array;
+  auto* partials = reinterpret_cast<float*>(base + 4 * array);
+  void* temp = base + 4 * array + partials_bytes(p.tokens, p.dim);
   std::size_t temp_bytes = sort_temp_bytes(op, p.tokens, p.vocab);
 
   with_index_type(p.token_dtype, [&](auto i) {
@@ -197,7 +207,7 @@ void backward_cuda(const BackwardParams& p, int device_index, Stream stream) {
                                                      key_bits(p.vocab), s),
                      op, "cub::DeviceRadixSort::SortPairs");
 
-  WeightGradArgs a{p.dout, p.dweight, keys.Current(), positions.Current(), p.tokens, p.vocab, p.dim,
+  WeightGradArgs a{p.dout, p.dweight, keys.Current(), positions.Current(), partials, p.tokens, p.vocab, p.dim,
                    p.dout_row_stride, p.dweight_row_stride, p.accumulate};
   const bool vector = vector_ok(p.dout, p.dout_row_stride, p.dtype, p.dim) &&
                       vector_ok(p.dweight, p.dweight_row_stride, p.dweight_dtype, p.dim);
@@ -210,6 +220,14 @@ void backward_cuda(const BackwardParams& p, int device_index, Stream stream) {
       else
         weight_grad_kernel<In, In, decltype(v)::value><<<grid, kThreads, 0, s>>>(a);
       detail::check_launch(op, "weight_grad_kernel");
+      // Runs longer than their window (rare in a large vocabulary; most of a byte-level batch).
+      if (p.tokens > kSegment) {
+        if (p.dweight_dtype == DType::f32)
+          combine_segments_kernel<float, decltype(v)::value><<<grid, kThreads, 0, s>>>(a);
+        else
+          combine_segments_kernel<In, decltype(v)::value><<<grid, kThreads, 0, s>>>(a);
+        detail::check_launch(op, "combine_segments_kernel");
+      }
     });
   });
 }

@@ -110,21 +110,48 @@ __global__ void __launch_bounds__(kThreads) sort_keys_kernel(const Index* ids, s
   positions[i] = static_cast<std::uint32_t>(i);
 }
 
+// Sorted positions per segment: a run of equal tokens is summed in segments, the intersections of
+// the run with the windows [w S, (w + 1) S) of sorted positions, one warp each, so that a frequent
+// token (a space in byte-level text: thousands of rows) is not one warp's serial sum. A run inside
+// one window is written by its warp; a longer run's segments leave float32 partial sums that
+// combine_segments_kernel adds in window order.
+inline constexpr std::int64_t kSegment = 64;
+
 struct WeightGradArgs {
   const void* dout;
   void* dweight;
   const std::uint32_t* keys;       // sorted tokens
   const std::uint32_t* positions;  // their positions, in index order within a token (stable)
+  float* partials;                 // (2 windows, dim): a window's segment at its start, then its last
   std::int64_t tokens, vocab, dim;
   std::int64_t dout_row_stride, dweight_row_stride;
   bool accumulate;
 };
 
+// Where the partial sum of the segment starting at sorted position s goes: window s / S holds at
+// most two segments of runs longer than it: one starting at the window's first position, and the
+// run crossing its end starting later.
+__device__ __forceinline__ std::int64_t partial_slot(std::int64_t s) {
+  return 2 * (s / kSegment) + (s % kSegment == 0 ? 0 : 1);
+}
+
+template <typename Out, bool kVector>
+__device__ __forceinline__ void write_row(const WeightGradArgs& a, std::uint32_t key, std::int64_t c, int count,
+                                          float (&acc)[kGroup]) {
+  Out* dw = static_cast<Out*>(a.dweight) + static_cast<std::int64_t>(key) * a.dweight_row_stride + c;
+  if (a.accumulate) {
+    float old[kGroup];
+    load_group<Out, kVector>(dw, count, old);
+#pragma unroll
+    for (int k = 0; k < kGroup; ++k) acc[k] += old[k];
+  }
+  store_group<Out, kVector>(dw, count, acc);
+}
+
 // Warp w (blockIdx.x, warp in block) owns sorted position w; blockIdx.y picks kChunk columns. The
-// warp at the first position of a run of equal tokens sums the run's dout rows over its columns
-// in sorted order, i.e. in increasing position: the same order on every run. The warp reads the
-// run's positions 32 at a time (one per lane) and issues the loads of kUnroll rows before adding
-// them in order.
+// warp at the first position of a segment sums the segment's dout rows over its columns in sorted
+// order, i.e. in increasing position. It reads the positions 32 at a time (one per lane) and
+// issues the loads of kUnroll rows before adding them in order.
 template <typename In, typename Out, bool kVector>
 __global__ void __launch_bounds__(kThreads) weight_grad_kernel(const WeightGradArgs a) {
   constexpr int kUnroll = 4;
@@ -133,8 +160,10 @@ __global__ void __launch_bounds__(kThreads) weight_grad_kernel(const WeightGradA
       static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   if (start >= a.tokens) return;
   const std::uint32_t key = a.keys[start];
-  // Warp-uniform exits: an out-of-range token, or not the first position of its run.
-  if (key >= a.vocab || (start > 0 && a.keys[start - 1] == key)) return;
+  const bool run_head = start == 0 || a.keys[start - 1] != key;
+  // Warp-uniform exits: an out-of-range token, or not the first position of a segment.
+  if (key >= a.vocab || !(run_head || start % kSegment == 0)) return;
+  const std::int64_t window_end = min(a.tokens, (start / kSegment + 1) * kSegment);
   const std::int64_t c = static_cast<std::int64_t>(blockIdx.y) * kChunk + lane * kGroup;
   const int count = c < a.dim ? (a.dim - c < kGroup ? static_cast<int>(a.dim - c) : kGroup) : 0;
   const auto* dout = static_cast<const In*>(a.dout);
@@ -142,12 +171,12 @@ __global__ void __launch_bounds__(kThreads) weight_grad_kernel(const WeightGradA
   float acc[kGroup];
 #pragma unroll
   for (int k = 0; k < kGroup; ++k) acc[k] = 0.0f;
-  for (std::int64_t base = start;; base += kWarp) {
+  for (std::int64_t base = start; base < window_end; base += kWarp) {
     const std::int64_t r = base + lane;
-    const bool in_run = r < a.tokens && a.keys[r] == key;
-    const std::uint32_t row = in_run ? a.positions[r] : 0u;
-    // The run is contiguous from `start` (the keys are sorted): its lanes are a prefix.
-    const int rows = __popc(__ballot_sync(0xffffffffu, in_run));
+    const bool in_segment = r < window_end && a.keys[r] == key;
+    const std::uint32_t row = in_segment ? a.positions[r] : 0u;
+    // The segment is contiguous from `start` (the keys are sorted): its lanes are a prefix.
+    const int rows = __popc(__ballot_sync(0xffffffffu, in_segment));
     for (int k0 = 0; k0 < rows; k0 += kUnroll) {
       float v[kUnroll][kGroup];
 #pragma unroll
@@ -171,14 +200,61 @@ __global__ void __launch_bounds__(kThreads) weight_grad_kernel(const WeightGradA
     if (rows < kWarp) break;
   }
   if (count == 0) return;
-  Out* dw = static_cast<Out*>(a.dweight) + static_cast<std::int64_t>(key) * a.dweight_row_stride + c;
-  if (a.accumulate) {
-    float old[kGroup];
-    load_group<Out, kVector>(dw, count, old);
-#pragma unroll
-    for (int k = 0; k < kGroup; ++k) acc[k] += old[k];
+  const bool run_continues = window_end < a.tokens && a.keys[window_end] == key;
+  if (run_head && !run_continues) {  // the whole run: the gradient row itself
+    write_row<Out, kVector>(a, key, c, count, acc);
+    return;
   }
-  store_group<Out, kVector>(dw, count, acc);
+  float* partial = a.partials + partial_slot(start) * a.dim + c;
+#pragma unroll
+  for (int k = 0; k < kGroup; ++k)
+    if (k < count) partial[k] = acc[k];
+}
+
+// The runs longer than their first window: the warp at the run's first position adds its
+// segments' partial sums in window order.
+template <typename Out, bool kVector>
+__global__ void __launch_bounds__(kThreads) combine_segments_kernel(const WeightGradArgs a) {
+  constexpr int kUnroll = 4;
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  const std::int64_t start =
+      static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
+  if (start >= a.tokens) return;
+  const std::uint32_t key = a.keys[start];
+  if (key >= a.vocab || (start > 0 && a.keys[start - 1] == key)) return;
+  std::int64_t next = (start / kSegment + 1) * kSegment;  // the next window's first position
+  if (next >= a.tokens || a.keys[next] != key) return;     // the run fits its window: written
+  const std::int64_t c = static_cast<std::int64_t>(blockIdx.y) * kChunk + lane * kGroup;
+  if (c >= a.dim) return;
+  const int count = a.dim - c < kGroup ? static_cast<int>(a.dim - c) : kGroup;
+
+  float acc[kGroup];
+  const float* first = a.partials + partial_slot(start) * a.dim + c;
+#pragma unroll
+  for (int k = 0; k < kGroup; ++k) acc[k] = k < count ? first[k] : 0.0f;
+  // Windows next, next + S, ... while the run covers their first position: kUnroll at a time.
+  bool more = true;
+  while (more) {
+    float v[kUnroll][kGroup];
+    bool take[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const std::int64_t w = next + u * kSegment;
+      take[u] = more && w < a.tokens && a.keys[w] == key;
+      more = take[u];
+      const float* p = a.partials + partial_slot(w) * a.dim + c;
+#pragma unroll
+      for (int k = 0; k < kGroup; ++k) v[u][k] = take[u] && k < count ? p[k] : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (take[u]) {
+#pragma unroll
+        for (int k = 0; k < kGroup; ++k) acc[k] += v[u][k];
+      }
+    next += kUnroll * kSegment;
+  }
+  write_row<Out, kVector>(a, key, c, count, acc);
 }
 
 struct PositionGradArgs {

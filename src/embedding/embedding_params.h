@@ -52,9 +52,10 @@ void backward_cpu(const BackwardParams& p);
 
 void forward_cuda(const ForwardParams& p, int device_index, Stream stream);
 void backward_cuda(const BackwardParams& p, int device_index, Stream stream);
-// The backward's scratch bytes on `device_index` for N tokens and a vocabulary of V rows: the
-// sort's keys and indices (double-buffered) and the radix sort's own temporary storage.
-std::size_t backward_workspace_bytes_cuda(std::int64_t tokens, std::int64_t vocab,
+// The backward's scratch bytes on `device_index` for N tokens, a vocabulary of V rows and C
+// columns: the sort's keys and indices (double-buffered), the float32 partial sums of the runs
+// longer than a segment window, and the radix sort's own temporary storage.
+std::size_t backward_workspace_bytes_cuda(std::int64_t tokens, std::int64_t vocab, std::int64_t dim,
                                           int device_index);
 
 }  // namespace fusekit::embedding

@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstdint>
+#include <numeric>
 #include <optional>
 #include <random>
 #include <string>
@@ -164,9 +166,30 @@ Float32Model float32_model(const Case& c, const Inputs& in) {
     }
   }
   std::vector<float> dw(c.vocab * C, 0.0f), dp(c.position_rows() * C, 0.0f);
-  for (std::int64_t i = 0; i < n; ++i) {  // in increasing i: the sorted, stable order per token
+  // dweight: the tokens sorted stably (out-of-range ones last); a token's run of sorted positions
+  // is summed per window of 64 sorted positions, in increasing position, and the window sums are
+  // added in window order (embedding_kernels.cuh, kSegment).
+  constexpr std::int64_t kSegment = 64;
+  auto key = [&](std::int64_t i) {
     const auto v = static_cast<std::int64_t>(in.tokens[i]);
-    for (std::int64_t k = 0; k < C; ++k) dw[v * C + k] += static_cast<float>(in.dout[i * C + k]);
+    return v >= 0 && v < c.vocab ? v : c.vocab;
+  };
+  std::vector<std::int64_t> order(static_cast<std::size_t>(n));
+  std::iota(order.begin(), order.end(), std::int64_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) { return key(a) < key(b); });
+  std::vector<float> segment(static_cast<std::size_t>(C));
+  for (std::int64_t g = 0; g < n; ++g) {
+    const std::int64_t i = order[g], v = key(i);
+    if (v == c.vocab) break;
+    const bool run_head = g == 0 || key(order[g - 1]) != v;
+    if (run_head || g % kSegment == 0) {
+      if (!run_head)
+        for (std::int64_t k = 0; k < C; ++k) dw[v * C + k] += segment[k];
+      std::fill(segment.begin(), segment.end(), 0.0f);
+    }
+    for (std::int64_t k = 0; k < C; ++k) segment[k] += static_cast<float>(in.dout[i * C + k]);
+    if (g + 1 == n || key(order[g + 1]) != v)
+      for (std::int64_t k = 0; k < C; ++k) dw[v * C + k] += segment[k];
   }
   for (std::int64_t b = 0; b < n / T; ++b)
     for (std::int64_t t = 0; t < T; ++t)
@@ -553,6 +576,25 @@ TEST(EmbeddingGpu, OneTokenEverywhereMatchesCpuReference) {
   c.dim = 520;
   c.hot = 1.0;
   check_gpu_against_cpu(c, 400);
+}
+
+// Small vocabularies: runs of every length around the kernels' 64-position segment windows (a
+// byte-level batch's spaces and letters), a dim that is not a whole number of column chunks.
+TEST(EmbeddingGpu, RunsAcrossSegmentWindowsMatchCpuReference) {
+  FUSEKIT_REQUIRE_GPU();
+  int salt = 0;
+  for (std::int64_t vocab : {2, 7, 40, 130, 300})
+    for (bool accumulate : {false, true}) {
+      Case c;
+      c.dtype = DType::bf16;
+      c.dweight_dtype = salt % 2 ? DType::f32 : DType::bf16;
+      c.token_shape = {3, 1001};
+      c.vocab = vocab;
+      c.dim = 264;
+      c.hot = vocab == 40 ? 0.3 : 0.0;
+      c.accumulate = accumulate;
+      check_gpu_against_cpu(c, 450 + salt++);
+    }
 }
 
 TEST(EmbeddingGpu, BackwardIsBitwiseDeterministic) {
