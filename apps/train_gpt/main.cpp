@@ -42,6 +42,7 @@ struct LossRecord {
   std::int64_t step;
   float loss;
   double ms;
+  double enqueue_ms;  // the host's share: the step's calls until the last kernel was enqueued
 };
 
 void write_losses_json(const std::string& path, const std::vector<LossRecord>& train,
@@ -200,7 +201,7 @@ int main(int argc, char** argv) {
       line += " | mem " + mib(gpu ? device_bytes_in_use(o.backend.device) : trainer.arena_bytes());
       fmt::print("{}\n", line);
       std::fflush(stdout);
-      losses.push_back({s.step, s.loss, s.seconds * 1e3});
+      losses.push_back({s.step, s.loss, s.seconds * 1e3, s.enqueue_seconds * 1e3});
       if (check_replicas > 0 && n_gpus > 1 && (s.step % check_replicas == 0 || s.step == last_step)) {
         trainer.check_replicas();
         fmt::print("step {:5d} | the {} replicas' parameters are bitwise identical\n", s.step, n_gpus);
@@ -213,13 +214,22 @@ int main(int argc, char** argv) {
     }
     if (losses.size() > 1) {
       // The median step after the first few (autotuning, allocator warm-up).
-      std::vector<double> ms;
-      for (std::size_t i = std::min<std::size_t>(5, losses.size() - 1); i < losses.size(); ++i) ms.push_back(losses[i].ms);
-      std::nth_element(ms.begin(), ms.begin() + static_cast<std::ptrdiff_t>(ms.size() / 2), ms.end());
-      const double tok_s = tokens_per_step / (ms[ms.size() / 2] * 1e-3);
-      fmt::print("throughput: {:.0f} tok/s{} (median step {:.1f} ms over the last {} steps)\n", tok_s,
-                 n_gpus > 1 ? fmt::format(", {:.0f} per {}", tok_s / n_gpus, gpu ? "GPU" : "replica") : std::string(),
-                 ms[ms.size() / 2], ms.size());
+      std::vector<double> ms, enqueue_ms;
+      for (std::size_t i = std::min<std::size_t>(5, losses.size() - 1); i < losses.size(); ++i) {
+        ms.push_back(losses[i].ms);
+        enqueue_ms.push_back(losses[i].enqueue_ms);
+      }
+      auto median = [](std::vector<double>& v) {
+        std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+        return v[v.size() / 2];
+      };
+      const double step_ms = median(ms);
+      const double tok_s = tokens_per_step / (step_ms * 1e-3);
+      // When the host's enqueueing takes most of the step, the GPU waits for launches.
+      fmt::print("throughput: {:.0f} tok/s{} (median step {:.1f} ms over the last {} steps; the host enqueued a step "
+                 "in {:.1f} ms)\n",
+                 tok_s, n_gpus > 1 ? fmt::format(", {:.0f} per {}", tok_s / n_gpus, gpu ? "GPU" : "replica") : std::string(),
+                 step_ms, ms.size(), median(enqueue_ms));
     }
     if (!save_path.empty()) {
       trainer.save(save_path);

@@ -12,12 +12,11 @@ using fusekit::DType;
 using fusekit::TensorView;
 using std::nullopt;
 
+using DropoutSite = Model::DropoutSite;
+
 namespace {
 
 constexpr float kLayerNormEps = 1e-5f;
-
-// The three dropout sites of a block, each with its own Philox offset per (step, layer).
-enum class DropoutSite : std::uint64_t { attention = 0, attention_proj = 1, mlp_proj = 2 };
 
 std::uint64_t dropout_offset(const DropoutConfig& d, std::int64_t n_layer, std::int64_t layer, DropoutSite site) {
   // Attention takes offsets below 2^32; a run would need a billion steps to wrap.
@@ -121,6 +120,36 @@ Model::Model(Parameters& params, std::int64_t batch, bool deterministic, Arena& 
   workspace_ = arena.tensor(DType::u8, {static_cast<std::int64_t>(std::max<std::size_t>(ws, 1))});
 }
 
+// A residual branch's output projection into branch_: with dropout, the GEMM then bias + dropout
+// in one pass (the mask regenerated in the backward); without, the bias in the GEMM's epilogue.
+void Model::projection_forward(const TensorView& in, const TensorView& weight, const TensorView& bias,
+                               const TensorView& pre_dropout, const DropoutConfig& dropout, std::int64_t layer,
+                               DropoutSite site) {
+  const fusekit::Stream s = backend_.stream;
+  if (dropout.p == 0.0f) {
+    fusekit::linear_forward(in, weight, bias, Activation::none, rows(branch_), nullopt, workspace_, s);
+    return;
+  }
+  fusekit::linear_forward(in, weight, nullopt, Activation::none, pre_dropout, nullopt, workspace_, s);
+  fusekit::bias_act_dropout_forward(pre_dropout, bias, bias_dropout_config(dropout, config_.n_layer, layer, site),
+                                    rows(branch_), nullopt, s);
+}
+
+// Its backward from d_out (the gradient at branch_): d_in, dweight and dbias.
+void Model::projection_backward(const TensorView& d_out, const TensorView& in, const TensorView& weight,
+                                const TensorView& bias, const TensorView& pre_dropout, const TensorView& d_in,
+                                const TensorView& d_weight, const TensorView& d_bias, const DropoutConfig& dropout,
+                                std::int64_t layer, DropoutSite site) {
+  const fusekit::Stream s = backend_.stream;
+  if (dropout.p == 0.0f) {
+    fusekit::linear_backward(d_out, in, weight, nullopt, Activation::none, d_in, d_weight, d_bias, workspace_, s);
+    return;
+  }
+  fusekit::bias_act_dropout_backward(d_out, pre_dropout, bias, bias_dropout_config(dropout, config_.n_layer, layer, site),
+                                     rows(d_branch_), d_bias, workspace_, s);
+  fusekit::linear_backward(rows(d_branch_), in, weight, nullopt, Activation::none, d_in, d_weight, nullopt, workspace_, s);
+}
+
 TensorView Model::rows(const TensorView& buffer) const {
   TensorView v = buffer;
   // Every activation buffer is either batch-major (B, ...) or, for per-row statistics, (B * T).
@@ -166,18 +195,13 @@ void Model::forward(const DropoutConfig& dropout) {
     fusekit::linear_forward(rows(a.ln1), w[p.qkv_w], w[p.qkv_b], Activation::none, qkv, nullopt, ws, s);
     fusekit::attention_forward(qkv_part(qkv, 0), qkv_part(qkv, 1), qkv_part(qkv, 2), nullopt,
                                attention_config(dropout, n_layer, l), heads(a.att), rows(a.lse), nullopt, ws, s);
-    fusekit::linear_forward(rows(a.att), w[p.proj_w], nullopt, Activation::none, rows(a.att_proj), nullopt, ws, s);
-    fusekit::bias_act_dropout_forward(rows(a.att_proj), w[p.proj_b],
-                                      bias_dropout_config(dropout, n_layer, l, DropoutSite::attention_proj),
-                                      rows(branch_), nullopt, s);
+    projection_forward(rows(a.att), w[p.proj_w], w[p.proj_b], rows(a.att_proj), dropout, l,
+                       DropoutSite::attention_proj);
     fusekit::layer_norm_residual_forward(rows(branch_), rows(resid_[2 * l]), w[p.ln2_w], w[p.ln2_b], kLayerNormEps,
                                          rows(a.ln2), rows(resid_[2 * l + 1]), rows(a.ln2_mean), rows(a.ln2_rstd), s);
     fusekit::linear_forward(rows(a.ln2), w[p.fc_w], w[p.fc_b], Activation::gelu_tanh, rows(a.fc), rows(a.fc_pre), ws,
                             s);
-    fusekit::linear_forward(rows(a.fc), w[p.fcproj_w], nullopt, Activation::none, rows(a.fc_proj), nullopt, ws, s);
-    fusekit::bias_act_dropout_forward(rows(a.fc_proj), w[p.fcproj_b],
-                                      bias_dropout_config(dropout, n_layer, l, DropoutSite::mlp_proj), rows(branch_),
-                                      nullopt, s);
+    projection_forward(rows(a.fc), w[p.fcproj_w], w[p.fcproj_b], rows(a.fc_proj), dropout, l, DropoutSite::mlp_proj);
     // The sum feeds the next block's ln_1, or ln_f after the last block.
     const bool last = l + 1 == n_layer;
     const BlockActs* next = last ? nullptr : &blocks_[static_cast<std::size_t>(l + 1)];
@@ -205,11 +229,8 @@ void Model::backward(const DropoutConfig& dropout) {
     const BlockParams& p = L.blocks[static_cast<std::size_t>(l)];
     BlockActs& a = blocks_[static_cast<std::size_t>(l)];
     // MLP branch: its output's gradient is d r_2l+2.
-    fusekit::bias_act_dropout_backward(rows(d_resid_[cur]), rows(a.fc_proj), w[p.fcproj_b],
-                                       bias_dropout_config(dropout, n_layer, l, DropoutSite::mlp_proj),
-                                       rows(d_branch_), g[p.fcproj_b], ws, s);
-    fusekit::linear_backward(rows(d_branch_), rows(a.fc), w[p.fcproj_w], nullopt, Activation::none, rows(d_fc_),
-                             g[p.fcproj_w], nullopt, ws, s);
+    projection_backward(rows(d_resid_[cur]), rows(a.fc), w[p.fcproj_w], w[p.fcproj_b], rows(a.fc_proj),
+                        rows(d_fc_), g[p.fcproj_w], g[p.fcproj_b], dropout, l, DropoutSite::mlp_proj);
     fusekit::linear_backward(rows(d_fc_), rows(a.ln2), w[p.fc_w], rows(a.fc_pre), Activation::gelu_tanh, rows(d_ln_),
                              g[p.fc_w], g[p.fc_b], ws, s);
     fusekit::layer_norm_residual_backward(rows(d_ln_), rows(resid_[2 * l + 1]), rows(d_resid_[cur]), w[p.ln2_w],
@@ -217,11 +238,8 @@ void Model::backward(const DropoutConfig& dropout) {
                                           g[p.ln2_b], ws, s);
     cur = 1 - cur;
     // Attention branch: its output's gradient is d r_2l+1.
-    fusekit::bias_act_dropout_backward(rows(d_resid_[cur]), rows(a.att_proj), w[p.proj_b],
-                                       bias_dropout_config(dropout, n_layer, l, DropoutSite::attention_proj),
-                                       rows(d_branch_), g[p.proj_b], ws, s);
-    fusekit::linear_backward(rows(d_branch_), rows(a.att), w[p.proj_w], nullopt, Activation::none, rows(d_att_),
-                             g[p.proj_w], nullopt, ws, s);
+    projection_backward(rows(d_resid_[cur]), rows(a.att), w[p.proj_w], w[p.proj_b], rows(a.att_proj),
+                        rows(d_att_), g[p.proj_w], g[p.proj_b], dropout, l, DropoutSite::attention_proj);
     const TensorView qkv = rows(a.qkv), d_qkv = rows(d_qkv_);
     fusekit::attention_backward(heads(d_att_), qkv_part(qkv, 0), qkv_part(qkv, 1), qkv_part(qkv, 2), heads(a.att),
                                 rows(a.lse), nullopt, attention_config(dropout, n_layer, l), qkv_part(d_qkv, 0),
@@ -239,15 +257,23 @@ void Model::backward(const DropoutConfig& dropout) {
   fusekit::embedding_backward(rows(d_resid_[cur]), rows(inputs_), g[L.wte], g[L.wpe], true, ws, s);
 }
 
-float Model::forward_backward(const DropoutConfig& dropout) {
+void Model::enqueue_forward_backward(const DropoutConfig& dropout) {
   const ParamLayout& L = params_.layout();
   forward(dropout);
   fusekit::linear_cross_entropy(rows(lnf_), params_.compute[L.wte], nullopt, rows(targets_), loss_config(), loss_,
                                 rows(d_lnf_), params_.grad[L.wte], nullopt, workspace_, backend_.stream);
   backward(dropout);
+}
+
+float Model::loss_value() const {
   float loss = 0.0f;
   copy_to_host(&loss, loss_);
   return loss;
+}
+
+float Model::forward_backward(const DropoutConfig& dropout) {
+  enqueue_forward_backward(dropout);
+  return loss_value();
 }
 
 float Model::loss(const DropoutConfig& dropout) {

@@ -48,6 +48,10 @@ class Model {
 
   // The mean loss over the batch set last, with every parameter gradient written.
   float forward_backward(const DropoutConfig& dropout);
+  // The same work enqueued on the backend's stream without waiting for it; loss_value() then
+  // reads the loss (waiting for it), so that a step synchronizes once.
+  void enqueue_forward_backward(const DropoutConfig& dropout);
+  float loss_value() const;
   // The mean loss without gradients (dropout off unless given: a gradient check compares this
   // with forward_backward under the same masks).
   float loss(const DropoutConfig& dropout = DropoutConfig{});
@@ -59,6 +63,9 @@ class Model {
   // layers and the output layer, plus the attention score and value products (12 L T C; PaLM's
   // count, the causal mask not subtracted).
   double training_flops_per_token() const;
+
+  // The three dropout sites of a block, each with its own Philox offset per (step, layer).
+  enum class DropoutSite : std::uint64_t { attention = 0, attention_proj = 1, mlp_proj = 2 };
 
  private:
   struct BlockActs {
@@ -73,6 +80,14 @@ class Model {
   fusekit::TensorView qkv_part(const fusekit::TensorView& qkv, int part) const;
   void forward(const DropoutConfig& dropout);
   void backward(const DropoutConfig& dropout);
+  void projection_forward(const fusekit::TensorView& in, const fusekit::TensorView& weight,
+                          const fusekit::TensorView& bias, const fusekit::TensorView& pre_dropout,
+                          const DropoutConfig& dropout, std::int64_t layer, DropoutSite site);
+  void projection_backward(const fusekit::TensorView& d_out, const fusekit::TensorView& in,
+                           const fusekit::TensorView& weight, const fusekit::TensorView& bias,
+                           const fusekit::TensorView& pre_dropout, const fusekit::TensorView& d_in,
+                           const fusekit::TensorView& d_weight, const fusekit::TensorView& d_bias,
+                           const DropoutConfig& dropout, std::int64_t layer, DropoutSite site);
 
   Parameters& params_;
   ModelConfig config_;

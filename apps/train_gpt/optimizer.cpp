@@ -42,11 +42,19 @@ Optimizer::Optimizer(Parameters& params, const OptimizerConfig& config, Arena& a
   workspace_ = arena.tensor(fusekit::DType::u8, {static_cast<std::int64_t>(std::max<std::size_t>(ws, 1))});
 }
 
-float Optimizer::grad_norm() {
+void Optimizer::enqueue_grad_norm() {
   fusekit::global_norm(params_.grad, norm_, workspace_, params_.backend().stream);
+}
+
+float Optimizer::grad_norm_value() const {
   float norm = 0.0f;
   copy_to_host(&norm, norm_);
   return norm;
+}
+
+float Optimizer::grad_norm() {
+  enqueue_grad_norm();
+  return grad_norm_value();
 }
 
 void Optimizer::step(std::int64_t step, float lr) {

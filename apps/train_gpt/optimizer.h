@@ -32,6 +32,9 @@ class Optimizer {
   // The global L2 norm of the gradients (global_norm on the device; the value read back for the
   // progress line). Call after the backward (and after a gradient all-reduce, where there is one).
   float grad_norm();
+  // The same, enqueued without reading it back; grad_norm_value() reads it (waiting for it).
+  void enqueue_grad_norm();
+  float grad_norm_value() const;
   // One AdamW step (1-based `step`) at learning rate `lr`, gradients clipped by the norm that
   // grad_norm() left in device memory; the compute copies are rewritten from the masters.
   void step(std::int64_t step, float lr);

@@ -51,13 +51,13 @@ ParamLayout param_layout(const ModelConfig& c) {
     b.qkv_w = add(named("attn.c_attn.weight"), {3 * C, C}, kStd, 0.0f, true, 'l');
     b.qkv_b = add(named("attn.c_attn.bias"), {3 * C}, 0.0f, 0.0f, false, 'l');
     b.proj_w = add(named("attn.c_proj.weight"), {C, C}, residual_std, 0.0f, true, 'l');
-    b.proj_b = add(named("attn.c_proj.bias"), {C}, 0.0f, 0.0f, false, 'f');
+    b.proj_b = add(named("attn.c_proj.bias"), {C}, 0.0f, 0.0f, false, 'l');
     b.ln2_w = add(named("ln_2.weight"), {C}, 0.0f, 1.0f, false, 'f');
     b.ln2_b = add(named("ln_2.bias"), {C}, 0.0f, 0.0f, false, 'f');
     b.fc_w = add(named("mlp.c_fc.weight"), {4 * C, C}, kStd, 0.0f, true, 'l');
     b.fc_b = add(named("mlp.c_fc.bias"), {4 * C}, 0.0f, 0.0f, false, 'l');
     b.fcproj_w = add(named("mlp.c_proj.weight"), {C, 4 * C}, residual_std, 0.0f, true, 'l');
-    b.fcproj_b = add(named("mlp.c_proj.bias"), {C}, 0.0f, 0.0f, false, 'f');
+    b.fcproj_b = add(named("mlp.c_proj.bias"), {C}, 0.0f, 0.0f, false, 'l');
     layout.blocks.push_back(b);
   }
   layout.lnf_w = add("ln_f.weight", {C}, 0.0f, 1.0f, false, 'f');

@@ -31,9 +31,12 @@ ModelConfig small_config() {
 // float64, its outputs rounded to float32), so the loss carries float32 rounding: a single element's
 // difference quotient would drown in it. Each trial therefore perturbs a random sample of up to 16
 // elements of one tensor together along random signs s (a directional derivative sum_i g_i s_i,
-// whose size grows with the sample while the rounding noise does not), with dropout on (the masks
-// are a function of the step, so every evaluation sees the same ones).
-TEST(TrainGpt, GradientsMatchFiniteDifferences) {
+// whose size grows with the sample while the rounding noise does not). With dropout on (the masks
+// are a function of the step, so every evaluation sees the same ones) and off (the projections'
+// biases then in their GEMMs' epilogues).
+class TrainGptGradients : public ::testing::TestWithParam<float> {};
+
+TEST_P(TrainGptGradients, MatchFiniteDifferences) {
   const ModelConfig config = small_config();
   Arena arena(fusekit::Device::cpu());
   Parameters params(config, Backend::cpu(), arena);
@@ -55,7 +58,7 @@ TEST(TrainGpt, GradientsMatchFiniteDifferences) {
     targets[i] = static_cast<std::int32_t>(tokens.below(static_cast<std::uint64_t>(config.vocab)));
   }
   model.set_batch(inputs, targets, batch);
-  const DropoutConfig dropout{0.1f, 11, 3};
+  const DropoutConfig dropout{GetParam(), 11, 3};
   const float loss = model.forward_backward(dropout);
   ASSERT_TRUE(std::isfinite(loss));
   EXPECT_NEAR(loss, std::log(static_cast<float>(config.vocab)), 1.0f);
@@ -111,6 +114,8 @@ TEST(TrainGpt, GradientsMatchFiniteDifferences) {
   }
   std::printf("worst |numeric - analytic| / tolerance over %zu tensors: %.3f\n", params.size(), worst);
 }
+
+INSTANTIATE_TEST_SUITE_P(Dropout, TrainGptGradients, ::testing::Values(0.1f, 0.0f));
 
 TokenSplit shakespeare() {
   return split_tokens(encode_bytes(read_text_file(TRAIN_GPT_TEST_DATA)), 0.1);

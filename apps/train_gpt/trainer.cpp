@@ -144,7 +144,8 @@ StepStats Trainer::train_step() {
       use_device(x.backend.device);
       x.model->set_batch(rank_rows(inputs_, options_.batch, T, n, r), rank_rows(targets_, options_.batch, T, n, r),
                          micro_batch_);
-      x.loss = x.model->forward_backward(
+      // The whole step is enqueued first, then read once: no synchronization inside it.
+      x.model->enqueue_forward_backward(
           DropoutConfig{options_.dropout, replica_dropout_seed(options_.seed, r), s.step});
       if (average_) {
         arrived = true;
@@ -152,9 +153,12 @@ StepStats Trainer::train_step() {
           throw PeerFailure("replica " + std::to_string(r) + " stopped: another replica failed before the gradient average");
         average_->run(r, x.params->grad_buckets, x.backend.stream);
       }
-      x.grad_norm = x.optimizer->grad_norm();
+      x.optimizer->enqueue_grad_norm();
       x.optimizer->step(s.step, s.lr);
+      if (r == 0) s.enqueue_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       synchronize(x.backend.device);
+      x.loss = x.model->loss_value();
+      x.grad_norm = x.optimizer->grad_norm_value();
     } catch (...) {
       if (average_ && !arrived) barrier_->arrive_and_wait(false);
       throw;

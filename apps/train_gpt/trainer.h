@@ -41,6 +41,7 @@ struct StepStats {
   std::int64_t step = 0;
   float loss = 0.0f, lr = 0.0f, grad_norm = 0.0f;
   double seconds = 0.0;
+  double enqueue_seconds = 0.0;  // from the step's start until its last kernel was enqueued (replica 0)
 };
 
 // The dropout seed of data-parallel rank `rank`. fusekit's masks are a function of each element's
