@@ -106,6 +106,7 @@ Model::Model(Parameters& params, std::int64_t batch, bool deterministic, Arena& 
     need(fusekit::linear_forward_workspace_size(M, s.n, s.k, dt, s.act, dev));
     need(fusekit::linear_backward_workspace_size(M, s.n, s.k, dt, s.act, dev));
   }
+  need(fusekit::linear_backward_through_input_activation_workspace_size(M, C, 4 * C, dt, Activation::none, dev));
   need(fusekit::linear_forward_workspace_size(1, V, C, dt, Activation::none, dev));
   fusekit::AttentionShape shape{B, T, T, H, H, config_.head_dim(), config_.head_dim(), dt, false};
   fusekit::AttentionConfig att_config;
@@ -135,19 +136,30 @@ void Model::projection_forward(const TensorView& in, const TensorView& weight, c
                                     rows(branch_), nullopt, s);
 }
 
-// Its backward from d_out (the gradient at branch_): d_in, dweight and dbias.
+// Its backward from d_out (the gradient at branch_): d_in, dweight and dbias. With `input`, the
+// projection's input is input->activation(input->pre) and d_in receives the gradient at `pre`.
 void Model::projection_backward(const TensorView& d_out, const TensorView& in, const TensorView& weight,
                                 const TensorView& bias, const TensorView& pre_dropout, const TensorView& d_in,
                                 const TensorView& d_weight, const TensorView& d_bias, const DropoutConfig& dropout,
-                                std::int64_t layer, DropoutSite site) {
+                                std::int64_t layer, DropoutSite site, const InputActivation* input) {
   const fusekit::Stream s = backend_.stream;
-  if (dropout.p == 0.0f) {
-    fusekit::linear_backward(d_out, in, weight, nullopt, Activation::none, d_in, d_weight, d_bias, workspace_, s);
-    return;
+  fusekit::OptionalTensor linear_dbias = d_bias;
+  TensorView d_linear_out = d_out;
+  if (dropout.p != 0.0f) {
+    fusekit::bias_act_dropout_backward(d_out, pre_dropout, bias,
+                                       bias_dropout_config(dropout, config_.n_layer, layer, site), rows(d_branch_),
+                                       d_bias, workspace_, s);
+    d_linear_out = rows(d_branch_);
+    linear_dbias = nullopt;
   }
-  fusekit::bias_act_dropout_backward(d_out, pre_dropout, bias, bias_dropout_config(dropout, config_.n_layer, layer, site),
-                                     rows(d_branch_), d_bias, workspace_, s);
-  fusekit::linear_backward(rows(d_branch_), in, weight, nullopt, Activation::none, d_in, d_weight, nullopt, workspace_, s);
+  if (input) {
+    fusekit::linear_backward_through_input_activation(d_linear_out, in, weight, nullopt, Activation::none, input->pre,
+                                                      input->activation, d_in, input->dbias, d_weight, linear_dbias,
+                                                      workspace_, s);
+  } else {
+    fusekit::linear_backward(d_linear_out, in, weight, nullopt, Activation::none, d_in, d_weight, linear_dbias,
+                             workspace_, s);
+  }
 }
 
 TensorView Model::rows(const TensorView& buffer) const {
@@ -229,10 +241,13 @@ void Model::backward(const DropoutConfig& dropout) {
     const BlockParams& p = L.blocks[static_cast<std::size_t>(l)];
     BlockActs& a = blocks_[static_cast<std::size_t>(l)];
     // MLP branch: its output's gradient is d r_2l+2.
+    // The down projection's backward returns the gradient at the GELU's input (and c_fc's bias
+    // gradient): the up projection's backward then has no activation to go through.
+    const InputActivation gelu{rows(a.fc_pre), Activation::gelu_tanh, g[p.fc_b]};
     projection_backward(rows(d_resid_[cur]), rows(a.fc), w[p.fcproj_w], w[p.fcproj_b], rows(a.fc_proj),
-                        rows(d_fc_), g[p.fcproj_w], g[p.fcproj_b], dropout, l, DropoutSite::mlp_proj);
-    fusekit::linear_backward(rows(d_fc_), rows(a.ln2), w[p.fc_w], rows(a.fc_pre), Activation::gelu_tanh, rows(d_ln_),
-                             g[p.fc_w], g[p.fc_b], ws, s);
+                        rows(d_fc_), g[p.fcproj_w], g[p.fcproj_b], dropout, l, DropoutSite::mlp_proj, &gelu);
+    fusekit::linear_backward(rows(d_fc_), rows(a.ln2), w[p.fc_w], nullopt, Activation::none, rows(d_ln_), g[p.fc_w],
+                             nullopt, ws, s);
     fusekit::layer_norm_residual_backward(rows(d_ln_), rows(resid_[2 * l + 1]), rows(d_resid_[cur]), w[p.ln2_w],
                                           rows(a.ln2_mean), rows(a.ln2_rstd), rows(d_resid_[1 - cur]), g[p.ln2_w],
                                           g[p.ln2_b], ws, s);

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <vector>
 
+#include <fusekit/activation.h>
 #include <fusekit/tensor.h>
 
 #include "config.h"
@@ -83,11 +84,19 @@ class Model {
   void projection_forward(const fusekit::TensorView& in, const fusekit::TensorView& weight,
                           const fusekit::TensorView& bias, const fusekit::TensorView& pre_dropout,
                           const DropoutConfig& dropout, std::int64_t layer, DropoutSite site);
+  // A projection's input that is an activation's output: its pre-activation, the activation, and
+  // where the gradient's column sums go (the bias gradient of the layer that produced `pre`).
+  struct InputActivation {
+    fusekit::TensorView pre;
+    fusekit::Activation activation;
+    fusekit::TensorView dbias;
+  };
   void projection_backward(const fusekit::TensorView& d_out, const fusekit::TensorView& in,
                            const fusekit::TensorView& weight, const fusekit::TensorView& bias,
                            const fusekit::TensorView& pre_dropout, const fusekit::TensorView& d_in,
                            const fusekit::TensorView& d_weight, const fusekit::TensorView& d_bias,
-                           const DropoutConfig& dropout, std::int64_t layer, DropoutSite site);
+                           const DropoutConfig& dropout, std::int64_t layer, DropoutSite site,
+                           const InputActivation* input = nullptr);
 
   Parameters& params_;
   ModelConfig config_;

@@ -91,6 +91,34 @@ void linear_backward(const TensorView& dout, const TensorView& x, const TensorVi
                      const OptionalTensor& dbias, const OptionalTensor& workspace,
                      Stream stream = nullptr);
 
+// ---- Backward through the input's activation ---------------------------------------------------
+//
+// When x is itself an activation, x = x_activation(x_pre) with x_pre the pre_activation of the
+// layer before (an MLP's down projection after its up projection), the backward can return the
+// gradient at x_pre instead of dx:
+//
+//   dx_pre_activation = (dz W) * x_activation'(x_pre)     dx_pre_activation_sum = its column sums
+//
+// with dW and dbias as linear_backward computes them. The layer before then runs
+// linear_backward with activation none on dx_pre_activation (its dz), without dbias (the sum is
+// its dbias): its own elementwise dz pass and one read and write of an (M, K) matrix are saved.
+// x_pre_activation and dx_pre_activation are (M, K) like x, dx_pre_activation_sum (K), all in x's
+// dtype; x_activation is any activation other than none. On the GPU, gelu_tanh in f16 / bf16 with
+// x_pre_activation's rows 16-byte aligned runs in the dx GEMM's epilogue (cuBLASLt DGELU; the
+// sums in a column-sum pass over its output); otherwise dx goes to the workspace and one
+// elementwise pass forms the product and the sums.
+std::size_t linear_backward_through_input_activation_workspace_size(std::int64_t m, std::int64_t n, std::int64_t k,
+                                                                    DType dtype, Activation activation,
+                                                                    Device device);
+
+void linear_backward_through_input_activation(const TensorView& dout, const TensorView& x, const TensorView& weight,
+                                              const OptionalTensor& pre_activation, Activation activation,
+                                              const TensorView& x_pre_activation, Activation x_activation,
+                                              const TensorView& dx_pre_activation,
+                                              const OptionalTensor& dx_pre_activation_sum,
+                                              const OptionalTensor& dweight, const OptionalTensor& dbias,
+                                              const OptionalTensor& workspace, Stream stream = nullptr);
+
 // ---- Gated linear: the gate and up projections of a gated MLP in one GEMM ----------------------
 //
 //   forward:   pre = x W^T + b  (M, 2F: gate and up columns, config.layout)    y = act(gate) * up

@@ -70,6 +70,9 @@ std::size_t linear::forward_workspace_cuda(I64, I64, I64, DType, Activation) {
 std::size_t linear::backward_workspace_cuda(I64, I64, I64, DType, Activation) {
   no_kernels("linear_backward_workspace_size");
 }
+std::size_t linear::backward_through_input_activation_workspace_cuda(I64, I64, I64, DType, Activation) {
+  no_kernels("linear_backward_through_input_activation_workspace_size");
+}
 void linear::gated_forward_cuda(const GatedForwardParams&, int, Stream) { no_kernels("gated_linear_forward"); }
 std::size_t linear::gated_forward_workspace_cuda(I64, I64, I64, DType, GatedLayout, bool) {
   no_kernels("gated_linear_forward_workspace_size");

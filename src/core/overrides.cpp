@@ -32,6 +32,9 @@ const std::vector<OverrideKey> kOverrideKeys = {
      "how the backward forms dz: one elementwise pass, or inside the dx GEMM where it can"},
     {"linear.backward.dz_first_rows", "0..2147483647",
      "rows the in_dgrad route forms with the elementwise pass before its kernel (multiple of 128)"},
+    {"linear.backward.input_activation", "bgrad_epilogue|epilogue|pass",
+     "linear_backward_through_input_activation: cuBLASLt's DGELU_BGRAD epilogue, DGELU then a column-sum pass, "
+     "or dx then the elementwise pass"},
     {"linear.gated.forward", "epilogue|separate",
      "how gated_linear_forward runs: the GEMM with the gated epilogue, or the GEMM then gated_act"},
     // cross_entropy (src/cross_entropy/cross_entropy_config.h): the launch table's sweep dimensions

@@ -20,7 +20,7 @@ namespace {
 
 constexpr std::int64_t kMaxExtent = INT_MAX;  // the CUTLASS kernel's problem shape is int
 
-void check_activation(const ArgCheck& check, Activation a) {
+void check_activation(const ArgCheck& check, Activation a, const char* name = "activation") {
   switch (a) {
     case Activation::none:
     case Activation::relu:
@@ -29,12 +29,12 @@ void check_activation(const ArgCheck& check, Activation a) {
     case Activation::squared_relu:
     case Activation::silu: return;
     case Activation::leaky_relu:
-      check.fail("activation",
+      check.fail(name,
                  "none, relu, gelu_erf, gelu_tanh, squared_relu or silu (leaky_relu's slope is "
                  "not a parameter of the linear ops)",
                  "leaky_relu");
   }
-  check.fail("activation", "none, relu, gelu_erf, gelu_tanh, squared_relu or silu",
+  check.fail(name, "none, relu, gelu_erf, gelu_tanh, squared_relu or silu",
              "activation code " + std::to_string(static_cast<int>(a)));
 }
 
@@ -231,9 +231,11 @@ void run_backward(const ArgCheck& check, Device device, linear::BackwardParams& 
                   Stream stream, const char* size_function) {
   if (device.is_cuda()) {
     require_supported_gpu(check.op(), device.index);
-    p.workspace = checked_workspace(check, workspace,
-                                    linear::backward_workspace_cuda(p.m, p.n, p.k, p.dtype, p.activation),
-                                    size_function, &p.workspace_bytes);
+    const std::size_t need =
+        p.through_input_activation
+            ? linear::backward_through_input_activation_workspace_cuda(p.m, p.n, p.k, p.dtype, p.activation)
+            : linear::backward_workspace_cuda(p.m, p.n, p.k, p.dtype, p.activation);
+    p.workspace = checked_workspace(check, workspace, need, size_function, &p.workspace_bytes);
     linear::backward_cuda(p, device.index, stream);
   } else {
     linear::backward_cpu(p);
@@ -336,6 +338,66 @@ void linear_backward(const TensorView& dout, const TensorView& x, const TensorVi
                    {arg("dout", dout), arg("x", x), arg("weight", weight),
                     arg("pre_activation", pre_activation)});
   run_backward(check, device, p, workspace, stream, "linear_backward_workspace_size");
+}
+
+std::size_t linear_backward_through_input_activation_workspace_size(std::int64_t m, std::int64_t n, std::int64_t k,
+                                                                    DType dtype, Activation activation,
+                                                                    Device device) {
+  check_size_query(ArgCheck("linear_backward_through_input_activation_workspace_size"), m, n, k, dtype, activation);
+  // dx's scratch is (M, K rounded up to 8): bounded as the dz scratch is.
+  detail::size_product("linear_backward_through_input_activation_workspace_size", "m",
+                       "M x (K rounded up to 8) x 16 bytes (a bound on the scratch)", {m, (k + 7) / 8 * 8, 16});
+  if (!device.is_cuda()) return 0;
+  return linear::backward_through_input_activation_workspace_cuda(m, n, k, dtype, activation);
+}
+
+void linear_backward_through_input_activation(const TensorView& dout, const TensorView& x, const TensorView& weight,
+                                              const OptionalTensor& pre_activation, Activation activation,
+                                              const TensorView& x_pre_activation, Activation x_activation,
+                                              const TensorView& dx_pre_activation,
+                                              const OptionalTensor& dx_pre_activation_sum,
+                                              const OptionalTensor& dweight, const OptionalTensor& dbias,
+                                              const OptionalTensor& workspace, Stream stream) {
+  ArgCheck check("linear_backward_through_input_activation");
+  const Device device = check.same_device(
+      {arg("dout", dout), arg("x", x), arg("weight", weight), arg("pre_activation", pre_activation),
+       arg("x_pre_activation", x_pre_activation), arg("dx_pre_activation", dx_pre_activation),
+       arg("dx_pre_activation_sum", dx_pre_activation_sum), arg("dweight", dweight), arg("dbias", dbias),
+       arg("workspace", workspace)});
+  check_activation(check, activation);
+  check_activation(check, x_activation, "x_activation");
+  if (x_activation == Activation::none)
+    check.fail("x_activation", "an activation other than none (with none, call linear_backward)", "none");
+  const GemmOperands g = check_gemm_operands(check, x, weight, device);
+  const std::int64_t m = g.m, n = g.n, k = g.k;
+
+  linear::BackwardParams p;
+  set_gemm_operands(p, g, x, weight, activation);
+  const RowLayout gl = check_matrix(check, dout, "dout", m, n, x.dtype, x, "x");
+  p.dout = dout.data;
+  p.lddout = gl.row_stride;
+  set_pre_activation(check, pre_activation, g, x, p);
+  if (!pre_activation && activation != Activation::none) {
+    check.fail("pre_activation",
+               std::string("the saved pre-activation (required for activation ") +
+                   activation_name(activation) + ")",
+               "none");
+  }
+  const RowLayout xl = check_matrix(check, x_pre_activation, "x_pre_activation", m, k, x.dtype, x, "x");
+  p.through_input_activation = true;
+  p.x_activation = x_activation;
+  p.x_pre = x_pre_activation.data;
+  p.ldx_pre = xl.row_stride;
+  set_backward_outputs(check, g, x, dx_pre_activation, dweight, dbias, p);
+  if (dx_pre_activation_sum) {
+    check_bias_vector(check, *dx_pre_activation_sum, "dx_pre_activation_sum", k, x.dtype);
+    p.dx_sum = dx_pre_activation_sum->data;
+  }
+  check.no_overlap({arg("dx_pre_activation", dx_pre_activation), arg("dx_pre_activation_sum", dx_pre_activation_sum),
+                    arg("dweight", dweight), arg("dbias", dbias), arg("workspace", workspace)},
+                   {arg("dout", dout), arg("x", x), arg("weight", weight), arg("pre_activation", pre_activation),
+                    arg("x_pre_activation", x_pre_activation)});
+  run_backward(check, device, p, workspace, stream, "linear_backward_through_input_activation_workspace_size");
 }
 
 // ---- gated linear ------------------------------------------------------------------------------

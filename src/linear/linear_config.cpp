@@ -64,6 +64,7 @@ BackwardProblem backward_problem(const BackwardParams& p) {
   b.dw = p.dw != nullptr;
   b.dbias = p.dbias != nullptr;
   b.gated_halves = p.gated && p.gated_layout == GatedLayout::halves;
+  b.through_input_activation = p.through_input_activation;
   constexpr std::int64_t a = sm90::kFusedAlignmentElements;
   // The dz-in-dgrad kernel reads W row-major too. A gated backward's forming warps read dy in
   // 8-byte vectors (4 values per 8 dz columns).
@@ -135,7 +136,9 @@ bool timed_problem(std::int64_t m, std::int64_t n, std::int64_t k, bool autotune
 
 bool dz_in_dgrad_eligible(const BackwardProblem& p) {
   if (p.dtype != DType::f16 && p.dtype != DType::bf16) return false;
-  if (p.activation == Activation::none || !p.dx || !p.dz_in_dgrad_aligned || p.gated_halves) return false;
+  if (p.activation == Activation::none || !p.dx || !p.dz_in_dgrad_aligned || p.gated_halves ||
+      p.through_input_activation)
+    return false;
   constexpr std::int64_t kIntLimit = INT_MAX / 2;
   return p.m <= kIntLimit && p.n <= kIntLimit && p.k <= kIntLimit;
 }

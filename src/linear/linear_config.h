@@ -64,6 +64,9 @@ struct BackwardProblem {
   // A gated backward with gate and up in halves: a dz unit's gate and up columns lie F apart,
   // which the dz-in-dgrad kernel's units (whole column slices) do not follow.
   bool gated_halves = false;
+  // dx multiplied by the input's activation derivative (linear_backward_through_input_activation):
+  // the dz-in-dgrad kernel writes plain dx.
+  bool through_input_activation = false;
 };
 
 // How dz is formed, by the dx GEMM's output width K and the problem's size: the first row whose

@@ -2,6 +2,7 @@
 // double once, every sum accumulates in double, the activation and its derivative are evaluated in
 // double), OpenMP over independent rows. Outputs are rounded once to the tensors' dtype. It is the
 // ground truth the CUDA paths are tested against, and the CPU backend of the ops.
+#include <algorithm>
 #include <vector>
 
 #include "core/activation.h"
@@ -63,7 +64,10 @@ void backward_from_dz(const BackwardParams& p, const std::vector<double>& dz) {
   const std::vector<double> w =
       (p.dx && k > 0) ? to_double(p.w, p.dtype, n, k, p.ldw, p.w_col_major) : std::vector<double>();
 
-  if (p.dx) {  // dx[r, :] = sum_c dz[r, c] * w[c, :]
+  if (p.dx) {  // dx[r, :] = sum_c dz[r, c] * w[c, :], times x_activation'(x_pre[r, :]) when asked
+    const bool through = p.through_input_activation;
+    const std::vector<double> x_pre = through ? to_double(p.x_pre, p.dtype, m, k, p.ldx_pre) : std::vector<double>();
+    std::vector<double> dx(through && p.dx_sum ? static_cast<std::size_t>(m * k) : 0);
 #pragma omp parallel for schedule(dynamic, 4)
     for (std::int64_t r = 0; r < m; ++r) {
       std::vector<double> acc(static_cast<std::size_t>(k), 0.0);
@@ -72,7 +76,18 @@ void backward_from_dz(const BackwardParams& p, const std::vector<double>& dz) {
         const double* wc = w.data() + c * k;
         for (std::int64_t i = 0; i < k; ++i) acc[i] += g * wc[i];
       }
+      if (through)
+        for (std::int64_t i = 0; i < k; ++i) acc[i] *= Math::derivative(p.x_activation, x_pre[r * k + i], 0.0);
+      if (!dx.empty()) std::copy(acc.begin(), acc.end(), dx.begin() + r * k);
       for (std::int64_t i = 0; i < k; ++i) store_from_double(p.dx, p.dtype, r * p.lddx + i, acc[i]);
+    }
+    if (through && p.dx_sum) {  // dx_sum[i] = sum_r dx[r, i] (0 without rows)
+#pragma omp parallel for schedule(static)
+      for (std::int64_t i = 0; i < k; ++i) {
+        double s = 0.0;
+        for (std::int64_t r = 0; r < m; ++r) s += dx[r * k + i];
+        store_from_double(p.dx_sum, p.dtype, i, s);
+      }
     }
   }
   if (p.dw || p.dbias) {  // dw[c, :] = sum_r dz[r, c] * x[r, :];  dbias[c] = sum_r dz[r, c]

@@ -127,11 +127,14 @@ std::uint32_t alignment_of(const void* p) {
   return a;
 }
 
-bool has_bias(Epilogue e) {
+bool has_bias(Epilogue e) {  // dgelu_bgrad's bias is its bias-gradient output
   return e == Epilogue::bias || e == Epilogue::relu_bias || e == Epilogue::gelu_bias ||
-         e == Epilogue::gelu_aux_bias;
+         e == Epilogue::gelu_aux_bias || e == Epilogue::dgelu_bgrad;
 }
-bool has_aux(Epilogue e) { return e == Epilogue::gelu_aux || e == Epilogue::gelu_aux_bias; }
+bool has_aux(Epilogue e) {
+  return e == Epilogue::gelu_aux || e == Epilogue::gelu_aux_bias || e == Epilogue::dgelu ||
+         e == Epilogue::dgelu_bgrad;
+}
 
 struct Key {
   int device = 0;

@@ -25,6 +25,8 @@ enum class Epilogue : std::uint32_t {
   gelu_bias = 36,      // CUBLASLT_EPILOGUE_GELU_BIAS
   gelu_aux = 160,      // CUBLASLT_EPILOGUE_GELU_AUX: aux = AB (GELU input)
   gelu_aux_bias = 164, // CUBLASLT_EPILOGUE_GELU_AUX_BIAS: aux = AB + bias
+  dgelu = 192,         // CUBLASLT_EPILOGUE_DGELU: D = AB * gelu'(aux)
+  dgelu_bgrad = 208,   // CUBLASLT_EPILOGUE_DGELU_BGRAD: and `bias` (an output) = sums of D's rows
 };
 
 struct Gemm {

@@ -57,6 +57,13 @@ struct BackwardParams {
   // instead of dout * act'(pre).
   bool gated = false;
   GatedLayout gated_layout = GatedLayout::interleaved;
+  // linear_backward_through_input_activation: x is x_activation(x_pre), and dx is written as
+  // dx * x_activation'(x_pre) (the gradient at x_pre), with its column sums in dx_sum (or null).
+  bool through_input_activation = false;
+  Activation x_activation = Activation::none;
+  const void* x_pre = nullptr;  // (m, k)
+  std::int64_t ldx_pre = 0;
+  void* dx_sum = nullptr;  // (k)
 };
 
 // The gated forward (fusekit/linear.h): the GEMM has n = 2f columns, gate and up in `layout`'s
@@ -97,6 +104,9 @@ std::size_t forward_workspace_cuda(std::int64_t m, std::int64_t n, std::int64_t 
                                    Activation activation);
 std::size_t backward_workspace_cuda(std::int64_t m, std::int64_t n, std::int64_t k, DType dtype,
                                     Activation activation);
+// The workspace of backward_cuda with through_input_activation.
+std::size_t backward_through_input_activation_workspace_cuda(std::int64_t m, std::int64_t n, std::int64_t k,
+                                                             DType dtype, Activation activation);
 
 // The gated backward is backward_cpu / backward_cuda with BackwardParams::gated.
 void gated_forward_cpu(const GatedForwardParams& p);

@@ -1209,5 +1209,191 @@ TEST(LinearGpu, WorkspaceErrors) {
                   "argument 'workspace': expected a u8 tensor of at least " + std::to_string(need_bwd)));
 }
 
+// ---- backward through the input's activation -------------------------------------------------
+
+// x = x_act(x_pre): the float64 reference's dx_pre is linear_backward's dx times x_act'(x_pre),
+// its sum the column sums; dW and dbias are linear_backward's.
+TEST(LinearCpu, BackwardThroughInputActivationIsDxTimesTheDerivative) {
+  const Device cpu = Device::cpu();
+  auto rng = testing::make_rng(9100);
+  const std::int64_t m = 37, n = 24, k = 19;
+  for (Activation x_act : {Activation::gelu_tanh, Activation::relu, Activation::silu, Activation::gelu_erf})
+    for (Activation act : {Activation::none, Activation::silu}) {
+      SCOPED_TRACE(std::string(activation_name(x_act)) + " / " + activation_name(act));
+      Buffer dout(DType::f64, cpu, {m, n}), pre(DType::f64, cpu, {m, n}), x_pre(DType::f64, cpu, {m, k}),
+          x(DType::f64, cpu, {m, k}), w(DType::f64, cpu, {n, k});
+      for (Buffer* b : {&dout, &pre, &x_pre, &w}) b->fill_normal(rng, 0.0, 1.0);
+      std::vector<double> xv = x_pre.values();
+      for (double& v : xv) v = detail::ActivationMath<double>::forward(x_act, v, 0.0);
+      x.set_values(xv);
+      Buffer dx(DType::f64, cpu, {m, k}), dw(DType::f64, cpu, {n, k}), db(DType::f64, cpu, {n});
+      Buffer dxp(DType::f64, cpu, {m, k}), dw2(DType::f64, cpu, {n, k}), db2(DType::f64, cpu, {n}),
+          sum(DType::f64, cpu, {k});
+      const OptionalTensor pre_view = act == Activation::none ? std::nullopt : OptionalTensor(pre.view());
+      linear_backward(dout.view(), x.view(), w.view(), pre_view, act, dx.view(), dw.view(), db.view(), std::nullopt);
+      linear_backward_through_input_activation(dout.view(), x.view(), w.view(), pre_view, act, x_pre.view(), x_act,
+                                               dxp.view(), sum.view(), dw2.view(), db2.view(), std::nullopt);
+      const std::vector<double> dxv = dx.values(), xp = x_pre.values(), got = dxp.values(), got_sum = sum.values();
+      std::vector<double> want_sum(static_cast<std::size_t>(k), 0.0);
+      for (std::int64_t r = 0; r < m; ++r)
+        for (std::int64_t i = 0; i < k; ++i) {
+          const double want = dxv[r * k + i] * detail::ActivationMath<double>::derivative(x_act, xp[r * k + i], 0.0);
+          want_sum[i] += want;
+          ASSERT_NEAR(got[r * k + i], want, 1e-12 * (1.0 + std::abs(want))) << r << ", " << i;
+        }
+      for (std::int64_t i = 0; i < k; ++i) ASSERT_NEAR(got_sum[i], want_sum[i], 1e-11 * (1.0 + std::abs(want_sum[i])));
+      EXPECT_EQ(dw2.values(), dw.values());
+      EXPECT_EQ(db2.values(), db.values());
+    }
+}
+
+TEST(LinearErrors, BackwardThroughInputActivationArguments) {
+  ErrorFixture f;
+  std::vector<std::uint16_t> xpb(64 * 32 + 8), dxpb(64 * 32 + 8), sb(32 + 8);
+  TensorView x_pre{xpb.data(), DType::bf16, f.cpu, {64, 32}}, dxp{dxpb.data(), DType::bf16, f.cpu, {64, 32}};
+  TensorView sum{sb.data(), DType::bf16, f.cpu, {32}};
+  auto call = [&](const TensorView& xp, Activation x_act, const TensorView& d, const OptionalTensor& s) {
+    return error_of([&] {
+      linear_backward_through_input_activation(f.y, f.x, f.w, std::nullopt, Activation::none, xp, x_act, d, s,
+                                               std::nullopt, std::nullopt, std::nullopt);
+    });
+  };
+  EXPECT_EQ(call(x_pre, Activation::gelu_tanh, dxp, sum), "no error");
+  EXPECT_TRUE(has(call(x_pre, Activation::none, dxp, sum), "argument 'x_activation'"));
+  EXPECT_TRUE(has(call(x_pre, Activation::leaky_relu, dxp, sum), "argument 'x_activation'"));
+  TensorView short_pre = x_pre;
+  short_pre.shape[0] = 63;
+  EXPECT_TRUE(has(call(short_pre, Activation::gelu_tanh, dxp, sum), "argument 'x_pre_activation'"));
+  TensorView short_sum = sum;
+  short_sum.shape[0] = 31;
+  EXPECT_TRUE(has(call(x_pre, Activation::gelu_tanh, dxp, short_sum), "argument 'dx_pre_activation_sum'"));
+  EXPECT_TRUE(has(call(x_pre, Activation::gelu_tanh, x_pre, sum), "dx_pre_activation"));  // overlaps an input
+  EXPECT_TRUE(has(error_of([] {
+                    linear_backward_through_input_activation_workspace_size(-1, 1, 1, DType::bf16, Activation::none,
+                                                                            Device::cpu());
+                  }),
+                  "argument 'm'"));
+}
+
+// The GPU against the float64 reference: the baseline is PyTorch's eager chain (dx rounded to the
+// dtype, then dx * act'(x_pre) in float32, rounded; its sum in float32 over rows).
+void check_through_input_activation(DType dtype, Activation act, Activation x_act, std::int64_t m, std::int64_t n,
+                                    std::int64_t k, bool with_sum, std::int64_t pad, std::uint64_t salt) {
+  SCOPED_TRACE(std::string("through ") + dtype_name(dtype) + " " + activation_name(act) + " input " +
+               activation_name(x_act) + " (M, N, K) = (" + std::to_string(m) + ", " + std::to_string(n) + ", " +
+               std::to_string(k) + ")" + (with_sum ? " +sum" : "") + (pad ? " pad " + std::to_string(pad) : ""));
+  auto rng = testing::make_rng(salt);
+  const Device gpu = Device::cuda(0);
+  Buffer dout = matrix(dtype, gpu, m, n, pad), pre = matrix(dtype, gpu, m, n, pad), x_pre = matrix(dtype, gpu, m, k, pad);
+  Buffer x = matrix(dtype, gpu, m, k, pad), w = matrix(dtype, gpu, n, k, pad);
+  const auto gv = normal_values(rng, m * n, 0.0, 1.0, dtype);
+  const auto pv = normal_values(rng, m * n, 0.0, 1.5, dtype);
+  const auto xpv = normal_values(rng, m * k, 0.0, 1.5, dtype);
+  std::vector<double> xv(xpv.size());
+  for (std::size_t i = 0; i < xv.size(); ++i)
+    xv[i] = detail::round_to(dtype, detail::ActivationMath<double>::forward(x_act, xpv[i], 0.0));
+  const auto wv = normal_values(rng, n * k, 0.0, 1.0 / std::sqrt(double(std::max<std::int64_t>(n, 1))), dtype);
+  dout.set_values(gv);
+  pre.set_values(pv);
+  x_pre.set_values(xpv);
+  x.set_values(xv);
+  w.set_values(wv);
+  Buffer dxp = matrix(dtype, gpu, m, k, pad), dw = matrix(dtype, gpu, n, k, pad), db(dtype, gpu, {n});
+  std::optional<Buffer> sum;
+  if (with_sum) sum.emplace(dtype, gpu, std::vector<std::int64_t>{k});
+  Buffer ws = workspace_for(linear_backward_through_input_activation_workspace_size(m, n, k, dtype, act, gpu), gpu);
+  const OptionalTensor pre_view = act == Activation::none ? std::nullopt : OptionalTensor(pre.view());
+  auto run = [&] {
+    for (Buffer* b : {&dxp, &dw, &db}) b->poison();
+    if (sum) sum->poison();
+    linear_backward_through_input_activation(dout.view(), x.view(), w.view(), pre_view, act, x_pre.view(), x_act,
+                                             dxp.view(), opt(sum), dw.view(), db.view(), ws.view());
+  };
+  run();
+  const std::vector<double> first = dxp.values();
+
+  // Reference: the CPU backend in float64 on the same values.
+  const Device cpu = Device::cpu();
+  Buffer g64(DType::f64, cpu, {m, n}), p64(DType::f64, cpu, {m, n}), xp64(DType::f64, cpu, {m, k}),
+      x64(DType::f64, cpu, {m, k}), w64(DType::f64, cpu, {n, k}), dxp64(DType::f64, cpu, {m, k}),
+      dw64(DType::f64, cpu, {n, k}), db64(DType::f64, cpu, {n}), s64(DType::f64, cpu, {k});
+  g64.set_values(gv);
+  p64.set_values(pv);
+  xp64.set_values(xpv);
+  x64.set_values(xv);
+  w64.set_values(wv);
+  linear_backward_through_input_activation(g64.view(), x64.view(), w64.view(),
+                                           act == Activation::none ? std::nullopt : OptionalTensor(p64.view()), act,
+                                           xp64.view(), x_act, dxp64.view(), s64.view(), dw64.view(), db64.view(),
+                                           std::nullopt);
+  lb::BackwardBaseline base = lb::backward_baseline(gv, pv, xv, wv, m, n, k, act, dtype);
+  std::vector<double> base_sum(static_cast<std::size_t>(k), 0.0);
+  {
+    std::vector<float> acc(static_cast<std::size_t>(k), 0.0f);
+    for (std::int64_t r = 0; r < m; ++r)
+      for (std::int64_t i = 0; i < k; ++i) {
+        const float v = lb::round_f(dtype, static_cast<float>(base.dx[r * k + i]) *
+                                               lb::MathF::derivative(x_act, static_cast<float>(xpv[r * k + i]), 0.0f));
+        base.dx[r * k + i] = v;
+        acc[i] += v;
+      }
+    for (std::int64_t i = 0; i < k; ++i) base_sum[i] = lb::round_f(dtype, acc[i]);
+  }
+  const std::int64_t dz_values = m * n;
+  EXPECT_TRUE(passes(lb::judge(dxp.values(), dxp64.values(), base.dx, dtype, "dx_pre_activation", dz_values)));
+  if (sum) EXPECT_TRUE(passes(lb::judge(sum->values(), s64.values(), base_sum, dtype, "dx_pre_activation_sum", dz_values)));
+  EXPECT_TRUE(passes(lb::judge(dw.values(), dw64.values(), base.dw, dtype, "dW", dz_values)));
+  EXPECT_TRUE(passes(lb::judge(db.values(), db64.values(), base.dbias, dtype, "dbias", dz_values)));
+  run();
+  EXPECT_EQ(dxp.values(), first) << "a second run differs";
+}
+
+// Each route (linear.backward.input_activation): cuBLASLt's DGELU_BGRAD or DGELU epilogue (gelu_tanh
+// in 16-bit with aligned rows; otherwise the pass) and the pass after a plain dx GEMM.
+class ThroughInputActivation : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ThroughInputActivation, MatchesReference) {
+  FUSEKIT_REQUIRE_GPU();
+  struct Guard {
+    explicit Guard(const char* route) { detail::set_override("linear.backward.input_activation", route); }
+    ~Guard() { detail::set_override("linear.backward.input_activation", ""); }
+  } guard(GetParam());
+  std::uint64_t salt = 9200;
+  for (DType dtype : {DType::bf16, DType::f16, DType::f32})
+    for (Activation x_act : {Activation::gelu_tanh, Activation::relu, Activation::silu, Activation::gelu_erf})
+      for (Activation act : {Activation::none, Activation::gelu_tanh})
+        for (bool with_sum : {true, false})
+          check_through_input_activation(dtype, act, x_act, 333, 264, 136, with_sum, 0, salt++);
+  // GPT-2's MLP down projection (N = 768, K = 3072) at 1024 tokens; padded rows (the epilogue
+  // then needs aux rows of a multiple of 8 elements: 3 is not); one row; K = 1.
+  check_through_input_activation(DType::bf16, Activation::none, Activation::gelu_tanh, 1024, 768, 3072, true, 0, salt++);
+  check_through_input_activation(DType::bf16, Activation::none, Activation::gelu_tanh, 200, 64, 96, true, 8, salt++);
+  check_through_input_activation(DType::bf16, Activation::none, Activation::gelu_tanh, 200, 64, 96, true, 3, salt++);
+  check_through_input_activation(DType::f16, Activation::silu, Activation::gelu_tanh, 1, 40, 24, true, 0, salt++);
+  check_through_input_activation(DType::bf16, Activation::none, Activation::relu, 50, 16, 1, true, 0, salt++);
+}
+
+INSTANTIATE_TEST_SUITE_P(LinearGpu, ThroughInputActivation, ::testing::Values("bgrad_epilogue", "epilogue", "pass"),
+                         [](const ::testing::TestParamInfo<const char*>& info) { return std::string(info.param); });
+
+TEST(LinearGpu, BackwardThroughInputActivationEmptyDimensions) {
+  FUSEKIT_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  for (auto [m, n, k] : {std::array<std::int64_t, 3>{0, 16, 8}, std::array<std::int64_t, 3>{16, 0, 8}}) {
+    SCOPED_TRACE(std::to_string(m) + " x " + std::to_string(n) + " x " + std::to_string(k));
+    Buffer dout = matrix(DType::bf16, gpu, m, n), x = matrix(DType::bf16, gpu, m, k), w = matrix(DType::bf16, gpu, n, k);
+    Buffer x_pre = matrix(DType::bf16, gpu, m, k), dxp = matrix(DType::bf16, gpu, m, k), sum(DType::bf16, gpu, {k});
+    dxp.poison();
+    sum.poison();
+    Buffer ws = workspace_for(
+        linear_backward_through_input_activation_workspace_size(m, n, k, DType::bf16, Activation::none, gpu), gpu);
+    linear_backward_through_input_activation(dout.view(), x.view(), w.view(), std::nullopt, Activation::none,
+                                             x_pre.view(), Activation::gelu_tanh, dxp.view(), sum.view(), std::nullopt,
+                                             std::nullopt, ws.view());
+    for (double v : sum.values()) EXPECT_EQ(v, 0.0);
+    for (double v : dxp.values()) EXPECT_EQ(v, 0.0);
+  }
+}
+
 }  // namespace
 }  // namespace fusekit
