@@ -14,8 +14,8 @@ constexpr Activation kActivations[] = {Activation::none,         Activation::rel
 
 }  // namespace
 
-Activation ScalarArgs::activation(nb::handle value) const {
-  return option(value, "activation", "fusekit.Activation", kActivations, activation_name);
+Activation ScalarArgs::activation(nb::handle value, const char* name) const {
+  return option(value, name, "fusekit.Activation", kActivations, activation_name);
 }
 
 void bind_activation(nb::module_& m) {

@@ -380,6 +380,41 @@ void bind_linear(nb::module_& m) {
       arg("dbias").none() = none, arg("workspace").none() = none, arg("stream").none() = none,
       "Any subset of dx, dweight, dbias; dz = dout * act'(pre_activation).");
 
+  def_workspace_size(m, "linear_backward_through_input_activation_workspace_size",
+                     linear_backward_through_input_activation_workspace_size,
+                     "Bytes of u8 scratch memory linear_backward_through_input_activation needs (0 on the CPU).");
+
+  m.def(
+      "linear_backward_through_input_activation",
+      [](nb::handle dout, nb::handle x, nb::handle weight, nb::handle pre_activation, nb::handle activation,
+         nb::handle x_pre_activation, nb::handle x_activation, nb::handle dx_pre_activation,
+         nb::handle dx_pre_activation_sum, nb::handle dweight, nb::handle dbias, nb::handle workspace,
+         nb::handle stream) {
+        OpCall c("linear_backward_through_input_activation");
+        const Activation act = c.activation(activation);
+        const Activation x_act = c.activation(x_activation, "x_activation");
+        const TensorView dov = c.tensor(dout, "dout", Access::read);
+        const TensorView xv = c.tensor(x, "x", Access::read);
+        const TensorView wv = c.tensor(weight, "weight", Access::read);
+        const OptionalTensor pv = c.optional(pre_activation, "pre_activation", Access::read);
+        const TensorView xpv = c.tensor(x_pre_activation, "x_pre_activation", Access::read);
+        const TensorView dxpv = c.tensor(dx_pre_activation, "dx_pre_activation", Access::write);
+        const OptionalTensor sv = c.optional(dx_pre_activation_sum, "dx_pre_activation_sum", Access::write);
+        const OptionalTensor dwv = c.optional(dweight, "dweight", Access::write);
+        const OptionalTensor dbv = c.optional(dbias, "dbias", Access::write);
+        const OptionalTensor wsv = c.workspace(
+            workspace, linear_workspace(linear_backward_through_input_activation_workspace_size, xv, wv, act));
+        c.run(stream, [&](Stream s) {
+          linear_backward_through_input_activation(dov, xv, wv, pv, act, xpv, x_act, dxpv, sv, dwv, dbv, wsv, s);
+        });
+      },
+      arg("dout").none(), arg("x").none(), arg("weight").none(), arg("pre_activation").none(),
+      arg("activation").none(), arg("x_pre_activation").none(), arg("x_activation").none(),
+      arg("dx_pre_activation").none(), arg("dx_pre_activation_sum").none() = none, arg("dweight").none() = none,
+      arg("dbias").none() = none, arg("workspace").none() = none, arg("stream").none() = none,
+      "For x = x_activation(x_pre_activation): dx_pre_activation = (dz W) * x_activation'(x_pre_activation) "
+      "in place of dx, its column sums (the previous layer's dbias), and any of dweight, dbias.");
+
   bind_gated_linear(m);
 }
 

@@ -88,7 +88,7 @@ class ScalarArgs {
   // A device name: 'cpu', 'cuda' (device 0) or 'cuda:N'.
   Device device(nb::handle value, const char* name) const;
   // A fusekit.Activation or its name (bind_activation.cpp).
-  Activation activation(nb::handle value) const;
+  Activation activation(nb::handle value, const char* name = "activation") const;
   // An option: a member of the bound enum `Enum` (its Python type named `type_name`) or the name
   // of one of `values` (`name_of` gives the names).
   template <typename Enum, std::size_t N>

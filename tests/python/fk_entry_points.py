@@ -179,6 +179,13 @@ def _linear_backward(rng):
                 dx=out(2, 8), dweight=out(4, 8), dbias=out(4), workspace=None, stream=None)
 
 
+def _linear_backward_through_input_activation(rng):
+    a = _linear_arrays(rng)
+    return dict(dout=f32(rng, 2, 4), **a, pre_activation=None, activation="none",
+                x_pre_activation=f32(rng, 2, 8), x_activation="gelu_tanh", dx_pre_activation=out(2, 8),
+                dx_pre_activation_sum=out(8), dweight=out(4, 8), dbias=out(4), workspace=None, stream=None)
+
+
 def _gated_linear_arrays(rng):
     return dict(x=f32(rng, 2, 8), weight=f32(rng, 6, 8))
 
@@ -457,6 +464,14 @@ ENTRY_POINTS = [
                _kinds(dout=ARRAY, x=ARRAY, weight=ARRAY, pre_activation=ARRAY, activation=ACTIVATION,
                       dx=ARRAY, dweight=ARRAY, dbias=ARRAY, workspace=ARRAY, stream=STREAM),
                _linear_backward),
+    EntryPoint("linear_backward_through_input_activation_workspace_size",
+               _kinds(m=INT64, n=INT64, k=INT64, dtype=DTYPE, activation=ACTIVATION, device=DEVICE),
+               lambda rng: dict(m=2, n=4, k=8, dtype=fusekit.DType.bf16, activation="none", device="cpu")),
+    EntryPoint("linear_backward_through_input_activation",
+               _kinds(dout=ARRAY, x=ARRAY, weight=ARRAY, pre_activation=ARRAY, activation=ACTIVATION,
+                      x_pre_activation=ARRAY, x_activation=ACTIVATION, dx_pre_activation=ARRAY,
+                      dx_pre_activation_sum=ARRAY, dweight=ARRAY, dbias=ARRAY, workspace=ARRAY, stream=STREAM),
+               _linear_backward_through_input_activation),
     EntryPoint("gated_linear_forward_workspace_size",
                _kinds(m=INT64, f=INT64, k=INT64, dtype=DTYPE, activation=ACTIVATION, keeps_pre=BOOL,
                       device=DEVICE, layout=LAYOUT),

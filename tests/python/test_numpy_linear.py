@@ -66,6 +66,27 @@ def test_forward_backward_match_float64(rng, activation, dtype, with_bias):
     check("dbias", dbias, dz2.sum(axis=0), dtype)
 
 
+@pytest.mark.parametrize("x_activation", ["gelu_tanh", "relu", "silu"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_backward_through_input_activation(rng, x_activation, dtype):
+    """For x = x_act(x_pre): dx_pre = (dz W) * x_act'(x_pre) and its column sums instead of dx."""
+    lead, n, k = (5, 7), 24, 40
+    x_pre, weight, _, dout = inputs(rng, lead, n, k, dtype)
+    x = act(x_activation, to_f64(x_pre)).astype(x_pre.dtype)
+    dx_pre = np.full_like(x, np.nan)
+    dsum, dweight, dbias = np.full(k, np.nan, x.dtype), np.full_like(weight, np.nan), np.full(n, np.nan, x.dtype)
+    fusekit.linear_backward_through_input_activation(dout, x, weight, None, "none", x_pre, x_activation, dx_pre,
+                                                     dsum, dweight, dbias)
+    dz2 = to_f64(dout).reshape(-1, n)
+    want = (dz2 @ to_f64(weight)) * act_grad(x_activation, to_f64(x_pre).reshape(-1, k))
+    check("dx_pre_activation", dx_pre, want.reshape(x.shape), dtype)
+    check("dx_pre_activation_sum", dsum, want.sum(axis=0), dtype)
+    check("dweight", dweight, dz2.T @ to_f64(x).reshape(-1, k), dtype)
+    check("dbias", dbias, dz2.sum(axis=0), dtype)
+    with pytest.raises(fusekit.InvalidArgumentError, match="x_activation"):
+        fusekit.linear_backward_through_input_activation(dout, x, weight, None, "none", x_pre, "none", dx_pre)
+
+
 def assert_f64_product_close(got, ref, terms):
     """float64 results of sums of products, summed in another order than NumPy's: each element
     within 1e-13 of the sum of its terms' magnitudes (`terms`), not of its own size, which a
