@@ -201,6 +201,24 @@ void set_pre_activation(const ArgCheck& check, const OptionalTensor& pre_activat
   p.ldpre = l.row_stride;
 }
 
+// A backward's inputs besides the GEMM operands: dout (M, N) and the saved pre-activation, which
+// every activation other than none needs.
+void set_backward_inputs(const ArgCheck& check, const GemmOperands& g, const TensorView& dout, const TensorView& x,
+                         const TensorView& weight, const OptionalTensor& pre_activation, Activation activation,
+                         linear::BackwardParams& p) {
+  set_gemm_operands(p, g, x, weight, activation);
+  const RowLayout gl = check_matrix(check, dout, "dout", g.m, g.n, x.dtype, x, "x");
+  p.dout = dout.data;
+  p.lddout = gl.row_stride;
+  set_pre_activation(check, pre_activation, g, x, p);
+  if (!pre_activation && activation != Activation::none) {
+    check.fail("pre_activation",
+               std::string("the saved pre-activation (required for activation ") + activation_name(activation) +
+                   ")",
+               "none");
+  }
+}
+
 // The gradients a backward computes, each optional: dx like x, dweight (N, K) in either of W's
 // layouts, dbias (N).
 void set_backward_outputs(const ArgCheck& check, const GemmOperands& g, const TensorView& x, const OptionalTensor& dx,
@@ -319,20 +337,9 @@ void linear_backward(const TensorView& dout, const TensorView& x, const TensorVi
        arg("dx", dx), arg("dweight", dweight), arg("dbias", dbias), arg("workspace", workspace)});
   check_activation(check, activation);
   const GemmOperands g = check_gemm_operands(check, x, weight, device);
-  const std::int64_t m = g.m, n = g.n;
 
   linear::BackwardParams p;
-  set_gemm_operands(p, g, x, weight, activation);
-  const RowLayout gl = check_matrix(check, dout, "dout", m, n, x.dtype, x, "x");
-  p.dout = dout.data;
-  p.lddout = gl.row_stride;
-  set_pre_activation(check, pre_activation, g, x, p);
-  if (!pre_activation && activation != Activation::none) {
-    check.fail("pre_activation",
-               std::string("the saved pre-activation (required for activation ") +
-                   activation_name(activation) + ")",
-               "none");
-  }
+  set_backward_inputs(check, g, dout, x, weight, pre_activation, activation, p);
   set_backward_outputs(check, g, x, dx, dweight, dbias, p);
   check.no_overlap({arg("dx", dx), arg("dweight", dweight), arg("dbias", dbias), arg("workspace", workspace)},
                    {arg("dout", dout), arg("x", x), arg("weight", weight),
@@ -369,28 +376,17 @@ void linear_backward_through_input_activation(const TensorView& dout, const Tens
   if (x_activation == Activation::none)
     check.fail("x_activation", "an activation other than none (with none, call linear_backward)", "none");
   const GemmOperands g = check_gemm_operands(check, x, weight, device);
-  const std::int64_t m = g.m, n = g.n, k = g.k;
 
   linear::BackwardParams p;
-  set_gemm_operands(p, g, x, weight, activation);
-  const RowLayout gl = check_matrix(check, dout, "dout", m, n, x.dtype, x, "x");
-  p.dout = dout.data;
-  p.lddout = gl.row_stride;
-  set_pre_activation(check, pre_activation, g, x, p);
-  if (!pre_activation && activation != Activation::none) {
-    check.fail("pre_activation",
-               std::string("the saved pre-activation (required for activation ") +
-                   activation_name(activation) + ")",
-               "none");
-  }
-  const RowLayout xl = check_matrix(check, x_pre_activation, "x_pre_activation", m, k, x.dtype, x, "x");
+  set_backward_inputs(check, g, dout, x, weight, pre_activation, activation, p);
+  const RowLayout xl = check_matrix(check, x_pre_activation, "x_pre_activation", g.m, g.k, x.dtype, x, "x");
   p.through_input_activation = true;
   p.x_activation = x_activation;
   p.x_pre = x_pre_activation.data;
   p.ldx_pre = xl.row_stride;
   set_backward_outputs(check, g, x, dx_pre_activation, dweight, dbias, p);
   if (dx_pre_activation_sum) {
-    check_bias_vector(check, *dx_pre_activation_sum, "dx_pre_activation_sum", k, x.dtype);
+    check_bias_vector(check, *dx_pre_activation_sum, "dx_pre_activation_sum", g.k, x.dtype);
     p.dx_sum = dx_pre_activation_sum->data;
   }
   check.no_overlap({arg("dx_pre_activation", dx_pre_activation), arg("dx_pre_activation_sum", dx_pre_activation_sum),
