@@ -32,6 +32,32 @@ TensorView weight_operand(OpCall& c, nb::handle weight) {
   return transposed_view(w) ? w : c.contiguous(weight, "weight");
 }
 
+// Which gradients an allocating backward was asked for (need_dx, need_dweight, need_dbias).
+struct Needed {
+  bool dx, dweight, dbias;
+};
+Needed needed_gradients(const OpCall& c, nb::handle dx, nb::handle dweight, nb::handle dbias) {
+  return {c.flag(dx, "need_dx"), c.flag(dweight, "need_dweight"), c.flag(dbias, "need_dbias")};
+}
+
+// The gradients an allocating backward returns, allocated through x's framework where asked for:
+// dx like x, dweight in the weight's layout (a transposed view's gradient transposed too), dbias
+// (N); None elsewhere.
+struct Gradients {
+  nb::object dx, dweight, dbias;
+  OptionalTensor dxv, dwv, dbv;
+  nb::tuple arrays() const { return nb::make_tuple(dx, dweight, dbias); }
+};
+Gradients allocate_gradients(OpCall& c, const Needed& needed, const TensorView& x, const TensorView& weight) {
+  Gradients g;
+  g.dx = c.new_optional(needed.dx, OpCall::spec_like(x, x.dtype, rows_cols(x).second), &g.dxv);
+  OpCall::ArraySpec dweight_spec = OpCall::spec_like(weight, weight.dtype, rows_cols(weight).second);
+  dweight_spec.transposed = transposed_view(weight);
+  g.dweight = c.new_optional(needed.dweight, dweight_spec, &g.dwv);
+  g.dbias = c.new_optional(needed.dbias, OpCall::spec(x.dtype, {out_features(weight)}), &g.dbv);
+  return g;
+}
+
 // The size query behind workspace='auto': `size` (linear_forward_workspace_size or
 // linear_backward_workspace_size) for x (..., K) and weight (N, K).
 template <typename SizeFn>
@@ -229,27 +255,18 @@ void bind_gated_linear(nb::module_& m) {
          nb::handle layout, nb::handle need_dx_arg, nb::handle need_dweight_arg, nb::handle need_dbias_arg) {
         OpCall c("gated_linear_backward");
         const GatedLinearConfig config = gated_config(c, activation, layout);
-        const bool need_dx = c.flag(need_dx_arg, "need_dx");
-        const bool need_dweight = c.flag(need_dweight_arg, "need_dweight");
-        const bool need_dbias = c.flag(need_dbias_arg, "need_dbias");
+        const Needed needed = needed_gradients(c, need_dx_arg, need_dweight_arg, need_dbias_arg);
         const TensorView dyv = c.contiguous(dy, "dy");
         const TensorView xv = c.contiguous(x, "x");
         const TensorView wv = weight_operand(c, weight);
         const TensorView pv = c.contiguous(pre_activation, "pre_activation");
-        const std::int64_t n = out_features(wv);
-        const std::int64_t k = rows_cols(xv).second;
-        OptionalTensor dxv, dwv, dbv;
-        nb::object dx = c.new_optional(need_dx, OpCall::spec_like(xv, xv.dtype, k), &dxv);
-        OpCall::ArraySpec dweight_spec = OpCall::spec_like(wv, wv.dtype, rows_cols(wv).second);
-        dweight_spec.transposed = transposed_view(wv);
-        nb::object dweight = c.new_optional(need_dweight, dweight_spec, &dwv);
-        nb::object dbias = c.new_optional(need_dbias, OpCall::spec(xv.dtype, {n}), &dbv);
+        Gradients g = allocate_gradients(c, needed, xv, wv);
         const OptionalTensor wsv = c.auto_workspace(gated_backward_workspace(xv, wv, config));
         c.run(nb::none(), [&](Stream s) {
           naming_config_arguments(
-              [&] { gated_linear_backward(dyv, xv, wv, pv, config, dxv, dwv, dbv, wsv, s); });
+              [&] { gated_linear_backward(dyv, xv, wv, pv, config, g.dxv, g.dwv, g.dbv, wsv, s); });
         });
-        return nb::make_tuple(dx, dweight, dbias);
+        return g.arrays();
       },
       arg("dy").none(), arg("x").none(), arg("weight").none(), arg("pre_activation").none(),
       arg("activation").none(), arg("layout").none(), arg("need_dx").none(), arg("need_dweight").none(),
@@ -327,27 +344,18 @@ void bind_linear(nb::module_& m) {
          nb::handle need_dbias_arg) {
         OpCall c("linear_backward");
         const Activation act = c.activation(activation);
-        const bool need_dx = c.flag(need_dx_arg, "need_dx");
-        const bool need_dweight = c.flag(need_dweight_arg, "need_dweight");
-        const bool need_dbias = c.flag(need_dbias_arg, "need_dbias");
+        const Needed needed = needed_gradients(c, need_dx_arg, need_dweight_arg, need_dbias_arg);
         const TensorView dov = c.contiguous(dout, "dout");
         const TensorView xv = c.contiguous(x, "x");
         const TensorView wv = weight_operand(c, weight);
         const OptionalTensor pv = c.optional_contiguous(pre_activation, "pre_activation");
-        const std::int64_t n = out_features(wv);
-        const std::int64_t k = rows_cols(xv).second;
-        OptionalTensor dxv, dwv, dbv;
-        nb::object dx = c.new_optional(need_dx, OpCall::spec_like(xv, xv.dtype, k), &dxv);
-        OpCall::ArraySpec dweight_spec = OpCall::spec_like(wv, wv.dtype, rows_cols(wv).second);
-        dweight_spec.transposed = transposed_view(wv);
-        nb::object dweight = c.new_optional(need_dweight, dweight_spec, &dwv);
-        nb::object dbias = c.new_optional(need_dbias, OpCall::spec(xv.dtype, {n}), &dbv);
+        Gradients g = allocate_gradients(c, needed, xv, wv);
         const OptionalTensor wsv =
             c.auto_workspace(linear_workspace(linear_backward_workspace_size, xv, wv, act));
         c.run(nb::none(), [&](Stream s) {
-          linear_backward(dov, xv, wv, pv, act, dxv, dwv, dbv, wsv, s);
+          linear_backward(dov, xv, wv, pv, act, g.dxv, g.dwv, g.dbv, wsv, s);
         });
-        return nb::make_tuple(dx, dweight, dbias);
+        return g.arrays();
       },
       arg("dout").none(), arg("x").none(), arg("weight").none(), arg("pre_activation").none(),
       arg("activation").none(), arg("need_dx").none(), arg("need_dweight").none(),

@@ -88,9 +88,15 @@ def test_inference_and_partial_gradients(device, seed, path):
         torch.testing.assert_close(fk.gated_linear(x, w, b, "relu"), expression(x, w, b, "relu", "interleaved"))
     y = fk.gated_linear(x, w, b, fusekit.Activation.silu, fusekit.GatedLayout.halves)
     y.square().sum().backward()
+    # Against float64: no further from it than twice PyTorch's own float32 expression (elementwise
+    # bounds on a few-term sum of products fail on cancellation at random seeds).
     w_ref = w.detach().clone().requires_grad_(True)
     expression(x, w_ref, b, "silu", "halves").square().sum().backward()
-    torch.testing.assert_close(w.grad, w_ref.grad, rtol=1e-4, atol=1e-5)
+    w64 = w.detach().double().requires_grad_(True)
+    expression(x.double(), w64, b.double(), "silu", "halves").square().sum().backward()
+    error = (w.grad.double() - w64.grad).norm()
+    torch_error = (w_ref.grad.double() - w64.grad).norm()
+    assert error <= 2 * torch_error + 1e-6 * w64.grad.norm(), (error, torch_error)
 
 
 @pytest.mark.parametrize("device", DEVICES)
