@@ -2,7 +2,8 @@
 # On the GPU machine: train_gpt (fusekit, C++) against apps/train_gpt/reference.py (PyTorch,
 # torch.compile) on the same model, initial weights and data order, dropout 0, STEPS steps each
 # (default 50, GPT-2 124M shapes). Leaves in $OUT: both programs' logs and per-step losses, and
-# train_gpt_compare.json (per-step losses and their differences, median step times, the speed ratio).
+# train_gpt_compare.json (per-step losses and their differences, median step times, the speed ratio);
+# exits 1 when the losses part by more than train_gpt_compare.py's tolerance.
 #   device tool: run(command="bash scripts/train_gpt_compare.sh", carry=[".deps"])
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +25,9 @@ cmake --build "$BUILD" -j "$(nproc)" --target train_gpt >>"$OUT/train_gpt_build.
   --losses-json "$OUT/train_gpt_losses.json" --sample-tokens 200 | tee "$OUT/train_gpt.log"
 "$PYTHON" apps/train_gpt/reference.py --checkpoint "$OUT/train_gpt_init.bin" --steps "$STEPS" \
   --batch "$BATCH" --compile --losses-json "$OUT/reference_losses.json" | tee "$OUT/reference.log"
-"$PYTHON" scripts/train_gpt_compare.py "$OUT/train_gpt_losses.json" "$OUT/reference_losses.json" \
-  >"$OUT/train_gpt_compare.json"
-cat "$OUT/train_gpt_compare.json"
 rm -f "$OUT/train_gpt_init.bin"  # 1.5 GB of weights and moments: not worth bringing back
+status=0
+"$PYTHON" scripts/train_gpt_compare.py "$OUT/train_gpt_losses.json" "$OUT/reference_losses.json" \
+  >"$OUT/train_gpt_compare.json" || status=$?
+cat "$OUT/train_gpt_compare.json"
+exit "$status"

@@ -6,11 +6,11 @@ uninterrupted 2-GPU run (gpus2), and tokens/s in all and per GPU
 
 The losses are judged in two parts. Up to the reference's first loss spike (a step whose loss is
 more than SPIKE times the step before's), runs that differ only in the order of their float sums
-agree to --tolerance. From the spike on they part: at seed 1337, GPT-2 124M's step 16 jumps from
-3.40 to 9.93 with a gradient norm of 2184 (PyTorch's reference run of apps/train_gpt/reference.py
-spikes on the same batch too), and the runs' differences grow from 2e-4 before it to 0.07 at it
-and 0.005 after it. From there each step is judged relative to the reference's loss, to
---after-spike.
+agree to --tolerance. From a spike on they part: with AdamW's beta2 at 0.95 and seed 1337, GPT-2
+124M's step 16 jumps from 3.40 to 9.93 with a gradient norm of 2184 (PyTorch's reference run of
+apps/train_gpt/reference.py spikes on the same batch too), and the runs' differences grow from
+2e-4 before it to 0.07 at it and 0.005 after it. From there each step is judged relative to the
+reference's loss, to --after-spike.
 Prints JSON; exits 1 when a loss difference exceeds its bound."""
 
 import argparse

@@ -71,11 +71,11 @@ int main(int argc, char** argv) {
   std::int64_t layers = 0, heads = 0, embd = 0, seq = 0, batch = 0, steps = 0, warmup = -1, val_every = 0,
                val_batches = 8, save_every = 0, sample_tokens = 300, stop_after = 0, check_replicas = 0;
   int gpus = 1;
-  float lr = 0.0f, min_lr_ratio = 0.1f, weight_decay = 0.1f, grad_clip = 1.0f, dropout = 0.0f, beta2 = 0.95f,
-        temperature = 0.8f;
+  float lr = 0.0f, min_lr_ratio = 0.1f, weight_decay = 0.1f, grad_clip = 1.0f, dropout = 0.0f, temperature = 0.8f;
+  float beta2 = OptimizerConfig{}.beta2;
   double peak_tflops = -1.0;
   std::uint64_t seed = 1337;
-  bool deterministic = false;
+  bool deterministic = false, cuda_graph = true;
   app.add_option("--device", device_name, "cpu, cuda or auto (a GPU where one exists)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app.add_option("--preset", preset, "tiny or gpt2-124m (default: gpt2-124m on a GPU, tiny on the CPU)");
@@ -93,7 +93,7 @@ int main(int argc, char** argv) {
   app.add_option("--min-lr-ratio", min_lr_ratio, "the cosine's final learning rate / peak");
   app.add_option("--warmup", warmup, "warm-up steps (default: steps / 10)");
   app.add_option("--weight-decay", weight_decay, "AdamW weight decay of the 2-D weights");
-  app.add_option("--beta2", beta2, "AdamW beta2");
+  app.add_option("--beta2", beta2, "AdamW beta2 (default 0.99)");
   app.add_option("--grad-clip", grad_clip, "clip gradients to this global norm (0: off)");
   app.add_option("--dropout", dropout, "dropout on attention probabilities and residual projections");
   app.add_option("--seed", seed, "the run seed (initialization, data order, dropout)");
@@ -113,6 +113,8 @@ int main(int argc, char** argv) {
   app.add_option("--peak-tflops", peak_tflops, "the GPU's peak for MFU (default: 989 on H100/H200, else no MFU)");
   app.add_option("--losses-json", losses_json, "write per-step losses and times here");
   app.add_flag("--deterministic", deterministic, "bitwise-reproducible attention backward on the GPU");
+  app.add_option("--cuda-graph", cuda_graph,
+                 "replay each step's forward and backward as one recorded CUDA graph (GPU, dropout 0; default on)");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -139,6 +141,7 @@ int main(int argc, char** argv) {
     o.dropout = dropout;
     o.seed = seed;
     o.deterministic = deterministic;
+    o.step_graph = cuda_graph;
     o.resume = resume;
     OptimizerConfig& oc = o.optimizer;
     oc.total_steps = steps ? steps : (tiny ? 100 : 50);
@@ -168,6 +171,11 @@ int main(int argc, char** argv) {
                  gpu ? fmt::format("GPUs (devices 0..{})", trainer.replicas() - 1) : std::string("replicas on host threads"),
                  trainer.micro_batch(), trainer.describe_parallelism(),
                  o.dropout > 0.0f ? "; dropout masks differ from a run on another number of GPUs" : "");
+    if (gpu)
+      fmt::print("step: {}\n", trainer.model().step_graph_taken(DropoutConfig{o.dropout, 0, 0})
+                                   ? "forward and backward replayed as one CUDA graph (recorded at the second step)"
+                                   : o.step_graph ? "ops launched one by one (dropout's masks change every step)"
+                                                  : "ops launched one by one (--cuda-graph off)");
     fmt::print("memory: {} in {} arena{}\n", mib(trainer.arena_bytes()),
                trainer.replicas() > 1 ? "each replica's" : "the trainer's",
                gpu ? fmt::format(", {} in use on GPU 0", mib(device_bytes_in_use(o.backend.device))) : "");

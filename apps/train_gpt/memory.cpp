@@ -101,6 +101,40 @@ DeviceStream::~DeviceStream() {
   if (stream_) (void)cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
 }
 
+StreamGraph::~StreamGraph() { release(); }
+
+void StreamGraph::release() noexcept {
+  if (exec_) (void)cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+  if (graph_) (void)cudaGraphDestroy(static_cast<cudaGraph_t>(graph_));
+  exec_ = graph_ = nullptr;
+}
+
+void StreamGraph::record(fusekit::Stream stream, const std::function<void()>& enqueue) {
+  if (!stream) throw std::logic_error("StreamGraph::record: needs a GPU stream");
+  release();
+  const auto s = static_cast<cudaStream_t>(stream);
+  cuda_check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+  cudaGraph_t graph = nullptr;
+  try {
+    enqueue();
+  } catch (...) {
+    (void)cudaStreamEndCapture(s, &graph);  // leaves the stream usable; the partial graph is dropped
+    if (graph) (void)cudaGraphDestroy(graph);
+    throw;
+  }
+  cuda_check(cudaStreamEndCapture(s, &graph), "cudaStreamEndCapture");
+  graph_ = graph;
+  cudaGraphExec_t exec = nullptr;
+  cuda_check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+  exec_ = exec;
+}
+
+void StreamGraph::replay(fusekit::Stream stream) const {
+  if (!exec_) throw std::logic_error("StreamGraph::replay: nothing recorded");
+  cuda_check(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), static_cast<cudaStream_t>(stream)),
+             "cudaGraphLaunch");
+}
+
 void synchronize(fusekit::Device device) {
   if (device.is_cuda()) cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 }

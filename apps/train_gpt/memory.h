@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <vector>
 
@@ -58,6 +59,30 @@ class DeviceStream {
 
  private:
   fusekit::Stream stream_ = nullptr;
+};
+
+// Work queued on a GPU stream, recorded once as a CUDA graph and then replayed with one launch: a
+// training step's ~400 kernels run back to back without a launch each. Replay repeats the recorded
+// kernels with their recorded arguments and buffers, so what changes from call to call must live
+// in those buffers (the batch's tokens), not in arguments.
+class StreamGraph {
+ public:
+  StreamGraph() = default;
+  ~StreamGraph();
+  StreamGraph(const StreamGraph&) = delete;
+  StreamGraph& operator=(const StreamGraph&) = delete;
+
+  bool recorded() const { return exec_ != nullptr; }
+  // Records what `enqueue` queues on `stream` (a GPU stream; nothing runs), replacing any earlier
+  // recording. Only the calling thread's CUDA calls are restricted while it records.
+  void record(fusekit::Stream stream, const std::function<void()>& enqueue);
+  // Queues the recorded work on `stream`.
+  void replay(fusekit::Stream stream) const;
+
+ private:
+  void release() noexcept;
+  void* graph_ = nullptr;  // cudaGraph_t
+  void* exec_ = nullptr;   // cudaGraphExec_t
 };
 
 // Waits for the device's work to finish (nothing on the CPU).

@@ -272,12 +272,34 @@ void Model::backward(const DropoutConfig& dropout) {
   fusekit::embedding_backward(rows(d_resid_[cur]), rows(inputs_), g[L.wte], g[L.wpe], true, ws, s);
 }
 
-void Model::enqueue_forward_backward(const DropoutConfig& dropout) {
+void Model::enqueue_step(const DropoutConfig& dropout) {
   const ParamLayout& L = params_.layout();
   forward(dropout);
   fusekit::linear_cross_entropy(rows(lnf_), params_.compute[L.wte], nullopt, rows(targets_), loss_config(), loss_,
                                 rows(d_lnf_), params_.grad[L.wte], nullopt, workspace_, backend_.stream);
   backward(dropout);
+}
+
+bool Model::step_graph_taken(const DropoutConfig& dropout) const {
+  return step_graph_ && backend_.device.is_cuda() && dropout.p == 0.0f;
+}
+
+void Model::enqueue_forward_backward(const DropoutConfig& dropout) {
+  if (!step_graph_taken(dropout)) {
+    enqueue_step(dropout);
+    return;
+  }
+  if (!graph_.recorded() || graph_rows_ != rows_) {
+    if (direct_rows_ != rows_) {
+      direct_rows_ = rows_;
+      enqueue_step(dropout);
+      return;
+    }
+    graph_.record(backend_.stream, [&] { enqueue_step(dropout); });
+    graph_rows_ = rows_;
+  }
+  graph_.replay(backend_.stream);
+  ++graph_replays_;
 }
 
 float Model::loss_value() const {

@@ -53,6 +53,14 @@ class Model {
   // reads the loss (waiting for it), so that a step synchronizes once.
   void enqueue_forward_backward(const DropoutConfig& dropout);
   float loss_value() const;
+  // Whether enqueue_forward_backward replays the step as one recorded CUDA graph (memory.h's
+  // StreamGraph) instead of launching its ops one by one. Taken on a GPU at dropout 0 only: with
+  // dropout the masks' Philox offsets, kernel arguments, change every step. The first step of a
+  // batch size runs directly (ops that tune themselves on a problem's first call time their
+  // candidates then, which a recording cannot); the second records and replays; later ones replay.
+  void set_step_graph(bool on) { step_graph_ = on; }
+  bool step_graph_taken(const DropoutConfig& dropout) const;
+  std::int64_t graph_replays() const { return graph_replays_; }
   // The mean loss without gradients (dropout off unless given: a gradient check compares this
   // with forward_backward under the same masks).
   float loss(const DropoutConfig& dropout = DropoutConfig{});
@@ -81,6 +89,8 @@ class Model {
   fusekit::TensorView qkv_part(const fusekit::TensorView& qkv, int part) const;
   void forward(const DropoutConfig& dropout);
   void backward(const DropoutConfig& dropout);
+  // The step's ops: forward, the loss with dh and d wte, backward.
+  void enqueue_step(const DropoutConfig& dropout);
   void projection_forward(const fusekit::TensorView& in, const fusekit::TensorView& weight,
                           const fusekit::TensorView& bias, const fusekit::TensorView& pre_dropout,
                           const DropoutConfig& dropout, std::int64_t layer, DropoutSite site);
@@ -113,6 +123,12 @@ class Model {
   fusekit::TensorView d_lnf_, d_resid_[2], d_ln_, d_branch_, d_att_, d_qkv_, d_fc_;
   fusekit::TensorView logits_;
   fusekit::TensorView workspace_;
+
+  bool step_graph_ = false;
+  StreamGraph graph_;
+  std::int64_t graph_rows_ = 0;   // the batch size graph_ was recorded at
+  std::int64_t direct_rows_ = 0;  // the batch size of the last step run directly
+  std::int64_t graph_replays_ = 0;
 };
 
 }  // namespace train_gpt

@@ -189,7 +189,7 @@ def main():
     p.add_argument("--warmup", type=int, default=None, help="default: steps // 10")
     p.add_argument("--min-lr-ratio", type=float, default=0.1)
     p.add_argument("--weight-decay", type=float, default=0.1)
-    p.add_argument("--beta2", type=float, default=0.95)
+    p.add_argument("--beta2", type=float, default=0.99, help="default: as train_gpt (optimizer.h)")
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument("--dropout", type=float, default=0.0)
     p.add_argument("--compile", action="store_true", help="torch.compile the model")

@@ -1,7 +1,8 @@
 // Tests of the trainer on the CPU backend: the whole model's gradients against central finite
 // differences, bitwise-identical steps after a checkpoint resume, data parallelism (replicas on
 // host threads averaged on the host: the batch split, the averaging, resume on another number of
-// replicas), and the host-side pieces.
+// replicas), and the host-side pieces; on a GPU where one exists, the step replayed as a CUDA graph.
+#include <fusekit/runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -168,6 +169,47 @@ TEST(TrainGpt, CheckpointResumeIsBitwise) {
   }
   EXPECT_TRUE(b.params().master_values() == final_params);
   std::remove(path.c_str());
+}
+
+// On a GPU at dropout 0 the step is replayed from a recorded CUDA graph from the second step on:
+// the same kernels on the same buffers as launched one by one, so the run is bitwise the run
+// without it, also across a validation pass (which runs its ops directly on the same buffers).
+TEST(TrainGptGpu, StepGraphReplaysTheDirectSteps) {
+  if (fusekit::cuda_device_count() == 0 || !fusekit::cuda_device_supported(0)) GTEST_SKIP() << "no supported GPU";
+  const TokenSplit tokens = shakespeare();
+  struct Run {
+    std::vector<StepStats> steps;
+    float validation = 0.0f;
+    std::vector<float> params;
+    std::int64_t replays = 0;
+  };
+  auto run = [&](bool graph) {
+    TrainerOptions o = small_run();
+    o.model = ModelConfig{2, 2, 128, 128, 256, 256};  // head dim 64
+    o.backend = Backend::cuda(0);
+    o.dropout = 0.0f;
+    o.deterministic = true;  // attention's dQ summed in a fixed order: two runs can be compared bitwise
+    o.step_graph = graph;
+    Trainer t(o, tokens);
+    Run r;
+    for (int i = 0; i < 3; ++i) r.steps.push_back(t.train_step());
+    r.validation = t.validation_loss(2);
+    for (int i = 0; i < 3; ++i) r.steps.push_back(t.train_step());
+    r.params = t.params().master_values();
+    r.replays = t.model().graph_replays();
+    return r;
+  };
+  const Run direct = run(false), graphed = run(true);
+  EXPECT_EQ(direct.replays, 0);
+  EXPECT_EQ(graphed.replays, 5);  // steps 2..6
+  ASSERT_EQ(direct.steps.size(), graphed.steps.size());
+  for (std::size_t i = 0; i < direct.steps.size(); ++i) {
+    EXPECT_EQ(graphed.steps[i].loss, direct.steps[i].loss) << "step " << i + 1;
+    EXPECT_EQ(graphed.steps[i].grad_norm, direct.steps[i].grad_norm) << "step " << i + 1;
+  }
+  EXPECT_EQ(graphed.validation, direct.validation);
+  EXPECT_TRUE(graphed.params == direct.params);
+  EXPECT_LT(graphed.steps.back().loss, graphed.steps.front().loss);
 }
 
 TEST(TrainGpt, CheckpointRefusesAnotherModel) {

@@ -43,6 +43,7 @@ struct Trainer::Replica {
     else
       params->initialize(o.seed);
     model = std::make_unique<Model>(*params, rows, o.deterministic, *arena);
+    model->set_step_graph(o.step_graph);
     optimizer = std::make_unique<Optimizer>(*params, o.optimizer, *arena);
   }
 
