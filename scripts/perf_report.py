@@ -622,17 +622,22 @@ def render(records, plot_dir=None):
             contents.append(f"- [{title}](#{re.sub(r'[^a-z0-9 _-]', '', title.lower()).replace(' ', '-')})")
             body += [f"### {title}", "", "`scripts/train_gpt_compare.sh`: the C++ trainer and "
                      "`apps/train_gpt/reference.py` (same weights, data order and step), one after the "
-                     "other in one GPU call.", "",
+                     "other in one GPU call. Loss error: the largest relative departure of the loss "
+                     "from the reference's float32 run over the steps, fusekit's and PyTorch's own in bf16 "
+                     "(the bar: fusekit's at most twice PyTorch's).", "",
                      "| date | commit | reference | fusekit ms/step | reference ms/step | fusekit tokens/s | "
-                     "reference tokens/s | speed-up | largest loss difference (step) |",
-                     "|---|---|---|---:|---:|---:|---:|---:|---|"]
+                     "reference tokens/s | speed-up | largest loss difference (step) | loss error vs float32, "
+                     "fusekit / PyTorch |",
+                     "|---|---|---|---:|---:|---:|---:|---:|---|---|"]
             for date, t in sorted(runs, key=lambda x: x[0]):
                 worst = max(t["per_step"], key=lambda s: abs(s["diff"]))
                 ref = "torch.compile" if t.get("torch_compile") else "eager"
+                err = t.get("max_rel_err_vs_fp32")
+                err = f"{err['fusekit']:.2%} / {err['torch']:.2%}" if err else "-"
                 body.append(f"| {date} | {t['commit']} | {ref} | {t['median_step_ms']['fusekit']:.1f} | "
                             f"{t['median_step_ms']['torch']:.1f} | {t['tokens_per_s']['fusekit']:.0f} | "
                             f"{t['tokens_per_s']['torch']:.0f} | {t['speedup_vs_torch']:.3f} | "
-                            f"{abs(worst['diff']):.4f} ({worst['step']}) |")
+                            f"{abs(worst['diff']):.4f} ({worst['step']}) | {err} |")
             body.append("")
         for title, table in ((f"Data-parallel training (apps/train_gpt --gpus N), {device.upper()}", ddp_table(recs)),
                              (f"fusekit.torch.patch under DDP and FSDP2, {device.upper()}", torch_dist_table(recs)),

@@ -5,7 +5,8 @@ The initial weights come from a train_gpt checkpoint (`train_gpt --save-init ini
 programs start from the same numbers; the data order is the C++ loader's (SplitMix64 permutation
 per epoch, reimplemented below), read from the same corpus with the same byte tokenizer and split.
 Precision: float32 master weights, bfloat16 autocast on the GPU (as the C++ program's bf16
-activations); float32 on the CPU. Dropout uses PyTorch's RNG, so the per-step losses agree with
+activations); float32 on the CPU. --fp32 turns autocast off on the GPU too: the float32 run is the
+yardstick that both bf16 programs are measured against (scripts/train_gpt_compare.py). Dropout uses PyTorch's RNG, so the per-step losses agree with
 the C++ program's only at --dropout 0.
 
     python apps/train_gpt/reference.py --checkpoint init.bin --steps 50 --compile --losses-json torch.json
@@ -193,6 +194,7 @@ def main():
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument("--dropout", type=float, default=0.0)
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--fp32", action="store_true", help="float32 throughout (no bf16 autocast)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--peak-tflops", type=float, default=989.0, help="for MFU on the GPU")
     p.add_argument("--losses-json", default="")
@@ -229,7 +231,9 @@ def main():
     loader = BatchLoader(train_tokens, args.batch, config["seq_len"], state["seed"], state["data_position"])
     C, L, T, V = config["n_embd"], config["n_layer"], config["seq_len"], config["padded_vocab"]
     flops_per_token = 6.0 * (L * 12.0 * C * C + V * C) + 12.0 * L * T * C  # as train_gpt counts
-    print(f"reference: {device} {'torch.compile' if args.compile else 'eager'}, {config}, batch {args.batch}")
+    precision = "float32" if args.fp32 or device.type != "cuda" else "bf16 autocast"
+    print(f"reference: {device} {'torch.compile' if args.compile else 'eager'}, {precision}, {config}, "
+          f"batch {args.batch}")
     records = []
     for step in range(state["step"] + 1, args.steps + 1):
         start = time.perf_counter()
@@ -237,7 +241,8 @@ def main():
         lr = learning_rate(args, step)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16,
+                            enabled=device.type == "cuda" and not args.fp32):
             loss = step_fn(inputs, targets)
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip) if args.grad_clip > 0 else \
@@ -257,7 +262,7 @@ def main():
         records.append({"step": step, "loss": loss.item(), "ms": seconds * 1e3})
     if args.losses_json:
         with open(args.losses_json, "w") as f:
-            json.dump({"program": "reference.py", "device": device.type, "compile": args.compile,
+            json.dump({"program": "reference.py", "device": device.type, "compile": args.compile, "precision": precision,
                        "batch": args.batch, "seq_len": T, "train": records}, f, indent=2)
 
 
