@@ -33,10 +33,12 @@ trap 'rm -rf "$work"' EXIT
 gpus=$(nvidia-smi -L | grep -c '^GPU ' || true)
 if (( gpus < 2 )); then echo "train_gpt_ddp_check: needs 2 or more GPUs, found $gpus"; exit 1; fi
 
-cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >"$OUT/train_gpt_ddp_build.log" 2>&1
-grep 'train_gpt: NCCL' "$OUT/train_gpt_ddp_build.log" || true
-cmake --build "$BUILD" -j "$(nproc)" --target train_gpt >>"$OUT/train_gpt_ddp_build.log" 2>&1 ||
-  { tail -40 "$OUT/train_gpt_ddp_build.log"; exit 1; }
+if [ "${BUILD_FIRST:-1}" = 1 ]; then  # BUILD_FIRST=0: use the train_gpt already in $BUILD
+  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >"$OUT/train_gpt_ddp_build.log" 2>&1
+  grep 'train_gpt: NCCL' "$OUT/train_gpt_ddp_build.log" || true
+  cmake --build "$BUILD" -j "$(nproc)" --target train_gpt >>"$OUT/train_gpt_ddp_build.log" 2>&1 ||
+    { tail -40 "$OUT/train_gpt_ddp_build.log"; exit 1; }
+fi
 
 log="$OUT/train_gpt_ddp.log"
 : >"$log"

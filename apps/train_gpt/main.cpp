@@ -114,7 +114,7 @@ int main(int argc, char** argv) {
   app.add_option("--losses-json", losses_json, "write per-step losses and times here");
   app.add_flag("--deterministic", deterministic, "bitwise-reproducible attention backward on the GPU");
   app.add_option("--cuda-graph", cuda_graph,
-                 "replay each step's forward and backward as one recorded CUDA graph (GPU, dropout 0; default on)");
+                 "replay each step's forward and backward as one recorded CUDA graph (one GPU, dropout 0; default on)");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -174,8 +174,9 @@ int main(int argc, char** argv) {
     if (gpu)
       fmt::print("step: {}\n", trainer.model().step_graph_taken(DropoutConfig{o.dropout, 0, 0})
                                    ? "forward and backward replayed as one CUDA graph (recorded at the second step)"
-                                   : o.step_graph ? "ops launched one by one (dropout's masks change every step)"
-                                                  : "ops launched one by one (--cuda-graph off)");
+                                   : !o.step_graph   ? "ops launched one by one (--cuda-graph off)"
+                                   : o.replicas > 1  ? "ops launched one by one (data-parallel replicas)"
+                                                     : "ops launched one by one (dropout's masks change every step)");
     fmt::print("memory: {} in {} arena{}\n", mib(trainer.arena_bytes()),
                trainer.replicas() > 1 ? "each replica's" : "the trainer's",
                gpu ? fmt::format(", {} in use on GPU 0", mib(device_bytes_in_use(o.backend.device))) : "");

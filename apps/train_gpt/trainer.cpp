@@ -43,7 +43,8 @@ struct Trainer::Replica {
     else
       params->initialize(o.seed);
     model = std::make_unique<Model>(*params, rows, o.deterministic, *arena);
-    model->set_step_graph(o.step_graph);
+    // One-GPU runs only: a data-parallel replica launches its ops directly.
+    model->set_step_graph(o.step_graph && o.replicas == 1);
     optimizer = std::make_unique<Optimizer>(*params, o.optimizer, *arena);
   }
 

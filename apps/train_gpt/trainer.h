@@ -34,7 +34,7 @@ struct TrainerOptions {
   float dropout = 0.0f;
   std::uint64_t seed = 1337;
   bool deterministic = false;  // bitwise-reproducible attention backward on the GPU
-  bool step_graph = true;      // replay the step as a CUDA graph where Model::step_graph_taken
+  bool step_graph = true;      // replay the step as a CUDA graph where Model::step_graph_taken (one replica)
   std::string resume;          // a checkpoint to continue from (empty: initialize from the seed)
 };
 
