@@ -6,8 +6,8 @@ programs start from the same numbers; the data order is the C++ loader's (SplitM
 per epoch, reimplemented below), read from the same corpus with the same byte tokenizer and split.
 Precision: float32 master weights, bfloat16 autocast on the GPU (as the C++ program's bf16
 activations); float32 on the CPU. --fp32 turns autocast off on the GPU too: the float32 run is the
-yardstick that both bf16 programs are measured against (scripts/train_gpt_compare.py). Dropout uses PyTorch's RNG, so the per-step losses agree with
-the C++ program's only at --dropout 0.
+yardstick that both bf16 programs are measured against (scripts/train_gpt_compare.py). Dropout
+uses PyTorch's RNG, so the per-step losses agree with the C++ program's only at --dropout 0.
 
     python apps/train_gpt/reference.py --checkpoint init.bin --steps 50 --compile --losses-json torch.json
 """
@@ -262,8 +262,8 @@ def main():
         records.append({"step": step, "loss": loss.item(), "ms": seconds * 1e3})
     if args.losses_json:
         with open(args.losses_json, "w") as f:
-            json.dump({"program": "reference.py", "device": device.type, "compile": args.compile, "precision": precision,
-                       "batch": args.batch, "seq_len": T, "train": records}, f, indent=2)
+            json.dump({"program": "reference.py", "device": device.type, "compile": args.compile,
+                       "precision": precision, "batch": args.batch, "seq_len": T, "train": records}, f, indent=2)
 
 
 if __name__ == "__main__":
