@@ -9,10 +9,11 @@ Two sweeps:
          each problem moves at least 256 MB (the bandwidth regime);
   small  a subset of those widths at 8-16 M elements per tensor (the launch- and reduction-bound
          regime of a small model or a short sequence).
-torch.compile is timed twice: `torch_compile` specialized to each width (what a training run with
-a fixed hidden size gets: one compilation per width, so only on the anchor widths unless
---compile-all-widths) and `torch_compile_dynamic` (one compilation with dynamic shapes, every
-width).
+torch.compile is timed twice: `torch_compile_dynamic` (one compilation with dynamic shapes, at every
+width) and `torch_compile` specialized to the width (what a training run with a fixed hidden size
+gets; the row count stays dynamic so that one compilation serves both sweeps). A specialized
+compilation costs seconds per width and function, so --specialized picks where it is timed: the
+model widths (default), the anchors (model widths, powers of two and every 8th width), all or none.
 
 Bytes counted as moved (each tensor once, the weights and per-row statistics left out, as
 `fusekit bench norm` counts them): plain forward x, y (4 bytes an element); plain backward dy, x,
@@ -95,10 +96,30 @@ def problems(sweeps=("large", "small")):
 def make_timer(device):
     import torch
     if device == "cuda":
-        import triton.testing
+        flush = torch.empty(256 << 20, dtype=torch.uint8, device=device)
 
-        def timed(fn):  # median microseconds, L2 flushed before each call
-            return triton.testing.do_bench(fn, warmup=5, rep=20, return_mode="median") * 1e3
+        def timed(fn, reps=30):
+            """Median microseconds of `reps` calls, each after an L2 flush and between its own CUDA
+            events. The calls are queued behind a GPU sleep longer than their host time, so that the
+            GPU runs them back to back: what is timed is the GPU's time, not the host's enqueue
+            (autograd's Python and C++ overhead, which a training step hides the same way)."""
+            for _ in range(3):
+                fn()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            flush.zero_()
+            fn()
+            host_ms = (time.perf_counter() - t0) * 1e3
+            starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+            ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+            torch.cuda._sleep(int(2e6 * (1.0 + 1.5 * reps * host_ms)))  # ~2e6 cycles a millisecond
+            for start, end in zip(starts, ends):
+                flush.zero_()
+                start.record()
+                fn()
+                end.record()
+            torch.cuda.synchronize()
+            return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1e3
         return timed
 
     def timed_cpu(fn):
@@ -141,7 +162,7 @@ def fusekit_functions():
             ("rms_norm", "residual"): lambda x, r, w, b: fk.rms_norm_residual(x, r, w, 1e-5)}
 
 
-def measure(problem_list, device, compile_all_widths, log=print):
+def measure(problem_list, device, specialized_widths, log=print, checkpoint=lambda points: None):
     import torch
     import torch._dynamo
     import torch._functorch.config
@@ -151,7 +172,7 @@ def measure(problem_list, device, compile_all_widths, log=print):
     eager = eager_functions()
     fused = fusekit_functions()
     dynamic = {k: torch.compile(f, dynamic=True) for k, f in eager.items()}
-    anchors = set(anchor_widths())
+    specialized = {}  # (op, variant, n) -> the compiled function, rows dynamic
     dtype = torch.bfloat16
     points = []
     for sweep, n, rows in problem_list:
@@ -165,11 +186,16 @@ def measure(problem_list, device, compile_all_widths, log=print):
         copy_src = torch.empty(0, dtype=torch.uint8, device=device)
         for (op, variant), f in eager.items():
             impls = {"fusekit": fused[(op, variant)], "torch_eager": f, "torch_compile_dynamic": dynamic[(op, variant)]}
-            if compile_all_widths or n in anchors:
-                impls["torch_compile"] = torch.compile(f, dynamic=False)
             inputs = (x, w, b) if variant == "plain" else (x, r, w, b)
+            if n in specialized_widths:
+                if (op, variant, n) not in specialized:
+                    specialized[(op, variant, n)] = torch.compile(f)
+                impls["torch_compile"] = specialized[(op, variant, n)]
             # (rms_norm leaves b unused: allow_unused below)
             params = [t.detach().requires_grad_(True) for t in inputs]
+            for t in inputs + tuple(params):  # the row count stays symbolic, the width static
+                if t.dim() == 2:
+                    torch._dynamo.mark_dynamic(t, 0)
             grads = (dy,) if variant == "plain" else (dy, ds)
             for direction in ("fwd", "bwd"):
                 nbytes = BYTES_PER_ELEMENT[(variant, direction)] * rows * n
@@ -196,6 +222,7 @@ def measure(problem_list, device, compile_all_widths, log=print):
                     f"{min(v for k, v in times.items() if k.startswith('torch_compile')) / times['fusekit']:.2f}x",
                     flush=True)
         del x, r, w, b, dy, ds
+        checkpoint(points)
         if device == "cuda":
             torch.cuda.empty_cache()
     return points
@@ -231,8 +258,8 @@ def main(argv=None):
     ap.add_argument("--sweeps", nargs="+", default=["large", "small"], choices=["large", "small"])
     ap.add_argument("--part", default="1/1", help="K/P: the K-th of P interleaved parts of the problems "
                                                   "(to spread the sweep over several GPU calls)")
-    ap.add_argument("--compile-all-widths", action="store_true",
-                    help="the specialized torch.compile at every width, not only the anchors")
+    ap.add_argument("--specialized", default="models", choices=["models", "anchors", "all", "none"],
+                    help="where the torch.compile specialized to the width is timed (seconds of compilation each)")
     ap.add_argument("--smoke", action="store_true", help="four tiny problems on the CPU (checks the script)")
     args = ap.parse_args(argv)
 
@@ -248,12 +275,17 @@ def main(argv=None):
     if not 1 <= k <= p:
         ap.error(f"--part: expected K/P with 1 <= K <= P, got {args.part}")
     todo = todo[k - 1::p]
-    points = measure(todo, device, args.compile_all_widths or args.smoke)
-    doc = {"kind": "norm_sweep", "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-           "torch": torch.__version__, "part": args.part, "dtype": "bf16", "points": points,
-           "summary": summarize(points)}
-    with open(args.out, "w") as f:
-        json.dump(doc, f, indent=1)
+    specialized = {"models": set(MODEL_WIDTHS), "anchors": set(anchor_widths()), "none": set(),
+                   "all": {n for _, n, _ in todo}}[args.specialized]
+    def write(points):  # after every problem: a call stopped at its time limit keeps what it measured
+        doc = {"kind": "norm_sweep", "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+               "torch": torch.__version__, "part": args.part, "dtype": "bf16", "points": points,
+               "summary": summarize(points)}
+        with open(args.out, "w") as f:
+            json.dump(doc, f, indent=1)
+        return doc
+    points = measure(todo, device, {n for _, n, _ in todo} if args.smoke else specialized, checkpoint=write)
+    doc = write(points)
     for s in doc["summary"]:
         print(f"{s['op']:10} {s['variant']:8} {s['direction']}: {s['points']} points, bar {s['bar']}% "
               f"below at {s['below_bar']} of {s['barred']} (min {s['min_pct']}% at N={s['worst_n']}, median "

@@ -126,6 +126,24 @@ constexpr bool is_compiled(const BackwardVariant& v) {
 // the row kernels' 16-byte stores of a partial last vector stay inside the row.
 constexpr std::int64_t partial_pitch(std::int64_t cols) { return (cols + 7) / 8 * 8; }
 
+// ---- the element kernels (rows the 16-byte vectors cannot take) ------------------------------
+
+// Block of the element kernels (norm_element_kernels.cu): one team of threads_per_row threads per
+// row at a time, kElementBlockThreads / threads_per_row teams.
+inline constexpr int kElementBlockThreads = 512;
+inline constexpr int kElementMaxPerThread = 32;          // forward; the backward holds half
+inline constexpr int kBackwardElementMaxPerThread = 16;  // (dy, x_hat and two gradient sums a column)
+
+struct ElementShape {
+  int threads_per_row = 0;      // a power of two, 32..kElementBlockThreads
+  int elements_per_thread = 0;  // 4, 8, 16 or 32; 0: the row is too long (the generic kernel)
+};
+
+// About 8 elements per thread, the team no smaller than a warp and no larger than the block:
+// N <= 256 on one warp, up to 4096 on teams of N / 8 rounded up to a power of two, longer rows on
+// the whole block with 16 or 32.
+ElementShape element_shape(std::int64_t cols, bool backward);
+
 // ---- inputs -----------------------------------------------------------------------------------
 
 // The occupancy calculator's answers for the compiled kernels of one (element, weight) type pair,
@@ -180,6 +198,7 @@ struct BackwardProblem {
 
 struct ForwardLaunch {
   bool generic = true;  // forward_generic_kernel, kGenericThreads per block; else the row kernel
+  ElementShape elements{};  // generic with elements.elements_per_thread > 0: the element kernel instead
   ForwardVariant variant{};
   RowGeometry geometry{};
   int block_threads = kGenericThreads;
@@ -188,6 +207,7 @@ struct ForwardLaunch {
 
 struct BackwardLaunch {
   bool generic = true;  // backward_generic_kernel, kGenericThreads per block; else the row kernel
+  ElementShape elements{};  // generic with elements.elements_per_thread > 0: the element kernel instead
   BackwardVariant variant{};
   RowGeometry geometry{};
   int block_threads = kGenericThreads;

@@ -15,6 +15,7 @@
 #include "core/device_info.h"
 #include "core/launch_tuning.h"
 #include "norm/norm_config.h"
+#include "norm/norm_element_kernels.h"
 #include "norm/norm_kernels.cuh"
 #include "norm/norm_params.h"
 #include "norm/norm_tail_kernels.h"
@@ -216,7 +217,9 @@ void launch_forward(const ForwardParams& p, int device_index, cudaStream_t strea
                                       {p.x, p.y, p.weight, p.bias, p.residual, p.sum});
   const ForwardLaunch launch = choose_forward_launch(problem, detail::device_info(op, device_index),
                                                      DeviceOccupancy<T, W>(op, device_index), read_launch_overrides());
-  if (launch.generic) {
+  if (launch.generic && launch.elements.elements_per_thread > 0) {
+    launch_forward_elements<T, W>(p, launch.elements, launch.grid, stream);
+  } else if (launch.generic) {
     forward_generic_kernel<T, W><<<launch.grid, kGenericThreads, 0, stream>>>(p);
   } else {
     const ForwardKernel kernel = forward_kernel<T, W>(launch.variant);
@@ -252,7 +255,9 @@ void launch_backward(const BackwardParams& p, int device_index, cudaStream_t str
     partial_dw = static_cast<float*>(p.workspace);
     partial_db = partial_dw + std::int64_t(launch.partial_rows) * partial_pitch(p.cols);
   }
-  if (launch.generic) {
+  if (launch.generic && launch.elements.elements_per_thread > 0) {
+    launch_backward_elements<T, W>(p, launch.elements, launch.grid, partial_dw, partial_db, stream);
+  } else if (launch.generic) {
     backward_generic_kernel<T, W><<<launch.grid, kGenericThreads, 0, stream>>>(p, partial_dw, partial_db);
   } else if (launch.cluster > 1) {
     const ClusterLaunch cluster(launch.grid, launch.block_threads, launch.smem_bytes, launch.cluster, stream);

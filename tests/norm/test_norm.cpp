@@ -1095,5 +1095,58 @@ TEST(NormResidualGpu, DsumFromTheRingAndFromMemory) {
   }
 }
 
+
+// Contiguous rows whose length is not a multiple of 8 (row strides off the 16-byte vector) take
+// the element kernels up to their limits (element_shape), the generic kernel past them. One N for
+// every team size and elements per thread, at both ends of each; rows enough that every team walks
+// several (short rows) or that every block takes rows (long ones). Norm, dtype pairing and
+// variant go round with the index.
+TEST(NormElementGpu, ContiguousRowsOfAnyLength) {
+  FUSEKIT_REQUIRE_GPU();
+  const std::int64_t lengths[] = {1, 3, 31, 33, 100, 129, 255, 257, 259, 511, 513, 777, 1001, 2047, 2049,
+                                  4095, 4097, 6143, 8191, 8193, 12289, 16383, 16385};
+  int salt = 0;
+  for (std::int64_t cols : lengths) {
+    for (bool residual : {false, true}) {
+      const int k = salt;
+      Case c{k % 2 ? Kind::rms : Kind::layer, kTypePairings[k % 5].first, kTypePairings[k % 5].second,
+             std::max<std::int64_t>(3, std::min<std::int64_t>(20000, (3 << 20) / cols)), cols, true, true};
+      c.residual = residual;
+      c.weight = k % 7 != 3;
+      c.bias = k % 5 != 2;
+      c.with_dsum = k % 3 != 0;
+      c.sum_absent = k % 6 == 5;
+      check_gpu_against_cpu(c, 23000 + salt, !residual && k % 3 == 1);
+      ++salt;
+    }
+  }
+  EXPECT_EQ(salt, 46);
+}
+
+// The element kernels' gradients are bitwise the same run to run: each team's column sums, the
+// teams added in order into their block's partial row, the partial rows in order.
+TEST(NormElementGpu, BackwardIsBitwiseDeterministic) {
+  FUSEKIT_REQUIRE_GPU();
+  auto rng = testing::make_rng(24);
+  for (std::int64_t cols : {259, 3001, 7999}) {
+    for (bool residual : {false, true}) {
+      Case c{Kind::layer, DType::bf16, DType::f32, 20000, cols, true, true};
+      c.residual = residual;
+      SCOPED_TRACE(c.str());
+      Problem p(c, Device::cuda(0));
+      fill_inputs(p, rng);
+      p.forward(1e-5f);
+      EXPECT_TRUE(testing::same_bytes_every_run(
+          [&] {
+            p.dx.poison();
+            p.dweight->poison();
+            p.dbias->poison();
+            p.backward(false);
+          },
+          {&*p.dweight, &*p.dbias, &p.dx}));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace fusekit

@@ -355,6 +355,11 @@ TEST(NormConfig, ForwardFallsBackToTheGenericKernel) {
     EXPECT_EQ(l.block_threads, kGenericThreads);
     EXPECT_EQ(l.grid, 100);
   }
+  // Misaligned rows the element kernels hold; aligned rows too long for the row kernels, and
+  // rows too long for the element kernels, the generic kernel itself.
+  EXPECT_EQ(forward_on(device, misaligned).elements.elements_per_thread, 8);
+  EXPECT_EQ(forward_on(device, misaligned_odd).elements.threads_per_row, 128);
+  EXPECT_EQ(forward_on(device, forward_problem(Kind::rms_norm, 100, 32768)).elements.elements_per_thread, 0);
   // The persistent generic grid: every resident block once.
   l = forward_on(device, forward_problem(Kind::rms_norm, 1 << 20, 32768));
   EXPECT_EQ(l.grid, 132 * 4);  // four 512-thread blocks of 32 registers per SM
@@ -709,6 +714,51 @@ TEST(NormConfig, OverrideKeysAreRead) {
   detail::set_override("norm.backward.stages", "5");
   EXPECT_THROW(read_launch_overrides(), Error);
   detail::clear_overrides();
+}
+
+// The element kernels' shape: a power-of-two team of 32..512 threads holding the row in 4, 8, 16
+// or 32 elements a thread (16 at most in the backward), about 8 where the team can grow.
+TEST(NormConfig, ElementShapeCoversTheRowWithinTheKernelsLimits) {
+  for (bool backward : {false, true}) {
+    const std::int64_t limit = std::int64_t(kElementBlockThreads) *
+                               (backward ? kBackwardElementMaxPerThread : kElementMaxPerThread);
+    for (std::int64_t cols = 1; cols <= limit + 100; cols += cols < 600 ? 1 : 37) {
+      const ElementShape e = element_shape(cols, backward);
+      SCOPED_TRACE(std::to_string(cols) + (backward ? " backward" : " forward"));
+      if (cols > limit) {
+        EXPECT_EQ(e.elements_per_thread, 0);
+        continue;
+      }
+      EXPECT_GE(e.threads_per_row, 32);
+      EXPECT_LE(e.threads_per_row, kElementBlockThreads);
+      EXPECT_EQ(e.threads_per_row & (e.threads_per_row - 1), 0);
+      EXPECT_TRUE(e.elements_per_thread == 4 || e.elements_per_thread == 8 || e.elements_per_thread == 16 ||
+                  e.elements_per_thread == 32);
+      EXPECT_GE(std::int64_t(e.threads_per_row) * e.elements_per_thread, cols);
+      if (e.threads_per_row < kElementBlockThreads) EXPECT_LE(e.elements_per_thread, 8);
+      // No smaller team would do: half the team would need more than 8 a thread.
+      if (e.threads_per_row > 32) EXPECT_GT(cols, std::int64_t(e.threads_per_row / 2) * 8);
+    }
+  }
+  EXPECT_EQ(element_shape(259, false).threads_per_row, 64);
+  EXPECT_EQ(element_shape(259, false).elements_per_thread, 8);
+  EXPECT_EQ(element_shape(12289, false).elements_per_thread, 32);
+  EXPECT_EQ(element_shape(12289, true).elements_per_thread, 0);
+  // The backward's misaligned rows take them too; the workspace's rows stay the generic grid's.
+  BackwardProblem b;
+  b.rows = 1 << 16;
+  b.cols = 3001;
+  b.aligned = false;
+  b.partials = true;
+  b.bias_grad = true;
+  const auto device = h100();
+  const HopperOccupancy occupancy(device);
+  const BackwardLaunch l = choose_backward_launch(b, device, occupancy);
+  EXPECT_TRUE(l.generic);
+  EXPECT_EQ(l.elements.threads_per_row, 512);
+  EXPECT_EQ(l.elements.elements_per_thread, 8);
+  EXPECT_EQ(l.partial_rows, l.grid);
+  EXPECT_LE(l.grid, backward_workspace_rows(b.rows, b.cols, 2, device, occupancy));
 }
 
 }  // namespace
