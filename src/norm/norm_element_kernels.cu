@@ -29,6 +29,15 @@ using kernels::RowTeam;
 // Block of the element kernels: kElementBlockThreads / tpr teams, each a row at a time.
 constexpr int kMaxTeams = kElementBlockThreads / 32;
 
+// Asks L2 for the 128-byte lines of a row of `cols` elements at `row`, spread over the team's
+// threads; every address asked is one of the row's elements.
+template <typename T>
+__device__ __forceinline__ void request_row_l2(const T* row, int cols, int t, int tpr) {
+  constexpr int kLine = 128 / sizeof(T);
+  for (int c = t * kLine; c < cols; c += tpr * kLine) detail::device::prefetch_l2(row + c);
+  if (t == 0) detail::device::prefetch_l2(row + cols - 1);  // a line the row reaches into unaligned
+}
+
 template <typename T, typename W, int ELEMS>
 __global__ void __launch_bounds__(kElementBlockThreads) forward_elements_kernel(ForwardParams p, int tpr) {
   __shared__ float scratch[2][kMaxTeams * 2];
@@ -54,12 +63,15 @@ __global__ void __launch_bounds__(kElementBlockThreads) forward_elements_kernel(
   }
   const std::int64_t first = std::int64_t(blockIdx.x) * teams + team_index;
   const std::int64_t stride = std::int64_t(gridDim.x) * teams;
-  // The team's next row is loaded before this row's reduction (its latency runs under the
-  // reduction's barriers), where the registers allow.
-  constexpr bool kPrefetch = ELEMS <= 16;
+  // fetch(row) loads the row into registers and asks L2 for the team's row after it, so that those
+  // loads find L2 (registers for a row in flight ahead cost occupancy: slower).
   float next_x[ELEMS], next_r[ELEMS], next_shift = 0.0f;
   auto fetch = [&](std::int64_t row) {
     if (row >= p.rows) return;
+    if (row + stride < p.rows) {
+      request_row_l2(x + (row + stride) * p.x_row_stride, cols, t, tpr);
+      if (residual) request_row_l2(residual + (row + stride) * p.residual_row_stride, cols, t, tpr);
+    }
     const T* xr = x + row * p.x_row_stride;
 #pragma unroll
     for (int k = 0; k < ELEMS; ++k) {
@@ -88,7 +100,6 @@ __global__ void __launch_bounds__(kElementBlockThreads) forward_elements_kernel(
     for (int k = 0; k < ELEMS; ++k)  // round(x + residual) in T, as the CPU reference forms the sum
       v[k] = residual ? to_float(from_float<T>(next_x[k] + next_r[k])) : next_x[k];
     const float shift = next_shift;
-    if (kPrefetch) fetch(row + stride);
     float s[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int k = 0; k < ELEMS; ++k) {
@@ -118,7 +129,7 @@ __global__ void __launch_bounds__(kElementBlockThreads) forward_elements_kernel(
         yr[c] = from_float<T>((v[k] - mean) * rstd * w[k] + b[k]);
       }
     }
-    if (!kPrefetch) fetch(row + stride);
+    fetch(row + stride);
     if (t == 0) {
       if (p.mean) p.mean[row] = mean;
       if (p.rstd) p.rstd[row] = rstd;
@@ -154,12 +165,15 @@ __global__ void __launch_bounds__(kElementBlockThreads)
   }
   const std::int64_t first = std::int64_t(blockIdx.x) * teams + team_index;
   const std::int64_t stride = std::int64_t(gridDim.x) * teams;
-  // The team's next row is loaded before this row's reduction where the registers allow (the
-  // forward's reason).
-  constexpr bool kPrefetch = ELEMS <= 8;
+  // fetch(row): the forward's.
   float next_dy[ELEMS], next_in[ELEMS], next_dsum[ELEMS], next_rstd = 0.0f, next_mean = 0.0f;
   auto fetch = [&](std::int64_t row) {
     if (row >= p.rows) return;
+    if (row + stride < p.rows) {
+      request_row_l2(dy + (row + stride) * p.dy_row_stride, cols, t, tpr);
+      request_row_l2(in + (row + stride) * p.input_row_stride, cols, t, tpr);
+      if (dsum && dx) request_row_l2(dsum + (row + stride) * p.dsum_row_stride, cols, t, tpr);
+    }
     const T* dyr = dy + row * p.dy_row_stride;
     const T* ir = in + row * p.input_row_stride;
 #pragma unroll
@@ -190,7 +204,6 @@ __global__ void __launch_bounds__(kElementBlockThreads)
       ds[k] = next_dsum[k];
     }
     const float rstd = next_rstd, mean = next_mean;
-    if (kPrefetch) fetch(row + stride);
     float sums[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int k = 0; k < ELEMS; ++k) {
@@ -215,7 +228,7 @@ __global__ void __launch_bounds__(kElementBlockThreads)
       acc_dw[k] += d[k] * xh[k];
       acc_db[k] += d[k];
     }
-    if (!kPrefetch) fetch(row + stride);
+    fetch(row + stride);
   }
   if (partial_dw == nullptr) return;  // uniform over the grid
   // The block's workspace row: its teams' sums added in team order.

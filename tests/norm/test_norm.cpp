@@ -1123,6 +1123,21 @@ TEST(NormElementGpu, ContiguousRowsOfAnyLength) {
   EXPECT_EQ(salt, 46);
 }
 
+// Teams of several warps that walk several rows each (their reductions alternate scratch buffers
+// across rows): small enough for compute-sanitizer's racecheck.
+TEST(NormElementGpu, TeamsWalkSeveralRows) {
+  FUSEKIT_REQUIRE_GPU();
+  int salt = 0;
+  for (const auto& [rows, cols] : {std::pair<std::int64_t, std::int64_t>{6000, 1001}, {3000, 3001}})
+    for (Kind kind : {Kind::layer, Kind::rms})
+      for (bool residual : {false, true}) {
+        Case c{kind, DType::bf16, DType::bf16, rows, cols, true, kind == Kind::layer};
+        c.residual = residual;
+        check_gpu_against_cpu(c, 24000 + salt++, false);
+      }
+  EXPECT_EQ(salt, 8);
+}
+
 // The element kernels' gradients are bitwise the same run to run: each team's column sums, the
 // teams added in order into their block's partial row, the partial rows in order.
 TEST(NormElementGpu, BackwardIsBitwiseDeterministic) {
