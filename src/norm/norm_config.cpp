@@ -324,17 +324,13 @@ LaunchOverrides read_launch_overrides() {
   return o;
 }
 
-ElementShape element_shape(std::int64_t cols, bool backward) {
-  const int max_per_thread = backward ? kBackwardElementMaxPerThread : kElementMaxPerThread;
+ElementShape element_shape(std::int64_t cols) {
   ElementShape shape;
-  if (cols <= 0 || cols > std::int64_t(kElementBlockThreads) * max_per_thread) return shape;
+  if (cols <= 0 || cols > std::int64_t(kElementBlockThreads) * kElementMaxPerThread) return shape;
   int tpr = 32;
-  while (tpr < kElementBlockThreads && std::int64_t(tpr) * 8 < cols) tpr *= 2;
-  const std::int64_t per_thread = (cols + tpr - 1) / tpr;
-  int elements = 4;
-  while (elements < per_thread) elements *= 2;
+  while (std::int64_t(tpr) * kElementMaxPerThread < cols) tpr *= 2;
   shape.threads_per_row = tpr;
-  shape.elements_per_thread = elements;
+  shape.elements_per_thread = std::int64_t(tpr) * 4 >= cols ? 4 : 8;
   return shape;
 }
 
@@ -356,7 +352,7 @@ ForwardLaunch choose_forward_launch(const ForwardProblem& problem, const detail:
   }
   if (shape.vectors_per_thread == 0) {
     launch.grid = persistent_grid(occupancy.forward_generic_blocks_per_sm(), 1, problem.rows, device);
-    launch.elements = element_shape(problem.cols, false);
+    launch.elements = element_shape(problem.cols);
     return launch;
   }
   const int tpr = shape.threads_per_row;
@@ -394,7 +390,7 @@ BackwardLaunch choose_backward_launch(const BackwardProblem& problem, const deta
   const std::optional<BackwardPlan> plan = plan_backward(problem, device, occupancy, overrides);
   if (!plan) {
     launch.grid = backward_generic_grid(problem.rows, device, occupancy);
-    launch.elements = element_shape(problem.cols, true);
+    launch.elements = element_shape(problem.cols);
   } else {
     launch.generic = false;
     launch.variant = plan->variant;

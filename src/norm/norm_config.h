@@ -131,18 +131,19 @@ constexpr std::int64_t partial_pitch(std::int64_t cols) { return (cols + 7) / 8 
 // Block of the element kernels (norm_element_kernels.cu): one team of threads_per_row threads per
 // row at a time, kElementBlockThreads / threads_per_row teams.
 inline constexpr int kElementBlockThreads = 512;
-inline constexpr int kElementMaxPerThread = 32;          // forward; the backward holds half
-inline constexpr int kBackwardElementMaxPerThread = 16;  // (dy, x_hat and two gradient sums a column)
+// Rows up to 512 x 8 = 4096 elements. Longer ones (one team a block, 16 or 32 elements a thread)
+// ran slower than the generic kernel: scripts/norm_sweep.py, H200, bf16, N % 8 != 0 from 4096 to
+// 16384, forward median 12-24% of copy against 41-42%, backward 11-18% against 12-19%.
+inline constexpr int kElementMaxPerThread = 8;
 
 struct ElementShape {
   int threads_per_row = 0;      // a power of two, 32..kElementBlockThreads
-  int elements_per_thread = 0;  // 4, 8, 16 or 32; 0: the row is too long (the generic kernel)
+  int elements_per_thread = 0;  // 4 or 8; 0: the row is too long (the generic kernel)
 };
 
-// About 8 elements per thread, the team no smaller than a warp and no larger than the block:
-// N <= 256 on one warp, up to 4096 on teams of N / 8 rounded up to a power of two, longer rows on
-// the whole block with 16 or 32.
-ElementShape element_shape(std::int64_t cols, bool backward);
+// The fewest threads per row (a power of two, at least a warp) that hold the row in 8 elements
+// a thread or fewer: N <= 256 on one warp, 4096 on the whole block.
+ElementShape element_shape(std::int64_t cols);
 
 // ---- inputs -----------------------------------------------------------------------------------
 

@@ -1,8 +1,9 @@
 // LayerNorm / RMSNorm on rows that the 16-byte vectors cannot take (a row stride or pointer off
-// the vector: N odd, say, in a contiguous tensor), rows of up to a few thousand elements held in
-// registers one element at a time. Before these, such rows took the generic kernels (one block
-// of 512 threads per row, the row read three times, dweight summed in global memory per row):
-// 2-9% of copy bandwidth at N = 259 in scripts/norm_sweep.py.
+// the vector: N odd, say, in a contiguous tensor), rows of up to 4096 elements held in registers
+// one element at a time. The generic kernels they replace there (one block of 512 threads a row,
+// the row read three times, dweight summed in global memory row by row) reached 3-24% of copy
+// bandwidth (scripts/norm_sweep.py, H200, bf16, N % 8 != 0 below 4096, medians by range); these
+// reach 26-31% forward and 21-26% backward, still far from the vector kernels' 85-100%.
 //
 // A team of `tpr` threads (a power of two, 32..512) owns a row: thread t holds the row's columns
 // t, t + tpr, ..., ELEMS of them, so that each load of a warp reads 32 consecutive elements.
@@ -255,9 +256,7 @@ template <typename T, typename W>
 void launch_forward_elements(const ForwardParams& p, const ElementShape& shape, int grid, cudaStream_t stream) {
   switch (shape.elements_per_thread) {
     case 4: forward_elements_kernel<T, W, 4><<<grid, kElementBlockThreads, 0, stream>>>(p, shape.threads_per_row); break;
-    case 8: forward_elements_kernel<T, W, 8><<<grid, kElementBlockThreads, 0, stream>>>(p, shape.threads_per_row); break;
-    case 16: forward_elements_kernel<T, W, 16><<<grid, kElementBlockThreads, 0, stream>>>(p, shape.threads_per_row); break;
-    default: forward_elements_kernel<T, W, 32><<<grid, kElementBlockThreads, 0, stream>>>(p, shape.threads_per_row); break;
+    default: forward_elements_kernel<T, W, 8><<<grid, kElementBlockThreads, 0, stream>>>(p, shape.threads_per_row); break;
   }
 }
 
@@ -269,11 +268,8 @@ void launch_backward_elements(const BackwardParams& p, const ElementShape& shape
     case 4:
       backward_elements_kernel<T, W, 4><<<grid, kElementBlockThreads, 0, stream>>>(p, tpr, partial_dw, partial_db);
       break;
-    case 8:
-      backward_elements_kernel<T, W, 8><<<grid, kElementBlockThreads, 0, stream>>>(p, tpr, partial_dw, partial_db);
-      break;
     default:
-      backward_elements_kernel<T, W, 16><<<grid, kElementBlockThreads, 0, stream>>>(p, tpr, partial_dw, partial_db);
+      backward_elements_kernel<T, W, 8><<<grid, kElementBlockThreads, 0, stream>>>(p, tpr, partial_dw, partial_db);
       break;
   }
 }

@@ -716,34 +716,30 @@ TEST(NormConfig, OverrideKeysAreRead) {
   detail::clear_overrides();
 }
 
-// The element kernels' shape: a power-of-two team of 32..512 threads holding the row in 4, 8, 16
-// or 32 elements a thread (16 at most in the backward), about 8 where the team can grow.
+// The element kernels' shape: the fewest threads per row (a power of two from 32 to 512) that
+// hold the row in 8 elements a thread or fewer; 4 where 4 do. Past 4096 elements, none.
 TEST(NormConfig, ElementShapeCoversTheRowWithinTheKernelsLimits) {
-  for (bool backward : {false, true}) {
-    const std::int64_t limit = std::int64_t(kElementBlockThreads) *
-                               (backward ? kBackwardElementMaxPerThread : kElementMaxPerThread);
-    for (std::int64_t cols = 1; cols <= limit + 100; cols += cols < 600 ? 1 : 37) {
-      const ElementShape e = element_shape(cols, backward);
-      SCOPED_TRACE(std::to_string(cols) + (backward ? " backward" : " forward"));
-      if (cols > limit) {
-        EXPECT_EQ(e.elements_per_thread, 0);
-        continue;
-      }
-      EXPECT_GE(e.threads_per_row, 32);
-      EXPECT_LE(e.threads_per_row, kElementBlockThreads);
-      EXPECT_EQ(e.threads_per_row & (e.threads_per_row - 1), 0);
-      EXPECT_TRUE(e.elements_per_thread == 4 || e.elements_per_thread == 8 || e.elements_per_thread == 16 ||
-                  e.elements_per_thread == 32);
-      EXPECT_GE(std::int64_t(e.threads_per_row) * e.elements_per_thread, cols);
-      if (e.threads_per_row < kElementBlockThreads) EXPECT_LE(e.elements_per_thread, 8);
-      // No smaller team would do: half the team would need more than 8 a thread.
-      if (e.threads_per_row > 32) EXPECT_GT(cols, std::int64_t(e.threads_per_row / 2) * 8);
+  const std::int64_t limit = std::int64_t(kElementBlockThreads) * kElementMaxPerThread;
+  for (std::int64_t cols = 1; cols <= limit + 100; ++cols) {
+    const ElementShape e = element_shape(cols);
+    SCOPED_TRACE(cols);
+    if (cols > limit) {
+      EXPECT_EQ(e.elements_per_thread, 0);
+      continue;
     }
+    EXPECT_GE(e.threads_per_row, 32);
+    EXPECT_LE(e.threads_per_row, kElementBlockThreads);
+    EXPECT_EQ(e.threads_per_row & (e.threads_per_row - 1), 0);
+    EXPECT_TRUE(e.elements_per_thread == 4 || e.elements_per_thread == 8);
+    EXPECT_GE(std::int64_t(e.threads_per_row) * e.elements_per_thread, cols);
+    EXPECT_EQ(e.elements_per_thread == 4, std::int64_t(e.threads_per_row) * 4 >= cols);
+    if (e.threads_per_row > 32) EXPECT_GT(cols, std::int64_t(e.threads_per_row / 2) * kElementMaxPerThread);
   }
-  EXPECT_EQ(element_shape(259, false).threads_per_row, 64);
-  EXPECT_EQ(element_shape(259, false).elements_per_thread, 8);
-  EXPECT_EQ(element_shape(12289, false).elements_per_thread, 32);
-  EXPECT_EQ(element_shape(12289, true).elements_per_thread, 0);
+  EXPECT_EQ(element_shape(100).threads_per_row, 32);
+  EXPECT_EQ(element_shape(100).elements_per_thread, 4);
+  EXPECT_EQ(element_shape(259).threads_per_row, 64);
+  EXPECT_EQ(element_shape(259).elements_per_thread, 8);
+  EXPECT_EQ(element_shape(4095).threads_per_row, 512);
   // The backward's misaligned rows take them too; the workspace's rows stay the generic grid's.
   BackwardProblem b;
   b.rows = 1 << 16;
@@ -759,6 +755,8 @@ TEST(NormConfig, ElementShapeCoversTheRowWithinTheKernelsLimits) {
   EXPECT_EQ(l.elements.elements_per_thread, 8);
   EXPECT_EQ(l.partial_rows, l.grid);
   EXPECT_LE(l.grid, backward_workspace_rows(b.rows, b.cols, 2, device, occupancy));
+  b.cols = 5001;
+  EXPECT_EQ(choose_backward_launch(b, device, occupancy).elements.elements_per_thread, 0);
 }
 
 }  // namespace
