@@ -451,10 +451,17 @@ def newest_norm_sweep(recs):
 def norm_sweep_table(date, entry):
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import norm_sweep  # the bars and the verdicts live beside the sweep
+    # What the entry holds (a sweep stopped at its time limit holds a prefix of the problems).
+    sweeps = []
+    for name, what in (("large", "each problem moving at least 256 MB"),
+                       ("small", f"{norm_sweep.SMALL_ELEMENTS >> 20} M elements a tensor")):
+        widths = {p["n"] for p in entry["points"] if p["sweep"] == name}
+        if widths:
+            sweeps.append(f"the {name} sweep at {len(widths)} row lengths from {min(widths)} to {max(widths)}, {what}")
+    missing = [name for name in ("large", "small") if not any(p["sweep"] == name for p in entry["points"])]
     lines = [f"`scripts/norm_sweep.py`, measured {date} (commit {entry['commit']}, PyTorch {entry.get('torch')}): "
-             f"{len({p['n'] for p in entry['points']})} row lengths from {norm_sweep.MIN_WIDTH} to "
-             f"{norm_sweep.MAX_WIDTH}, each problem of the large sweep moving at least 256 MB, the small sweep at "
-             f"{norm_sweep.SMALL_ELEMENTS >> 20} M elements a tensor. % of copy: a same-size copy's time over "
+             + "; ".join(sweeps) + (f" (the {' and '.join(missing)} sweep not in this record)" if missing else "")
+             + ". % of copy: a same-size copy's time over "
              f"fusekit's, at each point. The bars apply to the large sweep at N >= {norm_sweep.BAR_MIN_WIDTH}; "
              "\"slower than PyTorch\" counts the points of both sweeps where eager or either torch.compile beat "
              "fusekit.", "",
@@ -709,32 +716,36 @@ def plot_bars(records, plot_dir):
 
 
 def plot_norm_sweep(plt, device, entry, plot_dir):
-    """% of copy bandwidth against N (log), one panel per (op, direction) of the large sweep:
+    """% of copy bandwidth against N (log), one panel per (op, direction) of the large sweep and
+    row class (N a multiple of 8, the 16-byte vector kernels; or not, in a contiguous tensor):
     fusekit plain and residual, eager and torch.compile (plain), the bar."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import norm_sweep
-    fig, axes = plt.subplots(2, 2, figsize=(12, 7), sharex=True, sharey=True)
+    fig, axes = plt.subplots(2, 4, figsize=(16, 7), sharex=True, sharey=True)
     styles = [("fusekit", "plain", "fusekit", "-"), ("fusekit", "residual", "fusekit + residual", "-"),
               ("torch_eager", "plain", "torch eager", ":"), ("torch_compile_dynamic", "plain", "torch.compile (dynamic)", ":"),
               ("torch_compile", "plain", "torch.compile (per width)", "")]
+    classes = [("N % 8 = 0", lambda n: n % 8 == 0), ("N % 8 != 0", lambda n: n % 8 != 0)]
     for row, op in enumerate(("layer_norm", "rms_norm")):
-        for col, direction in enumerate(("fwd", "bwd")):
-            ax = axes[row][col]
-            for impl, variant, label, line in styles:
-                ps = sorted((p for p in entry["points"] if p["sweep"] == "large" and p["op"] == op and
-                             p["variant"] == variant and p["direction"] == direction and
-                             p["time_us"].get(impl)), key=lambda p: p["n"])
-                if ps:
-                    ax.plot([p["n"] for p in ps], [100 * p["time_us"]["copy"] / p["time_us"][impl] for p in ps],
-                            line or "o", markersize=3, linewidth=1, label=label)
-            ax.axhline(norm_sweep.BARS[direction], color="gray", linewidth=0.8, linestyle="--")
-            ax.set_xscale("log", base=2)
-            ax.set_title(f"{op} {direction}", fontsize=9)
-            ax.grid(alpha=0.3)
-            if col == 0:
-                ax.set_ylabel("% of copy bandwidth")
-            if row == 1:
-                ax.set_xlabel("N (row length)")
+        for d, direction in enumerate(("fwd", "bwd")):
+            for k, (class_name, in_class) in enumerate(classes):
+                col = 2 * d + k
+                ax = axes[row][col]
+                for impl, variant, label, line in styles:
+                    ps = sorted((p for p in entry["points"] if p["sweep"] == "large" and p["op"] == op and
+                                 p["variant"] == variant and p["direction"] == direction and in_class(p["n"]) and
+                                 p["time_us"].get(impl)), key=lambda p: p["n"])
+                    if ps:
+                        ax.plot([p["n"] for p in ps], [100 * p["time_us"]["copy"] / p["time_us"][impl] for p in ps],
+                                line or "o", markersize=3, linewidth=1, label=label)
+                ax.axhline(norm_sweep.BARS[direction], color="gray", linewidth=0.8, linestyle="--")
+                ax.set_xscale("log", base=2)
+                ax.set_title(f"{op} {direction}, {class_name}", fontsize=9)
+                ax.grid(alpha=0.3)
+                if col == 0:
+                    ax.set_ylabel("% of copy bandwidth")
+                if row == 1:
+                    ax.set_xlabel("N (row length)")
     axes[0][0].legend(fontsize=7, loc="lower right")
     fig.suptitle(f"Norms over every row length (>= 256 MB a problem, bf16), {device.upper()}")
     fig.tight_layout()
