@@ -288,6 +288,22 @@ void check_gpu_against_cpu(const Case& c, std::uint64_t salt, bool from_output) 
   }
 }
 
+// Case c's backward (dweight and dbias asked for) after its forward, every output poisoned before
+// each run: whether every run writes the same bytes.
+bool backward_is_bitwise_repeatable(const Case& c, std::mt19937_64& rng) {
+  Problem p(c, Device::cuda(0));
+  fill_inputs(p, rng);
+  p.forward(1e-5f);
+  return testing::same_bytes_every_run(
+      [&] {
+        p.dx.poison();
+        p.dweight->poison();
+        p.dbias->poison();
+        p.backward(false);
+      },
+      {&*p.dweight, &*p.dbias, &p.dx});
+}
+
 // ---- CPU reference -------------------------------------------------------------------------
 
 TEST(NormCpu, ForwardNormalizesEachRow) {
@@ -758,17 +774,7 @@ TEST(NormGpu, BackwardIsBitwiseDeterministic) {
   for (std::int64_t cols : {1024, 4096, 16384, 3001}) {
     Case c{Kind::layer, DType::bf16, DType::f32, 8192, cols, true, true};
     SCOPED_TRACE(c.str());
-    Problem p(c, Device::cuda(0));
-    fill_inputs(p, rng);
-    p.forward(1e-5f);
-    EXPECT_TRUE(testing::same_bytes_every_run(
-        [&] {
-          p.dx.poison();
-          p.dweight->poison();
-          p.dbias->poison();
-          p.backward(false);
-        },
-        {&*p.dweight, &*p.dbias, &p.dx}));
+    EXPECT_TRUE(backward_is_bitwise_repeatable(c, rng));
   }
 }
 
@@ -899,17 +905,7 @@ TEST(NormResidualGpu, BackwardIsBitwiseDeterministic) {
     Case c{Kind::layer, DType::bf16, DType::f32, 8192, cols, true, true};
     c.residual = true;
     SCOPED_TRACE(c.str());
-    Problem p(c, Device::cuda(0));
-    fill_inputs(p, rng);
-    p.forward(1e-5f);
-    EXPECT_TRUE(testing::same_bytes_every_run(
-        [&] {
-          p.dx.poison();
-          p.dweight->poison();
-          p.dbias->poison();
-          p.backward(false);
-        },
-        {&*p.dweight, &*p.dbias, &p.dx}));
+    EXPECT_TRUE(backward_is_bitwise_repeatable(c, rng));
   }
 }
 
@@ -1024,17 +1020,7 @@ TEST(NormTailGpu, BackwardIsBitwiseDeterministic) {
     for (bool residual : {false, true}) {
       Case c = vector_rows_case(Kind::layer, residual, residual ? 4 : 3, 4096, cols);
       SCOPED_TRACE(c.str());
-      Problem p(c, Device::cuda(0));
-      fill_inputs(p, rng);
-      p.forward(1e-5f);
-      EXPECT_TRUE(testing::same_bytes_every_run(
-          [&] {
-            p.dx.poison();
-            p.dweight->poison();
-            p.dbias->poison();
-            p.backward(false);
-          },
-          {&*p.dweight, &*p.dbias, &p.dx}));
+      EXPECT_TRUE(backward_is_bitwise_repeatable(c, rng));
     }
 }
 
@@ -1148,17 +1134,7 @@ TEST(NormElementGpu, BackwardIsBitwiseDeterministic) {
       Case c{Kind::layer, DType::bf16, DType::f32, 20000, cols, true, true};
       c.residual = residual;
       SCOPED_TRACE(c.str());
-      Problem p(c, Device::cuda(0));
-      fill_inputs(p, rng);
-      p.forward(1e-5f);
-      EXPECT_TRUE(testing::same_bytes_every_run(
-          [&] {
-            p.dx.poison();
-            p.dweight->poison();
-            p.dbias->poison();
-            p.backward(false);
-          },
-          {&*p.dweight, &*p.dbias, &p.dx}));
+      EXPECT_TRUE(backward_is_bitwise_repeatable(c, rng));
     }
   }
 }
