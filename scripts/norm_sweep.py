@@ -260,6 +260,8 @@ def main(argv=None):
                                                   "(to spread the sweep over several GPU calls)")
     ap.add_argument("--specialized", default="models", choices=["models", "anchors", "all", "none"],
                     help="where the torch.compile specialized to the width is timed (seconds of compilation each)")
+    ap.add_argument("--widths", nargs="+", type=int, metavar="N",
+                    help="only these row lengths of the sweeps (a quick look at a few widths)")
     ap.add_argument("--smoke", action="store_true", help="four tiny problems on the CPU (checks the script)")
     args = ap.parse_args(argv)
 
@@ -274,6 +276,11 @@ def main(argv=None):
     k, p = (int(v) for v in args.part.split("/"))
     if not 1 <= k <= p:
         ap.error(f"--part: expected K/P with 1 <= K <= P, got {args.part}")
+    if args.widths:
+        unknown = sorted(set(args.widths) - {n for _, n, _ in todo})
+        if unknown:
+            ap.error(f"--widths: {unknown} not in the sweeps' widths (scripts/norm_sweep.py widths())")
+        todo = [t for t in todo if t[1] in set(args.widths)]
     todo = todo[k - 1::p]
     specialized = {"models": set(MODEL_WIDTHS), "anchors": set(anchor_widths()), "none": set(),
                    "all": {n for _, n, _ in todo}}[args.specialized]

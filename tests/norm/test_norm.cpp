@@ -985,6 +985,32 @@ TEST_P(EveryRowLength, UpTo1024) {
 
 INSTANTIATE_TEST_SUITE_P(NormTailGpu, EveryRowLength, ::testing::Range(0, 8));
 
+// The same N from 1 to 1024 in contiguous tensors (row stride N): N % 8 != 0 (N % 4 in f32) takes
+// the element kernels, the rest the row kernels (teams walking several rows:
+// NormElementGpu.TeamsWalkSeveralRows).
+class EveryContiguousRowLength : public ::testing::TestWithParam<int> {};
+
+TEST_P(EveryContiguousRowLength, UpTo1024) {
+  FUSEKIT_REQUIRE_GPU();
+  int salt = 256 * GetParam();
+  for (std::int64_t cols = 128 * GetParam() + 1; cols <= 128 * (GetParam() + 1); ++cols)
+    for (bool residual : {false, true}) {
+      const int combination = static_cast<int>((cols + cols / 8) % 10);
+      Case c{combination % 2 ? Kind::rms : Kind::layer, kTypePairings[combination / 2].first,
+             kTypePairings[combination / 2].second, 3 + salt % 5, cols, true, true};
+      c.residual = residual;
+      c.weight = salt % 7 != 3;
+      c.bias = salt % 5 != 2;
+      c.with_dsum = salt % 3 != 0;
+      c.sum_absent = salt % 6 == 5;
+      check_gpu_against_cpu(c, 25000 + salt, !residual && (cols / 8) % 3 == 1);
+      ++salt;
+    }
+  EXPECT_EQ(salt, 256 * (GetParam() + 1));
+}
+
+INSTANTIATE_TEST_SUITE_P(NormElementGpu, EveryContiguousRowLength, ::testing::Range(0, 8));
+
 // Row lengths drawn up to 65536 (most of them N % 8 != 0), every norm, pairing and variant at
 // random, rows for about a million elements (the f32 rows past 8192 and 16-bit rows past 16384
 // take the generic kernel); then short partial rows over 4099 rows, so that every row group's ring
