@@ -89,8 +89,10 @@ __global__ void __launch_bounds__(kElementBlockThreads) forward_elements_kernel(
     }
     // LayerNorm's statistics are sums of d = v - K with K the row's first element (one reduction
     // for both; the row kernels' form, norm_kernels.cuh).
-    if (layer_norm) next_shift = residual ? to_float(from_float<T>(to_float(xr[0]) + to_float(residual[row * p.residual_row_stride])))
-                                          : to_float(xr[0]);
+    if (layer_norm)
+      next_shift = residual
+                       ? to_float(from_float<T>(to_float(xr[0]) + to_float(residual[row * p.residual_row_stride])))
+                       : to_float(xr[0]);
   };
   int parity = 0;  // reductions alternate scratch buffers: a team's next one may start while a
                    // slower warp still reads the last one's
@@ -255,8 +257,12 @@ __global__ void __launch_bounds__(kElementBlockThreads)
 template <typename T, typename W>
 void launch_forward_elements(const ForwardParams& p, const ElementShape& shape, int grid, cudaStream_t stream) {
   switch (shape.elements_per_thread) {
-    case 4: forward_elements_kernel<T, W, 4><<<grid, kElementBlockThreads, 0, stream>>>(p, shape.threads_per_row); break;
-    default: forward_elements_kernel<T, W, 8><<<grid, kElementBlockThreads, 0, stream>>>(p, shape.threads_per_row); break;
+    case 4:
+      forward_elements_kernel<T, W, 4><<<grid, kElementBlockThreads, 0, stream>>>(p, shape.threads_per_row);
+      break;
+    default:
+      forward_elements_kernel<T, W, 8><<<grid, kElementBlockThreads, 0, stream>>>(p, shape.threads_per_row);
+      break;
   }
 }
 
