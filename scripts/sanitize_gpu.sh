@@ -11,7 +11,8 @@
 # counts as not clean.
 # The tests whose only purpose is the benchmark shapes (hundreds of MB per tensor) are left out:
 # every kernel they launch also runs at the smaller shapes of the same family's other tests.
-# SANITIZE_FAMILIES and SANITIZE_TOOLS narrow the run (names as below). On a 16-core machine two
+# SANITIZE_FAMILIES and SANITIZE_TOOLS narrow the run (names as below); SANITIZE_CHECK_ONLY=1 only
+# checks that every GPU test suite belongs to a family. On a 16-core machine two
 # tools over every family take about 8 minutes: the device tool's 10-minute calls take two each.
 set -uo pipefail
 build=${1:?build directory}
@@ -21,7 +22,7 @@ tests="$build/fusekit_tests"
 [ -x "$tests" ] || { echo "sanitize_gpu: $tests not built" >&2; exit 1; }
 
 declare -A filters=(
-  [norm]="NormGpu.*:NormTailGpu*"
+  [norm]="NormGpu.*:NormTailGpu*:NormElementGpu*"
   [norm_residual]="NormResidualGpu.*"
   [bias_act_dropout]="BiasActDropoutGpu.*"
   [linear]="LinearGpu*:GatedLinearGpu*"
@@ -57,6 +58,11 @@ for suite in $("$tests" --gtest_list_tests | grep -oE '^[A-Za-z0-9_/]*Gpu[A-Za-z
   for pattern in $patterns; do [[ "${suite}test" == $pattern ]] && found=1; done
   (( found )) || { echo "sanitize_gpu: suite ${suite%.} is in no family's filter" >&2; exit 1; }
 done
+# SANITIZE_CHECK_ONLY=1: that check alone (ctest SanitizeGpu.everySuiteInAFamily, no GPU needed).
+if [ -n "${SANITIZE_CHECK_ONLY:-}" ]; then
+  echo "sanitize_gpu: every GPU test suite is in a family's filter"
+  exit 0
+fi
 
 mkdir -p "$out/sanitize"
 : >"$out/sanitize-results.tsv"
