@@ -965,22 +965,31 @@ Case vector_rows_case(Kind kind, bool residual, int pairing, std::int64_t rows, 
 // sanitizer shards spread them.
 class EveryRowLength : public ::testing::TestWithParam<int> {};
 
-TEST_P(EveryRowLength, UpTo1024) {
-  FUSEKIT_REQUIRE_GPU();
-  int salt = 256 * GetParam();
-  for (std::int64_t cols = 128 * GetParam() + 1; cols <= 128 * (GetParam() + 1); ++cols)
+// N from 128 * block + 1 to 128 * (block + 1), plain and residual, the norm and pairing going
+// round with (N + N / 8) % 10 and the variants with the salt. Rows with strides rounded to the
+// vector (vector_rows, padded now and then) or contiguous (row stride N).
+void check_every_row_length(int block, bool contiguous) {
+  int salt = 256 * block;
+  for (std::int64_t cols = 128 * block + 1; cols <= 128 * (block + 1); ++cols)
     for (bool residual : {false, true}) {
       const int combination = static_cast<int>((cols + cols / 8) % 10);
-      Case c = vector_rows_case(combination % 2 ? Kind::rms : Kind::layer, residual, combination / 2, 2 + salt % 3, cols);
+      const Kind kind = combination % 2 ? Kind::rms : Kind::layer;
+      Case c = vector_rows_case(kind, residual, combination / 2, contiguous ? 3 + salt % 5 : 2 + salt % 3, cols);
+      c.vector_rows = !contiguous;
       c.weight = salt % 7 != 3;
       c.bias = salt % 5 != 2;
-      c.row_pad = salt % 4 == 1 ? 8 : 0;
+      c.row_pad = !contiguous && salt % 4 == 1 ? 8 : 0;
       c.with_dsum = salt % 3 != 0;
       c.sum_absent = salt % 6 == 5;
-      check_gpu_against_cpu(c, 20000 + salt, !residual && (cols / 8) % 3 == 1);
+      check_gpu_against_cpu(c, (contiguous ? 25000 : 20000) + salt, !residual && (cols / 8) % 3 == 1);
       ++salt;
     }
-  EXPECT_EQ(salt, 256 * (GetParam() + 1));
+  EXPECT_EQ(salt, 256 * (block + 1));
+}
+
+TEST_P(EveryRowLength, UpTo1024) {
+  FUSEKIT_REQUIRE_GPU();
+  check_every_row_length(GetParam(), false);
 }
 
 INSTANTIATE_TEST_SUITE_P(NormTailGpu, EveryRowLength, ::testing::Range(0, 8));
@@ -992,21 +1001,7 @@ class EveryContiguousRowLength : public ::testing::TestWithParam<int> {};
 
 TEST_P(EveryContiguousRowLength, UpTo1024) {
   FUSEKIT_REQUIRE_GPU();
-  int salt = 256 * GetParam();
-  for (std::int64_t cols = 128 * GetParam() + 1; cols <= 128 * (GetParam() + 1); ++cols)
-    for (bool residual : {false, true}) {
-      const int combination = static_cast<int>((cols + cols / 8) % 10);
-      Case c{combination % 2 ? Kind::rms : Kind::layer, kTypePairings[combination / 2].first,
-             kTypePairings[combination / 2].second, 3 + salt % 5, cols, true, true};
-      c.residual = residual;
-      c.weight = salt % 7 != 3;
-      c.bias = salt % 5 != 2;
-      c.with_dsum = salt % 3 != 0;
-      c.sum_absent = salt % 6 == 5;
-      check_gpu_against_cpu(c, 25000 + salt, !residual && (cols / 8) % 3 == 1);
-      ++salt;
-    }
-  EXPECT_EQ(salt, 256 * (GetParam() + 1));
+  check_every_row_length(GetParam(), true);
 }
 
 INSTANTIATE_TEST_SUITE_P(NormElementGpu, EveryContiguousRowLength, ::testing::Range(0, 8));
